@@ -1,0 +1,1 @@
+//! `rolex-host`: the transfer engine and its domains (being written).

@@ -1,0 +1,1 @@
+//! The fabric conformance suite (being written with the transfer engine).
