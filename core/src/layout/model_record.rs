@@ -1,0 +1,622 @@
+//! A model record in the model region: the model's parameters and state,
+//! and where its leaf table (LT), fence table and synonym leaf table (SLT)
+//! are.
+//!
+//! The record's first word is a [`ModelState`]: flags, generation and a
+//! forward pointer in one `u64`, so a get can READ it in the same doorbell
+//! batch as its leaves and learn whether its cached model was retired. The
+//! invariant [`ModelRecord::check`] establishes: every table the record
+//! names lies inside the model region, aligned, disjoint from the record and
+//! from each other, and the parameters are usable (finite floats, a
+//! non-empty key range, a leaf count an entry can address).
+
+use bitflags::bitflags;
+use zerocopy::little_endian::U64;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use super::{Field, LayoutError, Part, Span, Superblock};
+use crate::entry::{LtEntry, SltHeader};
+
+bitflags! {
+    /// The flag bits of a [`ModelState`], in place.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct ModelFlags: u64 {
+        /// Retraining has started to replace this model: its LT entries are
+        /// being locked, writers wait or refresh.
+        const FROZEN = 1 << 62;
+        /// The model was replaced; the forward pointer names its successor.
+        const RETIRED = 1 << 63;
+    }
+}
+
+/// A model's state word: `retired:1 | frozen:1 | generation:14 | forward:48`.
+///
+/// ```text
+///  63  62  61          48 47                                              0
+/// +---+---+--------------+-------------------------------------------------+
+/// |RET|FRZ|  generation  |          forward (pool offset, 0 = none)        |
+/// +---+---+--------------+-------------------------------------------------+
+/// ```
+///
+/// - `generation` counts retrainings of the key range, modulo 2^14 (compare
+///   it for equality only).
+/// - `forward` is the pool offset of the record that replaced this one in
+///   the same directory slot; nonzero exactly when `RETIRED` is set (offset
+///   0 is the superblock, never a record).
+/// - A model goes live → `FROZEN` → `FROZEN | RETIRED`; it never thaws.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct ModelState(u64);
+
+impl ModelState {
+    /// Width of the forward pointer.
+    pub const FORWARD_BITS: u32 = 48;
+    /// Width of the generation.
+    pub const GENERATION_BITS: u32 = 14;
+    /// Width of the flags.
+    pub const FLAG_BITS: u32 = 2;
+    /// Position of the generation's lowest bit.
+    pub const GENERATION_SHIFT: u32 = Self::FORWARD_BITS;
+    /// The forward-pointer bits.
+    pub const FORWARD_MASK: u64 = (1 << Self::FORWARD_BITS) - 1;
+    /// The generation bits, in place.
+    pub const GENERATION_MASK: u64 = ((1 << Self::GENERATION_BITS) - 1) << Self::GENERATION_SHIFT;
+    /// The largest generation.
+    pub const MAX_GENERATION: u16 = (1 << Self::GENERATION_BITS) - 1;
+
+    /// A live (neither frozen nor retired) model of `generation`.
+    pub const fn live(generation: u16) -> Result<Self, LayoutError> {
+        if generation > Self::MAX_GENERATION {
+            return Err(LayoutError::InvalidField {
+                field: Field::Generation,
+                value: generation as u64,
+            });
+        }
+        Ok(Self((generation as u64) << Self::GENERATION_SHIFT))
+    }
+
+    /// The word stored as `raw`; [`check`](Self::check) tells whether it is
+    /// consistent.
+    pub const fn from_raw(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The word as stored.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The flags.
+    pub const fn flags(self) -> ModelFlags {
+        ModelFlags::from_bits_truncate(self.0)
+    }
+
+    /// Whether the model is frozen (retraining is replacing it).
+    pub const fn is_frozen(self) -> bool {
+        self.flags().contains(ModelFlags::FROZEN)
+    }
+
+    /// Whether the model was replaced.
+    pub const fn is_retired(self) -> bool {
+        self.flags().contains(ModelFlags::RETIRED)
+    }
+
+    /// The generation.
+    pub const fn generation(self) -> u16 {
+        ((self.0 & Self::GENERATION_MASK) >> Self::GENERATION_SHIFT) as u16
+    }
+
+    /// The successor record's pool offset, if retired.
+    pub const fn forward(self) -> Option<u64> {
+        match self.0 & Self::FORWARD_MASK {
+            0 => None,
+            f => Some(f),
+        }
+    }
+
+    /// The generation a successor record gets (wrapping).
+    pub const fn next_generation(self) -> u16 {
+        (self.generation() + 1) & Self::MAX_GENERATION
+    }
+
+    /// This state with `FROZEN` set.
+    pub const fn frozen(self) -> Self {
+        Self(self.0 | ModelFlags::FROZEN.bits())
+    }
+
+    /// This state frozen and retired, forwarding to the record at pool
+    /// offset `forward` (nonzero, 8-aligned, below 2^48).
+    pub const fn retired(self, forward: u64) -> Result<Self, LayoutError> {
+        if forward == 0 || forward % 8 != 0 || forward > Self::FORWARD_MASK {
+            return Err(LayoutError::InvalidField {
+                field: Field::Forward,
+                value: forward,
+            });
+        }
+        let flags = ModelFlags::FROZEN.bits() | ModelFlags::RETIRED.bits();
+        Ok(Self((self.0 & !Self::FORWARD_MASK) | flags | forward))
+    }
+
+    /// Checks that the word is one the transitions above can produce.
+    pub const fn check(self) -> Result<(), LayoutError> {
+        let bad = Err(LayoutError::InvalidField {
+            field: Field::State,
+            value: self.0,
+        });
+        match (self.is_retired(), self.forward()) {
+            (false, None) => Ok(()),
+            (true, Some(f)) if self.is_frozen() && f % 8 == 0 => Ok(()),
+            _ => bad,
+        }
+    }
+}
+
+const _: () =
+    assert!(ModelState::FLAG_BITS + ModelState::GENERATION_BITS + ModelState::FORWARD_BITS == 64);
+const _: () = assert!(
+    ModelFlags::all().bits() | ModelState::GENERATION_MASK | ModelState::FORWARD_MASK == u64::MAX
+);
+const _: () = assert!(ModelFlags::all().bits() & ModelState::GENERATION_MASK == 0);
+
+impl core::fmt::Debug for ModelState {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ModelState")
+            .field("flags", &self.flags())
+            .field("generation", &self.generation())
+            .field("forward", &self.forward())
+            .finish()
+    }
+}
+
+/// The values a new record is made from (everything but its table offsets,
+/// which [`ModelRecord::new`] lays out).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelRecordParams {
+    /// The directory slot this record serves.
+    pub model_id: u64,
+    /// The smallest key the model covers (inclusive).
+    pub first_key: u64,
+    /// The largest key the model covers (inclusive).
+    pub key_hi: u64,
+    /// The segment's slope (positions per key).
+    pub slope: f64,
+    /// The segment's intercept (a position).
+    pub intercept: f64,
+    /// Keys the model was trained on.
+    pub train_keys: u64,
+    /// Training leaves: the LT's and the fence table's length (at least 1).
+    pub leaf_count: u64,
+    /// The error bound ε the model was trained with.
+    pub epsilon: u64,
+    /// The record's generation.
+    pub generation: u16,
+}
+
+/// A model record's fixed 96 bytes. By default ([`ModelRecord::new`]) its
+/// tables follow it in this order:
+///
+/// ```text
+/// offset  size  field
+///      0     8  state          ModelState: flags | generation | forward
+///      8     8  model_id       directory slot served
+///     16     8  first_key      smallest key covered (inclusive)
+///     24     8  key_hi         largest key covered (inclusive)
+///     32     8  slope          f64 bits
+///     40     8  intercept      f64 bits
+///     48     8  train_keys     keys trained on
+///     56     8  leaf_count     n: LT and fence-table length
+///     64     8  epsilon        ε
+///     72     8  lt_offset      pool offset of LT: n LtEntry words
+///     80     8  fences_offset  pool offset of fence table: n u64, fence_lo of
+///                              training leaf i; its fence_hi is fence_lo of
+///                              leaf i+1 minus 1, or key_hi for the last leaf
+///     88     8  slt_offset     pool offset of SLT: 256 words, word 0 the
+///                              SltHeader, words 1..=255 LtEntry
+/// 96 + 0       8n  LT
+/// 96 + 8n      8n  fence table
+/// 96 + 16n   2048  SLT
+/// ```
+///
+/// The fence table lets a compute node that caches it lock the chain that
+/// owns a key without reading a leaf first.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct ModelRecord {
+    state: U64,
+    model_id: U64,
+    first_key: U64,
+    key_hi: U64,
+    slope: U64,
+    intercept: U64,
+    train_keys: U64,
+    leaf_count: U64,
+    epsilon: U64,
+    lt_offset: U64,
+    fences_offset: U64,
+    slt_offset: U64,
+}
+
+const _: () = assert!(core::mem::size_of::<ModelRecord>() == 96);
+
+impl ModelRecord {
+    /// Bytes of the fixed part.
+    pub const SIZE: u64 = core::mem::size_of::<Self>() as u64;
+    /// Offset of the state word within the record.
+    pub const STATE_OFFSET: u64 = core::mem::offset_of!(Self, state) as u64;
+    /// Bytes of an SLT.
+    pub const SLT_SIZE: u64 = SltHeader::SLOTS as u64 * 8;
+
+    /// Bytes of a record with `leaf_count` training leaves laid out as
+    /// [`new`](Self::new) does: header, LT, fence table, SLT.
+    pub fn size_for(leaf_count: u64) -> Result<u64, LayoutError> {
+        leaf_count
+            .checked_mul(16)
+            .and_then(|t| t.checked_add(Self::SIZE + Self::SLT_SIZE))
+            .ok_or(LayoutError::Overflow {
+                part: Part::ModelRecord,
+            })
+    }
+
+    /// A record to be written at pool offset `at`, its tables following it
+    /// (the LT, fence table and SLT themselves are written separately).
+    pub fn new(at: u64, p: &ModelRecordParams) -> Result<Self, LayoutError> {
+        let size = Self::size_for(p.leaf_count)?;
+        at.checked_add(size).ok_or(LayoutError::Overflow {
+            part: Part::ModelRecord,
+        })?;
+        // Cannot overflow: `at + size` fits.
+        let lt = at + Self::SIZE;
+        let fences = lt + 8 * p.leaf_count;
+        let slt = fences + 8 * p.leaf_count;
+        let record = Self {
+            state: U64::new(ModelState::live(p.generation)?.raw()),
+            model_id: U64::new(p.model_id),
+            first_key: U64::new(p.first_key),
+            key_hi: U64::new(p.key_hi),
+            slope: U64::new(p.slope.to_bits()),
+            intercept: U64::new(p.intercept.to_bits()),
+            train_keys: U64::new(p.train_keys),
+            leaf_count: U64::new(p.leaf_count),
+            epsilon: U64::new(p.epsilon),
+            lt_offset: U64::new(lt),
+            fences_offset: U64::new(fences),
+            slt_offset: U64::new(slt),
+        };
+        record.check_fields()?;
+        Ok(record)
+    }
+
+    /// Decodes the record at the start of `bytes` (not yet checked).
+    pub fn read(bytes: &[u8]) -> Result<Self, LayoutError> {
+        Self::read_from_prefix(bytes)
+            .map(|(r, _)| r)
+            .map_err(|_| LayoutError::TooShort {
+                part: Part::ModelRecord,
+                needed: Self::SIZE,
+                found: bytes.len() as u64,
+            })
+    }
+
+    /// The state word.
+    pub fn state(&self) -> ModelState {
+        ModelState::from_raw(self.state.get())
+    }
+
+    /// Replaces the state word.
+    pub fn set_state(&mut self, state: ModelState) {
+        self.state.set(state.raw());
+    }
+
+    /// The directory slot served.
+    pub fn model_id(&self) -> u64 {
+        self.model_id.get()
+    }
+
+    /// The smallest key covered (inclusive).
+    pub fn first_key(&self) -> u64 {
+        self.first_key.get()
+    }
+
+    /// The largest key covered (inclusive).
+    pub fn key_hi(&self) -> u64 {
+        self.key_hi.get()
+    }
+
+    /// The slope.
+    pub fn slope(&self) -> f64 {
+        f64::from_bits(self.slope.get())
+    }
+
+    /// The intercept.
+    pub fn intercept(&self) -> f64 {
+        f64::from_bits(self.intercept.get())
+    }
+
+    /// Keys trained on.
+    pub fn train_keys(&self) -> u64 {
+        self.train_keys.get()
+    }
+
+    /// Training leaves (LT length).
+    pub fn leaf_count(&self) -> u64 {
+        self.leaf_count.get()
+    }
+
+    /// The error bound ε.
+    pub fn epsilon(&self) -> u64 {
+        self.epsilon.get()
+    }
+
+    /// Pool offset of the LT.
+    pub fn lt_offset(&self) -> u64 {
+        self.lt_offset.get()
+    }
+
+    /// Pool offset of the fence table.
+    pub fn fences_offset(&self) -> u64 {
+        self.fences_offset.get()
+    }
+
+    /// Pool offset of the SLT (of its header word).
+    pub fn slt_offset(&self) -> u64 {
+        self.slt_offset.get()
+    }
+
+    /// Pool offset of the `index`-th 8-byte word of a table of `len` words.
+    fn word_offset(part: Part, base: u64, index: u64, len: u64) -> Result<u64, LayoutError> {
+        if index >= len {
+            return Err(LayoutError::IndexOutOfRange { part, index, len });
+        }
+        index
+            .checked_mul(8)
+            .and_then(|o| o.checked_add(base))
+            .ok_or(LayoutError::Overflow { part })
+    }
+
+    /// Pool offset of LT entry `index` (a lock-CAS target).
+    pub fn lt_entry_offset(&self, index: u64) -> Result<u64, LayoutError> {
+        Self::word_offset(Part::LeafTable, self.lt_offset(), index, self.leaf_count())
+    }
+
+    /// Pool offset of training leaf `index`'s `fence_lo`.
+    pub fn fence_offset(&self, index: u64) -> Result<u64, LayoutError> {
+        Self::word_offset(
+            Part::FenceTable,
+            self.fences_offset(),
+            index,
+            self.leaf_count(),
+        )
+    }
+
+    /// Pool offset of SLT slot `slot`; slot 0 is the [`SltHeader`] (the
+    /// slot-claim `FAA` target).
+    pub fn slt_slot_offset(&self, slot: u8) -> Result<u64, LayoutError> {
+        Self::word_offset(
+            Part::SynonymTable,
+            self.slt_offset(),
+            slot.into(),
+            SltHeader::SLOTS as u64,
+        )
+    }
+
+    /// The checks that need no pool: state, parameters, table sizes.
+    fn check_fields(&self) -> Result<(), LayoutError> {
+        let invalid = |field, value| Err(LayoutError::InvalidField { field, value });
+        self.state().check()?;
+        if self.first_key() > self.key_hi() {
+            return invalid(Field::KeyRange, self.first_key());
+        }
+        if !self.slope().is_finite() {
+            return invalid(Field::Slope, self.slope.get());
+        }
+        if !self.intercept().is_finite() {
+            return invalid(Field::Intercept, self.intercept.get());
+        }
+        // Each training leaf has an LT entry, and an entry addresses at most
+        // 2^48 leaves.
+        if self.leaf_count() == 0 || self.leaf_count() > LtEntry::MAX_LEAF + 1 {
+            return invalid(Field::LeafCount, self.leaf_count());
+        }
+        Ok(())
+    }
+
+    /// Checks the record found at pool offset `at` against the superblock:
+    /// fields, a model id inside the directory, and that the record and its tables lie disjoint, aligned,
+    /// inside the model region.
+    pub fn check(&self, at: u64, sb: &Superblock) -> Result<(), LayoutError> {
+        self.check_fields()?;
+        if self.model_id() >= sb.directory_capacity() {
+            return Err(LayoutError::IndexOutOfRange {
+                part: Part::Directory,
+                index: self.model_id(),
+                len: sb.directory_capacity(),
+            });
+        }
+        // leaf_count <= 2^48, so 8 * leaf_count cannot overflow.
+        let table = 8 * self.leaf_count();
+        let spans = [
+            Span::new(Part::ModelRecord, at, Self::SIZE),
+            Span::new(Part::LeafTable, self.lt_offset(), table),
+            Span::new(Part::FenceTable, self.fences_offset(), table),
+            Span::new(Part::SynonymTable, self.slt_offset(), Self::SLT_SIZE),
+        ];
+        let region = sb.model_region_span();
+        for span in &spans {
+            span.check_in_pool(sb.pool_size())?;
+            span.check_inside(&region)?;
+        }
+        Span::check_disjoint(&spans)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::PoolParams;
+    use proptest::prelude::*;
+
+    fn params(leaf_count: u64) -> ModelRecordParams {
+        ModelRecordParams {
+            model_id: 3,
+            first_key: 100,
+            key_hi: 10_000,
+            slope: 0.25,
+            intercept: -3.5,
+            train_keys: 1234,
+            leaf_count,
+            epsilon: 16,
+            generation: 5,
+        }
+    }
+
+    fn pool() -> Superblock {
+        Superblock::plan(&PoolParams {
+            leaf_region_id: 0,
+            leaf_slots: 8,
+            keys_per_leaf: 6,
+            epsilon: 16,
+            leaf_capacity: 10,
+            directory_capacity: 4,
+            cirq_capacity: 4,
+            model_region_len: 1 << 16,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn layout_matches_the_diagram() {
+        let at = 4096;
+        let r = ModelRecord::new(at, &params(10)).unwrap();
+        assert_eq!(ModelRecord::STATE_OFFSET, 0);
+        assert_eq!(r.lt_offset(), at + 96);
+        assert_eq!(r.fences_offset(), at + 96 + 80);
+        assert_eq!(r.slt_offset(), at + 96 + 160);
+        assert_eq!(ModelRecord::size_for(10), Ok(96 + 160 + 2048));
+        assert_eq!(r.lt_entry_offset(9), Ok(at + 96 + 72));
+        assert!(r.lt_entry_offset(10).is_err());
+        assert_eq!(r.fence_offset(0), Ok(at + 176));
+        assert_eq!(r.slt_slot_offset(0), Ok(at + 256));
+        assert_eq!(r.slt_slot_offset(255), Ok(at + 256 + 255 * 8));
+        assert_eq!(r.slope(), 0.25);
+        assert_eq!(r.intercept(), -3.5);
+        assert_eq!(r.state().generation(), 5);
+        let back = ModelRecord::read(r.as_bytes()).unwrap();
+        assert_eq!(back.as_bytes(), r.as_bytes());
+    }
+
+    #[test]
+    fn record_checks_against_the_model_region() {
+        let sb = pool();
+        let at = sb.model_region_offset();
+        let r = ModelRecord::new(at, &params(10)).unwrap();
+        assert_eq!(r.check(at, &sb), Ok(()));
+        // Past the region's end.
+        let end = sb.model_region_offset() + sb.model_region_len();
+        let late = ModelRecord::new(end - 96, &params(10)).unwrap();
+        assert!(matches!(
+            late.check(end - 96, &sb),
+            Err(LayoutError::OutOfPool { .. }) | Err(LayoutError::Outside { .. })
+        ));
+        // Tables overlapping the record.
+        let mut bad = r;
+        bad.lt_offset.set(at);
+        assert_eq!(
+            bad.check(at, &sb),
+            Err(LayoutError::Overlap {
+                a: Part::ModelRecord,
+                b: Part::LeafTable
+            })
+        );
+        let mut bad = r;
+        bad.model_id.set(4);
+        assert_eq!(
+            bad.check(at, &sb),
+            Err(LayoutError::IndexOutOfRange {
+                part: Part::Directory,
+                index: 4,
+                len: 4
+            })
+        );
+        let mut bad = r;
+        bad.slope.set(f64::NAN.to_bits());
+        assert!(matches!(
+            bad.check(at, &sb),
+            Err(LayoutError::InvalidField {
+                field: Field::Slope,
+                ..
+            })
+        ));
+        let mut p = params(0);
+        assert!(ModelRecord::new(at, &p).is_err());
+        p.leaf_count = 1;
+        p.key_hi = 1;
+        assert!(ModelRecord::new(at, &p).is_err());
+    }
+
+    #[test]
+    fn state_transitions() {
+        let live = ModelState::live(3).unwrap();
+        assert_eq!(live.check(), Ok(()));
+        assert!(!live.is_frozen() && !live.is_retired());
+        let frozen = live.frozen();
+        assert!(frozen.is_frozen() && !frozen.is_retired());
+        assert_eq!(frozen.check(), Ok(()));
+        let retired = frozen.retired(4096).unwrap();
+        assert!(retired.is_retired() && retired.is_frozen());
+        assert_eq!(retired.forward(), Some(4096));
+        assert_eq!(retired.generation(), 3);
+        assert_eq!(retired.check(), Ok(()));
+        assert!(live.retired(0).is_err());
+        assert!(live.retired(4097).is_err());
+        assert!(live.retired(1 << 48).is_err());
+        assert!(ModelState::live(1 << 14).is_err());
+        assert_eq!(
+            ModelState::live(ModelState::MAX_GENERATION)
+                .unwrap()
+                .next_generation(),
+            0
+        );
+        // Forward without RETIRED, RETIRED without forward: refused.
+        assert!(ModelState::from_raw(8).check().is_err());
+        assert!(
+            ModelState::from_raw(ModelFlags::RETIRED.bits() | ModelFlags::FROZEN.bits())
+                .check()
+                .is_err()
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn state_fields_round_trip(generation in 0u16..1 << 14, forward in 1u64..1 << 45) {
+            let s = ModelState::live(generation).unwrap();
+            prop_assert_eq!(s.generation(), generation);
+            let r = s.frozen().retired(forward * 8).unwrap();
+            prop_assert_eq!(r.generation(), generation);
+            prop_assert_eq!(r.forward(), Some(forward * 8));
+            prop_assert_eq!(ModelState::from_raw(r.raw()), r);
+        }
+
+        #[test]
+        fn arbitrary_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..120), slot: u8, index: u64) {
+            let sb = pool();
+            if let Ok(r) = ModelRecord::read(&bytes) {
+                let _ = r.check(sb.model_region_offset(), &sb);
+                let _ = r.lt_entry_offset(index);
+                let _ = r.fence_offset(index);
+                let _ = r.slt_slot_offset(slot);
+            }
+        }
+
+        #[test]
+        fn checked_records_keep_tables_in_the_region(leaves in 1u64..500, at_word in 0u64..8192) {
+            let sb = pool();
+            let at = sb.model_region_offset() + at_word * 8;
+            let r = ModelRecord::new(at, &params(leaves)).unwrap();
+            let fits = at + ModelRecord::size_for(leaves).unwrap()
+                <= sb.model_region_offset() + sb.model_region_len();
+            prop_assert_eq!(r.check(at, &sb).is_ok(), fits);
+        }
+    }
+}
