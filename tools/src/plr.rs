@@ -76,7 +76,7 @@ pub fn run(args: PlrArgs) -> Result<(), Box<dyn std::error::Error>> {
     let ns_per_key = median.as_nanos() as f64 / keys.len() as f64;
 
     let max_error = measure_max_error(&hierarchy, &keys)?;
-    let levels = hierarchy.levels();
+    let levels: Vec<usize> = hierarchy.levels().collect();
     let segments = levels[0];
     let model_bytes = hierarchy.model_bytes();
 
