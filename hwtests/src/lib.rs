@@ -1,1 +1,560 @@
-//! The fabric conformance suite (being written with the transfer engine).
+//! The fabric conformance suite: one set of cases, run against every
+//! fabric the machine has.
+//!
+//! [`fabrics`] lists the candidate fabrics and, for each, either a way to
+//! build engines on it or the reason it is skipped (not present on this
+//! machine, or its domain not built yet). [`run_all`] runs every
+//! [`CASES`] entry on every available fabric and returns a [`Report`] that
+//! names which fabrics ran, which were skipped and why, and every failure.
+//! The cases check only what design §3 promises on all fabrics: reliable,
+//! unordered delivery; protection (nothing changes on a violation);
+//! 8-byte atomics atomic against each other; immediates after data.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rolex_host::{
+    Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
+    OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,
+};
+
+/// Bound on any single wait: a hang guard, not a timing assertion.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// Builds engines on one fabric.
+pub trait FabricUnderTest: Send + Sync {
+    /// Name printed in the report.
+    fn name(&self) -> String;
+    /// A new engine (a new host) with `nics` NICs in one group.
+    fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError>;
+}
+
+/// The loopback NIC, ordered or unordered.
+pub struct Loopback {
+    /// SRD-like shuffling.
+    pub unordered: Option<Unordered>,
+}
+
+impl FabricUnderTest for Loopback {
+    fn name(&self) -> String {
+        match self.unordered {
+            None => "loopback".into(),
+            Some(u) => format!("loopback-unordered(seed {})", u.seed),
+        }
+    }
+
+    fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
+            fabric: Fabric::Loopback(LoopbackConfig {
+                unordered: self.unordered,
+                recv_wait: Duration::from_millis(50),
+                ..LoopbackConfig::default()
+            }),
+            ..EngineConfig::default()
+        })
+    }
+}
+
+/// A fabric the suite knows about: available, or skipped with a reason.
+pub enum Candidate {
+    /// Runs.
+    Available(Box<dyn FabricUnderTest>),
+    /// Skipped.
+    Skipped {
+        /// The fabric.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn libfabric_installed() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ]
+    .iter()
+    .any(|d| Path::new(d).join("libfabric.so.1").exists())
+}
+
+fn rdma_devices() -> Vec<String> {
+    std::fs::read_dir("/sys/class/infiniband")
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every fabric the suite knows, in report order.
+pub fn fabrics() -> Vec<Candidate> {
+    let mut v = vec![
+        Candidate::Available(Box::new(Loopback { unordered: None })),
+        Candidate::Available(Box::new(Loopback {
+            unordered: Some(Unordered {
+                seed: 7,
+                window: 32,
+            }),
+        })),
+    ];
+    v.push(Candidate::Skipped {
+        name: "libfabric".into(),
+        reason: if libfabric_installed() {
+            "libfabric is installed, but its domain is not built yet (its own issue)".into()
+        } else {
+            "libfabric is not installed".into()
+        },
+    });
+    let devs = rdma_devices();
+    v.push(Candidate::Skipped {
+        name: "verbs".into(),
+        reason: if devs.is_empty() {
+            "no RDMA device in /sys/class/infiniband".into()
+        } else {
+            format!(
+                "devices {devs:?} present, but the verbs domain is not built yet (its own issue)"
+            )
+        },
+    });
+    v
+}
+
+/// Why a case failed.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<TransferError> for Failure {
+    fn from(e: TransferError) -> Self {
+        Failure(format!("engine error: {e}"))
+    }
+}
+
+type CaseResult = Result<(), Failure>;
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Failure(format!($($msg)+)));
+        }
+    };
+}
+
+/// One conformance case.
+pub struct Case {
+    /// Its name.
+    pub name: &'static str,
+    /// Its body.
+    pub run: fn(&dyn FabricUnderTest) -> CaseResult,
+}
+
+fn wait(f: &CompletionFlag) -> Result<Result<u64, TransferError>, Failure> {
+    f.wait(HANG)
+        .ok_or_else(|| Failure("operation did not complete (hang guard)".into()))
+}
+
+fn flag() -> (Arc<CompletionFlag>, OnDone) {
+    let f = CompletionFlag::new();
+    let d = OnDone::flag(&f);
+    (f, d)
+}
+
+fn vflag() -> (Arc<CompletionFlag>, OnValue) {
+    let f = CompletionFlag::new();
+    let d = OnValue::flag(&f);
+    (f, d)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+fn pair(
+    f: &dyn FabricUnderTest,
+    nics: usize,
+    len: u64,
+) -> Result<(TransferEngine, TransferEngine, MrHandle, MrHandle, MrDesc), Failure> {
+    let a = f.engine(nics)?;
+    let b = f.engine(nics)?;
+    let (src, _) = a.alloc_mr(len, Access::all())?;
+    let (dst, dd) = b.alloc_mr(len, Access::all())?;
+    Ok((a, b, src, dst, dd))
+}
+
+fn write_read_round_trip(f: &dyn FabricUnderTest) -> CaseResult {
+    let (a, _b, src, dst, dd) = pair(f, 1, 8192)?;
+    src.write(0, &pattern(8192, 1))?;
+    let (fl, d) = flag();
+    a.submit_single_write(4000, None, (&src, 100), (&dd, 50), d)?;
+    wait(&fl)??;
+    ensure!(
+        dst.to_vec(50, 4000)? == pattern(8192, 1)[100..4100],
+        "written bytes differ"
+    );
+    src.fill(0)?;
+    let (fl, d) = flag();
+    a.submit_read(4000, (&src, 0), (&dd, 50), d)?;
+    wait(&fl)??;
+    ensure!(
+        src.to_vec(0, 4000)? == pattern(8192, 1)[100..4100],
+        "read bytes differ"
+    );
+    Ok(())
+}
+
+fn imm_counts_whatever_the_order(f: &dyn FabricUnderTest) -> CaseResult {
+    let (a, b, src, dst, dd) = pair(f, 2, 64 * 64)?;
+    src.write(0, &pattern(64 * 64, 2))?;
+    let (early, d) = flag();
+    b.expect_imm_count(1, 32, d)?;
+    let mut flags = Vec::new();
+    for i in 0..64u64 {
+        let (fl, d) = flag();
+        a.submit_single_write(
+            64,
+            Some(1 + (i % 2) as u32),
+            (&src, 64 * i),
+            (&dd, 64 * i),
+            d,
+        )?;
+        flags.push(fl);
+    }
+    for fl in &flags {
+        wait(fl)??;
+    }
+    wait(&early)??;
+    let (late, d) = flag();
+    b.expect_imm_count(2, 32, d)?;
+    wait(&late)??;
+    ensure!(
+        dst.to_vec(0, 64 * 64)? == pattern(64 * 64, 2),
+        "data incomplete when immediates fired"
+    );
+    ensure!(
+        b.imm_count(1) == 0 && b.imm_count(2) == 0,
+        "surplus arrivals"
+    );
+    Ok(())
+}
+
+/// Whether a protection error names the expected check.
+type CheckFn = fn(&ProtectionCheck) -> bool;
+
+fn protection_changes_nothing(f: &dyn FabricUnderTest) -> CaseResult {
+    let (a, _b, src, dst, dd) = pair(f, 1, 1024)?;
+    src.fill(0xaa)?;
+    dst.fill(0x11)?;
+    let mut bad_key = dd.clone();
+    bad_key.nics[0].1 ^= 1;
+    let mut long = dd.clone();
+    long.len *= 2;
+    let mut no_rights = dd.clone();
+    no_rights.access = Access::empty();
+    let cases: [(&str, &MrDesc, u64, CheckFn); 4] = [
+        ("wrong key", &bad_key, 0, |c| {
+            *c == ProtectionCheck::UnknownKey
+        }),
+        ("out of bounds (forged length)", &long, 1024, |c| {
+            matches!(c, ProtectionCheck::OutOfBounds { .. })
+        }),
+        ("missing right", &no_rights, 0, |c| {
+            matches!(c, ProtectionCheck::MissingRight(_))
+        }),
+        ("misaligned atomic", &dd, 4, |c| {
+            matches!(c, ProtectionCheck::Misaligned { .. })
+        }),
+    ];
+    for (what, desc, off, want) in cases {
+        let (fl, d) = flag();
+        if what == "misaligned atomic" {
+            let (vf, v) = vflag();
+            a.submit_faa((desc, off), 1, v)?;
+            match wait(&vf)? {
+                Err(TransferError::Protection { check, .. }) if want(&check) => {}
+                other => return Err(Failure(format!("{what}: got {other:?}"))),
+            }
+            continue;
+        }
+        a.submit_single_write(16, None, (&src, 0), (desc, off), d)?;
+        match wait(&fl)? {
+            Err(TransferError::Protection { check, .. }) if want(&check) => {}
+            other => return Err(Failure(format!("{what}: got {other:?}"))),
+        }
+    }
+    ensure!(
+        dst.to_vec(0, 1024)?.iter().all(|b| *b == 0x11),
+        "target memory changed"
+    );
+    Ok(())
+}
+
+fn atomics_are_atomic(f: &dyn FabricUnderTest) -> CaseResult {
+    let target = f.engine(1)?;
+    let (word, wd) = target.alloc_mr(64, Access::all())?;
+    let threads = 3;
+    let per = 200u64;
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let e = f.engine(1);
+            let wd = wd.clone();
+            let errors = errors.clone();
+            std::thread::spawn(move || {
+                let run = || -> Result<(), TransferError> {
+                    let e = e?;
+                    let mut ch = e.channel()?;
+                    let mut res = Vec::new();
+                    for _ in 0..per / 4 {
+                        ch.run(
+                            &[BatchOp::Faa {
+                                dst: &wd,
+                                offset: 8,
+                                add: 1,
+                            }; 4],
+                            &mut res,
+                        )?;
+                        if let Some(Err(x)) = res.iter().find(|r| r.is_err()) {
+                            return Err(x.clone());
+                        }
+                    }
+                    Ok(())
+                };
+                if let Err(x) = run() {
+                    errors.lock().unwrap_or_else(|p| p.into_inner()).push(x);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join()
+            .map_err(|_| Failure("client thread panicked".into()))?;
+    }
+    let errs = errors.lock().unwrap_or_else(|p| p.into_inner());
+    ensure!(errs.is_empty(), "faa errors: {errs:?}");
+    ensure!(
+        word.load_u64(8)? == threads as u64 * per,
+        "faa lost updates: {}",
+        word.load_u64(8)?
+    );
+    let a = f.engine(1)?;
+    let (vf, v) = vflag();
+    a.submit_cas((&wd, 8), threads as u64 * per, 1, v)?;
+    ensure!(wait(&vf)?? == threads as u64 * per, "cas old value");
+    ensure!(word.load_u64(8)? == 1, "cas did not swap");
+    Ok(())
+}
+
+fn send_recv(f: &dyn FabricUnderTest) -> CaseResult {
+    let a = f.engine(1)?;
+    let b = f.engine(1)?;
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    b.submit_recvs(128, 4, move |m| {
+        if m == b"ping" {
+            g.fetch_add(1, SeqCst);
+        }
+    })?;
+    for _ in 0..8 {
+        let (fl, d) = flag();
+        a.submit_send(&b.main_address(), b"ping", d)?;
+        wait(&fl)??;
+    }
+    let start = std::time::Instant::now();
+    while got.load(SeqCst) < 8 && start.elapsed() < HANG {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ensure!(got.load(SeqCst) == 8, "received {} of 8", got.load(SeqCst));
+    let c = f.engine(1)?;
+    let (fl, d) = flag();
+    a.submit_send(&c.main_address(), b"nobody listens", d)?;
+    ensure!(
+        matches!(wait(&fl)?, Err(TransferError::NoReceiveBuffer { .. })),
+        "send without receive must fail"
+    );
+    Ok(())
+}
+
+fn paged_scatter_barrier(f: &dyn FabricUnderTest) -> CaseResult {
+    let a = f.engine(2)?;
+    let peers: Vec<_> = (0..4)
+        .map(|_| -> Result<_, Failure> {
+            let e = f.engine(2)?;
+            let (h, d) = e.alloc_mr(4096, Access::all())?;
+            Ok((e, h, d))
+        })
+        .collect::<Result<_, _>>()?;
+    let (src, _) = a.alloc_mr(4096, Access::all())?;
+    src.write(0, &pattern(4096, 3))?;
+    let group = a.add_peer_group(peers.iter().map(|p| p.0.main_address()).collect())?;
+    let mut fired = Vec::new();
+    for p in &peers {
+        let (fl, d) = flag();
+        // 3 pages + 1 scatter slice + 1 barrier.
+        p.0.expect_imm_count(9, 5, d)?;
+        fired.push(fl);
+    }
+    for p in &peers {
+        let sp = Pages {
+            indices: vec![5, 1, 3],
+            stride: 256,
+            offset: 8,
+        };
+        let dp = Pages {
+            indices: vec![0, 7, 2],
+            stride: 300,
+            offset: 0,
+        };
+        let (fl, d) = flag();
+        a.submit_paged_writes(100, Some(9), (&src, &sp), (&p.2, &dp), d)?;
+        wait(&fl)??;
+    }
+    let dst: Vec<_> = peers
+        .iter()
+        .map(|p| ScatterDst {
+            len: 16,
+            src: 0,
+            dst: p.2.clone(),
+            dst_offset: 4000,
+        })
+        .collect();
+    let (fl, d) = flag();
+    a.submit_scatter(Some(group), d, Some(9), &src, &dst)?;
+    wait(&fl)??;
+    let descs: Vec<_> = peers.iter().map(|p| p.2.clone()).collect();
+    let (fl, d) = flag();
+    a.submit_barrier(Some(group), d, 9, &descs)?;
+    wait(&fl)??;
+    for fl in &fired {
+        wait(fl)??;
+    }
+    let all = pattern(4096, 3);
+    for p in &peers {
+        ensure!(
+            p.1.to_vec(300 * 7, 100)? == all[8 + 256..8 + 256 + 100],
+            "page 1 misplaced"
+        );
+        ensure!(
+            p.1.to_vec(4000, 16)? == all[..16],
+            "scatter slice misplaced"
+        );
+    }
+    Ok(())
+}
+
+fn split_over_four_nics(f: &dyn FabricUnderTest) -> CaseResult {
+    let len = 1u64 << 20;
+    let (a, b, src, dst, dd) = pair(f, 4, len)?;
+    src.write(0, &pattern(len as usize, 4))?;
+    let (fl, d) = flag();
+    b.expect_imm_count(
+        3,
+        rolex_host::single_write_pieces(len, a.nics(), dd.nics.len()),
+        d,
+    )?;
+    a.submit_single_write(len, Some(3), (&src, 0), (&dd, 0), OnDone::callback(|_| {}))?;
+    wait(&fl)??;
+    ensure!(
+        dst.to_vec(0, len as usize)? == pattern(len as usize, 4),
+        "split write incomplete"
+    );
+    Ok(())
+}
+
+/// Every case, in run order.
+pub const CASES: &[Case] = &[
+    Case {
+        name: "write_read_round_trip",
+        run: write_read_round_trip,
+    },
+    Case {
+        name: "imm_counts_whatever_the_order",
+        run: imm_counts_whatever_the_order,
+    },
+    Case {
+        name: "protection_changes_nothing",
+        run: protection_changes_nothing,
+    },
+    Case {
+        name: "atomics_are_atomic",
+        run: atomics_are_atomic,
+    },
+    Case {
+        name: "send_recv",
+        run: send_recv,
+    },
+    Case {
+        name: "paged_scatter_barrier",
+        run: paged_scatter_barrier,
+    },
+    Case {
+        name: "split_over_four_nics",
+        run: split_over_four_nics,
+    },
+];
+
+/// What a run of the suite did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Fabrics run, with cases passed.
+    pub ran: Vec<(String, usize)>,
+    /// Fabrics skipped, with the reason.
+    pub skipped: Vec<(String, String)>,
+    /// `(fabric, case, why)` for every failure.
+    pub failures: Vec<(String, &'static str, String)>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (name, n) in &self.ran {
+            writeln!(f, "ran     {name}: {n}/{} cases passed", CASES.len())?;
+        }
+        for (name, why) in &self.skipped {
+            writeln!(f, "skipped {name}: {why}")?;
+        }
+        for (fab, case, why) in &self.failures {
+            writeln!(f, "FAILED  {fab} / {case}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every case on every available fabric.
+pub fn run_all() -> Report {
+    let mut report = Report::default();
+    for c in fabrics() {
+        match c {
+            Candidate::Skipped { name, reason } => report.skipped.push((name, reason)),
+            Candidate::Available(fab) => {
+                let mut passed = 0;
+                for case in CASES {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        (case.run)(&*fab)
+                    })) {
+                        Ok(Ok(())) => passed += 1,
+                        Ok(Err(e)) => report.failures.push((fab.name(), case.name, e.0)),
+                        Err(_) => report
+                            .failures
+                            .push((fab.name(), case.name, "panicked".into())),
+                    }
+                }
+                report.ran.push((fab.name(), passed));
+            }
+        }
+    }
+    report
+}

@@ -1,0 +1,329 @@
+//! Initiator-side completion: [`OnDone`] / [`OnValue`] (a callback or a
+//! [`CompletionFlag`]), and the engine's callback thread.
+//!
+//! Invariant: every submitted operation's notification fires exactly once —
+//! success, error, or [`TransferError::EngineShutDown`] when the engine
+//! goes first. Flags are set by the thread that learns the outcome (no
+//! thread hop); callbacks run on the one callback thread, in completion
+//! order, so a slow callback delays other callbacks but never a worker.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Acquire, Ordering::Release};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::error::TransferError;
+
+/// A completion callback for operations without a result value.
+pub type DoneFn = Box<dyn FnOnce(Result<(), TransferError>) + Send>;
+/// A completion callback for atomics: the word's old value.
+pub type ValueFn = Box<dyn FnOnce(Result<u64, TransferError>) + Send>;
+
+/// How the initiator learns that an operation finished.
+pub enum OnDone {
+    /// Called on the engine's callback thread.
+    Callback(DoneFn),
+    /// Set by the engine; poll or wait on it.
+    Flag(Arc<CompletionFlag>),
+}
+
+impl OnDone {
+    /// A callback completion.
+    pub fn callback(f: impl FnOnce(Result<(), TransferError>) + Send + 'static) -> Self {
+        OnDone::Callback(Box::new(f))
+    }
+
+    /// A flag completion (the flag is shared, not consumed).
+    pub fn flag(flag: &Arc<CompletionFlag>) -> Self {
+        OnDone::Flag(flag.clone())
+    }
+}
+
+impl std::fmt::Debug for OnDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OnDone::Callback(_) => f.write_str("OnDone::Callback"),
+            OnDone::Flag(x) => f.debug_tuple("OnDone::Flag").field(x).finish(),
+        }
+    }
+}
+
+/// How the initiator of an atomic learns the old value of the word.
+pub enum OnValue {
+    /// Called on the engine's callback thread.
+    Callback(ValueFn),
+    /// Set by the engine with the value; poll or wait on it.
+    Flag(Arc<CompletionFlag>),
+}
+
+impl OnValue {
+    /// A callback completion.
+    pub fn callback(f: impl FnOnce(Result<u64, TransferError>) + Send + 'static) -> Self {
+        OnValue::Callback(Box::new(f))
+    }
+
+    /// A flag completion.
+    pub fn flag(flag: &Arc<CompletionFlag>) -> Self {
+        OnValue::Flag(flag.clone())
+    }
+}
+
+impl std::fmt::Debug for OnValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OnValue::Callback(_) => f.write_str("OnValue::Callback"),
+            OnValue::Flag(x) => f.debug_tuple("OnValue::Flag").field(x).finish(),
+        }
+    }
+}
+
+const PENDING: u8 = 0;
+const OK: u8 = 1;
+const FAILED: u8 = 2;
+
+/// An atomic completion flag recording success (with a value: the old word
+/// of an atomic, 0 otherwise) or the error.
+#[derive(Debug, Default)]
+pub struct CompletionFlag {
+    state: AtomicU8,
+    value: AtomicU64,
+    error: Mutex<Option<TransferError>>,
+}
+
+impl CompletionFlag {
+    /// A pending flag.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Whether the operation finished (either way).
+    pub fn is_done(&self) -> bool {
+        self.state.load(Acquire) != PENDING
+    }
+
+    /// The outcome, once finished.
+    pub fn result(&self) -> Option<Result<u64, TransferError>> {
+        match self.state.load(Acquire) {
+            OK => Some(Ok(self.value.load(Acquire))),
+            FAILED => Some(Err(self
+                .error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or(TransferError::EngineShutDown))),
+            _ => None,
+        }
+    }
+
+    /// Waits up to `timeout` for the outcome: polls briefly, then sleeps
+    /// with a growing nap (never a long busy spin).
+    pub fn wait(&self, timeout: Duration) -> Option<Result<u64, TransferError>> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        let mut nap = Duration::from_micros(2);
+        loop {
+            if let Some(r) = self.result() {
+                return Some(r);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            if spins < 64 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Makes the flag pending again, for reuse.
+    pub fn reset(&self) {
+        *self.error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.state.store(PENDING, Release);
+    }
+
+    pub(crate) fn complete(&self, result: Result<u64, TransferError>) {
+        match result {
+            Ok(v) => {
+                self.value.store(v, Release);
+                self.state.store(OK, Release);
+            }
+            Err(e) => {
+                *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                self.state.store(FAILED, Release);
+            }
+        }
+    }
+}
+
+/// A notification of either kind, as the engine carries it.
+pub(crate) enum Notify {
+    Done(OnDone),
+    Value(OnValue),
+}
+
+impl From<OnDone> for Notify {
+    fn from(d: OnDone) -> Self {
+        Notify::Done(d)
+    }
+}
+
+impl From<OnValue> for Notify {
+    fn from(v: OnValue) -> Self {
+        Notify::Value(v)
+    }
+}
+
+impl Notify {
+    /// Delivers the outcome: flags at once, callbacks through `cbq`.
+    pub(crate) fn fire(self, result: Result<u64, TransferError>, cbq: &CallbackQueue) {
+        match self {
+            Notify::Done(OnDone::Flag(f)) | Notify::Value(OnValue::Flag(f)) => f.complete(result),
+            Notify::Done(OnDone::Callback(cb)) => cbq.push(Job::Done(cb, result.map(|_| ()))),
+            Notify::Value(OnValue::Callback(cb)) => cbq.push(Job::Value(cb, result)),
+        }
+    }
+}
+
+/// Work for the callback thread.
+pub(crate) enum Job {
+    Done(DoneFn, Result<(), TransferError>),
+    Value(ValueFn, Result<u64, TransferError>),
+    Run(Box<dyn FnOnce() + Send>),
+    /// Ends the callback thread (other senders may outlive it).
+    Stop,
+}
+
+impl Job {
+    fn run(self) {
+        // A panicking user callback must not take the callback thread down.
+        let _ = catch_unwind(AssertUnwindSafe(move || match self {
+            Job::Done(f, r) => f(r),
+            Job::Value(f, r) => f(r),
+            Job::Run(f) => f(),
+            Job::Stop => {}
+        }));
+    }
+}
+
+/// The sending side of the callback thread's queue.
+#[derive(Clone)]
+pub(crate) struct CallbackQueue {
+    tx: Sender<Job>,
+}
+
+impl CallbackQueue {
+    pub(crate) fn push(&self, job: Job) {
+        // Only fails once the thread is gone (after shutdown): run here.
+        if let Err(e) = self.tx.send(job) {
+            e.into_inner().run();
+        }
+    }
+}
+
+/// The engine's callback thread; it blocks on its queue when idle (no CPU).
+pub(crate) struct CallbackThread {
+    queue: Option<CallbackQueue>,
+    handle: Option<JoinHandle<()>>,
+    id: ThreadId,
+}
+
+impl CallbackThread {
+    pub(crate) fn spawn(name: String) -> std::io::Result<Self> {
+        let (tx, rx): (Sender<Job>, Receiver<Job>) = crossbeam_channel::unbounded();
+        let handle = thread::Builder::new().name(name).spawn(move || {
+            for job in rx.iter() {
+                if matches!(job, Job::Stop) {
+                    // Whatever was queued before the stop still runs.
+                    while let Ok(job) = rx.try_recv() {
+                        job.run();
+                    }
+                    break;
+                }
+                job.run();
+            }
+        })?;
+        Ok(CallbackThread {
+            id: handle.thread().id(),
+            queue: Some(CallbackQueue { tx }),
+            handle: Some(handle),
+        })
+    }
+
+    pub(crate) fn queue(&self) -> CallbackQueue {
+        match &self.queue {
+            Some(q) => q.clone(),
+            None => {
+                // After `stop`: a queue whose thread is gone runs jobs inline.
+                let (tx, _) = crossbeam_channel::unbounded();
+                CallbackQueue { tx }
+            }
+        }
+    }
+
+    /// Lets the thread finish the queued jobs and exit; joins it unless
+    /// called from the callback thread itself (a callback that drops the
+    /// last engine handle), which then exits after returning.
+    pub(crate) fn stop(&mut self) {
+        if let Some(q) = self.queue.take() {
+            let _ = q.tx.send(Job::Stop);
+        }
+        if let Some(h) = self.handle.take() {
+            if thread::current().id() != self.id {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for CallbackThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_records_value_and_error() {
+        let f = CompletionFlag::new();
+        assert!(!f.is_done());
+        assert_eq!(f.wait(Duration::from_millis(1)), None);
+        f.complete(Ok(5));
+        assert_eq!(f.result(), Some(Ok(5)));
+        f.reset();
+        f.complete(Err(TransferError::EngineShutDown));
+        assert_eq!(
+            f.wait(Duration::ZERO),
+            Some(Err(TransferError::EngineShutDown))
+        );
+    }
+
+    #[test]
+    fn callbacks_run_on_thread_even_after_a_panic() {
+        let mut t = CallbackThread::spawn("cb-test".into()).unwrap();
+        let q = t.queue();
+        let (tx, rx) = std::sync::mpsc::channel();
+        q.push(Job::Run(Box::new(|| panic!("user callback panics"))));
+        let tx2 = tx.clone();
+        q.push(Job::Done(
+            Box::new(move |r| tx2.send(r.is_ok()).unwrap()),
+            Ok(()),
+        ));
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        t.stop();
+        // After stop, jobs run inline.
+        t.queue().push(Job::Done(
+            Box::new(move |r| tx.send(r.is_ok()).unwrap()),
+            Ok(()),
+        ));
+        assert!(rx.recv_timeout(Duration::from_secs(1)).unwrap());
+    }
+}

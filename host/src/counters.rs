@@ -1,0 +1,128 @@
+//! What every engine and every domain counts (design §8): operations by
+//! kind, doorbell batches, bytes moved, atomics, errors and dependent round
+//! trips — hardware-independent figures that every benchmark prints first.
+//!
+//! Counters are relaxed atomics bumped on the data path; a
+//! [`CounterSnapshot`] is a plain copy of them. Snapshots taken while
+//! operations run are not a consistent cut, only monotone per field.
+
+use std::ops::{Add, AddAssign};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use rolex_core::wire::NetAddr;
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters (relaxed atomics) of one domain or engine.
+        #[derive(Debug, Default)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        /// A copy of [`Counters`] at one moment.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct CounterSnapshot {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Counters {
+            /// Copies every counter.
+            pub fn snapshot(&self) -> CounterSnapshot {
+                CounterSnapshot { $($name: self.$name.load(Relaxed),)* }
+            }
+        }
+
+        impl AddAssign for CounterSnapshot {
+            fn add_assign(&mut self, rhs: Self) {
+                $(self.$name += rhs.$name;)*
+            }
+        }
+    };
+}
+
+counters! {
+    /// One-sided reads posted.
+    reads,
+    /// One-sided writes posted without immediate.
+    writes,
+    /// One-sided writes posted with an immediate.
+    write_imms,
+    /// Two-sided sends posted.
+    sends,
+    /// Messages received into posted buffers.
+    recvs,
+    /// Compare-and-swap operations posted.
+    cas,
+    /// Fetch-and-add operations posted.
+    faa,
+    /// All 8-byte atomics posted (`cas + faa`).
+    atomics,
+    /// Doorbell batches (one post of one or more work requests).
+    doorbells,
+    /// Bytes fetched by reads.
+    bytes_read,
+    /// Bytes put by writes and sends.
+    bytes_written,
+    /// Operations that completed with an error.
+    errors,
+    /// Dependent round trips: one per submitted transfer or doorbell batch
+    /// of independent operations.
+    rtts,
+    /// Immediates delivered to this side (each piece of a split write counts).
+    imm_arrivals,
+}
+
+impl Counters {
+    /// Adds `n` to one counter.
+    #[inline]
+    pub fn bump(field: &AtomicU64, n: u64) {
+        field.fetch_add(n, Relaxed);
+    }
+}
+
+impl Add for CounterSnapshot {
+    type Output = Self;
+    fn add(mut self, rhs: Self) -> Self {
+        self += rhs;
+        self
+    }
+}
+
+/// The counters of one domain (NIC) of an engine.
+#[derive(Debug, Clone, Copy)]
+pub struct DomainCounters {
+    /// The domain's address.
+    pub addr: NetAddr,
+    /// Its domain group.
+    pub group: usize,
+    /// Its counters.
+    pub counters: CounterSnapshot,
+}
+
+/// An engine's counters: the total and each domain's share.
+#[derive(Debug, Clone)]
+pub struct EngineCounters {
+    /// Sum over the domains plus what the engine itself counts (round trips,
+    /// errors found before posting).
+    pub total: CounterSnapshot,
+    /// Per domain.
+    pub domains: Vec<DomainCounters>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_and_sum() {
+        let c = Counters::default();
+        Counters::bump(&c.reads, 2);
+        Counters::bump(&c.bytes_read, 128);
+        let s = c.snapshot();
+        assert_eq!(s.reads, 2);
+        assert_eq!(s.bytes_read, 128);
+        let t = s + s;
+        assert_eq!(t.reads, 4);
+        assert_eq!(t.writes, 0);
+    }
+}

@@ -1,0 +1,400 @@
+//! [`LoopbackEndpoint`]: a queue pair on the loopback NIC. The CPU thread
+//! that polls it is the NIC: it runs each operation against the target's
+//! registered memory, after the protection check, and reports completions.
+//!
+//! Invariants: a failed check changes nothing (all checks run before the
+//! first byte moves); a write's immediate is queued at the target only after
+//! its data is copied; 8-byte atomics go through `AtomicU64` on the target
+//! word, so they are atomic against each other from any thread. In
+//! unordered mode, due operations run and complete in a seeded shuffle
+//! within windows of `window` operations (SRD-like); with injected latency
+//! or bandwidth an operation takes effect when its modelled time has come,
+//! and the poller sleeps until then instead of spinning.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rolex_core::wire::{Access, NetAddr};
+
+use super::fabric::NicState;
+use super::LoopbackConfig;
+use crate::counters::Counters;
+use crate::domain::{Completion, Endpoint, Incoming, Progress, WorkOp, WorkRequest};
+use crate::error::TransferError;
+
+/// How often a send that found no receive buffer is retried.
+const SEND_RETRY: Duration = Duration::from_micros(200);
+
+enum Exec {
+    Done(Result<u64, TransferError>),
+    /// A send found no posted receive buffer: retry later.
+    NoBuffer,
+}
+
+/// A send waiting for the peer to post a receive buffer.
+struct WaitingSend {
+    since: Instant,
+    next_try: Instant,
+    wr: WorkRequest,
+}
+
+/// A queue pair on the loopback NIC (see the module docs).
+pub struct LoopbackEndpoint {
+    nic: Arc<NicState>,
+    cfg: LoopbackConfig,
+    /// Resolved peers (an address vector).
+    peers: HashMap<NetAddr, Arc<NicState>>,
+    /// Posted, not yet executed: `(due, request)`, due times non-decreasing.
+    inflight: VecDeque<(Instant, WorkRequest)>,
+    waiting: VecDeque<WaitingSend>,
+    ready: Vec<Completion>,
+    link_free: Instant,
+    rng: Option<StdRng>,
+    scratch: Vec<WorkRequest>,
+    done_scratch: Vec<Completion>,
+}
+
+impl LoopbackEndpoint {
+    pub(crate) fn new(nic: Arc<NicState>, cfg: LoopbackConfig, salt: u64) -> Self {
+        let rng = cfg
+            .unordered
+            .map(|u| StdRng::seed_from_u64(u.seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        LoopbackEndpoint {
+            nic,
+            cfg,
+            peers: HashMap::new(),
+            inflight: VecDeque::new(),
+            waiting: VecDeque::new(),
+            ready: Vec::new(),
+            link_free: Instant::now(),
+            rng,
+            scratch: Vec::new(),
+            done_scratch: Vec::new(),
+        }
+    }
+
+    /// Whether operations take effect at post time (no latency, bandwidth
+    /// or shuffling configured).
+    fn direct(&self) -> bool {
+        self.cfg.latency.is_zero() && self.cfg.bandwidth_gbps.is_none() && self.rng.is_none()
+    }
+
+    fn target(&mut self, peer: &NetAddr) -> Result<Arc<NicState>, TransferError> {
+        let nic = match self.peers.get(peer) {
+            Some(n) if n.alive() => n.clone(),
+            _ => {
+                self.peers.remove(peer);
+                let n = NicState::lookup(peer)
+                    .filter(|n| n.alive())
+                    .ok_or(TransferError::UnknownPeer { peer: *peer })?;
+                self.peers.insert(*peer, n.clone());
+                n
+            }
+        };
+        if nic.failed() {
+            return Err(TransferError::PeerFailed { peer: *peer });
+        }
+        Ok(nic)
+    }
+
+    fn count_post(&self, op: &WorkOp) {
+        let c = &self.nic.counters;
+        match op {
+            WorkOp::Read { len, .. } => {
+                Counters::bump(&c.reads, 1);
+                Counters::bump(&c.bytes_read, *len);
+            }
+            WorkOp::Write { len, imm, .. } => {
+                Counters::bump(
+                    if imm.is_some() {
+                        &c.write_imms
+                    } else {
+                        &c.writes
+                    },
+                    1,
+                );
+                Counters::bump(&c.bytes_written, *len);
+            }
+            WorkOp::Cas { .. } => {
+                Counters::bump(&c.cas, 1);
+                Counters::bump(&c.atomics, 1);
+            }
+            WorkOp::Faa { .. } => {
+                Counters::bump(&c.faa, 1);
+                Counters::bump(&c.atomics, 1);
+            }
+            WorkOp::Send { data, .. } => {
+                Counters::bump(&c.sends, 1);
+                Counters::bump(&c.bytes_written, data.len() as u64);
+            }
+        }
+    }
+
+    fn exec(&mut self, op: &WorkOp) -> Exec {
+        match self.exec_inner(op) {
+            Ok(Some(v)) => Exec::Done(Ok(v)),
+            Ok(None) => Exec::NoBuffer,
+            Err(e) => Exec::Done(Err(e)),
+        }
+    }
+
+    /// Runs one operation; `Ok(None)` when a send must wait for a buffer.
+    fn exec_inner(&mut self, op: &WorkOp) -> Result<Option<u64>, TransferError> {
+        let t = self.target(op.peer())?;
+        match op {
+            WorkOp::Read { local, remote, len } => {
+                let (region, off) = t.check(remote, *len, Access::REMOTE_READ)?;
+                let rg = region
+                    .enter()
+                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let lg = local
+                    .region
+                    .enter()
+                    .ok_or(TransferError::RegionDeregistered)?;
+                if !rg.copy_to(off, &lg, local.offset, *len) {
+                    return Err(TransferError::LocalOutOfBounds {
+                        offset: local.offset,
+                        len: *len,
+                        region_len: local.region.len(),
+                    });
+                }
+                Ok(Some(0))
+            }
+            WorkOp::Write {
+                local,
+                remote,
+                len,
+                imm,
+            } => {
+                let (region, off) = t.check(remote, *len, Access::REMOTE_WRITE)?;
+                if let Some(local) = local {
+                    let rg = region
+                        .enter()
+                        .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                    let lg = local
+                        .region
+                        .enter()
+                        .ok_or(TransferError::RegionDeregistered)?;
+                    if !lg.copy_to(local.offset, &rg, off, *len) {
+                        return Err(TransferError::LocalOutOfBounds {
+                            offset: local.offset,
+                            len: *len,
+                            region_len: local.region.len(),
+                        });
+                    }
+                }
+                if let Some(imm) = imm {
+                    t.deliver(Incoming::Imm(*imm));
+                }
+                Ok(Some(0))
+            }
+            WorkOp::Cas {
+                remote,
+                expected,
+                new,
+            } => {
+                let (region, off) = t.check(remote, 8, Access::REMOTE_ATOMIC)?;
+                let rg = region
+                    .enter()
+                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let word = rg
+                    .word(off)
+                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                Ok(Some(
+                    match word.compare_exchange(*expected, *new, SeqCst, SeqCst) {
+                        Ok(old) | Err(old) => old,
+                    },
+                ))
+            }
+            WorkOp::Faa { remote, add } => {
+                let (region, off) = t.check(remote, 8, Access::REMOTE_ATOMIC)?;
+                let rg = region
+                    .enter()
+                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let word = rg
+                    .word(off)
+                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                Ok(Some(word.fetch_add(*add, SeqCst)))
+            }
+            WorkOp::Send { peer, data } => {
+                let Some(mut buf) = t.recvq.pop() else {
+                    return Ok(None);
+                };
+                if data.len() > buf.data.len() {
+                    let buffer_len = buf.data.len() as u64;
+                    t.recvq.push(buf);
+                    return Err(TransferError::MessageTooLarge {
+                        peer: *peer,
+                        len: data.len() as u64,
+                        buffer_len,
+                    });
+                }
+                buf.data[..data.len()].copy_from_slice(data);
+                t.deliver(Incoming::Message {
+                    buf,
+                    len: data.len(),
+                });
+                Ok(Some(0))
+            }
+        }
+    }
+
+    fn finish(
+        &mut self,
+        wr_id: u64,
+        result: Result<u64, TransferError>,
+        out: &mut Vec<Completion>,
+    ) {
+        if result.is_err() {
+            Counters::bump(&self.nic.counters.errors, 1);
+        }
+        out.push(Completion { wr_id, result });
+    }
+
+    /// Runs one request now: completes it, or parks a send that found no
+    /// receive buffer.
+    fn run(&mut self, wr: WorkRequest, now: Instant, out: &mut Vec<Completion>) {
+        match self.exec(&wr.op) {
+            Exec::Done(r) => self.finish(wr.wr_id, r, out),
+            Exec::NoBuffer => self.waiting.push_back(WaitingSend {
+                since: now,
+                next_try: now + SEND_RETRY,
+                wr,
+            }),
+        }
+    }
+
+    /// The modelled time at which a request of `bytes` posted now lands.
+    fn due(&mut self, now: Instant, bytes: u64) -> Instant {
+        let start = self.link_free.max(now);
+        let xfer = match self.cfg.bandwidth_gbps {
+            Some(gbps) => Duration::from_secs_f64(bytes as f64 * 8.0 / (gbps * 1e9)),
+            None => Duration::ZERO,
+        };
+        self.link_free = start + xfer;
+        self.link_free + self.cfg.latency
+    }
+
+    fn retry_waiting(&mut self, now: Instant) {
+        let mut n = self.waiting.len();
+        while n > 0 {
+            n -= 1;
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            if w.next_try > now {
+                self.waiting.push_back(w);
+                continue;
+            }
+            match self.exec(&w.wr.op) {
+                Exec::Done(r) => {
+                    let mut out = std::mem::take(&mut self.ready);
+                    self.finish(w.wr.wr_id, r, &mut out);
+                    self.ready = out;
+                }
+                Exec::NoBuffer if now.duration_since(w.since) >= self.cfg.recv_wait => {
+                    let err = TransferError::NoReceiveBuffer {
+                        peer: *w.wr.op.peer(),
+                        waited: now.duration_since(w.since),
+                    };
+                    let mut out = std::mem::take(&mut self.ready);
+                    self.finish(w.wr.wr_id, Err(err), &mut out);
+                    self.ready = out;
+                }
+                Exec::NoBuffer => self.waiting.push_back(WaitingSend {
+                    next_try: now + SEND_RETRY,
+                    ..w
+                }),
+            }
+        }
+    }
+}
+
+impl Endpoint for LoopbackEndpoint {
+    fn post(&mut self, batch: &mut Vec<WorkRequest>) {
+        if batch.is_empty() {
+            return;
+        }
+        Counters::bump(&self.nic.counters.doorbells, 1);
+        let now = Instant::now();
+        if self.direct() {
+            let mut out = std::mem::take(&mut self.ready);
+            for wr in batch.drain(..) {
+                self.count_post(&wr.op);
+                self.run(wr, now, &mut out);
+            }
+            self.ready = out;
+            return;
+        }
+        for wr in batch.drain(..) {
+            self.count_post(&wr.op);
+            let bytes = match &wr.op {
+                WorkOp::Read { len, .. } | WorkOp::Write { len, .. } => *len,
+                WorkOp::Cas { .. } | WorkOp::Faa { .. } => 8,
+                WorkOp::Send { data, .. } => data.len() as u64,
+            };
+            let due = self.due(now, bytes);
+            self.inflight.push_back((due, wr));
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
+        let now = Instant::now();
+        if !self.inflight.is_empty() {
+            let mut due = std::mem::take(&mut self.scratch);
+            while self.inflight.front().is_some_and(|(t, _)| *t <= now) {
+                if let Some((_, wr)) = self.inflight.pop_front() {
+                    due.push(wr);
+                }
+            }
+            let window = self.cfg.unordered.map_or(usize::MAX, |u| u.window.max(1));
+            let mut done = std::mem::take(&mut self.done_scratch);
+            while !due.is_empty() {
+                let take = due.len().min(window);
+                let mut chunk: Vec<WorkRequest> = due.drain(..take).collect();
+                if let Some(rng) = &mut self.rng {
+                    chunk.shuffle(rng);
+                }
+                for wr in chunk {
+                    self.run(wr, now, &mut done);
+                }
+                if let Some(rng) = &mut self.rng {
+                    done.shuffle(rng);
+                }
+                out.append(&mut done);
+            }
+            self.scratch = due;
+            self.done_scratch = done;
+        }
+        if !self.waiting.is_empty() {
+            self.retry_waiting(now);
+        }
+        out.append(&mut self.ready);
+        let mut p = Progress::Idle;
+        if let Some((t, _)) = self.inflight.front() {
+            p = p.merge(Progress::WaitUntil(*t));
+        }
+        if let Some(t) = self.waiting.iter().map(|w| w.next_try).min() {
+            p = p.merge(Progress::WaitUntil(t));
+        }
+        p
+    }
+
+    fn flush(&mut self, out: &mut Vec<Completion>) {
+        out.append(&mut self.ready);
+        let ids: Vec<u64> = self
+            .inflight
+            .drain(..)
+            .map(|(_, wr)| wr.wr_id)
+            .chain(self.waiting.drain(..).map(|w| w.wr.wr_id))
+            .collect();
+        for wr_id in ids {
+            self.finish(wr_id, Err(TransferError::EngineShutDown), out);
+        }
+    }
+}

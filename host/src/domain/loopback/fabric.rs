@@ -1,0 +1,181 @@
+//! The process-wide loopback fabric: a registry from [`NetAddr`] to the
+//! state of each loopback NIC, so engines in one process reach each other
+//! like separate hosts.
+//!
+//! Invariant: a NIC is in the registry exactly while its engine is up;
+//! endpoints may cache a NIC's state but check `alive` before every use, so
+//! a dropped engine answers [`TransferError::UnknownPeer`] and its memory
+//! is never touched after its regions are deregistered.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::thread::Thread;
+
+use crossbeam_queue::SegQueue;
+use rolex_core::wire::{Access, NetAddr};
+
+use crate::counters::Counters;
+use crate::domain::{Incoming, RecvBuffer, Remote};
+use crate::error::{ProtectionCheck, TransferError};
+use crate::region::Region;
+
+/// The state of one loopback NIC, shared by its domain, its endpoints and
+/// the endpoints of every peer that resolved it.
+pub(crate) struct NicState {
+    pub(crate) addr: NetAddr,
+    regions: RwLock<HashMap<u64, Arc<Region>>>,
+    /// Receive buffers, shared by all NICs of one engine (one pool per
+    /// engine: a send to any of its addresses lands in it).
+    pub(crate) recvq: Arc<SegQueue<RecvBuffer>>,
+    incoming: SegQueue<Incoming>,
+    waker: OnceLock<Thread>,
+    alive: AtomicBool,
+    failed: AtomicBool,
+    pub(crate) counters: Counters,
+}
+
+fn registry() -> &'static RwLock<HashMap<NetAddr, Arc<NicState>>> {
+    static REGISTRY: OnceLock<RwLock<HashMap<NetAddr, Arc<NicState>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+impl NicState {
+    /// Creates a NIC and puts it on the fabric.
+    pub(crate) fn attach(addr: NetAddr, recvq: Arc<SegQueue<RecvBuffer>>) -> Arc<NicState> {
+        let nic = Arc::new(NicState {
+            addr,
+            regions: RwLock::new(HashMap::new()),
+            recvq,
+            incoming: SegQueue::new(),
+            waker: OnceLock::new(),
+            alive: AtomicBool::new(true),
+            failed: AtomicBool::new(false),
+            counters: Counters::default(),
+        });
+        registry()
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, nic.clone());
+        nic
+    }
+
+    /// Takes the NIC off the fabric and forgets its regions and arrivals.
+    pub(crate) fn detach(&self) {
+        self.alive.store(false, Release);
+        let mut reg = registry().write().unwrap_or_else(|e| e.into_inner());
+        if reg
+            .get(&self.addr)
+            .is_some_and(|n| std::ptr::eq(&**n, self))
+        {
+            reg.remove(&self.addr);
+        }
+        drop(reg);
+        self.regions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        while self.incoming.pop().is_some() {}
+        while self.recvq.pop().is_some() {}
+    }
+
+    /// Looks a NIC up on the fabric.
+    pub(crate) fn lookup(addr: &NetAddr) -> Option<Arc<NicState>> {
+        registry()
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(addr)
+            .cloned()
+    }
+
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(Acquire)
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.load(Acquire)
+    }
+
+    pub(crate) fn set_failed(&self, failed: bool) {
+        self.failed.store(failed, Release);
+    }
+
+    pub(crate) fn insert_region(&self, rkey: u64, region: Arc<Region>) -> bool {
+        let mut map = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if map.contains_key(&rkey) {
+            return false;
+        }
+        map.insert(rkey, region);
+        true
+    }
+
+    pub(crate) fn remove_region(&self, rkey: u64) {
+        self.regions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&rkey);
+    }
+
+    /// The NIC's protection check: the region named by `remote.rkey` and
+    /// the offset of `[remote.addr, +len)` in it, if the key is known, the
+    /// range inside the region and `right` granted; for atomics (`len ==
+    /// 8` with `REMOTE_ATOMIC`) the address must also be 8-byte aligned.
+    pub(crate) fn check(
+        &self,
+        remote: &Remote,
+        len: u64,
+        right: Access,
+    ) -> Result<(Arc<Region>, u64), TransferError> {
+        let fail = |check| TransferError::Protection {
+            peer: self.addr,
+            rkey: remote.rkey,
+            check,
+        };
+        let region = self
+            .regions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&remote.rkey)
+            .cloned()
+            .ok_or(fail(ProtectionCheck::UnknownKey))?;
+        let out = fail(ProtectionCheck::OutOfBounds {
+            addr: remote.addr,
+            len,
+        });
+        let offset = remote.addr.checked_sub(region.addr()).ok_or(out.clone())?;
+        match offset.checked_add(len) {
+            Some(end) if end <= region.len() => {}
+            _ => return Err(out),
+        }
+        if !region.access().contains(right) {
+            return Err(fail(ProtectionCheck::MissingRight(right)));
+        }
+        if right == Access::REMOTE_ATOMIC && remote.addr % 8 != 0 {
+            return Err(fail(ProtectionCheck::Misaligned { addr: remote.addr }));
+        }
+        Ok((region, offset))
+    }
+
+    /// Hands an arrival to the owning engine's worker. Called after the
+    /// data it announces is visible: the queue's push publishes it.
+    pub(crate) fn deliver(&self, event: Incoming) {
+        match &event {
+            Incoming::Imm(_) => Counters::bump(&self.counters.imm_arrivals, 1),
+            Incoming::Message { .. } => Counters::bump(&self.counters.recvs, 1),
+        }
+        self.incoming.push(event);
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+    }
+
+    pub(crate) fn pop_incoming(&self) -> Option<Incoming> {
+        self.incoming.pop()
+    }
+
+    pub(crate) fn set_waker(&self, t: Thread) {
+        let _ = self.waker.set(t.clone());
+        // Arrivals queued before the waker was known: wake now.
+        t.unpark();
+    }
+}

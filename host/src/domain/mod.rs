@@ -1,0 +1,305 @@
+//! The fabric model (design §3): a [`Domain`] is one NIC, an [`Endpoint`]
+//! is a queue pair with its completion queue on it.
+//!
+//! A domain registers memory (handing out remote keys), resolves peers,
+//! holds posted receive buffers and reports what arrives from peers
+//! (immediates, messages). An endpoint posts doorbell batches of
+//! [`WorkRequest`]s — read, write (optionally with immediate), 8-byte CAS
+//! and fetch-and-add, send — and reports each one's [`Completion`] exactly
+//! once, in any order. Backends are selected through [`AnyDomain`] /
+//! [`AnyEndpoint`] (enum dispatch); `loopback` is the first, the libfabric
+//! and verbs domains plug in beside it.
+
+pub mod loopback;
+
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::Instant;
+
+use rolex_core::wire::NetAddr;
+
+use crate::counters::CounterSnapshot;
+use crate::error::TransferError;
+use crate::region::Region;
+
+/// A remote location: which NIC, which key, which address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// The target NIC.
+    pub peer: NetAddr,
+    /// Remote key of the target region on that NIC.
+    pub rkey: u64,
+    /// Address in the target's address space (region start + offset).
+    pub addr: u64,
+}
+
+/// A local location: a registered region and an offset in it.
+#[derive(Clone, Debug)]
+pub struct Local {
+    /// The region.
+    pub region: Arc<Region>,
+    /// Byte offset in it.
+    pub offset: u64,
+}
+
+/// One operation for a NIC.
+#[derive(Clone, Debug)]
+pub enum WorkOp {
+    /// Copy `len` remote bytes into local memory.
+    Read {
+        /// Destination.
+        local: Local,
+        /// Source.
+        remote: Remote,
+        /// Bytes.
+        len: u64,
+    },
+    /// Copy `len` local bytes to remote memory; with an immediate, the
+    /// target is told after the data is visible.
+    Write {
+        /// Source; `None` only for a zero-byte write.
+        local: Option<Local>,
+        /// Destination.
+        remote: Remote,
+        /// Bytes.
+        len: u64,
+        /// Immediate delivered to the target.
+        imm: Option<u32>,
+    },
+    /// 8-byte compare-and-swap; completes with the old value.
+    Cas {
+        /// The word (8-byte aligned).
+        remote: Remote,
+        /// Value expected.
+        expected: u64,
+        /// Value stored if the word equals `expected`.
+        new: u64,
+    },
+    /// 8-byte fetch-and-add (wrapping); completes with the old value.
+    Faa {
+        /// The word (8-byte aligned).
+        remote: Remote,
+        /// Addend.
+        add: u64,
+    },
+    /// Two-sided send into a receive buffer the peer posted.
+    Send {
+        /// The target NIC.
+        peer: NetAddr,
+        /// The message (copied at submission).
+        data: Vec<u8>,
+    },
+}
+
+impl WorkOp {
+    /// The NIC this operation goes to.
+    pub fn peer(&self) -> &NetAddr {
+        match self {
+            WorkOp::Read { remote, .. }
+            | WorkOp::Write { remote, .. }
+            | WorkOp::Cas { remote, .. }
+            | WorkOp::Faa { remote, .. } => &remote.peer,
+            WorkOp::Send { peer, .. } => peer,
+        }
+    }
+}
+
+/// An operation tagged with the caller's id, returned in its completion.
+#[derive(Clone, Debug)]
+pub struct WorkRequest {
+    /// Caller's id.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: WorkOp,
+}
+
+/// The outcome of one work request: the old word for atomics, 0 otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's id.
+    pub wr_id: u64,
+    /// Its outcome.
+    pub result: Result<u64, TransferError>,
+}
+
+/// What an endpoint needs after a poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing outstanding.
+    Idle,
+    /// Work outstanding; poll again soon (hardware decides when).
+    Busy,
+    /// Work outstanding that cannot complete before this instant: sleep
+    /// until then (injected latency, a send waiting for a receive buffer).
+    WaitUntil(Instant),
+}
+
+impl Progress {
+    /// The more urgent of two.
+    pub fn merge(self, other: Progress) -> Progress {
+        match (self, other) {
+            (Progress::Busy, _) | (_, Progress::Busy) => Progress::Busy,
+            (Progress::WaitUntil(a), Progress::WaitUntil(b)) => Progress::WaitUntil(a.min(b)),
+            (Progress::WaitUntil(a), Progress::Idle) | (Progress::Idle, Progress::WaitUntil(a)) => {
+                Progress::WaitUntil(a)
+            }
+            (Progress::Idle, Progress::Idle) => Progress::Idle,
+        }
+    }
+}
+
+/// The callback of a receive pool: called with each received message.
+pub type RecvFn = dyn Fn(&[u8]) + Send + Sync;
+
+/// A receive buffer of a pool; handed back to its domain after the pool's
+/// callback has seen the message in it.
+pub struct RecvBuffer {
+    /// The bytes.
+    pub data: Box<[u8]>,
+    /// The pool's callback.
+    pub pool: Arc<RecvFn>,
+}
+
+impl std::fmt::Debug for RecvBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBuffer")
+            .field("len", &self.data.len())
+            .finish()
+    }
+}
+
+/// What arrives at a domain from peers.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A write carrying this immediate has landed (its data is visible).
+    Imm(u32),
+    /// A message landed in a posted receive buffer.
+    Message {
+        /// The buffer.
+        buf: RecvBuffer,
+        /// Message bytes at its start.
+        len: usize,
+    },
+}
+
+/// One NIC.
+pub trait Domain: Send + Sync {
+    /// This NIC's address.
+    fn address(&self) -> NetAddr;
+    /// Registers a region with this NIC; returns its remote key.
+    fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError>;
+    /// Forgets a remote key: later accesses with it fail.
+    fn deregister(&self, rkey: u64);
+    /// Checks that a peer address is reachable.
+    fn resolve(&self, peer: &NetAddr) -> Result<(), TransferError>;
+    /// Opens a new queue pair on this NIC.
+    fn open_endpoint(&self) -> Result<AnyEndpoint, TransferError>;
+    /// Posts a receive buffer.
+    fn post_recv(&self, buf: RecvBuffer);
+    /// Moves what arrived since the last call into `out`; returns how many.
+    fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize;
+    /// The thread to unpark when something arrives.
+    fn set_waker(&self, waker: Thread);
+    /// Whether operations posted on one endpoint take effect in order
+    /// (RC-like); `false` for SRD-like unordered delivery.
+    fn ordered(&self) -> bool;
+    /// This NIC's counters.
+    fn counters(&self) -> CounterSnapshot;
+    /// Fault injection: while failed, every operation targeting this NIC
+    /// completes with [`TransferError::PeerFailed`]. Returns whether the
+    /// backend supports it.
+    fn set_failed(&self, failed: bool) -> bool;
+    /// Takes the NIC off the fabric: peers now get
+    /// [`TransferError::UnknownPeer`].
+    fn shutdown(&self);
+}
+
+/// A queue pair and its completion queue.
+pub trait Endpoint: Send {
+    /// Posts `batch` (drained) as one doorbell; every request completes
+    /// through [`Endpoint::poll`], errors included.
+    fn post(&mut self, batch: &mut Vec<WorkRequest>);
+    /// Moves finished requests' completions into `out`.
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Progress;
+    /// Completes everything outstanding with
+    /// [`TransferError::EngineShutDown`] (nothing more takes effect).
+    fn flush(&mut self, out: &mut Vec<Completion>);
+}
+
+/// The backends, for dispatch.
+#[derive(Clone)]
+pub enum AnyDomain {
+    /// The in-process loopback NIC.
+    Loopback(Arc<loopback::LoopbackDomain>),
+}
+
+/// The backends' endpoints, for dispatch.
+pub enum AnyEndpoint {
+    /// An endpoint on the loopback NIC.
+    Loopback(loopback::LoopbackEndpoint),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $d:ident => $e:expr) => {
+        match $self {
+            AnyDomain::Loopback($d) => $e,
+        }
+    };
+}
+
+impl Domain for AnyDomain {
+    fn address(&self) -> NetAddr {
+        dispatch!(self, d => d.address())
+    }
+    fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
+        dispatch!(self, d => d.register(region))
+    }
+    fn deregister(&self, rkey: u64) {
+        dispatch!(self, d => d.deregister(rkey))
+    }
+    fn resolve(&self, peer: &NetAddr) -> Result<(), TransferError> {
+        dispatch!(self, d => d.resolve(peer))
+    }
+    fn open_endpoint(&self) -> Result<AnyEndpoint, TransferError> {
+        dispatch!(self, d => d.open_endpoint())
+    }
+    fn post_recv(&self, buf: RecvBuffer) {
+        dispatch!(self, d => d.post_recv(buf))
+    }
+    fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize {
+        dispatch!(self, d => d.poll_incoming(out))
+    }
+    fn set_waker(&self, waker: Thread) {
+        dispatch!(self, d => d.set_waker(waker))
+    }
+    fn ordered(&self) -> bool {
+        dispatch!(self, d => d.ordered())
+    }
+    fn counters(&self) -> CounterSnapshot {
+        dispatch!(self, d => d.counters())
+    }
+    fn set_failed(&self, failed: bool) -> bool {
+        dispatch!(self, d => d.set_failed(failed))
+    }
+    fn shutdown(&self) {
+        dispatch!(self, d => d.shutdown())
+    }
+}
+
+impl Endpoint for AnyEndpoint {
+    fn post(&mut self, batch: &mut Vec<WorkRequest>) {
+        match self {
+            AnyEndpoint::Loopback(e) => e.post(batch),
+        }
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
+        match self {
+            AnyEndpoint::Loopback(e) => e.poll(out),
+        }
+    }
+    fn flush(&mut self, out: &mut Vec<Completion>) {
+        match self {
+            AnyEndpoint::Loopback(e) => e.flush(out),
+        }
+    }
+}

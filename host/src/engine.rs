@@ -1,0 +1,986 @@
+//! [`TransferEngine`]: the public API of the transfer engine (design §4),
+//! the seed's calls plus one-sided reads and 8-byte atomics.
+//!
+//! Calls validate the caller's own arguments (lengths, local ranges, page
+//! lists, handles) and return those errors at once; when a call returns an
+//! error its `on_done` is dropped without being called. Everything about
+//! the remote side — the peer's descriptor (checked here before posting,
+//! because software providers do not enforce protection, §7), the peer
+//! itself, the NIC's protection checks — is reported through the
+//! operation's completion, exactly once, as a NIC would.
+//!
+//! Multi-NIC: a single write of at least [`SPLIT_MIN`] bytes is split into
+//! [`single_write_pieces`] pieces, piece `i` on local NIC `i` to the
+//! peer's NIC `i`; paged writes send page `i`, and scatters destination
+//! `i`, through NIC `i mod k`. Every piece that carries an immediate counts
+//! one arrival at the receiver, so a receiver expects
+//! `single_write_pieces(len, sender_nics, receiver_nics)` arrivals for a
+//! single write, the number of pages for paged writes, the number of
+//! destinations aimed at it for a scatter, and 1 for a barrier.
+
+use std::collections::HashSet;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use rolex_core::imm_counter::{ImmCounter, ImmCounterMap, ImmError};
+use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
+
+use crate::batch::Channel;
+use crate::callback::{CallbackQueue, CallbackThread, Notify, OnDone, OnValue};
+use crate::counters::{Counters, DomainCounters, EngineCounters};
+use crate::domain::loopback::{self, LoopbackConfig};
+use crate::domain::{AnyDomain, Domain, Local, RecvBuffer, Remote, WorkOp};
+use crate::error::{ConfigError, OpKind, ProtectionCheck, TransferError};
+use crate::group::{GroupShared, Request, Worker};
+use crate::region::{MrHandle, Region};
+use crate::watcher::{Watcher, WatcherSet};
+
+/// Smallest piece a single write is split into across NICs.
+pub const SPLIT_MIN: u64 = 64 * 1024;
+
+/// How many pieces (and immediate arrivals) a single write of `len` bytes
+/// becomes between a sender with `src_nics` NICs and a receiver with
+/// `dst_nics`: `clamp(len / SPLIT_MIN, 1, min(src_nics, dst_nics))`.
+pub fn single_write_pieces(len: u64, src_nics: usize, dst_nics: usize) -> u32 {
+    let nics = src_nics.min(dst_nics).max(1) as u64;
+    (len / SPLIT_MIN).clamp(1, nics) as u32
+}
+
+/// Decodes an [`MrDesc`] received from a peer.
+pub fn mr_desc_from_bytes(bytes: &[u8]) -> Result<MrDesc, TransferError> {
+    MrDesc::decode(bytes).map_err(|error| TransferError::Malformed {
+        what: "MrDesc",
+        error,
+    })
+}
+
+/// Decodes a [`NetAddr`] received from a peer.
+pub fn net_addr_from_bytes(bytes: &[u8]) -> Result<NetAddr, TransferError> {
+    NetAddr::decode(bytes).map_err(|error| TransferError::Malformed {
+        what: "NetAddr",
+        error,
+    })
+}
+
+/// Which NIC backend an engine uses.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fabric {
+    /// The in-process loopback NIC.
+    Loopback(LoopbackConfig),
+}
+
+impl Fabric {
+    /// The backend's name, as `te-bench --fabric` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fabric::Loopback(_) => "loopback",
+        }
+    }
+}
+
+/// How to build an engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Domain groups (one worker thread each); group 0 also serves the host.
+    pub groups: usize,
+    /// NICs per group, 1 to 4 (the same on every peer).
+    pub nics_per_group: usize,
+    /// The backend.
+    pub fabric: Fabric,
+    /// Longest single operation, in bytes.
+    pub max_transfer: u64,
+    /// Pin workers to CPUs when the machine allows.
+    pub pin_workers: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            groups: 1,
+            nics_per_group: 1,
+            fabric: Fabric::Loopback(LoopbackConfig::default()),
+            max_transfer: 1 << 30,
+            pin_workers: true,
+        }
+    }
+}
+
+/// A pre-registered set of peers for scatter and barrier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerGroupHandle(u64);
+
+impl PeerGroupHandle {
+    /// The handle's number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+struct Registered {
+    region: Arc<Region>,
+    rkeys: Vec<u64>,
+}
+
+/// What the API, the workers and the client channels share.
+pub(crate) struct EngineShared {
+    pub(crate) id: u64,
+    pub(crate) groups: Vec<GroupShared>,
+    pub(crate) imm: Mutex<ImmCounterMap<Notify>>,
+    pub(crate) cbq: CallbackQueue,
+    pub(crate) counters: Counters,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) max_transfer: u64,
+    regions: Mutex<Vec<Registered>>,
+    peer_groups: RwLock<Vec<HashSet<NetAddr>>>,
+    next_nic: AtomicUsize,
+}
+
+impl EngineShared {
+    pub(crate) fn check_len(&self, op: OpKind, len: u64) -> Result<(), TransferError> {
+        if len == 0 {
+            return Err(TransferError::ZeroLength { op });
+        }
+        if len > self.max_transfer {
+            return Err(TransferError::TooLarge {
+                op,
+                len,
+                max: self.max_transfer,
+            });
+        }
+        Ok(())
+    }
+
+    /// A local range of one of this engine's regions.
+    pub(crate) fn local(
+        &self,
+        mr: &MrHandle,
+        offset: u64,
+        len: u64,
+    ) -> Result<Local, TransferError> {
+        if mr.region.engine() != self.id {
+            return Err(TransferError::ForeignRegion);
+        }
+        mr.region.check(offset, len)?;
+        Ok(Local {
+            region: mr.region.clone(),
+            offset,
+        })
+    }
+
+    /// Fails the notification (counted as an error).
+    pub(crate) fn fail(&self, notify: Notify, err: TransferError) {
+        Counters::bump(&self.counters.errors, 1);
+        notify.fire(Err(err), &self.cbq);
+    }
+
+    fn nic(&self) -> usize {
+        self.next_nic.fetch_add(1, Relaxed)
+    }
+}
+
+/// The check of a remote range against the peer's descriptor, made before
+/// posting (software providers do not enforce protection, design §7):
+/// the `(addr, rkey)` of NIC `nic mod count` and the absolute address.
+pub(crate) fn remote(
+    desc: &MrDesc,
+    nic: usize,
+    offset: u64,
+    len: u64,
+    right: Access,
+) -> Result<Remote, TransferError> {
+    let (peer, rkey) = *desc
+        .nics
+        .get(nic % desc.nics.len().max(1))
+        .ok_or(TransferError::NoNics)?;
+    let fail = |check| TransferError::Protection { peer, rkey, check };
+    if !desc.access.contains(right) {
+        return Err(fail(ProtectionCheck::MissingRight(right)));
+    }
+    let addr = desc
+        .checked_addr(offset, len)
+        .ok_or(fail(ProtectionCheck::OutOfBounds {
+            addr: desc.ptr.wrapping_add(offset),
+            len,
+        }))?;
+    if right == Access::REMOTE_ATOMIC && addr % 8 != 0 {
+        return Err(fail(ProtectionCheck::Misaligned { addr }));
+    }
+    Ok(Remote { peer, rkey, addr })
+}
+
+/// A transfer engine: one host's NICs, grouped, with their workers, the
+/// callback thread and the watcher thread (see the module docs).
+///
+/// Dropping it fails whatever is in flight with
+/// [`TransferError::EngineShutDown`], takes its NICs off the fabric,
+/// deregisters its memory and joins its threads.
+pub struct TransferEngine {
+    shared: Arc<EngineShared>,
+    workers: Vec<JoinHandle<()>>,
+    callback: CallbackThread,
+    watchers: WatcherSet,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("id", &self.shared.id)
+            .field("main_address", &self.main_address())
+            .finish()
+    }
+}
+
+impl TransferEngine {
+    /// Starts an engine.
+    pub fn new(config: EngineConfig) -> Result<Self, TransferError> {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        if config.groups == 0 {
+            return Err(TransferError::Config(ConfigError::NoGroups));
+        }
+        if !(1..=rolex_core::wire::MAX_NICS).contains(&config.nics_per_group) {
+            return Err(TransferError::Config(ConfigError::NicsPerGroup(
+                config.nics_per_group,
+            )));
+        }
+        let id = IDS.fetch_add(1, Relaxed);
+        let all: Vec<AnyDomain> = match &config.fabric {
+            Fabric::Loopback(cfg) => {
+                loopback::open_host(cfg, config.groups * config.nics_per_group)?
+                    .into_iter()
+                    .map(AnyDomain::Loopback)
+                    .collect()
+            }
+        };
+        let groups = all
+            .chunks(config.nics_per_group)
+            .map(|c| GroupShared::new(c.to_vec()))
+            .collect();
+        let callback = match CallbackThread::spawn(format!("rolex-te{id}-cb")) {
+            Ok(c) => c,
+            Err(_) => {
+                all.iter().for_each(|d| d.shutdown());
+                return Err(TransferError::ThreadSpawn { thread: "callback" });
+            }
+        };
+        let shared = Arc::new(EngineShared {
+            id,
+            groups,
+            imm: Mutex::new(ImmCounterMap::new()),
+            cbq: callback.queue(),
+            counters: Counters::default(),
+            shutdown: AtomicBool::new(false),
+            max_transfer: config.max_transfer,
+            regions: Mutex::new(Vec::new()),
+            peer_groups: RwLock::new(Vec::new()),
+            next_nic: AtomicUsize::new(0),
+        });
+        let mut engine = TransferEngine {
+            shared: shared.clone(),
+            workers: Vec::new(),
+            callback,
+            watchers: WatcherSet::new(id),
+        };
+        for g in 0..config.groups {
+            // On failure, dropping `engine` stops what was started.
+            engine
+                .workers
+                .push(Worker::spawn(shared.clone(), g, config.pin_workers)?);
+        }
+        Ok(engine)
+    }
+
+    /// A loopback engine with default options and `nics` NICs in one group.
+    pub fn loopback(nics: usize) -> Result<Self, TransferError> {
+        Self::new(EngineConfig {
+            nics_per_group: nics,
+            ..EngineConfig::default()
+        })
+    }
+
+    /// The address peers use to reach this engine (group 0, NIC 0).
+    pub fn main_address(&self) -> NetAddr {
+        self.shared.groups[0].domains[0].address()
+    }
+
+    /// The addresses of one group's NICs.
+    pub fn addresses(&self, group: usize) -> Result<Vec<NetAddr>, TransferError> {
+        Ok(self
+            .group(group)?
+            .domains
+            .iter()
+            .map(|d| d.address())
+            .collect())
+    }
+
+    /// Number of domain groups.
+    pub fn groups(&self) -> usize {
+        self.shared.groups.len()
+    }
+
+    /// NICs per group.
+    pub fn nics(&self) -> usize {
+        self.shared.groups[0].domains.len()
+    }
+
+    /// Whether every NIC keeps posting order (RC-like).
+    pub fn ordered(&self) -> bool {
+        self.shared
+            .groups
+            .iter()
+            .all(|g| g.domains.iter().all(|d| d.ordered()))
+    }
+
+    fn group(&self, group: usize) -> Result<&GroupShared, TransferError> {
+        self.shared
+            .groups
+            .get(group)
+            .ok_or(TransferError::UnknownGroup { group })
+    }
+
+    fn live(&self) -> Result<(), TransferError> {
+        if self.shared.shutdown.load(SeqCst) {
+            Err(TransferError::EngineShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn register(&self, region: Arc<Region>) -> Result<(MrHandle, MrDesc), TransferError> {
+        let group = self.group(region.group())?;
+        let mut rkeys = Vec::with_capacity(group.domains.len());
+        let mut nics = Vec::with_capacity(group.domains.len());
+        for d in &group.domains {
+            match d.register(&region) {
+                Ok(k) => {
+                    rkeys.push(k);
+                    nics.push((d.address(), k));
+                }
+                Err(e) => {
+                    for (d, k) in group.domains.iter().zip(&rkeys) {
+                        d.deregister(*k);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let desc =
+            MrDesc::new(region.addr(), region.len(), region.access(), &nics).map_err(|error| {
+                TransferError::Malformed {
+                    what: "local MrDesc",
+                    error,
+                }
+            })?;
+        self.shared
+            .regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Registered {
+                region: region.clone(),
+                rkeys,
+            });
+        Ok((MrHandle { region }, desc))
+    }
+
+    /// Allocates and registers `len` zeroed bytes with group 0's NICs; the
+    /// engine owns the memory (freed when the last handle and the last
+    /// operation using it are gone). Returns the local handle and the
+    /// descriptor to give peers.
+    pub fn alloc_mr(&self, len: u64, access: Access) -> Result<(MrHandle, MrDesc), TransferError> {
+        self.alloc_mr_in(0, len, access)
+    }
+
+    /// [`TransferEngine::alloc_mr`] for a given domain group.
+    pub fn alloc_mr_in(
+        &self,
+        group: usize,
+        len: u64,
+        access: Access,
+    ) -> Result<(MrHandle, MrDesc), TransferError> {
+        self.live()?;
+        self.group(group)?;
+        self.register(Region::alloc(len, access, self.shared.id, group)?)
+    }
+
+    /// Registers caller-owned memory with group 0's NICs.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be valid for reads and writes and stay
+    /// allocated and unmoved until [`TransferEngine::dereg_mr`] returns for
+    /// this region or the engine is dropped. Peers and this engine's NICs
+    /// read and write it at any time meanwhile (like DMA): the caller must
+    /// not keep Rust references to it across such accesses.
+    pub unsafe fn reg_mr(
+        &self,
+        ptr: NonNull<u8>,
+        len: u64,
+        access: Access,
+    ) -> Result<(MrHandle, MrDesc), TransferError> {
+        // SAFETY: forwarded contract, see above.
+        unsafe { self.reg_mr_in(0, ptr, len, access) }
+    }
+
+    /// [`TransferEngine::reg_mr`] for a given domain group.
+    ///
+    /// # Safety
+    /// As for [`TransferEngine::reg_mr`].
+    pub unsafe fn reg_mr_in(
+        &self,
+        group: usize,
+        ptr: NonNull<u8>,
+        len: u64,
+        access: Access,
+    ) -> Result<(MrHandle, MrDesc), TransferError> {
+        self.live()?;
+        self.group(group)?;
+        // SAFETY: the caller upholds `Region::external`'s contract, which
+        // is this function's.
+        let region = unsafe { Region::external(ptr, len, access, self.shared.id, group)? };
+        self.register(region)
+    }
+
+    /// Deregisters a region: its keys stop working at once, and when this
+    /// returns no NIC touches its memory any more.
+    pub fn dereg_mr(&self, mr: &MrHandle) -> Result<(), TransferError> {
+        if mr.region.engine() != self.shared.id {
+            return Err(TransferError::ForeignRegion);
+        }
+        let entry = {
+            let mut regions = self
+                .shared
+                .regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let i = regions
+                .iter()
+                .position(|r| Arc::ptr_eq(&r.region, &mr.region))
+                .ok_or(TransferError::RegionDeregistered)?;
+            regions.swap_remove(i)
+        };
+        let group = self.group(entry.region.group())?;
+        for (d, k) in group.domains.iter().zip(&entry.rkeys) {
+            d.deregister(*k);
+        }
+        entry.region.kill();
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        group: usize,
+        ops: Vec<(usize, WorkOp)>,
+        notify: Notify,
+    ) -> Result<(), TransferError> {
+        self.live()?;
+        let g = self.group(group)?;
+        Counters::bump(&self.shared.counters.rtts, 1);
+        g.push(Request { ops, notify });
+        Ok(())
+    }
+
+    /// Sends a copy of `msg` to the peer at `peer`, into a receive buffer
+    /// it posted with [`TransferEngine::submit_recvs`]. Completes once the
+    /// message is in the buffer; with no buffer posted within the backend's
+    /// wait bound it fails with [`TransferError::NoReceiveBuffer`].
+    pub fn submit_send(
+        &self,
+        peer: &NetAddr,
+        msg: &[u8],
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.shared.check_len(OpKind::Send, msg.len() as u64)?;
+        let nic = self.shared.nic() % self.nics();
+        let op = WorkOp::Send {
+            peer: *peer,
+            data: msg.to_vec(),
+        };
+        self.submit(0, vec![(nic, op)], on_done.into())
+    }
+
+    /// Posts a pool of `count` receive buffers of `len` bytes; `cb` is
+    /// called (on the callback thread) with each message, after which its
+    /// buffer goes back to the pool. Buffers are posted on the main NIC
+    /// (the loopback NICs of one engine share them).
+    pub fn submit_recvs(
+        &self,
+        len: u64,
+        count: u64,
+        cb: impl Fn(&[u8]) + Send + Sync + 'static,
+    ) -> Result<(), TransferError> {
+        self.live()?;
+        self.shared.check_len(OpKind::Recv, len)?;
+        if count == 0 {
+            return Err(TransferError::ZeroLength { op: OpKind::Recv });
+        }
+        let size = usize::try_from(len).map_err(|_| TransferError::TooLarge {
+            op: OpKind::Recv,
+            len,
+            max: self.shared.max_transfer,
+        })?;
+        let pool: Arc<crate::domain::RecvFn> = Arc::new(cb);
+        let d = &self.shared.groups[0].domains[0];
+        for _ in 0..count {
+            d.post_recv(RecvBuffer {
+                data: vec![0; size].into_boxed_slice(),
+                pool: pool.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Arms "`count` writes carrying `imm` have landed here": `on_done`
+    /// fires once, when the count is reached, counting arrivals from before
+    /// this call; firing consumes `count` arrivals so `imm` can be re-armed.
+    /// `count == 0` fires at once. One expectation per immediate at a time.
+    pub fn expect_imm_count(
+        &self,
+        imm: u32,
+        count: u32,
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.live()?;
+        let r = self
+            .shared
+            .imm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .expect(imm, count, Notify::Done(on_done));
+        match r {
+            Ok(Some(n)) => {
+                n.fire(Ok(0), &self.shared.cbq);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(ImmError::AlreadyArmed(_)) => Err(TransferError::ImmAlreadyArmed { imm }),
+            Err(_) => Err(TransferError::ImmOverflow { imm }),
+        }
+    }
+
+    /// Arrivals of `imm` not yet consumed by an expectation.
+    pub fn imm_count(&self, imm: u32) -> u32 {
+        self.shared
+            .imm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count(imm)
+    }
+
+    /// Writes `len` bytes from `src` (local region, offset) to `dst`
+    /// (peer's descriptor, offset), split across NICs when large; with
+    /// `imm`, every piece delivers it after its data (see the module docs
+    /// for how many arrivals that is).
+    pub fn submit_single_write(
+        &self,
+        len: u64,
+        imm: Option<u32>,
+        src: (&MrHandle, u64),
+        dst: (&MrDesc, u64),
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.shared.check_len(OpKind::Write, len)?;
+        self.shared.local(src.0, src.1, len)?;
+        let group = src.0.group();
+        let nics = self.group(group)?.domains.len();
+        let pieces = u64::from(single_write_pieces(len, nics, dst.0.nics.len()));
+        // Pieces of equal size rounded up to 64 bytes; the last takes the rest.
+        let chunk = len.div_ceil(pieces).next_multiple_of(64).min(len);
+        // The whole range is checked once; pieces then stay inside it.
+        if let Err(e) = remote(dst.0, 0, dst.1, len, Access::REMOTE_WRITE) {
+            self.shared.fail(on_done.into(), e);
+            return Ok(());
+        }
+        let mut ops = Vec::with_capacity(pieces as usize);
+        let mut off = 0;
+        let mut i = 0;
+        while off < len {
+            let n = chunk.min(len - off);
+            let remote = match remote(dst.0, i, dst.1 + off, n, Access::REMOTE_WRITE) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.shared.fail(on_done.into(), e);
+                    return Ok(());
+                }
+            };
+            ops.push((
+                i,
+                WorkOp::Write {
+                    local: Some(Local {
+                        region: src.0.region.clone(),
+                        offset: src.1 + off,
+                    }),
+                    remote,
+                    len: n,
+                    imm,
+                },
+            ));
+            off += n;
+            i += 1;
+        }
+        self.submit(group, ops, on_done.into())
+    }
+
+    /// Writes page `i` of `src` (`offset + indices[i] * stride`, `page_len`
+    /// bytes) to page `i` of `dst`, for every `i`, spread across NICs; with
+    /// `imm`, each page delivers it once.
+    pub fn submit_paged_writes(
+        &self,
+        page_len: u64,
+        imm: Option<u32>,
+        src: (&MrHandle, &Pages),
+        dst: (&MrDesc, &Pages),
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.shared.check_len(OpKind::PagedWrite, page_len)?;
+        let (sp, dp) = (src.1, dst.1);
+        if sp.indices.len() != dp.indices.len() {
+            return Err(TransferError::PagesMismatch {
+                src: sp.indices.len(),
+                dst: dp.indices.len(),
+            });
+        }
+        if sp.indices.is_empty() {
+            return Err(TransferError::ZeroLength {
+                op: OpKind::PagedWrite,
+            });
+        }
+        let group = src.0.group();
+        let nics = self.group(group)?.domains.len();
+        let mut ops = Vec::with_capacity(sp.indices.len());
+        let mut remote_err = None;
+        for i in 0..sp.indices.len() {
+            let so = sp
+                .page_offset(i)
+                .ok_or(TransferError::PageOffsetOverflow { page: i })?;
+            let d_off = dp
+                .page_offset(i)
+                .ok_or(TransferError::PageOffsetOverflow { page: i })?;
+            let local = self.shared.local(src.0, so, page_len)?;
+            let nic = i % nics;
+            match remote(dst.0, nic, d_off, page_len, Access::REMOTE_WRITE) {
+                Ok(remote) => ops.push((
+                    nic,
+                    WorkOp::Write {
+                        local: Some(local),
+                        remote,
+                        len: page_len,
+                        imm,
+                    },
+                )),
+                Err(e) => {
+                    remote_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = remote_err {
+            self.shared.fail(on_done.into(), e);
+            return Ok(());
+        }
+        self.submit(group, ops, on_done.into())
+    }
+
+    /// Pre-resolves a set of peers for [`TransferEngine::submit_scatter`]
+    /// and [`TransferEngine::submit_barrier`].
+    pub fn add_peer_group(&self, addrs: Vec<NetAddr>) -> Result<PeerGroupHandle, TransferError> {
+        self.live()?;
+        let d = &self.shared.groups[0].domains[0];
+        for a in &addrs {
+            d.resolve(a)?;
+        }
+        let mut groups = self
+            .shared
+            .peer_groups
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        groups.push(addrs.into_iter().collect());
+        Ok(PeerGroupHandle(groups.len() as u64))
+    }
+
+    fn check_in_group(
+        &self,
+        h: Option<PeerGroupHandle>,
+        peers: &[&MrDesc],
+    ) -> Result<(), TransferError> {
+        let Some(h) = h else {
+            return Ok(());
+        };
+        let groups = self
+            .shared
+            .peer_groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let set =
+            h.0.checked_sub(1)
+                .and_then(|i| groups.get(i as usize))
+                .ok_or(TransferError::UnknownPeerGroup { handle: h.0 })?;
+        for d in peers {
+            let (peer, _) = d.nics.first().ok_or(TransferError::NoNics)?;
+            if !d.nics.iter().any(|(a, _)| set.contains(a)) {
+                return Err(TransferError::PeerNotInGroup {
+                    peer: *peer,
+                    handle: h.0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes slice `d.len` bytes at `src + d.src` to each destination `d`
+    /// (zero-length slices are allowed: they carry only the immediate);
+    /// with `imm`, every destination receives it once. With a peer group,
+    /// every destination must be in it.
+    pub fn submit_scatter(
+        &self,
+        group: Option<PeerGroupHandle>,
+        on_done: OnDone,
+        imm: Option<u32>,
+        src: &MrHandle,
+        dst: &[ScatterDst],
+    ) -> Result<(), TransferError> {
+        if dst.is_empty() {
+            return Err(TransferError::NoDestinations);
+        }
+        self.check_in_group(group, &dst.iter().map(|d| &d.dst).collect::<Vec<_>>())?;
+        let g = src.group();
+        let nics = self.group(g)?.domains.len();
+        let mut ops = Vec::with_capacity(dst.len());
+        let mut remote_err = None;
+        for (i, d) in dst.iter().enumerate() {
+            if d.len > self.shared.max_transfer {
+                return Err(TransferError::TooLarge {
+                    op: OpKind::Scatter,
+                    len: d.len,
+                    max: self.shared.max_transfer,
+                });
+            }
+            let local = self.shared.local(src, d.src, d.len)?;
+            let nic = i % nics;
+            match remote(&d.dst, nic, d.dst_offset, d.len, Access::REMOTE_WRITE) {
+                Ok(remote) => ops.push((
+                    nic,
+                    WorkOp::Write {
+                        local: (d.len > 0).then_some(local),
+                        remote,
+                        len: d.len,
+                        imm,
+                    },
+                )),
+                Err(e) => {
+                    remote_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = remote_err {
+            self.shared.fail(on_done.into(), e);
+            return Ok(());
+        }
+        self.submit(g, ops, on_done.into())
+    }
+
+    /// Delivers `imm` to every destination with a zero-byte write (a valid
+    /// descriptor with write access is required, as EFA does).
+    pub fn submit_barrier(
+        &self,
+        group: Option<PeerGroupHandle>,
+        on_done: OnDone,
+        imm: u32,
+        dst: &[MrDesc],
+    ) -> Result<(), TransferError> {
+        if dst.is_empty() {
+            return Err(TransferError::NoDestinations);
+        }
+        self.check_in_group(group, &dst.iter().collect::<Vec<_>>())?;
+        let nics = self.nics();
+        let mut ops = Vec::with_capacity(dst.len());
+        for (i, d) in dst.iter().enumerate() {
+            match remote(d, i % nics, 0, 0, Access::REMOTE_WRITE) {
+                Ok(remote) => ops.push((
+                    i % nics,
+                    WorkOp::Write {
+                        local: None,
+                        remote,
+                        len: 0,
+                        imm: Some(imm),
+                    },
+                )),
+                Err(e) => {
+                    self.shared.fail(on_done.into(), e);
+                    return Ok(());
+                }
+            }
+        }
+        self.submit(0, ops, on_done.into())
+    }
+
+    /// Reads `len` bytes from `src` (peer's descriptor, offset) into `dst`
+    /// (local region with `LOCAL_WRITE`, offset).
+    pub fn submit_read(
+        &self,
+        len: u64,
+        dst: (&MrHandle, u64),
+        src: (&MrDesc, u64),
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.shared.check_len(OpKind::Read, len)?;
+        let local = self.shared.local(dst.0, dst.1, len)?;
+        if !dst.0.access().contains(Access::LOCAL_WRITE) {
+            return Err(TransferError::LocalAccess {
+                missing: Access::LOCAL_WRITE,
+            });
+        }
+        let group = dst.0.group();
+        let nic = self.shared.nic() % self.group(group)?.domains.len();
+        match remote(src.0, nic, src.1, len, Access::REMOTE_READ) {
+            Ok(remote) => self.submit(
+                group,
+                vec![(nic, WorkOp::Read { local, remote, len })],
+                on_done.into(),
+            ),
+            Err(e) => {
+                self.shared.fail(on_done.into(), e);
+                Ok(())
+            }
+        }
+    }
+
+    fn atomic(
+        &self,
+        dst: (&MrDesc, u64),
+        op: impl FnOnce(Remote) -> WorkOp,
+        on_value: OnValue,
+    ) -> Result<(), TransferError> {
+        let nic = self.shared.nic() % self.nics();
+        match remote(dst.0, nic, dst.1, 8, Access::REMOTE_ATOMIC) {
+            Ok(r) => self.submit(0, vec![(nic, op(r))], on_value.into()),
+            Err(e) => {
+                self.shared.fail(on_value.into(), e);
+                Ok(())
+            }
+        }
+    }
+
+    /// Compare-and-swap on the peer's 8-byte aligned word at `dst`:
+    /// completes with the old value (the swap happened iff it equals
+    /// `expected`).
+    pub fn submit_cas(
+        &self,
+        dst: (&MrDesc, u64),
+        expected: u64,
+        new: u64,
+        on_value: OnValue,
+    ) -> Result<(), TransferError> {
+        self.atomic(
+            dst,
+            |remote| WorkOp::Cas {
+                remote,
+                expected,
+                new,
+            },
+            on_value,
+        )
+    }
+
+    /// Fetch-and-add (wrapping) on the peer's 8-byte aligned word at
+    /// `dst`: completes with the old value.
+    pub fn submit_faa(
+        &self,
+        dst: (&MrDesc, u64),
+        add: u64,
+        on_value: OnValue,
+    ) -> Result<(), TransferError> {
+        self.atomic(dst, |remote| WorkOp::Faa { remote, add }, on_value)
+    }
+
+    /// A 64-bit word in host memory that anyone may update; the watcher
+    /// thread calls `cb(old, new)` on every change it observes.
+    pub fn alloc_uvm_watcher(
+        &self,
+        cb: impl FnMut(u64, u64) + Send + 'static,
+    ) -> Result<Watcher, TransferError> {
+        self.live()?;
+        self.watchers.add(Box::new(cb))
+    }
+
+    /// A client channel on group 0 for low-latency doorbell batches (see
+    /// [`Channel`]); one per client thread.
+    pub fn channel(&self) -> Result<Channel, TransferError> {
+        self.channel_in(0)
+    }
+
+    /// [`TransferEngine::channel`] for a given group.
+    pub fn channel_in(&self, group: usize) -> Result<Channel, TransferError> {
+        self.live()?;
+        let g = self.group(group)?;
+        let nic = g.channels.fetch_add(1, Relaxed) % g.domains.len();
+        Channel::new(self.shared.clone(), group, nic)
+    }
+
+    /// Fault injection: while `failed`, every operation peers aim at this
+    /// engine's NICs completes with [`TransferError::PeerFailed`]. Returns
+    /// whether the backend supports it.
+    pub fn set_failed(&self, failed: bool) -> bool {
+        // Every domain must be told, so no short-circuiting `all`.
+        let mut supported = true;
+        for d in self.shared.groups.iter().flat_map(|g| &g.domains) {
+            supported &= d.set_failed(failed);
+        }
+        supported
+    }
+
+    /// The engine's counters and each domain's.
+    pub fn counters(&self) -> EngineCounters {
+        let mut total = self.shared.counters.snapshot();
+        let mut domains = Vec::new();
+        for (gi, g) in self.shared.groups.iter().enumerate() {
+            for d in &g.domains {
+                let c = d.counters();
+                total += c;
+                domains.push(DomainCounters {
+                    addr: d.address(),
+                    group: gi,
+                    counters: c,
+                });
+            }
+        }
+        EngineCounters { total, domains }
+    }
+}
+
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        shared.shutdown.store(true, SeqCst);
+        // Off the fabric first: peers now get `UnknownPeer`.
+        for g in &shared.groups {
+            for d in &g.domains {
+                d.shutdown();
+            }
+        }
+        // Workers fail what is in flight, then exit.
+        for g in &shared.groups {
+            g.wake();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        // No NIC touches our memory after this.
+        let regions =
+            std::mem::take(&mut *shared.regions.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in regions {
+            r.region.kill();
+        }
+        // Expectations that can no longer fire.
+        let mut pending = Vec::new();
+        shared
+            .imm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cancel_all(|_, n| pending.push(n));
+        for n in pending {
+            n.fire(Err(TransferError::EngineShutDown), &shared.cbq);
+        }
+        self.watchers.stop();
+        self.callback.stop();
+    }
+}

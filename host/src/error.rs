@@ -1,0 +1,342 @@
+//! [`TransferError`]: every way a transfer-engine call or operation fails.
+//!
+//! One variant per failing check, each naming what failed and where (which
+//! peer, which region key, which offset), so a caller can act on it without
+//! parsing text. There is deliberately no catch-all string variant.
+
+use core::fmt;
+use std::time::Duration;
+
+use rolex_core::wire::{Access, NetAddr, WireError};
+
+/// Which kind of operation an error is about.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// One-sided read.
+    Read,
+    /// One-sided write (with or without immediate).
+    Write,
+    /// Paged writes.
+    PagedWrite,
+    /// Scatter to several peers.
+    Scatter,
+    /// Two-sided send.
+    Send,
+    /// Receive-buffer pool.
+    Recv,
+    /// 8-byte compare-and-swap.
+    Cas,
+    /// 8-byte fetch-and-add.
+    Faa,
+    /// Memory registration.
+    Register,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::PagedWrite => "paged write",
+            OpKind::Scatter => "scatter",
+            OpKind::Send => "send",
+            OpKind::Recv => "receive",
+            OpKind::Cas => "compare-and-swap",
+            OpKind::Faa => "fetch-and-add",
+            OpKind::Register => "registration",
+        })
+    }
+}
+
+/// The protection check a remote access failed (the NIC's job, §3 of the
+/// design): whichever fails, the target memory is left unchanged.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProtectionCheck {
+    /// No region with this key is registered on the target NIC.
+    UnknownKey,
+    /// `[addr, addr + len)` is not wholly inside the region.
+    OutOfBounds {
+        /// First address accessed.
+        addr: u64,
+        /// Bytes accessed.
+        len: u64,
+    },
+    /// The region does not grant this right.
+    MissingRight(Access),
+    /// An 8-byte atomic on an address that is not 8-byte aligned.
+    Misaligned {
+        /// The address.
+        addr: u64,
+    },
+}
+
+impl fmt::Display for ProtectionCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtectionCheck::UnknownKey => f.write_str("unknown remote key"),
+            ProtectionCheck::OutOfBounds { addr, len } => {
+                write!(f, "[{addr:#x}, +{len}) is outside the region")
+            }
+            ProtectionCheck::MissingRight(a) => write!(f, "region lacks access right {a:?}"),
+            ProtectionCheck::Misaligned { addr } => {
+                write!(f, "atomic address {addr:#x} is not 8-byte aligned")
+            }
+        }
+    }
+}
+
+/// A transfer-engine configuration that cannot be honoured.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A domain group must have 1 to 4 NICs.
+    NicsPerGroup(usize),
+    /// An engine needs at least one domain group.
+    NoGroups,
+    /// The unordered window must hold at least one operation.
+    ZeroWindow,
+    /// The injected bandwidth must be a positive, finite number.
+    Bandwidth,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NicsPerGroup(n) => {
+                write!(f, "a domain group needs 1 to 4 NICs, {n} requested")
+            }
+            ConfigError::NoGroups => f.write_str("an engine needs at least one domain group"),
+            ConfigError::ZeroWindow => f.write_str("the unordered window must be at least 1"),
+            ConfigError::Bandwidth => f.write_str("injected bandwidth must be positive and finite"),
+        }
+    }
+}
+
+/// Why a transfer-engine call or operation failed.
+///
+/// Errors found before anything is posted are returned by the `submit_*`
+/// call; errors found by the NIC (protection, unknown or failed peer,
+/// missing receive) arrive through the operation's completion.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransferError {
+    /// A transfer of zero bytes where bytes are required.
+    ZeroLength {
+        /// The operation.
+        op: OpKind,
+    },
+    /// A transfer longer than the engine accepts in one operation.
+    TooLarge {
+        /// The operation.
+        op: OpKind,
+        /// Bytes requested.
+        len: u64,
+        /// The most allowed.
+        max: u64,
+    },
+    /// A local range `[offset, offset + len)` not inside the local region.
+    LocalOutOfBounds {
+        /// Offset in the region.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// The local region lacks a right the operation needs (e.g.
+    /// `LOCAL_WRITE` for the destination of a read).
+    LocalAccess {
+        /// The right that is missing.
+        missing: Access,
+    },
+    /// A local 8-byte word access at an offset that is not 8-byte aligned.
+    LocalMisaligned {
+        /// Offset in the region.
+        offset: u64,
+    },
+    /// The local region was deregistered (or its engine dropped).
+    RegionDeregistered,
+    /// The local region belongs to another engine.
+    ForeignRegion,
+    /// A remote access failed the NIC's protection checks; nothing changed.
+    Protection {
+        /// The target NIC.
+        peer: NetAddr,
+        /// The remote key used.
+        rkey: u64,
+        /// Which check failed.
+        check: ProtectionCheck,
+    },
+    /// No engine answers at this address (never existed or was dropped).
+    UnknownPeer {
+        /// The address.
+        peer: NetAddr,
+    },
+    /// The peer is marked failed: its NICs answer every operation with an
+    /// error.
+    PeerFailed {
+        /// The address.
+        peer: NetAddr,
+    },
+    /// A send found no posted receive buffer at the peer within the wait
+    /// bound.
+    NoReceiveBuffer {
+        /// The address.
+        peer: NetAddr,
+        /// How long the sender waited.
+        waited: Duration,
+    },
+    /// A message longer than the receive buffer the peer posted.
+    MessageTooLarge {
+        /// The address.
+        peer: NetAddr,
+        /// Message bytes.
+        len: u64,
+        /// The receive buffer's bytes.
+        buffer_len: u64,
+    },
+    /// The engine is shutting down or was dropped; the operation did not
+    /// run (or its outcome is unknown).
+    EngineShutDown,
+    /// An expectation is already armed on this immediate.
+    ImmAlreadyArmed {
+        /// The immediate.
+        imm: u32,
+    },
+    /// More arrivals of one immediate outstanding than a `u32` counts.
+    ImmOverflow {
+        /// The immediate.
+        imm: u32,
+    },
+    /// A peer group handle this engine never issued.
+    UnknownPeerGroup {
+        /// The handle's value.
+        handle: u64,
+    },
+    /// A scatter destination outside the peer group named.
+    PeerNotInGroup {
+        /// The destination's address.
+        peer: NetAddr,
+        /// The group's handle.
+        handle: u64,
+    },
+    /// Source and destination page lists differ in length.
+    PagesMismatch {
+        /// Source pages.
+        src: usize,
+        /// Destination pages.
+        dst: usize,
+    },
+    /// A page offset `offset + index * stride` overflows `u64`.
+    PageOffsetOverflow {
+        /// Position of the page in the list.
+        page: usize,
+    },
+    /// A scatter or barrier with no destination.
+    NoDestinations,
+    /// A domain group index this engine does not have.
+    UnknownGroup {
+        /// The index.
+        group: usize,
+    },
+    /// Bytes from a peer did not decode.
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// Why it failed.
+        error: WireError,
+    },
+    /// The engine configuration is invalid.
+    Config(ConfigError),
+    /// The OS refused to start one of the engine's threads.
+    ThreadSpawn {
+        /// Which thread.
+        thread: &'static str,
+    },
+    /// The backend reported nothing outstanding while an operation had
+    /// not completed (a backend fault; the operation's outcome is unknown).
+    LostCompletion,
+    /// An `MrDesc` that names no NIC (its fields were built by hand).
+    NoNics,
+}
+
+impl fmt::Display for TransferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use TransferError::*;
+        match self {
+            ZeroLength { op } => write!(f, "{op} of zero bytes"),
+            TooLarge { op, len, max } => {
+                write!(f, "{op} of {len} bytes exceeds the limit of {max} bytes")
+            }
+            LocalOutOfBounds {
+                offset,
+                len,
+                region_len,
+            } => write!(
+                f,
+                "local range [{offset}, +{len}) is outside the {region_len}-byte region"
+            ),
+            LocalAccess { missing } => write!(f, "local region lacks access right {missing:?}"),
+            LocalMisaligned { offset } => {
+                write!(f, "local word at offset {offset} is not 8-byte aligned")
+            }
+            RegionDeregistered => f.write_str("local region is deregistered"),
+            ForeignRegion => f.write_str("local region belongs to another engine"),
+            Protection { peer, rkey, check } => {
+                write!(
+                    f,
+                    "protection error at peer {peer}, rkey {rkey:#x}: {check}"
+                )
+            }
+            UnknownPeer { peer } => write!(f, "unknown peer {peer}"),
+            PeerFailed { peer } => write!(f, "peer {peer} has failed"),
+            NoReceiveBuffer { peer, waited } => write!(
+                f,
+                "peer {peer} posted no receive buffer within {} ms",
+                waited.as_millis()
+            ),
+            MessageTooLarge {
+                peer,
+                len,
+                buffer_len,
+            } => write!(
+                f,
+                "message of {len} bytes exceeds peer {peer}'s {buffer_len}-byte receive buffer"
+            ),
+            EngineShutDown => f.write_str("transfer engine shut down"),
+            ImmAlreadyArmed { imm } => {
+                write!(f, "an expectation is already armed on immediate {imm:#x}")
+            }
+            ImmOverflow { imm } => write!(f, "arrival count of immediate {imm:#x} overflows"),
+            UnknownPeerGroup { handle } => write!(f, "unknown peer group {handle}"),
+            PeerNotInGroup { peer, handle } => {
+                write!(f, "peer {peer} is not in peer group {handle}")
+            }
+            PagesMismatch { src, dst } => {
+                write!(f, "source has {src} pages but destination has {dst}")
+            }
+            PageOffsetOverflow { page } => write!(f, "offset of page #{page} overflows"),
+            NoDestinations => f.write_str("no destinations given"),
+            UnknownGroup { group } => write!(f, "no domain group {group}"),
+            Malformed { what, error } => write!(f, "malformed {what} from peer: {error}"),
+            Config(e) => write!(f, "invalid engine configuration: {e}"),
+            ThreadSpawn { thread } => write!(f, "could not start the {thread} thread"),
+            LostCompletion => f.write_str("the NIC lost an operation's completion"),
+            NoNics => f.write_str("memory descriptor names no NIC"),
+        }
+    }
+}
+
+impl std::error::Error for TransferError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TransferError::Malformed { error, .. } => Some(error),
+            TransferError::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

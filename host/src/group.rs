@@ -1,0 +1,352 @@
+//! Domain groups and their worker threads.
+//!
+//! A group is 1 to 4 domains (NICs) served by one worker thread. The
+//! worker takes requests from a lock-free queue, posts their work requests
+//! as one doorbell per domain per round, polls completions, aggregates the
+//! pieces of each transfer into one notification, and turns arrivals
+//! (immediates, messages) into ImmCounter updates and receive callbacks.
+//!
+//! Invariants: every request's notification fires exactly once (on
+//! shutdown with [`TransferError::EngineShutDown`] for whatever had not
+//! finished); the worker never spins while idle — with nothing in flight it
+//! parks until unparked by a submission or an arrival, and while operations
+//! wait on modelled time it sleeps until the earliest of them.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use rolex_core::imm_counter::ImmCounter;
+
+use crate::callback::{Job, Notify};
+use crate::counters::Counters;
+use crate::domain::{
+    AnyDomain, AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, WorkOp, WorkRequest,
+};
+use crate::engine::EngineShared;
+use crate::error::TransferError;
+
+/// One transfer handed to a worker: its work requests (domain index, op)
+/// and how to notify when all have completed.
+pub(crate) struct Request {
+    pub(crate) ops: Vec<(usize, WorkOp)>,
+    pub(crate) notify: Notify,
+}
+
+/// What the engine and the worker of one group share.
+pub(crate) struct GroupShared {
+    pub(crate) domains: Vec<AnyDomain>,
+    pub(crate) queue: SegQueue<Request>,
+    pub(crate) waker: OnceLock<Thread>,
+    /// Client channels opened on this group, for round-robin NIC choice.
+    pub(crate) channels: AtomicUsize,
+}
+
+impl GroupShared {
+    pub(crate) fn new(domains: Vec<AnyDomain>) -> Self {
+        GroupShared {
+            domains,
+            queue: SegQueue::new(),
+            waker: OnceLock::new(),
+            channels: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn push(&self, req: Request) {
+        self.queue.push(req);
+        self.wake();
+    }
+
+    pub(crate) fn wake(&self) {
+        // Cheap when the worker is awake: `unpark` only leaves a token.
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// A transfer in flight: pieces left, first error, value (atomics).
+struct Transfer {
+    remaining: usize,
+    error: Option<TransferError>,
+    value: u64,
+    notify: Notify,
+}
+
+/// Pins the calling thread to one CPU of those it may run on, chosen
+/// round-robin across workers. Failure (or a single allowed CPU) leaves
+/// it unpinned: pinning is an optimisation only.
+fn pin_current_thread() {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: `cpu_set_t` is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of `size` bytes; pid 0
+    // is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return;
+    }
+    let max = 8 * size;
+    // SAFETY: `CPU_ISSET` reads `set` at indices below its bit size.
+    let allowed: Vec<usize> = (0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    if allowed.len() < 2 {
+        return;
+    }
+    let cpu = allowed[NEXT.fetch_add(1, Relaxed) % allowed.len()];
+    // SAFETY: as above, all-zero is the empty set.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < max`, inside the set.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: `one` is a valid `cpu_set_t` of `size` bytes. The result is
+    // ignored on purpose: failing to pin is not an error.
+    let _ = unsafe { libc::sched_setaffinity(0, size, &one) };
+}
+
+/// The worker of one group.
+pub(crate) struct Worker {
+    index: usize,
+    engine: Arc<EngineShared>,
+    endpoints: Vec<AnyEndpoint>,
+    batches: Vec<Vec<WorkRequest>>,
+    transfers: Vec<Option<Transfer>>,
+    free: Vec<usize>,
+    comps: Vec<Completion>,
+    incoming: Vec<Incoming>,
+}
+
+impl Worker {
+    pub(crate) fn spawn(
+        engine: Arc<EngineShared>,
+        index: usize,
+        pin: bool,
+    ) -> Result<thread::JoinHandle<()>, TransferError> {
+        let group = &engine.groups[index];
+        let endpoints = group
+            .domains
+            .iter()
+            .map(|d| d.open_endpoint())
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = endpoints.len();
+        let worker = Worker {
+            index,
+            engine: engine.clone(),
+            endpoints,
+            batches: (0..n).map(|_| Vec::new()).collect(),
+            transfers: Vec::new(),
+            free: Vec::new(),
+            comps: Vec::new(),
+            incoming: Vec::new(),
+        };
+        let ready = Arc::new(AtomicBool::new(false));
+        let ready2 = ready.clone();
+        let handle = thread::Builder::new()
+            .name(format!("rolex-te{}-g{index}", engine.id))
+            .spawn(move || {
+                if pin {
+                    pin_current_thread();
+                }
+                let group = &worker.engine.groups[worker.index];
+                let _ = group.waker.set(thread::current());
+                for d in &group.domains {
+                    d.set_waker(thread::current());
+                }
+                ready2.store(true, SeqCst);
+                worker.run();
+            })
+            .map_err(|_| TransferError::ThreadSpawn { thread: "worker" })?;
+        // The waker must be known before submissions can rely on it.
+        while !ready.load(SeqCst) {
+            if handle.is_finished() {
+                break;
+            }
+            thread::sleep(Duration::from_micros(50));
+        }
+        Ok(handle)
+    }
+
+    fn group(&self) -> &GroupShared {
+        &self.engine.groups[self.index]
+    }
+
+    fn run(mut self) {
+        let mut nap = Duration::from_micros(1);
+        loop {
+            let mut busy = false;
+            // Submissions first (new work fills the pipeline).
+            let mut taken = 0;
+            while taken < 1024 {
+                let Some(req) = self.group().queue.pop() else {
+                    break;
+                };
+                self.accept(req);
+                taken += 1;
+            }
+            if taken > 0 {
+                busy = true;
+                for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
+                    ep.post(batch);
+                }
+            }
+            // Completions.
+            let mut progress = Progress::Idle;
+            for ep in &mut self.endpoints {
+                progress = progress.merge(ep.poll(&mut self.comps));
+            }
+            if !self.comps.is_empty() {
+                busy = true;
+                let comps = std::mem::take(&mut self.comps);
+                for c in &comps {
+                    self.complete(c.wr_id, c.result.clone());
+                }
+                self.comps = comps;
+                self.comps.clear();
+            }
+            // Arrivals.
+            let mut arrived = 0;
+            for d in 0..self.group().domains.len() {
+                let mut inc = std::mem::take(&mut self.incoming);
+                arrived += self.group().domains[d].poll_incoming(&mut inc);
+                for e in inc.drain(..) {
+                    self.arrival(d, e);
+                }
+                self.incoming = inc;
+            }
+            busy |= arrived > 0;
+            if self.engine.shutdown.load(SeqCst) {
+                self.shut_down();
+                return;
+            }
+            if busy {
+                nap = Duration::from_micros(1);
+                continue;
+            }
+            match progress {
+                Progress::Idle => thread::park(),
+                Progress::WaitUntil(t) => {
+                    let now = Instant::now();
+                    if t > now {
+                        thread::park_timeout(t - now);
+                    }
+                }
+                Progress::Busy => {
+                    // Hardware still working: back off without spinning.
+                    thread::park_timeout(nap);
+                    nap = (nap * 2).min(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, req: Request) {
+        let Request { ops, notify } = req;
+        if ops.is_empty() {
+            notify.fire(Ok(0), &self.engine.cbq);
+            return;
+        }
+        let t = Transfer {
+            remaining: ops.len(),
+            error: None,
+            value: 0,
+            notify,
+        };
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.transfers[s] = Some(t);
+                s
+            }
+            None => {
+                self.transfers.push(Some(t));
+                self.transfers.len() - 1
+            }
+        };
+        let n = self.batches.len();
+        for (d, op) in ops {
+            self.batches[d % n].push(WorkRequest {
+                wr_id: slot as u64,
+                op,
+            });
+        }
+    }
+
+    fn complete(&mut self, wr_id: u64, result: Result<u64, TransferError>) {
+        let slot = wr_id as usize;
+        let Some(Some(t)) = self.transfers.get_mut(slot) else {
+            return;
+        };
+        match result {
+            Ok(v) => t.value = v,
+            Err(e) => {
+                if t.error.is_none() {
+                    t.error = Some(e);
+                }
+            }
+        }
+        t.remaining -= 1;
+        if t.remaining == 0 {
+            if let Some(t) = self.transfers[slot].take() {
+                self.free.push(slot);
+                let r = match t.error {
+                    Some(e) => Err(e),
+                    None => Ok(t.value),
+                };
+                t.notify.fire(r, &self.engine.cbq);
+            }
+        }
+    }
+
+    fn arrival(&mut self, domain: usize, e: Incoming) {
+        match e {
+            Incoming::Imm(imm) => {
+                let fired = {
+                    let mut counter = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
+                    counter.arrive(imm, 1)
+                };
+                match fired {
+                    Ok(Some(notify)) => notify.fire(Ok(0), &self.engine.cbq),
+                    Ok(None) => {}
+                    // More than u32::MAX arrivals outstanding: count it as an
+                    // error; an expectation would be reported by its caller.
+                    Err(_) => Counters::bump(&self.engine.counters.errors, 1),
+                }
+            }
+            Incoming::Message { buf, len } => {
+                let d = self.group().domains[domain].clone();
+                self.engine.cbq.push(Job::Run(Box::new(move || {
+                    (buf.pool)(&buf.data[..len.min(buf.data.len())]);
+                    // The buffer goes back to the pool after the callback.
+                    d.post_recv(buf);
+                })));
+            }
+        }
+    }
+
+    fn shut_down(&mut self) {
+        let mut comps = Vec::new();
+        for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
+            for wr in batch.drain(..) {
+                comps.push(Completion {
+                    wr_id: wr.wr_id,
+                    result: Err(TransferError::EngineShutDown),
+                });
+            }
+            ep.flush(&mut comps);
+        }
+        for c in comps {
+            self.complete(c.wr_id, c.result);
+        }
+        while let Some(req) = self.group().queue.pop() {
+            req.notify
+                .fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
+        }
+        for t in self.transfers.iter_mut().filter_map(Option::take) {
+            t.notify.fire(
+                Err(t.error.unwrap_or(TransferError::EngineShutDown)),
+                &self.engine.cbq,
+            );
+        }
+    }
+}
