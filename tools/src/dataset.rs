@@ -299,7 +299,12 @@ mod tests {
 
     #[test]
     fn generators_are_exact_sorted_unique_and_deterministic() {
-        for dist in [Dist::Uniform, Dist::Lognormal, Dist::Normal, Dist::Sequential] {
+        for dist in [
+            Dist::Uniform,
+            Dist::Lognormal,
+            Dist::Normal,
+            Dist::Sequential,
+        ] {
             let a = generate(dist, 20_000, 7).unwrap();
             assert_eq!(a.len(), 20_000, "{dist}");
             assert!(a.windows(2).all(|w| w[0] < w[1]), "{dist}");
@@ -339,7 +344,10 @@ mod tests {
         let header = |n: u64| n.to_le_bytes().to_vec();
 
         write(&[1, 2, 3]);
-        assert!(matches!(read_sosd(&path), Err(DatasetError::Truncated { .. })));
+        assert!(matches!(
+            read_sosd(&path),
+            Err(DatasetError::Truncated { .. })
+        ));
 
         let mut b = header(3);
         b.extend(5u64.to_le_bytes());
@@ -348,7 +356,10 @@ mod tests {
         assert!(e.to_string().contains("announces 3 keys"), "{e}");
 
         write(&header(u64::MAX));
-        assert!(matches!(read_sosd(&path), Err(DatasetError::Truncated { .. })));
+        assert!(matches!(
+            read_sosd(&path),
+            Err(DatasetError::Truncated { .. })
+        ));
 
         let mut b = header(1);
         b.extend(5u64.to_le_bytes());

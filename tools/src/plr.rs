@@ -167,7 +167,9 @@ fn measure_max_error(h: &Hierarchy, keys: &[u64]) -> Result<u64, Box<dyn std::er
 /// A spinner on stderr; invisible when stderr is not a terminal.
 fn spinner(msg: String) -> ProgressBar {
     let bar = ProgressBar::new_spinner().with_message(msg);
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"),
+    );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
 }

@@ -43,7 +43,11 @@ fn json_line_has_every_promised_field_and_error_within_epsilon() {
         "1",
         "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line = String::from_utf8(out.stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
     assert_eq!(v["keys"], 20000);
@@ -71,7 +75,11 @@ fn written_keys_train_like_generated_ones() {
         "--write-keys",
         p,
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 + 5000 * 8);
     let from_file = rolex(&["plr", "--keys", p, "--json", "--runs", "1"]);
     let generated = rolex(&[
@@ -113,7 +121,10 @@ fn bad_arguments_are_refused() {
     assert_fails(&rolex(&["plr"]), "--keys");
     assert_fails(&rolex(&["plr", "--dist", "zipf", "--n", "10"]), "zipf");
     assert_fails(&rolex(&["plr", "--dist", "uniform"]), "--n");
-    assert_fails(&rolex(&["plr", "--dist", "uniform", "--n", "0"]), "at least one key");
+    assert_fails(
+        &rolex(&["plr", "--dist", "uniform", "--n", "0"]),
+        "at least one key",
+    );
     assert_fails(
         &rolex(&["plr", "--dist", "uniform", "--n", "10", "--epsilon=-1"]),
         "epsilon",
