@@ -1,12 +1,38 @@
-//! The memory-node agent: CirQ consumer, retraining and shadow redirection.
+//! The memory-node agent of ROLEX-RS: bulk load, CirQ consumer, retraining
+//! and shadow redirection, as `no_std` + `alloc` logic over
+//! [`PoolMemory`], a trait for the agent's own memory.
 //!
-//! Not built yet. The agent's logic (retraining over a trait for "my own
-//! memory", hosted and freestanding builds) is the work of the issues "The
-//! learned key-value store end to end" and "The memory-node agent as DPU
-//! firmware". Today this crate only checks that the pool layouts it will
-//! consume are the ones `rolex-core` exports.
-#![no_std]
+//! The agent never sits on the data path: compute nodes read, write and
+//! lock the pool with one-sided operations; the agent only reacts to the
+//! retraining queue (and to SLT counts it watches), builds a new model
+//! record beside the old one, and installs it with one 8-byte write of the
+//! model's directory word. A hosted driver (a thread that owns an
+//! [`Agent`] over a registered region and parks when idle) lives in
+//! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
+//!
+//! - [`memory`] — [`PoolMemory`] and [`MemError`].
+//! - [`train`] — fitting a model's prediction segments over its leaf fences.
+//! - [`bulk`] — laying out and bulk-loading a fresh pool.
+//! - [`leaves`] — reading and validating leaves and chains from the pool.
+//! - [`agent`] — the retraining service, [`Agent`].
+//! - [`error`] — [`AgentError`].
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
+
+extern crate alloc;
+
+pub mod agent;
+pub mod bulk;
+pub mod error;
+pub mod leaves;
+pub mod memory;
+pub mod train;
+
+pub use agent::{Agent, AgentConfig, AgentStats, Prepared, RetrainReport};
+pub use bulk::{BulkConfig, BulkPlan};
+pub use error::{AgentError, Inconsistency};
+pub use memory::{MemError, PoolMemory};
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -27,6 +27,7 @@ pub mod domain;
 pub mod engine;
 pub mod error;
 mod group;
+pub mod kv;
 pub mod region;
 pub mod watcher;
 

@@ -6,8 +6,8 @@
 //! ```text
 //! +------------+-----------------+------+--------------------------+-------------------+
 //! | superblock | model directory | CirQ | model region             | leaf region       |
-//! | (128 B)    | u64 per model   |      | records, LT, fences, SLT | alloc_num,        |
-//! |            |                 |      | upper-level blob         | capacity, leaves  |
+//! | (128 B)    | u64 per model   |      | records, LT, fences, SLT,| alloc_num,        |
+//! |            |                 |      | segments; upper blob     | capacity, leaves  |
 //! +------------+-----------------+------+--------------------------+-------------------+
 //! ```
 //!
@@ -30,7 +30,7 @@ mod superblock;
 pub use cirq::{CirqError, CirqHeader, Pop};
 pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};
-pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelState};
+pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelSegment, ModelState};
 pub use superblock::{PoolParams, Superblock, LAYOUT_VERSION, MAGIC};
 
 use core::fmt;
@@ -59,6 +59,8 @@ pub enum Part {
     FenceTable,
     /// A model's synonym leaf table.
     SynonymTable,
+    /// A model's segment table.
+    SegmentTable,
 }
 
 impl fmt::Display for Part {
@@ -74,6 +76,7 @@ impl fmt::Display for Part {
             Self::LeafTable => "leaf table",
             Self::FenceTable => "fence table",
             Self::SynonymTable => "synonym leaf table",
+            Self::SegmentTable => "segment table",
         })
     }
 }
@@ -113,6 +116,10 @@ pub enum Field {
     Generation,
     /// A forward pointer.
     Forward,
+    /// A model's label stride.
+    LabelStride,
+    /// A model's segment count (or a segment's label span).
+    SegmentCount,
 }
 
 impl fmt::Display for Field {
@@ -133,6 +140,8 @@ impl fmt::Display for Field {
             Self::State => "state word",
             Self::Generation => "generation",
             Self::Forward => "forward pointer",
+            Self::LabelStride => "label stride",
+            Self::SegmentCount => "segment count",
         })
     }
 }

@@ -43,7 +43,9 @@ bitflags! {
 /// - `forward` is the pool offset of the record that replaced this one in
 ///   the same directory slot; nonzero exactly when `RETIRED` is set (offset
 ///   0 is the superblock, never a record).
-/// - A model goes live → `FROZEN` → `FROZEN | RETIRED`; it never thaws.
+/// - A model goes live → `FROZEN` → `FROZEN | RETIRED`. A retraining that
+///   gives up after freezing (nothing of a successor became visible) thaws
+///   it back to live; a retired model never changes again.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]
 pub struct ModelState(u64);
@@ -170,7 +172,7 @@ impl core::fmt::Debug for ModelState {
 
 /// The values a new record is made from (everything but its table offsets,
 /// which [`ModelRecord::new`] lays out).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelRecordParams {
     /// The directory slot this record serves.
     pub model_id: u64,
@@ -178,10 +180,11 @@ pub struct ModelRecordParams {
     pub first_key: u64,
     /// The largest key the model covers (inclusive).
     pub key_hi: u64,
-    /// The segment's slope (positions per key).
-    pub slope: f64,
-    /// The segment's intercept (a position).
-    pub intercept: f64,
+    /// Label stride `S`: the key of rank `r` in training leaf `j` has label
+    /// `j · S + r` (at least 1).
+    pub label_stride: u64,
+    /// Segments of the model's prediction function (at least 1).
+    pub segment_count: u64,
     /// Keys the model was trained on.
     pub train_keys: u64,
     /// Training leaves: the LT's and the fence table's length (at least 1).
@@ -192,29 +195,152 @@ pub struct ModelRecordParams {
     pub generation: u16,
 }
 
-/// A model record's fixed 96 bytes. By default ([`ModelRecord::new`]) its
+/// One piece of a model's prediction function, as stored in the record's
+/// segment table.
+///
+/// ```text
+/// offset  size  field
+///      0     8  first_key  first training key of the piece
+///      8     8  base       label of first_key
+///     16     8  len        labels spanned: last label − base + 1 (≥ 1)
+///     24     8  slope      f64 bits, ≥ 0
+///     32     8  intercept  f64 bits: predicted local label of first_key
+/// ```
+///
+/// The prediction for a key `x` of the piece is `base + clamp(round(
+/// intercept + slope · (x − first_key)), 0, len − 1)`. Pieces are stored in
+/// key order with increasing, disjoint label spans, so the whole function
+/// is monotone.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct ModelSegment {
+    first_key: U64,
+    base: U64,
+    len: U64,
+    slope: U64,
+    intercept: U64,
+}
+
+const _: () = assert!(core::mem::size_of::<ModelSegment>() == 40);
+
+impl ModelSegment {
+    /// Bytes of one segment.
+    pub const SIZE: u64 = core::mem::size_of::<Self>() as u64;
+
+    /// A segment over labels `base .. base + len`; checked for usable
+    /// parameters.
+    pub fn new(
+        first_key: u64,
+        base: u64,
+        len: u64,
+        slope: f64,
+        intercept: f64,
+    ) -> Result<Self, LayoutError> {
+        let s = Self {
+            first_key: U64::new(first_key),
+            base: U64::new(base),
+            len: U64::new(len),
+            slope: U64::new(slope.to_bits()),
+            intercept: U64::new(intercept.to_bits()),
+        };
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Decodes the segment at the start of `bytes` and checks it.
+    pub fn read(bytes: &[u8]) -> Result<Self, LayoutError> {
+        let (s, _) = Self::read_from_prefix(bytes).map_err(|_| LayoutError::TooShort {
+            part: Part::SegmentTable,
+            needed: Self::SIZE,
+            found: bytes.len() as u64,
+        })?;
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Checks that the prediction is monotone and total: a finite slope
+    /// `≥ 0`, a finite intercept, `len ≥ 1`, and `base + len` fits `u64`.
+    pub fn check(&self) -> Result<(), LayoutError> {
+        let invalid = |field, value| Err(LayoutError::InvalidField { field, value });
+        if !(self.slope() >= 0.0 && self.slope().is_finite()) {
+            return invalid(Field::Slope, self.slope.get());
+        }
+        if !self.intercept().is_finite() {
+            return invalid(Field::Intercept, self.intercept.get());
+        }
+        if self.is_empty() || self.base().checked_add(self.len()).is_none() {
+            return invalid(Field::SegmentCount, self.len());
+        }
+        Ok(())
+    }
+
+    /// The first training key.
+    pub fn first_key(&self) -> u64 {
+        self.first_key.get()
+    }
+
+    /// The label of the first training key.
+    pub fn base(&self) -> u64 {
+        self.base.get()
+    }
+
+    /// Labels spanned.
+    pub fn len(&self) -> u64 {
+        self.len.get()
+    }
+
+    /// Whether the segment spans no label (never for a checked one).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slope (labels per key).
+    pub fn slope(&self) -> f64 {
+        f64::from_bits(self.slope.get())
+    }
+
+    /// The intercept (local label of `first_key`).
+    pub fn intercept(&self) -> f64 {
+        f64::from_bits(self.intercept.get())
+    }
+
+    /// The predicted label of `key`, monotone in `key`, within
+    /// `[base, base + len − 1]`.
+    pub fn predict(&self, key: u64) -> u64 {
+        let dx = key.saturating_sub(self.first_key()) as f64;
+        let v = self.intercept() + self.slope() * dx;
+        // `as u64` saturates (negatives and NaN give 0) and truncates.
+        let p = ((v + 0.5) as u64).min(self.len().saturating_sub(1));
+        self.base().saturating_add(p)
+    }
+}
+
+/// A model record's fixed 112 bytes. By default ([`ModelRecord::new`]) its
 /// tables follow it in this order:
 ///
 /// ```text
 /// offset  size  field
-///      0     8  state          ModelState: flags | generation | forward
-///      8     8  model_id       directory slot served
-///     16     8  first_key      smallest key covered (inclusive)
-///     24     8  key_hi         largest key covered (inclusive)
-///     32     8  slope          f64 bits
-///     40     8  intercept      f64 bits
-///     48     8  train_keys     keys trained on
-///     56     8  leaf_count     n: LT and fence-table length
-///     64     8  epsilon        ε
-///     72     8  lt_offset      pool offset of LT: n LtEntry words
-///     80     8  fences_offset  pool offset of fence table: n u64, fence_lo of
-///                              training leaf i; its fence_hi is fence_lo of
-///                              leaf i+1 minus 1, or key_hi for the last leaf
-///     88     8  slt_offset     pool offset of SLT: 256 words, word 0 the
-///                              SltHeader, words 1..=255 LtEntry
-/// 96 + 0       8n  LT
-/// 96 + 8n      8n  fence table
-/// 96 + 16n   2048  SLT
+///      0     8  state            ModelState: flags | generation | forward
+///      8     8  model_id         directory slot served
+///     16     8  first_key        smallest key covered (inclusive)
+///     24     8  key_hi           largest key covered (inclusive)
+///     32     8  label_stride     S: label of rank r in training leaf j is j·S + r
+///     40     8  segment_count    g: pieces of the prediction function (≥ 1)
+///     48     8  train_keys       keys trained on
+///     56     8  leaf_count       n: LT and fence-table length
+///     64     8  epsilon          ε
+///     72     8  lt_offset        pool offset of LT: n LtEntry words
+///     80     8  fences_offset    pool offset of fence table: n u64, fence_lo of
+///                                training leaf i; its fence_hi is fence_lo of
+///                                leaf i+1 minus 1, or key_hi for the last leaf
+///     88     8  slt_offset       pool offset of SLT: 256 words, word 0 the
+///                                SltHeader, words 1..=255 LtEntry
+///     96     8  segments_offset  pool offset of g ModelSegment (40 B each)
+///    104     8  reserved         0
+/// 112 + 0        8n  LT
+/// 112 + 8n       8n  fence table
+/// 112 + 16n    2048  SLT
+/// 2160 + 16n    40g  segment table
 /// ```
 ///
 /// The fence table lets a compute node that caches it lock the chain that
@@ -226,17 +352,19 @@ pub struct ModelRecord {
     model_id: U64,
     first_key: U64,
     key_hi: U64,
-    slope: U64,
-    intercept: U64,
+    label_stride: U64,
+    segment_count: U64,
     train_keys: U64,
     leaf_count: U64,
     epsilon: U64,
     lt_offset: U64,
     fences_offset: U64,
     slt_offset: U64,
+    segments_offset: U64,
+    reserved: U64,
 }
 
-const _: () = assert!(core::mem::size_of::<ModelRecord>() == 96);
+const _: () = assert!(core::mem::size_of::<ModelRecord>() == 112);
 
 impl ModelRecord {
     /// Bytes of the fixed part.
@@ -246,21 +374,24 @@ impl ModelRecord {
     /// Bytes of an SLT.
     pub const SLT_SIZE: u64 = SltHeader::SLOTS as u64 * 8;
 
-    /// Bytes of a record with `leaf_count` training leaves laid out as
-    /// [`new`](Self::new) does: header, LT, fence table, SLT.
-    pub fn size_for(leaf_count: u64) -> Result<u64, LayoutError> {
+    /// Bytes of a record with `leaf_count` training leaves and
+    /// `segment_count` segments laid out as [`new`](Self::new) does:
+    /// header, LT, fence table, SLT, segment table.
+    pub fn size_for(leaf_count: u64, segment_count: u64) -> Result<u64, LayoutError> {
         leaf_count
             .checked_mul(16)
             .and_then(|t| t.checked_add(Self::SIZE + Self::SLT_SIZE))
+            .and_then(|t| t.checked_add(segment_count.checked_mul(ModelSegment::SIZE)?))
             .ok_or(LayoutError::Overflow {
                 part: Part::ModelRecord,
             })
     }
 
     /// A record to be written at pool offset `at`, its tables following it
-    /// (the LT, fence table and SLT themselves are written separately).
+    /// (the LT, fence table, SLT and segments themselves are written
+    /// separately).
     pub fn new(at: u64, p: &ModelRecordParams) -> Result<Self, LayoutError> {
-        let size = Self::size_for(p.leaf_count)?;
+        let size = Self::size_for(p.leaf_count, p.segment_count)?;
         at.checked_add(size).ok_or(LayoutError::Overflow {
             part: Part::ModelRecord,
         })?;
@@ -268,19 +399,22 @@ impl ModelRecord {
         let lt = at + Self::SIZE;
         let fences = lt + 8 * p.leaf_count;
         let slt = fences + 8 * p.leaf_count;
+        let segments = slt + Self::SLT_SIZE;
         let record = Self {
             state: U64::new(ModelState::live(p.generation)?.raw()),
             model_id: U64::new(p.model_id),
             first_key: U64::new(p.first_key),
             key_hi: U64::new(p.key_hi),
-            slope: U64::new(p.slope.to_bits()),
-            intercept: U64::new(p.intercept.to_bits()),
+            label_stride: U64::new(p.label_stride),
+            segment_count: U64::new(p.segment_count),
             train_keys: U64::new(p.train_keys),
             leaf_count: U64::new(p.leaf_count),
             epsilon: U64::new(p.epsilon),
             lt_offset: U64::new(lt),
             fences_offset: U64::new(fences),
             slt_offset: U64::new(slt),
+            segments_offset: U64::new(segments),
+            reserved: U64::new(0),
         };
         record.check_fields()?;
         Ok(record)
@@ -322,14 +456,43 @@ impl ModelRecord {
         self.key_hi.get()
     }
 
-    /// The slope.
-    pub fn slope(&self) -> f64 {
-        f64::from_bits(self.slope.get())
+    /// The label stride `S`.
+    pub fn label_stride(&self) -> u64 {
+        self.label_stride.get()
     }
 
-    /// The intercept.
-    pub fn intercept(&self) -> f64 {
-        f64::from_bits(self.intercept.get())
+    /// Segments of the prediction function.
+    pub fn segment_count(&self) -> u64 {
+        self.segment_count.get()
+    }
+
+    /// Pool offset of the segment table.
+    pub fn segments_offset(&self) -> u64 {
+        self.segments_offset.get()
+    }
+
+    /// Pool offset of segment `index`.
+    pub fn segment_offset(&self, index: u64) -> Result<u64, LayoutError> {
+        if index >= self.segment_count() {
+            return Err(LayoutError::IndexOutOfRange {
+                part: Part::SegmentTable,
+                index,
+                len: self.segment_count(),
+            });
+        }
+        index
+            .checked_mul(ModelSegment::SIZE)
+            .and_then(|o| o.checked_add(self.segments_offset()))
+            .ok_or(LayoutError::Overflow {
+                part: Part::SegmentTable,
+            })
+    }
+
+    /// Bytes from the record's start to the end of its last table, when the
+    /// tables follow the record as [`new`](Self::new) lays them out (what
+    /// one READ of the whole model fetches).
+    pub fn total_len(&self) -> Result<u64, LayoutError> {
+        Self::size_for(self.leaf_count(), self.segment_count())
     }
 
     /// Keys trained on.
@@ -406,11 +569,12 @@ impl ModelRecord {
         if self.first_key() > self.key_hi() {
             return invalid(Field::KeyRange, self.first_key());
         }
-        if !self.slope().is_finite() {
-            return invalid(Field::Slope, self.slope.get());
+        if self.label_stride() == 0 {
+            return invalid(Field::LabelStride, 0);
         }
-        if !self.intercept().is_finite() {
-            return invalid(Field::Intercept, self.intercept.get());
+        // At least one piece, and the table's size must be computable.
+        if self.segment_count() == 0 || self.segment_count() > u64::MAX / (2 * ModelSegment::SIZE) {
+            return invalid(Field::SegmentCount, self.segment_count());
         }
         // Each training leaf has an LT entry, and an entry addresses at most
         // 2^48 leaves.
@@ -439,6 +603,11 @@ impl ModelRecord {
             Span::new(Part::LeafTable, self.lt_offset(), table),
             Span::new(Part::FenceTable, self.fences_offset(), table),
             Span::new(Part::SynonymTable, self.slt_offset(), Self::SLT_SIZE),
+            Span::new(
+                Part::SegmentTable,
+                self.segments_offset(),
+                self.segment_count() * ModelSegment::SIZE,
+            ),
         ];
         let region = sb.model_region_span();
         for span in &spans {
@@ -460,8 +629,8 @@ mod tests {
             model_id: 3,
             first_key: 100,
             key_hi: 10_000,
-            slope: 0.25,
-            intercept: -3.5,
+            label_stride: 8,
+            segment_count: 2,
             train_keys: 1234,
             leaf_count,
             epsilon: 16,
@@ -488,17 +657,21 @@ mod tests {
         let at = 4096;
         let r = ModelRecord::new(at, &params(10)).unwrap();
         assert_eq!(ModelRecord::STATE_OFFSET, 0);
-        assert_eq!(r.lt_offset(), at + 96);
-        assert_eq!(r.fences_offset(), at + 96 + 80);
-        assert_eq!(r.slt_offset(), at + 96 + 160);
-        assert_eq!(ModelRecord::size_for(10), Ok(96 + 160 + 2048));
-        assert_eq!(r.lt_entry_offset(9), Ok(at + 96 + 72));
+        assert_eq!(r.lt_offset(), at + 112);
+        assert_eq!(r.fences_offset(), at + 112 + 80);
+        assert_eq!(r.slt_offset(), at + 112 + 160);
+        assert_eq!(r.segments_offset(), at + 112 + 160 + 2048);
+        assert_eq!(ModelRecord::size_for(10, 2), Ok(112 + 160 + 2048 + 80));
+        assert_eq!(r.total_len(), Ok(112 + 160 + 2048 + 80));
+        assert_eq!(r.lt_entry_offset(9), Ok(at + 112 + 72));
         assert!(r.lt_entry_offset(10).is_err());
-        assert_eq!(r.fence_offset(0), Ok(at + 176));
-        assert_eq!(r.slt_slot_offset(0), Ok(at + 256));
-        assert_eq!(r.slt_slot_offset(255), Ok(at + 256 + 255 * 8));
-        assert_eq!(r.slope(), 0.25);
-        assert_eq!(r.intercept(), -3.5);
+        assert_eq!(r.fence_offset(0), Ok(at + 192));
+        assert_eq!(r.slt_slot_offset(0), Ok(at + 272));
+        assert_eq!(r.slt_slot_offset(255), Ok(at + 272 + 255 * 8));
+        assert_eq!(r.segment_offset(1), Ok(at + 272 + 2048 + 40));
+        assert!(r.segment_offset(2).is_err());
+        assert_eq!(r.label_stride(), 8);
+        assert_eq!(r.segment_count(), 2);
         assert_eq!(r.state().generation(), 5);
         let back = ModelRecord::read(r.as_bytes()).unwrap();
         assert_eq!(back.as_bytes(), r.as_bytes());
@@ -512,9 +685,9 @@ mod tests {
         assert_eq!(r.check(at, &sb), Ok(()));
         // Past the region's end.
         let end = sb.model_region_offset() + sb.model_region_len();
-        let late = ModelRecord::new(end - 96, &params(10)).unwrap();
+        let late = ModelRecord::new(end - 112, &params(10)).unwrap();
         assert!(matches!(
-            late.check(end - 96, &sb),
+            late.check(end - 112, &sb),
             Err(LayoutError::OutOfPool { .. }) | Err(LayoutError::Outside { .. })
         ));
         // Tables overlapping the record.
@@ -538,14 +711,33 @@ mod tests {
             })
         );
         let mut bad = r;
-        bad.slope.set(f64::NAN.to_bits());
+        bad.label_stride.set(0);
         assert!(matches!(
             bad.check(at, &sb),
+            Err(LayoutError::InvalidField {
+                field: Field::LabelStride,
+                ..
+            })
+        ));
+        let mut bad = r;
+        bad.segment_count.set(0);
+        assert!(matches!(
+            bad.check(at, &sb),
+            Err(LayoutError::InvalidField {
+                field: Field::SegmentCount,
+                ..
+            })
+        ));
+        assert!(matches!(
+            ModelSegment::new(0, 0, 1, f64::NAN, 0.0),
             Err(LayoutError::InvalidField {
                 field: Field::Slope,
                 ..
             })
         ));
+        assert!(ModelSegment::new(0, 0, 1, -1.0, 0.0).is_err());
+        assert!(ModelSegment::new(0, 0, 0, 1.0, 0.0).is_err());
+        assert!(ModelSegment::new(0, 0, 1, 1.0, f64::INFINITY).is_err());
         let mut p = params(0);
         assert!(ModelRecord::new(at, &p).is_err());
         p.leaf_count = 1;
@@ -585,8 +777,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn segment_predictions_stay_in_their_span() {
+        let s = ModelSegment::new(1000, 40, 10, 0.5, 0.2).unwrap();
+        assert_eq!(s.predict(0), 40);
+        assert_eq!(s.predict(1000), 40);
+        assert_eq!(s.predict(1004), 42);
+        assert_eq!(s.predict(u64::MAX), 49);
+        let back = ModelSegment::read(s.as_bytes()).unwrap();
+        assert_eq!(back.as_bytes(), s.as_bytes());
+        assert!(ModelSegment::read(&[0u8; 39]).is_err());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn segment_predict_is_monotone(a: u64, b: u64, first: u64, base in 0u64..1 << 40, len in 1u64..1 << 20, slope in 0.0f64..4.0, icpt in -100.0f64..100.0) {
+            let s = ModelSegment::new(first, base, len, slope, icpt).unwrap();
+            let (lo, hi) = (a.min(b), a.max(b));
+            prop_assert!(s.predict(lo) <= s.predict(hi));
+            prop_assert!(s.predict(hi) < base + len);
+            prop_assert!(s.predict(lo) >= base);
+        }
 
         #[test]
         fn state_fields_round_trip(generation in 0u16..1 << 14, forward in 1u64..1 << 45) {
@@ -599,13 +812,15 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..120), slot: u8, index: u64) {
+        fn arbitrary_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..136), slot: u8, index: u64) {
             let sb = pool();
             if let Ok(r) = ModelRecord::read(&bytes) {
                 let _ = r.check(sb.model_region_offset(), &sb);
                 let _ = r.lt_entry_offset(index);
                 let _ = r.fence_offset(index);
                 let _ = r.slt_slot_offset(slot);
+                let _ = r.segment_offset(index);
+                let _ = r.total_len();
             }
         }
 
@@ -614,7 +829,7 @@ mod tests {
             let sb = pool();
             let at = sb.model_region_offset() + at_word * 8;
             let r = ModelRecord::new(at, &params(leaves)).unwrap();
-            let fits = at + ModelRecord::size_for(leaves).unwrap()
+            let fits = at + ModelRecord::size_for(leaves, 2).unwrap()
                 <= sb.model_region_offset() + sb.model_region_len();
             prop_assert_eq!(r.check(at, &sb).is_ok(), fits);
         }

@@ -19,8 +19,9 @@ use crate::entry::LtEntry;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 
 /// The version of every layout in [`crate::layout`]; a pool of another
-/// version is refused.
-pub const LAYOUT_VERSION: u32 = 1;
+/// version is refused. Version 2: model records carry a label stride and a
+/// table of prediction segments.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,7 +423,10 @@ mod tests {
         let sb = Superblock::plan(&params()).unwrap();
         let bytes = sb.as_bytes();
         assert_eq!(&bytes[..8], b"RLXPOOL\0");
-        assert_eq!(bytes[8], 1);
+        assert_eq!(
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+            LAYOUT_VERSION
+        );
         assert_eq!(bytes[12], 3);
         assert_eq!(u32::from_le_bytes(bytes[120..124].try_into().unwrap()), 16);
     }
@@ -458,10 +462,12 @@ mod tests {
         assert_eq!(sb.check(), Err(LayoutError::BadMagic { found: 0xdead }));
 
         let mut sb = good;
-        sb.version.set(2);
+        sb.version.set(LAYOUT_VERSION + 1);
         assert_eq!(
             sb.check(),
-            Err(LayoutError::UnsupportedVersion { found: 2 })
+            Err(LayoutError::UnsupportedVersion {
+                found: LAYOUT_VERSION + 1
+            })
         );
 
         let mut sb = good;

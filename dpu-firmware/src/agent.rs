@@ -1,0 +1,704 @@
+//! The retraining service: CirQ consumer, retraining without moving data,
+//! and shadow redirection.
+//!
+//! One retraining of model `m` (record `R`, directory word `D[m] = R`):
+//!
+//! 1. **Prepare** (nothing locked): walk `R`'s chains in key order and fit
+//!    new segments over the leaves' fences ([`crate::train`]).
+//! 2. **Freeze**: set `FROZEN` in `R`'s state word, then lock every LT
+//!    entry of `R` by `CAS`, waiting for writers that hold one. From here on
+//!    no compute node changes a leaf of `m`: writers whose lock `CAS` fails
+//!    read the state word and wait (frozen) or refresh (retired).
+//! 3. Walk the chains again (now stable), cheaply: a leaf of step 1 whose
+//!    `next` word is unchanged is not re-read. If the leaf list changed (a
+//!    writer split a leaf meanwhile), refit — microseconds. Leaves
+//!    created meanwhile are thus carried over, as training leaves of the new
+//!    record (equivalent to listing them in its SLT, and it keeps the new SLT
+//!    empty for the next round).
+//! 4. **Build** the new record `R'` beside the old one (bump allocation in
+//!    the model region; retired records are never reused, because stale
+//!    compute nodes may still `CAS` their LT entries): LT = every leaf in
+//!    key order, *locked*; fences = their `fence_lo`; empty SLT; segments.
+//! 5. **Switch** `D[m] := R'` (one 8-byte write), then mark `R` retired
+//!    with a forward pointer to `R'`. `R`'s LT entries stay locked forever,
+//!    so a stale writer can never write through `R`.
+//! 6. Clear the `next` link of every leaf of `R'` (each is now a training
+//!    leaf with an empty chain; re-sealed), then unlock `R'`'s entries.
+//!    Until then new-model writers back off on the locked entries; readers
+//!    never wait: a reader with a stale model that meets a cleared link
+//!    before its key sees that the key is not covered and refreshes.
+//!
+//! Data never moves and no leaf's fences change, so every invariant the
+//! readers rely on (a leaf's `fence_lo` never changes, its `fence_hi` only
+//! shrinks, and following `next` links from the leaf whose `fence_lo ≤ k`
+//! reaches `k`'s owner) holds across the switch. Freeze time (steps 2–6)
+//! is measured with [`PoolMemory::now_ns`].
+//!
+//! Priority: [`Agent::poll`] drains the CirQ into a local pending set, adds
+//! every model whose SLT count reached the trigger (it watches the SLT
+//! headers itself, so a lost enqueue or a lower trigger still works), and
+//! retrains the one whose SLT is fullest first.
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::vec::Vec;
+
+use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
+use rolex_core::layout::{
+    CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
+    ModelState, Pop, Superblock,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::error::{AgentError, Inconsistency};
+use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
+use crate::memory::PoolMemory;
+use crate::train::fit_model;
+
+/// How the agent decides what to retrain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// SLT slots used that make a model due for retraining (compute nodes
+    /// enqueue at [`SltHeader::RETRAIN_SLOT`] = 128; a smaller trigger makes
+    /// the agent retrain earlier on its own).
+    pub retrain_trigger: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            retrain_trigger: SltHeader::RETRAIN_SLOT as u64,
+        }
+    }
+}
+
+/// What the agent has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentStats {
+    /// Models retrained and installed.
+    pub retrains: u64,
+    /// Keys held by the models when they were retrained.
+    pub keys_retrained: u64,
+    /// Leaves of the new models.
+    pub leaves_retrained: u64,
+    /// Synonym leaves that became training leaves.
+    pub synonyms_absorbed: u64,
+    /// Total nanoseconds models spent frozen.
+    pub freeze_ns_total: u64,
+    /// Longest freeze, in nanoseconds.
+    pub freeze_ns_max: u64,
+    /// Of the freeze time, nanoseconds spent locking the old LT (waiting
+    /// for writers that held an entry).
+    pub lock_ns_total: u64,
+    /// Entries popped from the CirQ.
+    pub cirq_pops: u64,
+    /// Retrainings refitted under the freeze because leaves appeared.
+    pub refits: u64,
+    /// Retrainings given up (model region full, inconsistent pool).
+    pub failures: u64,
+    /// Bytes of the model region used by records so far.
+    pub model_region_used: u64,
+}
+
+/// What one retraining did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetrainReport {
+    /// The model.
+    pub model_id: u64,
+    /// Its retired record.
+    pub old_record: u64,
+    /// Its new record.
+    pub new_record: u64,
+    /// Training leaves of the new record.
+    pub leaves: u64,
+    /// Leaves that were synonyms before.
+    pub synonyms_absorbed: u64,
+    /// Keys in the model.
+    pub keys: u64,
+    /// Segments of the new record.
+    pub segments: u64,
+    /// Nanoseconds the model was frozen.
+    pub freeze_ns: u64,
+}
+
+/// A model prepared for retraining (step 1), not yet frozen.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    model_id: u64,
+    record_at: u64,
+    leaves: Vec<LeafInfo>,
+    segments: Vec<ModelSegment>,
+}
+
+impl Prepared {
+    /// The model.
+    pub fn model_id(&self) -> u64 {
+        self.model_id
+    }
+
+    /// Leaves seen by the unlocked walk.
+    pub fn leaves(&self) -> u64 {
+        self.leaves.len() as u64
+    }
+}
+
+/// The retraining service over the agent's own memory (see the module
+/// docs).
+pub struct Agent<M: PoolMemory> {
+    mem: M,
+    sb: Superblock,
+    region: LeafRegion,
+    cfg: AgentConfig,
+    next_free: u64,
+    region_end: u64,
+    /// Current record offset of each model (the agent alone writes the
+    /// directory, so this mirror is exact).
+    records: Vec<u64>,
+    /// Their SLT header offsets.
+    slts: Vec<u64>,
+    pending: BTreeSet<u64>,
+    stats: AgentStats,
+    buf: Vec<u8>,
+}
+
+impl<M: PoolMemory> Agent<M> {
+    /// Attaches to a pool laid out by [`crate::BulkPlan`] (or a previous
+    /// agent); `next_free` is the first unused model-region byte.
+    pub fn attach(mem: M, cfg: AgentConfig, next_free: u64) -> Result<Self, AgentError> {
+        let mut head = [0u8; Superblock::SIZE as usize];
+        mem.read(0, &mut head)?;
+        let sb = Superblock::read(&head)?;
+        let region_end = sb.model_region_offset() + sb.model_region_len();
+        let mut lrh = [0u8; 16];
+        mem.read(sb.leaf_region_offset(), &mut lrh)?;
+        let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
+            AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
+                part: rolex_core::layout::Part::LeafRegion,
+                needed: LeafRegionHeader::SIZE,
+                found: 0,
+            })
+        })?;
+        let region = header.check(&sb.leaf_region()?)?;
+        let mut agent = Self {
+            mem,
+            sb,
+            region,
+            cfg,
+            next_free,
+            region_end,
+            records: Vec::new(),
+            slts: Vec::new(),
+            pending: BTreeSet::new(),
+            stats: AgentStats::default(),
+            buf: leaf_buffer(&region),
+        };
+        for m in 0..sb.model_count() {
+            let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
+            let r = agent.record(at)?;
+            agent.records.push(at);
+            agent.slts.push(r.slt_offset());
+        }
+        agent.stats.model_region_used = next_free - sb.model_region_offset();
+        Ok(agent)
+    }
+
+    /// The memory the agent serves.
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    /// The pool's superblock.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> AgentStats {
+        self.stats
+    }
+
+    /// The current record offset of every model.
+    pub fn records(&self) -> &[u64] {
+        &self.records
+    }
+
+    /// SLT slots model `model_id` has used.
+    pub fn slt_used(&self, model_id: u64) -> Result<u64, AgentError> {
+        let off = *self
+            .slts
+            .get(model_id as usize)
+            .ok_or(AgentError::UnknownModel { model_id })?;
+        Ok(SltHeader::from_raw(self.mem.load(off)?).used())
+    }
+
+    fn record(&self, at: u64) -> Result<ModelRecord, AgentError> {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        self.mem.read(at, &mut rb)?;
+        let r = ModelRecord::read(&rb)?;
+        r.check(at, &self.sb)?;
+        Ok(r)
+    }
+
+    /// Moves every ready CirQ entry into the pending set.
+    fn drain_cirq(&mut self) -> Result<(), AgentError> {
+        let base = self.sb.cirq_offset();
+        let capacity = self.mem.load(base + CirqHeader::CAPACITY_OFFSET)?;
+        loop {
+            let head = self.mem.load(base + CirqHeader::HEAD_OFFSET)?;
+            let tail = self.mem.load(base + CirqHeader::TAIL_OFFSET)?;
+            let slot = base + CirqHeader::slot_offset(head, capacity)?;
+            match CirqHeader::pop(head, tail, self.mem.load(slot)?)? {
+                Pop::Empty | Pop::Pending => return Ok(()),
+                Pop::Ready {
+                    model_id,
+                    next_head,
+                } => {
+                    // Clear, then advance (release order for producers).
+                    self.mem.store(slot, CirqHeader::EMPTY_SLOT)?;
+                    self.mem.store(base + CirqHeader::HEAD_OFFSET, next_head)?;
+                    self.stats.cirq_pops += 1;
+                    if (model_id as usize) < self.records.len() {
+                        self.pending.insert(model_id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One step of the service: drains the CirQ, picks the model whose SLT
+    /// is fullest among those due, and retrains it. `Ok(None)`: nothing was
+    /// due.
+    pub fn poll(&mut self) -> Result<Option<RetrainReport>, AgentError> {
+        self.drain_cirq()?;
+        let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
+        let mut best: Option<(u64, u64)> = None;
+        for m in 0..self.records.len() as u64 {
+            let used = self.slt_used(m)?;
+            let due = used >= self.cfg.retrain_trigger.max(1)
+                || (self.pending.contains(&m) && used >= queued_min.max(1));
+            if due && best.map_or(true, |(_, u)| used > u) {
+                best = Some((m, used));
+            }
+        }
+        let Some((m, _)) = best else {
+            // Queued models whose SLT was emptied by a retraining meanwhile.
+            self.pending.clear();
+            return Ok(None);
+        };
+        self.pending.remove(&m);
+        match self.retrain(m) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                self.stats.failures += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Retrains model `model_id` now, whatever its SLT count.
+    pub fn retrain(&mut self, model_id: u64) -> Result<RetrainReport, AgentError> {
+        let p = self.prepare(model_id)?;
+        self.install(p)
+    }
+
+    /// Step 1: walks the model unlocked and fits new segments.
+    pub fn prepare(&mut self, model_id: u64) -> Result<Prepared, AgentError> {
+        let record_at = *self
+            .records
+            .get(model_id as usize)
+            .ok_or(AgentError::UnknownModel { model_id })?;
+        let r = self.record(record_at)?;
+        let leaves = walk_model(&self.mem, &self.region, &r, &mut self.buf)?;
+        let fences: Vec<u64> = leaves.iter().map(|l| l.fence_lo).collect();
+        // A racing split can make an unlocked walk skip or repeat a range;
+        // such a fit is discarded under the freeze.
+        let segments = if fences.windows(2).all(|w| w[0] < w[1]) {
+            fit_model(&fences, r.epsilon())?
+        } else {
+            Vec::new()
+        };
+        Ok(Prepared {
+            model_id,
+            record_at,
+            leaves,
+            segments,
+        })
+    }
+
+    /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
+    /// clear links, unlock.
+    pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
+        let model_id = p.model_id;
+        let at = p.record_at;
+        if self.records.get(model_id as usize) != Some(&at) {
+            // Retrained since `prepare`: prepare again.
+            return self.retrain(model_id);
+        }
+        let r = self.record(at)?;
+        if r.model_id() != model_id {
+            return Err(AgentError::Inconsistent {
+                model_id,
+                what: Inconsistency::WrongRecord,
+            });
+        }
+        let state = r.state();
+        if state.is_frozen() {
+            return Err(AgentError::Inconsistent {
+                model_id,
+                what: Inconsistency::AlreadyFrozen,
+            });
+        }
+        // Room for the largest record this model can need: every LT leaf
+        // plus every SLT slot, one segment per leaf.
+        let max_leaves = r.leaf_count() + SltHeader::CAPACITY;
+        let needed = ModelRecord::size_for(max_leaves, max_leaves)?;
+        let left = self.region_end - self.next_free;
+        if needed > left {
+            return Err(AgentError::ModelRegionFull { needed, left });
+        }
+
+        let t0 = self.mem.now_ns();
+        let state_at = at + ModelRecord::STATE_OFFSET;
+        self.mem.store(state_at, state.frozen().raw())?;
+        let mut locked = Vec::with_capacity(r.leaf_count() as usize);
+        for j in 0..r.leaf_count() {
+            let off = r.lt_entry_offset(j)?;
+            let mut attempt = 0u32;
+            loop {
+                let v = LtEntry::from_raw(self.mem.load(off)?);
+                if !v.is_locked() && self.mem.cas(off, v.raw(), v.with_lock().raw())? == v.raw() {
+                    locked.push((off, v));
+                    break;
+                }
+                attempt += 1;
+                self.mem.relax(attempt);
+            }
+        }
+        self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
+        match self.build_and_switch(&r, at, state, &p) {
+            Ok(mut report) => {
+                let t1 = self.mem.now_ns();
+                report.freeze_ns = t1.saturating_sub(t0);
+                let s = &mut self.stats;
+                s.retrains += 1;
+                s.keys_retrained += report.keys;
+                s.leaves_retrained += report.leaves;
+                s.synonyms_absorbed += report.synonyms_absorbed;
+                s.freeze_ns_total += report.freeze_ns;
+                s.freeze_ns_max = s.freeze_ns_max.max(report.freeze_ns);
+                s.model_region_used = self.next_free - self.sb.model_region_offset();
+                Ok(report)
+            }
+            Err(e) => {
+                // Thaw: nothing of the new record became visible.
+                for (off, v) in locked {
+                    self.mem.store(off, v.raw())?;
+                }
+                self.mem.store(state_at, state.raw())?;
+                Err(e)
+            }
+        }
+    }
+
+    fn build_and_switch(
+        &mut self,
+        r: &ModelRecord,
+        at: u64,
+        state: ModelState,
+        p: &Prepared,
+    ) -> Result<RetrainReport, AgentError> {
+        let model_id = r.model_id();
+        // Under the freeze only splits changed the leaf list, and a split
+        // always rewrites the split leaf's `next` to a leaf number never
+        // used before; so a prepared leaf whose `next` word is unchanged is
+        // unchanged in everything the new record needs (its fences and
+        // links). Re-walking with one word load per such leaf, and a full
+        // read only of split or new leaves, keeps the freeze short.
+        let known: BTreeMap<LeafAddr, LeafInfo> = p.leaves.iter().map(|l| (l.addr, *l)).collect();
+        let mut leaves = Vec::with_capacity(p.leaves.len());
+        for j in 0..r.leaf_count() {
+            let mut addr = LtEntry::from_raw(self.mem.load(r.lt_entry_offset(j)?)?).addr();
+            let mut hops = 0u64;
+            loop {
+                let at = self.region.leaf_offset(addr)? + Leaf::NEXT_OFFSET as u64;
+                let info = match known.get(&addr) {
+                    Some(k) if self.mem.load(at)? == k.next.raw() => *k,
+                    _ => read_leaf(&self.mem, &self.region, addr, &mut self.buf)?,
+                };
+                leaves.push(info);
+                if info.next.pointer() == 0 {
+                    break;
+                }
+                hops += 1;
+                if hops > SltHeader::CAPACITY {
+                    return Err(AgentError::Inconsistent {
+                        model_id,
+                        what: Inconsistency::ChainTooLong,
+                    });
+                }
+                addr = info.next.addr();
+            }
+        }
+        check_tiling(r, &leaves)?;
+        let same = !p.segments.is_empty()
+            && leaves.len() == p.leaves.len()
+            && leaves.iter().zip(&p.leaves).all(|(a, b)| a.addr == b.addr);
+        let fences: Vec<u64> = leaves.iter().map(|l| l.fence_lo).collect();
+        let segments = if same {
+            p.segments.clone()
+        } else {
+            self.stats.refits += 1;
+            fit_model(&fences, r.epsilon())?
+        };
+        let n = leaves.len() as u64;
+        let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
+        let new_at = self.next_free;
+        let nr = ModelRecord::new(
+            new_at,
+            &ModelRecordParams {
+                model_id,
+                first_key: r.first_key(),
+                key_hi: r.key_hi(),
+                label_stride: 1,
+                segment_count: segments.len() as u64,
+                train_keys: keys,
+                leaf_count: n,
+                epsilon: r.epsilon(),
+                generation: state.next_generation(),
+            },
+        )?;
+        nr.check(new_at, &self.sb)?;
+        let size = ModelRecord::size_for(n, segments.len() as u64)?;
+        // Build the record: LT entries start locked (step 6 unlocks them).
+        let mut lt = Vec::with_capacity(leaves.len() * 8);
+        let mut fb = Vec::with_capacity(leaves.len() * 8);
+        for l in &leaves {
+            lt.extend_from_slice(&LtEntry::for_leaf(l.addr).with_lock().raw().to_le_bytes());
+            fb.extend_from_slice(&l.fence_lo.to_le_bytes());
+        }
+        let mut sg = Vec::with_capacity(segments.len() * ModelSegment::SIZE as usize);
+        for s in &segments {
+            sg.extend_from_slice(s.as_bytes());
+        }
+        self.mem.write(new_at, nr.as_bytes())?;
+        self.mem.write(nr.lt_offset(), &lt)?;
+        self.mem.write(nr.fences_offset(), &fb)?;
+        self.mem
+            .write(nr.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
+        self.mem.write(nr.segments_offset(), &sg)?;
+        self.next_free += size;
+        // The switch: one 8-byte write. Then retire the old record.
+        self.mem
+            .store(self.sb.directory_entry_offset(model_id)?, new_at)?;
+        self.mem.store(
+            at + ModelRecord::STATE_OFFSET,
+            state.frozen().retired(new_at)?.raw(),
+        )?;
+        self.records[model_id as usize] = new_at;
+        self.slts[model_id as usize] = nr.slt_offset();
+        // Clear the chain links: every leaf is a training leaf now.
+        for l in leaves.iter().filter(|l| l.next.raw() != 0) {
+            let off = self.region.leaf_offset(l.addr)?;
+            read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
+            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| AgentError::Leaf {
+                leaf: l.addr.leaf(),
+                error,
+            })?;
+            leaf.set_next(LtEntry::EMPTY)
+                .map_err(|_| AgentError::Inconsistent {
+                    model_id,
+                    what: Inconsistency::ChainTooLong,
+                })?;
+            leaf.seal();
+            self.mem.write(off, &self.buf)?;
+        }
+        for (j, l) in leaves.iter().enumerate() {
+            self.mem.store(
+                nr.lt_entry_offset(j as u64)?,
+                LtEntry::for_leaf(l.addr).raw(),
+            )?;
+        }
+        Ok(RetrainReport {
+            model_id,
+            old_record: at,
+            new_record: new_at,
+            leaves: n,
+            synonyms_absorbed: n.saturating_sub(r.leaf_count()),
+            keys,
+            segments: segments.len() as u64,
+            freeze_ns: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bulk::{BulkConfig, BulkPlan};
+    use crate::memory::testing::VecPool;
+    use rolex_core::layout::Slot;
+
+    fn load(n: u64) -> (VecPool, u64) {
+        let cfg = BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 4,
+            keys_per_leaf: 2,
+            epsilon: 1,
+            max_model_leaves: 4,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+        };
+        let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = BulkPlan::new(&cfg, &keys).unwrap();
+        let mem = VecPool::new(plan.pool_size());
+        plan.write(&mem, &pairs).unwrap();
+        (mem, plan.next_free())
+    }
+
+    /// What a compute node does to split training leaf `j` of the record
+    /// at `at` while inserting `key` (lock, allocate, write B then A',
+    /// unlock carrying the new pointer).
+    fn client_split(mem: &VecPool, sb: &Superblock, at: u64, j: u64, key: u64) {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let region = sb.leaf_region().unwrap();
+        let lt = r.lt_entry_offset(j).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        assert_eq!(mem.cas(lt, e.raw(), e.with_lock().raw()).unwrap(), e.raw());
+        let leaf_no = mem.faa(region.alloc_num_offset(), 1).unwrap();
+        let slot =
+            SltHeader::claimed_slot(mem.faa(r.slt_slot_offset(0).unwrap(), 1).unwrap()).unwrap();
+        let b_addr = region.claim(leaf_no).unwrap();
+        let mut a = leaf_buffer(&region);
+        let x = read_leaf(mem, &region, e.addr(), &mut a).unwrap();
+        let leaf = Leaf::from_bytes(&a).unwrap();
+        let mut entries: Vec<Slot> = leaf.validate().unwrap().entries().to_vec();
+        entries.push(Slot::new(key, key));
+        entries.sort_by_key(|s| s.key());
+        let mid = entries.len() / 2;
+        let mut b = leaf_buffer(&region);
+        let bl = Leaf::from_bytes_mut(&mut b).unwrap();
+        bl.init(entries[mid].key(), x.fence_hi).unwrap();
+        bl.set_entries(&entries[mid..]).unwrap();
+        bl.set_next(x.next).unwrap();
+        bl.seal();
+        let al = Leaf::from_bytes_mut(&mut a).unwrap();
+        al.init(x.fence_lo, entries[mid].key() - 1).unwrap();
+        al.set_entries(&entries[..mid]).unwrap();
+        al.set_next(LtEntry::for_leaf(b_addr).with_pointer(slot))
+            .unwrap();
+        al.seal();
+        mem.write(region.leaf_offset(b_addr).unwrap(), &b).unwrap();
+        mem.store(
+            r.slt_slot_offset(slot).unwrap(),
+            LtEntry::for_leaf(b_addr)
+                .with_pointer(x.next.pointer())
+                .raw(),
+        )
+        .unwrap();
+        mem.write(region.leaf_offset(e.addr()).unwrap(), &a)
+            .unwrap();
+        let unlocked = e.with_pointer(slot);
+        assert_eq!(
+            mem.cas(lt, e.with_lock().raw(), unlocked.raw()).unwrap(),
+            e.with_lock().raw()
+        );
+    }
+
+    #[test]
+    fn retraining_step_by_step() {
+        let (mem, next_free) = load(40);
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let sb = *agent.superblock();
+        let old = agent.records()[0];
+        // Step 1, then a compute node splits leaf 1 before the freeze.
+        let p = agent.prepare(0).unwrap();
+        assert_eq!(p.leaves(), 4);
+        client_split(&mem, &sb, old, 1, 25);
+        assert_eq!(agent.slt_used(0).unwrap(), 1);
+        let r = agent.install(p).unwrap();
+        assert_eq!((r.leaves, r.synonyms_absorbed, r.keys), (5, 1, 9));
+        assert_eq!(agent.stats().refits, 1);
+        // Switched, retired with a forward pointer, old entries locked.
+        let dir = sb.directory_entry_offset(0).unwrap();
+        assert_eq!(mem.load(dir).unwrap(), r.new_record);
+        let state = ModelState::from_raw(mem.load(old).unwrap());
+        assert!(state.is_retired() && state.forward() == Some(r.new_record));
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(old, &mut rb).unwrap();
+        let or = ModelRecord::read(&rb).unwrap();
+        for j in 0..or.leaf_count() {
+            assert!(
+                LtEntry::from_raw(mem.load(or.lt_entry_offset(j).unwrap()).unwrap()).is_locked()
+            );
+        }
+        // The new record: live, unlocked, no links, an empty SLT, tiling.
+        mem.read(r.new_record, &mut rb).unwrap();
+        let nr = ModelRecord::read(&rb).unwrap();
+        nr.check(r.new_record, &sb).unwrap();
+        assert_eq!(nr.state().generation(), 1);
+        assert!(!nr.state().is_frozen());
+        assert_eq!(mem.load(nr.slt_slot_offset(0).unwrap()).unwrap(), 0);
+        let region = sb.leaf_region().unwrap();
+        let mut buf = leaf_buffer(&region);
+        let leaves = walk_model(&mem, &region, &nr, &mut buf).unwrap();
+        check_tiling(&nr, &leaves).unwrap();
+        assert_eq!(leaves.len(), 5);
+        for (j, l) in leaves.iter().enumerate() {
+            assert_eq!(l.next.raw(), 0);
+            let e = LtEntry::from_raw(mem.load(nr.lt_entry_offset(j as u64).unwrap()).unwrap());
+            assert!(!e.is_locked());
+            assert_eq!(
+                mem.load(nr.fence_offset(j as u64).unwrap()).unwrap(),
+                l.fence_lo
+            );
+        }
+        // Nothing is due now; a CirQ entry is consumed and skipped.
+        assert_eq!(agent.poll().unwrap(), None);
+    }
+
+    #[test]
+    fn the_freeze_waits_for_a_writer_holding_a_lock() {
+        let (mem, next_free) = load(40);
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let sb = *agent.superblock();
+        let at = agent.records()[1];
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let lt = r.lt_entry_offset(2).unwrap();
+        let e = mem.load(lt).unwrap();
+        mem.store(lt, LtEntry::from_raw(e).with_lock().raw())
+            .unwrap();
+        let dir = sb.directory_entry_offset(1).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(move || agent.retrain(1).unwrap());
+            // Frozen, but not switched while the writer holds its lock.
+            while !ModelState::from_raw(mem.load(at).unwrap()).is_frozen() {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(mem.load(dir).unwrap(), at);
+            mem.store(lt, e).unwrap();
+            let report = h.join().unwrap();
+            assert_eq!(mem.load(dir).unwrap(), report.new_record);
+        });
+    }
+
+    #[test]
+    fn a_full_model_region_is_refused_before_freezing() {
+        let (mem, _) = load(40);
+        let mut head = [0u8; 128];
+        mem.read(0, &mut head).unwrap();
+        let sb = Superblock::read(&head).unwrap();
+        let end = sb.model_region_offset() + sb.model_region_len();
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), end - 64).unwrap();
+        let at = agent.records()[0];
+        assert!(matches!(
+            agent.retrain(0),
+            Err(AgentError::ModelRegionFull { .. })
+        ));
+        assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+    }
+}

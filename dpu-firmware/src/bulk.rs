@@ -1,0 +1,386 @@
+//! Laying out and bulk-loading a fresh pool from sorted (key, value) pairs.
+//!
+//! The keys are cut into leaves of `keys_per_leaf` keys (the fill factor);
+//! the leaves' fences tile the whole key space (`fence_lo` of leaf 0 is 0,
+//! `fence_hi` of the last is `u64::MAX`, so every `u64` key has an owner).
+//! The PLR over the fences (see [`crate::train`]) cuts the leaves into
+//! models; a model longer than `max_model_leaves` is split into several
+//! (each refitted), so one retraining never has to walk an unbounded
+//! number of leaves. Each model is one directory slot whose key range
+//! `[first fence, next model's first fence − 1]` never changes afterwards.
+//!
+//! Invariant of a written pool: the superblock passes its check, every
+//! directory word names a live record of generation 0 whose LT, fences and
+//! segments describe exactly its leaves, every leaf is sealed and holds the
+//! keys inside its fences, `alloc_num` counts the loaded leaves, and the
+//! CirQ and every SLT are empty.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use rolex_core::entry::{LeafAddr, LtEntry};
+use rolex_core::layout::{
+    CirqHeader, Leaf, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment, PoolParams,
+    Slot, Superblock,
+};
+use rolex_core::plr::fit;
+use zerocopy::IntoBytes;
+
+use crate::error::AgentError;
+use crate::memory::PoolMemory;
+use crate::train::fit_model;
+
+/// How to lay a pool out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BulkConfig {
+    /// The pool's leaf-region id (`0..=127`).
+    pub leaf_region_id: u8,
+    /// Slots per leaf, `L` (at least 2, so a full leaf can split).
+    pub leaf_slots: u32,
+    /// Keys per leaf at load (`1..=leaf_slots`): the fill factor times `L`.
+    pub keys_per_leaf: u32,
+    /// The models' error bound, in leaves (see [`crate::train`]).
+    pub epsilon: u64,
+    /// Most training leaves a bulk-loaded model may have (at least 1).
+    pub max_model_leaves: u64,
+    /// Leaves the region holds beyond the loaded ones (synonym leaves).
+    pub spare_leaves: u64,
+    /// Bytes of the model region beyond the loaded records (the records
+    /// retraining will build; retired records are never reused).
+    pub model_region_spare: u64,
+}
+
+/// One model of the plan.
+#[derive(Clone, Debug)]
+struct PlannedModel {
+    /// Global number of its first leaf.
+    first_leaf: u64,
+    /// Its training leaves.
+    leaves: u64,
+    /// Its segments.
+    segments: Vec<ModelSegment>,
+    /// Pool offset of its record.
+    at: u64,
+    /// Its record.
+    record: ModelRecord,
+}
+
+/// A laid-out pool, ready to be written (see the module docs).
+#[derive(Clone, Debug)]
+pub struct BulkPlan {
+    cfg: BulkConfig,
+    sb: Superblock,
+    models: Vec<PlannedModel>,
+    fences: Vec<u64>,
+    keys: u64,
+    next_free: u64,
+}
+
+impl BulkPlan {
+    /// Plans a pool for `keys` (strictly increasing; may be empty).
+    pub fn new(cfg: &BulkConfig, keys: &[u64]) -> Result<Self, AgentError> {
+        let bad = |field, value| Err(AgentError::BadConfig { field, value });
+        if cfg.leaf_slots < 2 {
+            return bad("leaf_slots", cfg.leaf_slots.into());
+        }
+        if cfg.keys_per_leaf == 0 || cfg.keys_per_leaf > cfg.leaf_slots {
+            return bad("keys_per_leaf", cfg.keys_per_leaf.into());
+        }
+        if cfg.max_model_leaves == 0 {
+            return bad("max_model_leaves", 0);
+        }
+        if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(AgentError::UnsortedKeys {
+                index: i as u64 + 1,
+            });
+        }
+        let k = cfg.keys_per_leaf as usize;
+        // Leaf i holds keys [iK, (i+1)K); leaf 0 also owns everything below.
+        let mut fences: Vec<u64> = keys.iter().step_by(k).copied().collect();
+        match fences.first_mut() {
+            Some(f) => *f = 0,
+            None => fences.push(0),
+        }
+        // Models: PLR pieces of the fences, cut to at most max_model_leaves.
+        let mut cuts = Vec::new();
+        let mut start = 0u64;
+        for s in fit(&fences, cfg.epsilon)? {
+            let end = start + s.len;
+            let mut a = start;
+            while a < end {
+                let b = end.min(a.saturating_add(cfg.max_model_leaves));
+                cuts.push((a, b));
+                a = b;
+            }
+            start = end;
+        }
+        let upper_len = cuts.len() as u64 * 8;
+        let mut record_bytes = 0u64;
+        let mut segs = Vec::with_capacity(cuts.len());
+        for &(a, b) in &cuts {
+            let s = fit_model(&fences[a as usize..b as usize], cfg.epsilon)?;
+            record_bytes = record_bytes
+                .checked_add(ModelRecord::size_for(b - a, s.len() as u64)?)
+                .ok_or(AgentError::BadConfig {
+                    field: "model_region_spare",
+                    value: cfg.model_region_spare,
+                })?;
+            segs.push(s);
+        }
+        let leaf_count = fences.len() as u64;
+        let model_count = cuts.len() as u64;
+        let too_big = AgentError::BadConfig {
+            field: "model_region_spare",
+            value: cfg.model_region_spare,
+        };
+        let model_region_len = upper_len
+            .checked_add(record_bytes)
+            .and_then(|n| n.checked_add(cfg.model_region_spare))
+            .ok_or(too_big)?;
+        let mut sb = Superblock::plan(&PoolParams {
+            leaf_region_id: cfg.leaf_region_id,
+            leaf_slots: cfg.leaf_slots,
+            keys_per_leaf: cfg.keys_per_leaf,
+            epsilon: cfg.epsilon,
+            leaf_capacity: leaf_count.checked_add(cfg.spare_leaves).ok_or(
+                AgentError::BadConfig {
+                    field: "spare_leaves",
+                    value: cfg.spare_leaves,
+                },
+            )?,
+            directory_capacity: model_count,
+            cirq_capacity: model_count,
+            model_region_len,
+        })?;
+        sb.set_model_count(model_count);
+        sb.set_upper_levels(sb.model_region_offset(), upper_len);
+        sb.check()?;
+        let mut at = sb.model_region_offset() + upper_len;
+        let mut models = Vec::with_capacity(cuts.len());
+        for (m, (&(a, b), segments)) in cuts.iter().zip(segs).enumerate() {
+            let key_hi = match fences.get(b as usize) {
+                Some(next) => next - 1,
+                None => u64::MAX,
+            };
+            let first_key_pos = (a as usize).saturating_mul(k);
+            let last_key_pos = ((b as usize).saturating_mul(k)).min(keys.len());
+            let record = ModelRecord::new(
+                at,
+                &ModelRecordParams {
+                    model_id: m as u64,
+                    first_key: fences[a as usize],
+                    key_hi,
+                    label_stride: 1,
+                    segment_count: segments.len() as u64,
+                    train_keys: last_key_pos.saturating_sub(first_key_pos) as u64,
+                    leaf_count: b - a,
+                    epsilon: cfg.epsilon,
+                    generation: 0,
+                },
+            )?;
+            record.check(at, &sb)?;
+            let size = ModelRecord::size_for(b - a, segments.len() as u64)?;
+            models.push(PlannedModel {
+                first_leaf: a,
+                leaves: b - a,
+                segments,
+                at,
+                record,
+            });
+            at += size;
+        }
+        Ok(Self {
+            cfg: *cfg,
+            sb,
+            models,
+            fences,
+            keys: keys.len() as u64,
+            next_free: at,
+        })
+    }
+
+    /// Bytes the pool needs (the region to register).
+    pub fn pool_size(&self) -> u64 {
+        self.sb.pool_size()
+    }
+
+    /// The superblock the pool will have.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Models laid out.
+    pub fn model_count(&self) -> u64 {
+        self.models.len() as u64
+    }
+
+    /// Leaves loaded.
+    pub fn leaf_count(&self) -> u64 {
+        self.fences.len() as u64
+    }
+
+    /// Keys loaded.
+    pub fn key_count(&self) -> u64 {
+        self.keys
+    }
+
+    /// Pool offset of the first model-region byte no record uses: where
+    /// the agent builds the next record.
+    pub fn next_free(&self) -> u64 {
+        self.next_free
+    }
+
+    /// Writes the whole pool. `pairs` must be the keys the plan was made
+    /// from, with their values, in the same order.
+    pub fn write<M: PoolMemory>(&self, mem: &M, pairs: &[(u64, u64)]) -> Result<(), AgentError> {
+        if pairs.len() as u64 != self.keys {
+            return Err(AgentError::BadConfig {
+                field: "pairs",
+                value: pairs.len() as u64,
+            });
+        }
+        let sb = &self.sb;
+        mem.write(0, sb.as_bytes())?;
+        // CirQ: header, then empty slots.
+        let cirq = CirqHeader::new(self.models.len().max(1) as u64)?;
+        mem.write(sb.cirq_offset(), cirq.as_bytes())?;
+        let zeros = vec![0u8; (sb.cirq_len() - CirqHeader::SIZE) as usize];
+        mem.write(sb.cirq_offset() + CirqHeader::SIZE, &zeros)?;
+        // Upper blob: every model's first key, in directory order.
+        let mut upper = Vec::with_capacity(self.models.len() * 8);
+        for m in &self.models {
+            upper.extend_from_slice(&m.record.first_key().to_le_bytes());
+        }
+        mem.write(sb.upper_offset(), &upper)?;
+        let region = sb.leaf_region()?;
+        let id = region.id();
+        for (i, m) in self.models.iter().enumerate() {
+            let r = &m.record;
+            mem.write(m.at, r.as_bytes())?;
+            let mut lt = Vec::with_capacity(m.leaves as usize * 8);
+            let mut fences = Vec::with_capacity(m.leaves as usize * 8);
+            for j in 0..m.leaves {
+                let g = m.first_leaf + j;
+                lt.extend_from_slice(&LtEntry::new(id, 0, g)?.raw().to_le_bytes());
+                fences.extend_from_slice(&self.fences[g as usize].to_le_bytes());
+            }
+            mem.write(r.lt_offset(), &lt)?;
+            mem.write(r.fences_offset(), &fences)?;
+            mem.write(r.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
+            let mut segs = Vec::with_capacity(m.segments.len() * 40);
+            for s in &m.segments {
+                segs.extend_from_slice(s.as_bytes());
+            }
+            mem.write(r.segments_offset(), &segs)?;
+            mem.store(sb.directory_entry_offset(i as u64)?, m.at)?;
+        }
+        // Leaf region: header, then the leaves, sealed.
+        let capacity = region.capacity();
+        mem.write(region.offset(), LeafRegionHeader::new(capacity).as_bytes())?;
+        mem.store(region.alloc_num_offset(), self.fences.len() as u64)?;
+        let mut buf = vec![0u8; region.leaf_size() as usize];
+        let mut slots: Vec<Slot> = Vec::with_capacity(self.cfg.keys_per_leaf as usize);
+        let k = self.cfg.keys_per_leaf as usize;
+        for (g, &lo) in self.fences.iter().enumerate() {
+            let hi = self.fences.get(g + 1).map_or(u64::MAX, |n| n - 1);
+            slots.clear();
+            let end = ((g + 1) * k).min(pairs.len());
+            for &(key, value) in pairs.get(g * k..end).unwrap_or(&[]) {
+                slots.push(Slot::new(key, value));
+            }
+            buf.fill(0);
+            let leaf = Leaf::from_bytes_mut(&mut buf).map_err(|error| AgentError::Leaf {
+                leaf: g as u64,
+                error,
+            })?;
+            let edit = |e| AgentError::Leaf {
+                leaf: g as u64,
+                error: match e {
+                    rolex_core::layout::EditError::Invalid(l) => l,
+                    _ => rolex_core::layout::LeafError::BadLength { len: 0 },
+                },
+            };
+            leaf.init(lo, hi).map_err(edit)?;
+            leaf.set_entries(&slots).map_err(edit)?;
+            leaf.seal();
+            let addr = LeafAddr::new(id, g as u64)?;
+            mem.write(region.leaf_offset(addr)?, &buf)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leaves::{check_tiling, leaf_buffer, walk_model};
+    use crate::memory::testing::VecPool;
+
+    pub(crate) fn cfg() -> BulkConfig {
+        BulkConfig {
+            leaf_region_id: 1,
+            leaf_slots: 8,
+            keys_per_leaf: 6,
+            epsilon: 1,
+            max_model_leaves: 16,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+        }
+    }
+
+    #[test]
+    fn loaded_pool_tiles_the_key_space() {
+        let keys: Vec<u64> = (0..500u64).map(|i| i * i * 7 + 3).collect();
+        let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, k ^ 0xff)).collect();
+        let plan = BulkPlan::new(&cfg(), &keys).unwrap();
+        let mem = VecPool::new(plan.pool_size());
+        plan.write(&mem, &pairs).unwrap();
+        let mut head = [0u8; 128];
+        mem.read(0, &mut head).unwrap();
+        let sb = Superblock::read(&head).unwrap();
+        assert_eq!(sb.model_count(), plan.model_count());
+        assert!(plan.model_count() >= 84 / 16);
+        let region = sb.leaf_region().unwrap();
+        let mut buf = leaf_buffer(&region);
+        let mut prev_hi: Option<u64> = None;
+        let mut seen = 0u64;
+        for m in 0..sb.model_count() {
+            let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+            let mut rb = [0u8; 112];
+            mem.read(at, &mut rb).unwrap();
+            let r = ModelRecord::read(&rb).unwrap();
+            r.check(at, &sb).unwrap();
+            assert!(r.leaf_count() <= 16);
+            let leaves = walk_model(&mem, &region, &r, &mut buf).unwrap();
+            check_tiling(&r, &leaves).unwrap();
+            assert_eq!(r.first_key(), prev_hi.map_or(0, |h| h + 1));
+            prev_hi = Some(r.key_hi());
+            seen += leaves.iter().map(|l| u64::from(l.count)).sum::<u64>();
+        }
+        assert_eq!(prev_hi, Some(u64::MAX));
+        assert_eq!(seen, 500);
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        assert_eq!(
+            BulkPlan::new(&cfg(), &[1, 5, 5]).unwrap_err(),
+            AgentError::UnsortedKeys { index: 2 }
+        );
+        let mut c = cfg();
+        c.keys_per_leaf = 9;
+        assert!(matches!(
+            BulkPlan::new(&c, &[1]),
+            Err(AgentError::BadConfig {
+                field: "keys_per_leaf",
+                ..
+            })
+        ));
+        let plan = BulkPlan::new(&cfg(), &[]).unwrap();
+        assert_eq!(plan.model_count(), 1);
+        assert_eq!(plan.leaf_count(), 1);
+        let mem = VecPool::new(plan.pool_size());
+        assert!(plan.write(&mem, &[(1, 1)]).is_err());
+        plan.write(&mem, &[]).unwrap();
+    }
+}

@@ -1,0 +1,159 @@
+//! [`AgentError`]: every way bulk loading or retraining fails, as a small
+//! `Copy` enum naming what was wrong and where.
+
+use core::fmt;
+
+use rolex_core::entry::EntryError;
+use rolex_core::layout::{CirqError, LayoutError, LeafError};
+use rolex_core::plr::PlrError;
+
+use crate::memory::MemError;
+
+/// A pool state the agent refuses to build on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Inconsistency {
+    /// A model's leaves do not tile its key range: the leaf at `index` (in
+    /// chain order) does not start one past the previous leaf's `fence_hi`.
+    FenceGap {
+        /// Position of the leaf in the walk.
+        index: u64,
+    },
+    /// The first leaf does not start at the model's first key, or the last
+    /// does not end at its last key.
+    RangeEnds,
+    /// A chain is longer than any the SLT can hold (a cycle of links).
+    ChainTooLong,
+    /// The model was already frozen by someone else.
+    AlreadyFrozen,
+    /// The directory word does not point at a record serving this model.
+    WrongRecord,
+}
+
+impl fmt::Display for Inconsistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::FenceGap { index } => {
+                write!(
+                    f,
+                    "leaf {index} of the walk does not follow its predecessor's fences"
+                )
+            }
+            Self::RangeEnds => f.write_str("leaves do not cover the model's key range"),
+            Self::ChainTooLong => f.write_str("a leaf chain is longer than the SLT allows"),
+            Self::AlreadyFrozen => f.write_str("the model is already frozen"),
+            Self::WrongRecord => f.write_str("the directory names a record of another model"),
+        }
+    }
+}
+
+/// Why bulk loading or retraining failed. Nothing the agent was installing
+/// becomes visible when it returns one (a retraining aborted after the
+/// freeze thaws the old model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The pool memory refused an access.
+    Mem(MemError),
+    /// A pool layout is malformed or does not fit.
+    Layout(LayoutError),
+    /// A leaf stayed invalid after every retry.
+    Leaf {
+        /// Its leaf number.
+        leaf: u64,
+        /// The last validation failure.
+        error: LeafError,
+    },
+    /// An entry field does not fit.
+    Entry(EntryError),
+    /// The PLR rejected the training keys.
+    Plr(PlrError),
+    /// The retraining queue is malformed.
+    Cirq(CirqError),
+    /// Bulk-load keys are not strictly increasing at `index`.
+    UnsortedKeys {
+        /// Index of the first offending key.
+        index: u64,
+    },
+    /// A bulk-load parameter is out of range.
+    BadConfig {
+        /// Which parameter.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// No room left in the model region for a new record.
+    ModelRegionFull {
+        /// Bytes a record may need.
+        needed: u64,
+        /// Bytes left.
+        left: u64,
+    },
+    /// The directory has no model `model_id`.
+    UnknownModel {
+        /// The model asked for.
+        model_id: u64,
+    },
+    /// The model's pool state is not one the protocol produces.
+    Inconsistent {
+        /// The model.
+        model_id: u64,
+        /// What was wrong.
+        what: Inconsistency,
+    },
+}
+
+impl fmt::Display for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Mem(e) => write!(f, "pool memory: {e}"),
+            Self::Layout(e) => write!(f, "pool layout: {e}"),
+            Self::Leaf { leaf, error } => write!(f, "leaf {leaf}: {error}"),
+            Self::Entry(e) => write!(f, "entry: {e}"),
+            Self::Plr(e) => write!(f, "training: {e}"),
+            Self::Cirq(e) => write!(f, "retraining queue: {e}"),
+            Self::UnsortedKeys { index } => {
+                write!(f, "bulk-load key {index} is not above the key before it")
+            }
+            Self::BadConfig { field, value } => write!(f, "invalid {field}: {value}"),
+            Self::ModelRegionFull { needed, left } => write!(
+                f,
+                "model region full: a new record may need {needed} bytes, {left} left"
+            ),
+            Self::UnknownModel { model_id } => write!(f, "no model {model_id} in the directory"),
+            Self::Inconsistent { model_id, what } => write!(f, "model {model_id}: {what}"),
+        }
+    }
+}
+
+impl core::error::Error for AgentError {}
+
+impl From<MemError> for AgentError {
+    fn from(e: MemError) -> Self {
+        Self::Mem(e)
+    }
+}
+
+impl From<LayoutError> for AgentError {
+    fn from(e: LayoutError) -> Self {
+        Self::Layout(e)
+    }
+}
+
+impl From<EntryError> for AgentError {
+    fn from(e: EntryError) -> Self {
+        Self::Entry(e)
+    }
+}
+
+impl From<PlrError> for AgentError {
+    fn from(e: PlrError) -> Self {
+        Self::Plr(e)
+    }
+}
+
+impl From<CirqError> for AgentError {
+    fn from(e: CirqError) -> Self {
+        Self::Cirq(e)
+    }
+}

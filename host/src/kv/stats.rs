@@ -1,0 +1,235 @@
+//! What compute nodes count per operation kind: dependent round trips,
+//! bytes, atomics, leaves read, retries — the hardware-independent figures
+//! of design §8, beside the engine's own counters.
+//!
+//! Each session counts into its own relaxed atomics (no sharing on the data
+//! path); [`crate::kv::KvClient::stats`] sums every session's counters.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::counters::CounterSnapshot;
+
+/// The operation kinds counted apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvOp {
+    /// `get`.
+    Get,
+    /// `insert`.
+    Insert,
+    /// `update`.
+    Update,
+    /// `delete`.
+    Delete,
+    /// `scan` and `range`.
+    Scan,
+}
+
+impl KvOp {
+    /// Every kind, in counter order.
+    pub const ALL: [KvOp; 5] = [
+        KvOp::Get,
+        KvOp::Insert,
+        KvOp::Update,
+        KvOp::Delete,
+        KvOp::Scan,
+    ];
+
+    /// The kind's name as the bench prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvOp::Get => "get",
+            KvOp::Insert => "insert",
+            KvOp::Update => "update",
+            KvOp::Delete => "delete",
+            KvOp::Scan => "scan",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Totals of one operation kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpStats {
+    /// Operations completed (successfully or with an error).
+    pub ops: u64,
+    /// Dependent round trips the operations waited for (one per doorbell
+    /// batch; an unlock posted and not awaited is not counted here, see
+    /// `posted`).
+    pub rtts: u64,
+    /// Operations posted without waiting (the unordered fabric's unlock).
+    pub posted: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// 8-byte atomics (CAS and FAA).
+    pub atomics: u64,
+    /// Leaves read.
+    pub leaves_read: u64,
+    /// Attempts repeated (lock contention, torn leaf, stale model, frozen
+    /// model).
+    pub retries: u64,
+    /// Model refreshes (a stale or retired cached model was re-read).
+    pub refreshes: u64,
+    /// Keys returned (scans).
+    pub keys: u64,
+}
+
+impl OpStats {
+    /// Average dependent round trips per operation (0 when none ran).
+    pub fn rtt_per_op(&self) -> f64 {
+        ratio(self.rtts, self.ops)
+    }
+
+    /// Average bytes moved (read + written) per operation.
+    pub fn bytes_per_op(&self) -> f64 {
+        ratio(self.bytes_read + self.bytes_written, self.ops)
+    }
+
+    /// Average leaves read per operation.
+    pub fn leaves_per_op(&self) -> f64 {
+        ratio(self.leaves_read, self.ops)
+    }
+
+    /// Average retries per operation.
+    pub fn retries_per_op(&self) -> f64 {
+        ratio(self.retries, self.ops)
+    }
+
+    fn add(&mut self, o: &OpStats) {
+        self.ops += o.ops;
+        self.rtts += o.rtts;
+        self.posted += o.posted;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+        self.atomics += o.atomics;
+        self.leaves_read += o.leaves_read;
+        self.retries += o.retries;
+        self.refreshes += o.refreshes;
+        self.keys += o.keys;
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Bytes a compute node caches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelBytes {
+    /// Everything: upper levels, model first keys, records, segments, LT,
+    /// fences, SLT and learned chains.
+    pub total: u64,
+    /// The learned models alone: segments of every level (40 bytes each in
+    /// the pool's form).
+    pub learned: u64,
+}
+
+/// A client's counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvStats {
+    /// Per operation kind, indexed like [`KvOp::ALL`].
+    pub per_op: [OpStats; 5],
+    /// Synonym leaves this client created (leaf splits).
+    pub synonym_leaves: u64,
+    /// Models this client put into the retraining queue.
+    pub retrain_requests: u64,
+    /// Lookups where the model's window missed the owning leaf and the
+    /// fences were searched in full (never needed for correctness).
+    pub model_misses: u64,
+    /// Inserts that waited for a full SLT to be retrained.
+    pub slt_full_waits: u64,
+    /// The client engine's own counters.
+    pub engine: CounterSnapshot,
+    /// What the client caches.
+    pub model_bytes: ModelBytes,
+}
+
+impl KvStats {
+    /// The totals of one kind.
+    pub fn op(&self, op: KvOp) -> OpStats {
+        self.per_op[op.index()]
+    }
+
+    /// All kinds summed.
+    pub fn total(&self) -> OpStats {
+        let mut t = OpStats::default();
+        for o in &self.per_op {
+            t.add(o);
+        }
+        t
+    }
+
+    /// Adds another client's counters (several compute nodes on one pool).
+    pub fn merge(&mut self, other: &KvStats) {
+        for (a, b) in self.per_op.iter_mut().zip(&other.per_op) {
+            a.add(b);
+        }
+        self.synonym_leaves += other.synonym_leaves;
+        self.retrain_requests += other.retrain_requests;
+        self.model_misses += other.model_misses;
+        self.slt_full_waits += other.slt_full_waits;
+        self.engine += other.engine;
+        self.model_bytes.total += other.model_bytes.total;
+        self.model_bytes.learned += other.model_bytes.learned;
+    }
+}
+
+macro_rules! atomic_op_stats {
+    ($($f:ident),*) => {
+        /// A session's live counters of one kind.
+        #[derive(Debug, Default)]
+        pub(crate) struct AtomicOpStats { $(pub(crate) $f: AtomicU64,)* }
+
+        impl AtomicOpStats {
+            pub(crate) fn add(&self, o: &OpStats) {
+                $(if o.$f != 0 { self.$f.fetch_add(o.$f, Relaxed); })*
+            }
+            pub(crate) fn load(&self) -> OpStats {
+                OpStats { $($f: self.$f.load(Relaxed),)* }
+            }
+        }
+    };
+}
+
+atomic_op_stats!(
+    ops,
+    rtts,
+    posted,
+    bytes_read,
+    bytes_written,
+    atomics,
+    leaves_read,
+    retries,
+    refreshes,
+    keys
+);
+
+/// One session's counters.
+#[derive(Debug, Default)]
+pub(crate) struct SessionCounters {
+    pub(crate) per_op: [AtomicOpStats; 5],
+    pub(crate) synonym_leaves: AtomicU64,
+    pub(crate) retrain_requests: AtomicU64,
+    pub(crate) model_misses: AtomicU64,
+    pub(crate) slt_full_waits: AtomicU64,
+}
+
+impl SessionCounters {
+    pub(crate) fn add_into(&self, s: &mut KvStats) {
+        for (a, b) in s.per_op.iter_mut().zip(&self.per_op) {
+            a.add(&b.load());
+        }
+        s.synonym_leaves += self.synonym_leaves.load(Relaxed);
+        s.retrain_requests += self.retrain_requests.load(Relaxed);
+        s.model_misses += self.model_misses.load(Relaxed);
+        s.slt_full_waits += self.slt_full_waits.load(Relaxed);
+    }
+}

@@ -1,0 +1,77 @@
+//! Round trips per operation, as counted by the sessions and cross-checked
+//! with the engine: get = 1 with a fresh cache; update and insert (no
+//! split) = 2 on an ordered fabric, 3 dependent (+ 1 posted unlock) on an
+//! unordered one.
+
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp, MemoryNode, MemoryNodeConfig};
+
+fn client(node: &MemoryNode, unordered: bool) -> KvClient {
+    let mut engine = rolex_host::EngineConfig::default();
+    if unordered {
+        engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
+            unordered: Some(rolex_host::Unordered { seed: 3, window: 8 }),
+            ..rolex_host::LoopbackConfig::default()
+        });
+    }
+    KvClient::connect(
+        KvClientConfig {
+            engine,
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn round_trips_per_operation() {
+    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    let node = MemoryNode::start(
+        MemoryNodeConfig {
+            fill: 0.5,
+            retraining_thread: false,
+            ..MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    for unordered in [false, true] {
+        let c = client(&node, unordered);
+        assert_eq!(c.ordered(), !unordered);
+        let mut s = c.session().unwrap();
+        let e0 = c.stats().engine.rtts;
+        for &(k, v) in &pairs {
+            assert_eq!(s.get(k).unwrap(), Some(v));
+        }
+        for &(k, v) in &pairs {
+            assert_eq!(s.update(k, v + 1).unwrap(), Some(v));
+        }
+        // One new key per leaf: no leaf is full at fill 0.5, so no split.
+        for &(k, v) in pairs.iter().step_by(8) {
+            assert_eq!(s.insert(k + 1, v).unwrap(), None);
+        }
+        s.flush().unwrap();
+        let st = c.stats();
+        let get = st.op(KvOp::Get);
+        let upd = st.op(KvOp::Update);
+        let ins = st.op(KvOp::Insert);
+        assert_eq!(get.rtt_per_op(), 1.0);
+        assert_eq!(get.leaves_per_op(), 1.0);
+        let writes = if unordered { 3.0 } else { 2.0 };
+        assert_eq!(upd.rtt_per_op(), writes);
+        assert_eq!(ins.rtt_per_op(), writes);
+        assert_eq!(upd.posted, if unordered { upd.ops } else { 0 });
+        // The engine counted the same batches (plus the posted unlocks).
+        let posted = upd.posted + ins.posted;
+        assert_eq!(st.engine.rtts - e0, get.rtts + upd.rtts + ins.rtts + posted);
+        for &(k, v) in &pairs {
+            assert_eq!(s.get(k).unwrap(), Some(v + 1));
+            // Restore for the next fabric.
+            s.update(k, v).unwrap();
+        }
+        for &(k, _) in pairs.iter().step_by(8) {
+            s.delete(k + 1).unwrap();
+        }
+        s.flush().unwrap();
+    }
+}
