@@ -2,9 +2,11 @@
 //!
 //! Every subcommand returns its errors to `main`, which prints them as one
 //! `error: …` line and exits non-zero: bad input never panics.
+mod bench;
 mod dataset;
 mod plr;
 mod te_bench;
+mod ycsb;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -26,6 +28,11 @@ enum Command {
     /// Benchmark the transfer engine: bandwidth, operation rate and latency,
     /// beside memcpy of the same size measured in the same run.
     TeBench(te_bench::TeBenchArgs),
+    /// Run a YCSB workload on the key-value store end to end (memory node,
+    /// compute nodes, loopback fabric) and report round trips, bytes,
+    /// throughput and latency beside the fabric's raw read rate; every
+    /// written key is read back and checked.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +40,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plr(args) => plr::run(args),
         Command::TeBench(args) => te_bench::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

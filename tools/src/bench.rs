@@ -1,0 +1,1037 @@
+//! `rolex bench`: the store end to end — a memory node bulk-loaded with a
+//! key set, `--clients` compute nodes on the loopback fabric, `--threads`
+//! client threads running a YCSB workload — and the figures of design §8:
+//! round trips, bytes, leaves and retries per operation kind first (counted
+//! by the clients over the run only), then throughput and latency, beside
+//! `raw_read_mops`: the rate of plain one-sided doorbell batches that read
+//! the same bytes as an average get (`round(leaves_per_get)` reads per
+//! batch) at the pool positions of the workload's own keys, measured in the
+//! same run with the same threads and compute nodes — the fabric's limit.
+//!
+//! Key sets are `rolex plr`'s. The run's inserts are held out of the key
+//! set before the load (`ycsb::Plan::split`): with `--dist` the generator
+//! makes `-n` plus the inserts, with `--keys` the file's keys minus the
+//! inserts are loaded. Every thread's operations are generated before the
+//! clock starts, so the generator's cost is not in the figures.
+//!
+//! The run is checked, never trusted. During the run every answer is
+//! checked against what could have been written: each value written names
+//! its writer (`ycsb::write_value`), so a get, an update's prior value or a
+//! scan entry must be the key's load value or the value of a write of this
+//! run to that very key; keys are never deleted, so a key present when
+//! issued must be found; inserts must find their keys new; scans must be
+//! sorted and start at their (present) first key. At the end every key the
+//! run wrote is read back and must be a value a linearizable execution
+//! could end with (`rolex_host::kv::history::final_value_possible`). Any
+//! problem sets `verified` to false and the command exits non-zero.
+
+use crate::dataset::{self, Dist};
+use crate::ycsb::{self, Op, Plan, Workload};
+use clap::{ArgGroup, Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use rolex_host::kv::history::{final_value_possible, TimedWrite};
+use rolex_host::kv::{
+    KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
+};
+use rolex_host::{
+    Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// The fabric to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FabricArg {
+    /// The in-process loopback NIC.
+    Loopback,
+}
+
+/// Arguments of `rolex bench`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["keys", "dist"])))]
+pub struct BenchArgs {
+    /// The workload: YCSB A–F, or insert-only / update-only.
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Read keys from a SOSD file (as `rolex plr`); the run's inserts are
+    /// held out of it, the rest is loaded.
+    #[arg(long, value_name = "FILE")]
+    keys: Option<PathBuf>,
+    /// Generate keys from a distribution instead (deterministic for a seed).
+    #[arg(long, value_enum, requires = "n")]
+    dist: Option<Dist>,
+    /// Keys to load when generating (the run's inserts come on top).
+    #[arg(long, short)]
+    n: Option<u64>,
+    /// Operations of the run, over all threads.
+    #[arg(long)]
+    ops: u64,
+    /// Client threads.
+    #[arg(long)]
+    threads: usize,
+    /// Compute nodes (client engines); threads are dealt round-robin.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Zipfian constant θ of the request keys, in (0, 1).
+    #[arg(long, default_value_t = ycsb::DEFAULT_THETA, allow_negative_numbers = true)]
+    zipf: f64,
+    /// Error bound ε of the models, in key positions [default: the store's].
+    #[arg(long)]
+    epsilon: Option<u64>,
+    /// Slots per leaf L [default: the store's].
+    #[arg(long)]
+    leaf_slots: Option<u32>,
+    /// Fill factor of the leaves at load, in (0, 1] [default: the store's].
+    #[arg(long)]
+    fill: Option<f64>,
+    /// The fabric.
+    #[arg(long, value_enum, default_value_t = FabricArg::Loopback)]
+    fabric: FabricArg,
+    /// Deliver out of posting order (SRD-like): writes take 3 round trips.
+    #[arg(long)]
+    unordered: bool,
+    /// Injected round-trip time of every fabric operation, in µs.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    rtt_us: f64,
+    /// Seed of the key set and of every thread's operations.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+type BenchError = Box<dyn std::error::Error>;
+
+/// Operations a thread does between two progress updates.
+const PROGRESS_EVERY: u64 = 256;
+
+/// Operations the raw-read baseline runs at most (and at least), over all
+/// threads: enough for a stable rate, bounded so the run stays short.
+const RAW_MIN: u64 = 20_000;
+const RAW_MAX: u64 = 400_000;
+
+/// Shuffle window of the unordered loopback fabric.
+const UNORDERED_WINDOW: usize = 16;
+
+fn validate(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.ops == 0 {
+        return Err("--ops must be at least 1".into());
+    }
+    if args.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    if args.clients == 0 {
+        return Err("--clients must be at least 1".into());
+    }
+    if args.clients > args.threads {
+        return Err(format!(
+            "--clients {} exceeds --threads {}: every compute node needs a thread",
+            args.clients, args.threads
+        )
+        .into());
+    }
+    if let Some(f) = args.fill {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!("--fill {f} is outside (0, 1]").into());
+        }
+    }
+    if let Some(l) = args.leaf_slots {
+        if l < 2 {
+            return Err(format!("--leaf-slots {l}: a leaf needs at least 2 slots").into());
+        }
+    }
+    if args.epsilon == Some(0) {
+        return Err("--epsilon must be at least 1".into());
+    }
+    if !(args.rtt_us.is_finite() && args.rtt_us >= 0.0 && args.rtt_us <= 1e6) {
+        return Err(format!("--rtt-us {} must be in [0, 10^6]", args.rtt_us).into());
+    }
+    if args.n == Some(0) {
+        return Err("-n must be at least 1".into());
+    }
+    Ok(())
+}
+
+fn engine_config(args: &BenchArgs) -> EngineConfig {
+    // The only fabric so far: a new `FabricArg` variant fails to compile
+    // here until it is mapped.
+    let FabricArg::Loopback = args.fabric;
+    EngineConfig {
+        fabric: Fabric::Loopback(LoopbackConfig {
+            latency: Duration::from_secs_f64(args.rtt_us * 1e-6),
+            unordered: args.unordered.then_some(Unordered {
+                seed: args.seed,
+                window: UNORDERED_WINDOW,
+            }),
+            ..LoopbackConfig::default()
+        }),
+        // A shared 2-core machine: let the scheduler place the workers.
+        pin_workers: false,
+        ..EngineConfig::default()
+    }
+}
+
+fn spinner(msg: String) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    pb.set_message(msg);
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
+fn bar(len: u64, msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg:>6} [{bar:30}] {human_pos}/{human_len} [{elapsed} < {eta}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// The key set of the run: generated with the inserts on top of `-n`, or
+/// read from the file.
+fn load_keys(args: &BenchArgs, plan: &Plan) -> Result<Vec<u64>, BenchError> {
+    match (&args.keys, args.dist, args.n) {
+        (Some(path), _, _) => {
+            let sp = spinner(format!("reading {}", path.display()));
+            let keys = dataset::read_sosd(path);
+            sp.finish_and_clear();
+            let keys = keys?;
+            if keys.is_empty() {
+                return Err(format!("{}: the file holds no keys", path.display()).into());
+            }
+            Ok(keys)
+        }
+        (None, Some(dist), Some(n)) => {
+            let total = n
+                .checked_add(plan.total_inserts())
+                .ok_or("-n plus the run's inserts overflows")?;
+            let sp = spinner(format!("generating {total} {dist} keys"));
+            let keys = dataset::generate(dist, total, args.seed);
+            sp.finish_and_clear();
+            Ok(keys?)
+        }
+        _ => Err("give --keys FILE, or --dist with -n".into()),
+    }
+}
+
+/// Log-linear latency histogram in nanoseconds: exact below 128 ns, then
+/// 64 buckets per power of two (under 1.6% error).
+#[derive(Clone)]
+struct Histogram {
+    counts: Vec<u64>,
+}
+
+const SUB_BITS: u32 = 6;
+const SUB: u64 = 1 << SUB_BITS;
+
+impl Histogram {
+    fn new() -> Self {
+        Histogram {
+            counts: vec![0; (64 - SUB_BITS as usize) * SUB as usize + 2 * SUB as usize],
+        }
+    }
+
+    fn index(v: u64) -> usize {
+        let shift = (63 - v.max(1).leading_zeros()).saturating_sub(SUB_BITS);
+        (u64::from(shift) * SUB + (v >> shift)) as usize
+    }
+
+    /// The middle of bucket `i`.
+    fn value(i: usize) -> u64 {
+        let i = i as u64;
+        if i < 2 * SUB {
+            return i;
+        }
+        let shift = i / SUB - 1;
+        let m = i - shift * SUB;
+        (m << shift) + (1 << shift) / 2
+    }
+
+    fn record(&mut self, ns: u64) {
+        self.counts[Self::index(ns)] += 1;
+    }
+
+    fn merge(&mut self, o: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+    }
+
+    /// The `q`-quantile (0..=1), in nanoseconds; 0 when empty.
+    fn quantile(&self, q: f64) -> u64 {
+        let total: u64 = self.counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::value(i);
+            }
+        }
+        0
+    }
+}
+
+/// Problems seen in the store's answers: counted, the first few kept.
+#[derive(Default)]
+struct Problems {
+    count: u64,
+    first: Vec<String>,
+}
+
+/// Messages kept per [`Problems`].
+const KEEP_PROBLEMS: usize = 10;
+
+impl Problems {
+    fn push(&mut self, what: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.first.len() < KEEP_PROBLEMS {
+            self.first.push(what());
+        }
+    }
+
+    fn merge(&mut self, o: Problems) {
+        self.count += o.count;
+        let room = KEEP_PROBLEMS.saturating_sub(self.first.len());
+        self.first.extend(o.first.into_iter().take(room));
+    }
+}
+
+/// What one run thread hands back.
+struct ThreadOut {
+    latency: Histogram,
+    /// Per key, this thread's last write (its writes never overlap, so the
+    /// earlier ones cannot be the final value).
+    writes: HashMap<u64, TimedWrite>,
+    /// Problems in the answers (see [`RunCtx::check_value`]).
+    problems: Problems,
+    gets: u64,
+    /// When the thread began its first and finished its last operation.
+    began: Instant,
+    ended: Instant,
+}
+
+/// What every run thread shares.
+struct RunCtx {
+    /// Every thread's operations, generated before the clock starts: the
+    /// zipfian draws (a ChaCha block and a `powf` per key) would otherwise
+    /// be a sizeable share of a get.
+    streams: Vec<Vec<Op>>,
+    /// Zero of the write timestamps.
+    epoch: Instant,
+    /// Releases the threads together.
+    start: Barrier,
+}
+
+impl RunCtx {
+    /// Whether `value` can ever have been `key`'s: its load value, or the
+    /// value of a write of this run to this key. Values name their writer
+    /// (`ycsb::write_value`), so this is one lookup.
+    fn value_ok(&self, key: u64, value: u64) -> bool {
+        match ycsb::writer_of(value) {
+            // A 40-bit hash of the key: a store that returns it for a key
+            // that was not loaded would have to compute it. (Looking the
+            // key up in the loaded set here would cost a third of a get.)
+            None => value == ycsb::load_value(key),
+            Some((t, seq)) => {
+                let op = self
+                    .streams
+                    .get(t)
+                    .and_then(|s| s.get(usize::try_from(seq.checked_sub(1)?).ok()?));
+                matches!(
+                    op,
+                    Some(Op::Update { key: k, value: v }
+                        | Op::Insert { key: k, value: v }
+                        | Op::ReadModifyWrite { key: k, value: v })
+                        if *k == key && *v == value
+                )
+            }
+        }
+    }
+
+    /// Records a problem unless `got` is a value `key` can have held.
+    fn check_value(&self, p: &mut Problems, what: &str, key: u64, got: Option<u64>) {
+        match got {
+            // YCSB never deletes: a key present when issued stays present.
+            None => p.push(|| format!("{what} of present key {key} found it absent")),
+            Some(v) if !self.value_ok(key, v) => {
+                p.push(|| format!("{what} of key {key} returned {v}, never written to it"))
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Runs one thread's stream. Errors abort the whole run.
+fn run_thread(
+    client: &KvClient,
+    ctx: &RunCtx,
+    t: usize,
+    done: &AtomicU64,
+    abort: &AtomicBool,
+) -> Result<ThreadOut, String> {
+    let mut session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
+    let mut out = ThreadOut {
+        latency: Histogram::new(),
+        writes: HashMap::new(),
+        problems: Problems::default(),
+        gets: 0,
+        began: Instant::now(),
+        ended: Instant::now(),
+    };
+    let now = || ctx.epoch.elapsed().as_nanos() as u64;
+    let p = &mut out.problems;
+    ctx.start.wait();
+    out.began = Instant::now();
+    let mut since = 0;
+    // One clock read per operation: the previous return stands for this
+    // invocation. It is earlier than the real one, which only widens the
+    // write's interval (the final-state check stays sound) and adds the
+    // loop's few nanoseconds to the latency.
+    let mut inv = now();
+    for &op in &ctx.streams[t] {
+        if abort.load(Ordering::Relaxed) {
+            break;
+        }
+        let written = match op {
+            Op::Read(key) => {
+                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
+                out.gets += 1;
+                ctx.check_value(p, "get", key, got);
+                None
+            }
+            Op::Update { key, value } => {
+                let prior = session
+                    .update(key, value)
+                    .map_err(|e| format!("update {key}: {e}"))?;
+                ctx.check_value(p, "update", key, prior);
+                Some((key, value))
+            }
+            Op::ReadModifyWrite { key, value } => {
+                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
+                out.gets += 1;
+                ctx.check_value(p, "read-modify-write's get", key, got);
+                let prior = session
+                    .update(key, value)
+                    .map_err(|e| format!("update {key}: {e}"))?;
+                ctx.check_value(p, "read-modify-write's update", key, prior);
+                Some((key, value))
+            }
+            Op::Insert { key, value } => {
+                let prior = session
+                    .insert(key, value)
+                    .map_err(|e| format!("insert {key}: {e}"))?;
+                if let Some(v) = prior {
+                    p.push(|| format!("insert of new key {key} found it present with {v}"));
+                }
+                Some((key, value))
+            }
+            Op::Scan { from, len } => {
+                let entries = session
+                    .scan(from, len)
+                    .map_err(|e| format!("scan {from} {len}: {e}"))?;
+                let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
+                let first_ok = entries.first().is_some_and(|e| e.0 == from);
+                if !sorted || !first_ok || entries.len() > len {
+                    p.push(|| {
+                        format!(
+                            "scan from present key {from} for {len}: {} entries, sorted {sorted}, starts at it {first_ok}",
+                            entries.len()
+                        )
+                    });
+                }
+                for &(k, v) in &entries {
+                    if !ctx.value_ok(k, v) {
+                        p.push(|| format!("scan returned key {k} with {v}, never written to it"));
+                    }
+                }
+                None
+            }
+        };
+        let ret = now();
+        out.latency.record(ret - inv);
+        if let Some((key, value)) = written {
+            out.writes.insert(
+                key,
+                TimedWrite {
+                    invoke: inv,
+                    ret,
+                    value: Some(value),
+                },
+            );
+        }
+        inv = ret;
+        since += 1;
+        if since == PROGRESS_EVERY {
+            done.fetch_add(since, Ordering::Relaxed);
+            since = 0;
+        }
+    }
+    // The unordered fabric's last unlock may still be in flight.
+    session.flush().map_err(|e| format!("thread {t}: {e}"))?;
+    out.ended = Instant::now();
+    done.fetch_add(since, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// Runs `f(t)` on `threads` threads while a progress bar follows `done`;
+/// the first error stops the others.
+fn with_progress<T: Send>(
+    threads: usize,
+    total: u64,
+    msg: &str,
+    quiet: bool,
+    f: impl Fn(usize, &AtomicU64, &AtomicBool) -> Result<T, String> + Sync,
+) -> Result<Vec<T>, BenchError> {
+    let done = AtomicU64::new(0);
+    let abort = AtomicBool::new(false);
+    let pb = if quiet {
+        ProgressBar::hidden()
+    } else {
+        bar(total, msg)
+    };
+    let results: Vec<Result<T, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (f, done, abort) = (&f, &done, &abort);
+                s.spawn(move || {
+                    let r = f(t, done, abort);
+                    if r.is_err() {
+                        abort.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            pb.set_position(done.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    pb.finish_and_clear();
+    results.into_iter().map(|r| r.map_err(Into::into)).collect()
+}
+
+/// `b − a`, field by field (counters only grow).
+fn diff(a: &OpStats, b: &OpStats) -> OpStats {
+    OpStats {
+        ops: b.ops - a.ops,
+        rtts: b.rtts - a.rtts,
+        posted: b.posted - a.posted,
+        bytes_read: b.bytes_read - a.bytes_read,
+        bytes_written: b.bytes_written - a.bytes_written,
+        atomics: b.atomics - a.atomics,
+        leaves_read: b.leaves_read - a.leaves_read,
+        retries: b.retries - a.retries,
+        refreshes: b.refreshes - a.refreshes,
+        keys: b.keys - a.keys,
+    }
+}
+
+fn merged_stats(clients: &[KvClient]) -> KvStats {
+    let mut s = KvStats::default();
+    for c in clients {
+        s.merge(&c.stats());
+    }
+    s
+}
+
+/// The shape of the raw baseline.
+#[derive(Clone, Copy, Debug)]
+struct RawSpec {
+    /// Reads per doorbell batch.
+    reads: usize,
+    /// Bytes per read.
+    len: u64,
+    /// Batches over all threads.
+    batches: u64,
+}
+
+/// The raw fabric baseline: each thread posts doorbell batches of `reads`
+/// reads of `len` bytes, `batches` batches in all; returns batches per
+/// second. Batch `i` of thread `t` reads where the key of its operation `i`
+/// sits in the pool (the key's rank among the loaded keys, scaled to the
+/// pool), so the baseline has the workload's skew and cache behaviour.
+fn raw_reads(
+    clients: &[KvClient],
+    pool: &MrDesc,
+    streams: &[Vec<Op>],
+    loaded: &[u64],
+    spec: RawSpec,
+    quiet: bool,
+) -> Result<f64, BenchError> {
+    let RawSpec {
+        reads,
+        len,
+        batches,
+    } = spec;
+    let threads = streams.len();
+    let len = len.clamp(8, pool.len);
+    let span = (pool.len - len) / 8 + 1;
+    let n = loaded.len().max(1) as u128;
+    let start = Barrier::new(threads);
+    let t0 = std::sync::Mutex::new(None::<Instant>);
+    let ends = with_progress(threads, batches, "raw", quiet, |t, done, abort| {
+        let engine: &TransferEngine = clients[t % clients.len()].engine();
+        let (dst, _) = engine
+            .alloc_mr(len * reads as u64, Access::LOCAL_WRITE)
+            .map_err(|e| format!("raw reads: registering a buffer: {e}"))?;
+        let mut ch = engine
+            .channel()
+            .map_err(|e| format!("raw reads: opening a channel: {e}"))?;
+        let mine = batches / threads as u64 + u64::from((t as u64) < batches % threads as u64);
+        let slots: Vec<u64> = streams[t]
+            .iter()
+            .map(|&op| {
+                let key = match op {
+                    Op::Read(key)
+                    | Op::Update { key, .. }
+                    | Op::Insert { key, .. }
+                    | Op::ReadModifyWrite { key, .. }
+                    | Op::Scan { from: key, .. } => key,
+                };
+                let rank = loaded.partition_point(|&k| k < key) as u128;
+                (rank * u128::from(span) / n) as u64
+            })
+            .take(mine as usize)
+            .collect();
+        let mut ops = Vec::with_capacity(reads);
+        let mut results = Vec::with_capacity(reads);
+        start.wait();
+        {
+            let mut g = t0.lock().unwrap_or_else(|e| e.into_inner());
+            g.get_or_insert_with(Instant::now);
+        }
+        for i in 0..mine {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let slot = slots[i as usize % slots.len().max(1)];
+            ops.clear();
+            for r in 0..reads as u64 {
+                ops.push(BatchOp::Read {
+                    dst: &dst,
+                    dst_offset: r * len,
+                    src: pool,
+                    src_offset: (slot + r * len / 8).min(span - 1) * 8,
+                    len,
+                });
+            }
+            ch.run(&ops, &mut results)
+                .map_err(|e| format!("raw reads: {e}"))?;
+            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                return Err(format!("raw reads: {e}"));
+            }
+            if (i + 1) % PROGRESS_EVERY == 0 {
+                done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
+            }
+        }
+        Ok(Instant::now())
+    })?;
+    let t0 = t0
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or("raw reads never started")?;
+    let end = ends.into_iter().max().ok_or("raw reads: no thread")?;
+    Ok(batches as f64 / (end - t0).as_secs_f64().max(1e-9))
+}
+
+/// Reads every written key back and checks it; returns the problems.
+fn verify(
+    clients: &[KvClient],
+    loaded: &[u64],
+    writes: HashMap<u64, Vec<TimedWrite>>,
+    threads: usize,
+    quiet: bool,
+) -> Result<Problems, BenchError> {
+    let keys: Vec<(u64, Vec<TimedWrite>)> = writes.into_iter().collect();
+    let n = keys.len() as u64;
+    let per = keys.len().div_ceil(threads.max(1)).max(1);
+    let chunks: Vec<&[(u64, Vec<TimedWrite>)]> = keys.chunks(per).collect();
+    let found = with_progress(chunks.len(), n, "verify", quiet, |t, done, abort| {
+        let mut s = clients[t % clients.len()]
+            .session()
+            .map_err(|e| format!("verify: {e}"))?;
+        let mut problems = Problems::default();
+        for (i, (key, w)) in chunks[t].iter().enumerate() {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let got = s.get(*key).map_err(|e| format!("verify: get {key}: {e}"))?;
+            let initial = loaded
+                .binary_search(key)
+                .is_ok()
+                .then(|| ycsb::load_value(*key));
+            if !final_value_possible(initial, w, got) {
+                problems.push(|| {
+                    format!(
+                        "key {key}: read back {got:?}, but the run's last writes were {:?}",
+                        w.iter().map(|w| w.value).collect::<Vec<_>>()
+                    )
+                });
+            }
+            if (i as u64 + 1) % PROGRESS_EVERY == 0 {
+                done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
+            }
+        }
+        Ok(problems)
+    })?;
+    let mut all = Problems::default();
+    found.into_iter().for_each(|p| all.merge(p));
+    Ok(all)
+}
+
+/// Runs `rolex bench`.
+pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+    validate(&args)?;
+    let plan = Plan::new(args.workload, args.ops, args.threads, args.zipf, args.seed)?;
+    let keys = load_keys(&args, &plan)?;
+    let sets = plan.split(keys)?;
+    let quiet = args.json;
+
+    let defaults = MemoryNodeConfig::default();
+    let engine_cfg = engine_config(&args);
+    let leaf_slots = args.leaf_slots.unwrap_or(defaults.leaf_slots);
+    let fill = args.fill.unwrap_or(defaults.fill);
+    // Room for the run's inserts even if every synonym leaf ends half full.
+    let loaded_leaves =
+        (sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
+    let insert_leaves = 2.0 * plan.total_inserts() as f64 / f64::from(leaf_slots);
+    let mn_cfg = MemoryNodeConfig {
+        engine: engine_cfg.clone(),
+        leaf_slots,
+        fill,
+        epsilon: args.epsilon.unwrap_or(defaults.epsilon),
+        spare_leaf_factor: defaults
+            .spare_leaf_factor
+            .max(0.25 + insert_leaves / loaded_leaves),
+        ..defaults
+    };
+    let sp = spinner(format!("bulk-loading {} keys", sets.loaded.len()));
+    let pairs: Vec<(u64, u64)> = sets
+        .loaded
+        .iter()
+        .map(|&k| (k, ycsb::load_value(k)))
+        .collect();
+    let load_start = Instant::now();
+    let node = MemoryNode::start(mn_cfg.clone(), &pairs);
+    let load_time = load_start.elapsed();
+    drop(pairs);
+    if quiet {
+        sp.finish_and_clear();
+    } else {
+        sp.finish_with_message(format!(
+            "bulk-loaded {} keys in {:.2} s",
+            sets.loaded.len(),
+            load_time.as_secs_f64()
+        ));
+    }
+    let node = node?;
+    let pool = node.pool();
+    let clients = (0..args.clients)
+        .map(|_| {
+            KvClient::connect(
+                KvClientConfig {
+                    engine: engine_cfg.clone(),
+                    ..KvClientConfig::default()
+                },
+                &pool,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    // The run.
+    let before = merged_stats(&clients);
+    let node_before = node.stats();
+    let sp = spinner(format!("generating {} operations", args.ops));
+    let streams: Vec<Vec<Op>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let (plan, sets) = (&plan, &sets);
+                s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>())
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| "generating operations panicked"))
+            .collect::<Result<_, _>>()
+    })?;
+    sp.finish_and_clear();
+    let ctx = RunCtx {
+        streams,
+        epoch: Instant::now(),
+        start: Barrier::new(args.threads),
+    };
+    let outs = with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
+        run_thread(&clients[t % clients.len()], &ctx, t, done, abort)
+    })?;
+    let began = outs.iter().map(|o| o.began).min().unwrap_or(ctx.epoch);
+    let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
+    let elapsed = ended - began;
+    let after = merged_stats(&clients);
+    let node_after = node.stats();
+
+    let mut latency = Histogram::new();
+    let mut writes: HashMap<u64, Vec<TimedWrite>> = HashMap::new();
+    let mut problems = Problems::default();
+    let mut gets = 0;
+    for o in outs {
+        latency.merge(&o.latency);
+        for (k, w) in o.writes {
+            writes.entry(k).or_default().push(w);
+        }
+        problems.merge(o.problems);
+        gets += o.gets;
+    }
+    let per: Vec<OpStats> = KvOp::ALL
+        .iter()
+        .map(|&k| diff(&before.op(k), &after.op(k)))
+        .collect();
+    let total_ops: u64 = per.iter().map(|o| o.ops).sum();
+    let total_retries: u64 = per.iter().map(|o| o.retries).sum();
+    let get = per[0];
+
+    // The fabric's own limit for the bytes a get reads.
+    let leaves_per_get = get.leaves_per_op();
+    let (raw_reads_n, raw_len) = if get.ops > 0 {
+        let n = leaves_per_get.round().max(1.0) as usize;
+        (
+            n,
+            (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
+        )
+    } else {
+        // No gets ran: one leaf, as a get of a fresh cache reads.
+        (1, rolex_core::layout::Leaf::size_for(mn_cfg.leaf_slots))
+    };
+    let raw_mops = raw_reads(
+        &clients,
+        &pool.desc,
+        &ctx.streams,
+        &sets.loaded,
+        RawSpec {
+            reads: raw_reads_n,
+            len: raw_len,
+            batches: gets.clamp(RAW_MIN, RAW_MAX),
+        },
+        quiet,
+    )? / 1e6;
+
+    let written = writes.len();
+    problems.merge(verify(&clients, &sets.loaded, writes, args.threads, quiet)?);
+    let verified = problems.count == 0;
+
+    let mops = args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
+    let p50 = latency.quantile(0.5) as f64 / 1e3;
+    let p99 = latency.quantile(0.99) as f64 / 1e3;
+    let retrains = node_after.agent.retrains - node_before.agent.retrains;
+    let model_bytes = clients[0].model_bytes();
+    let r2 = |x: f64| (x * 100.0).round() / 100.0;
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+
+    if args.json {
+        let per_kind = |f: &dyn Fn(&OpStats) -> f64| {
+            json_object(
+                KvOp::ALL
+                    .iter()
+                    .zip(&per)
+                    .map(|(k, o)| (k.name(), serde_json::json!(f(o)).to_string())),
+            )
+        };
+        let v = |x: serde_json::Value| x.to_string();
+        let line = json_object([
+            ("workload", v(args.workload.name().into())),
+            ("keys", v(sets.loaded.len().into())),
+            ("ops", v(args.ops.into())),
+            ("threads", v(args.threads.into())),
+            ("mops", v(r3(mops).into())),
+            ("p50_us", v(r2(p50).into())),
+            ("p99_us", v(r2(p99).into())),
+            ("rtt_per_op", per_kind(&|o| r3(o.rtt_per_op()))),
+            ("bytes_per_op", per_kind(&|o| r2(o.bytes_per_op()))),
+            ("leaves_per_get", v(r3(leaves_per_get).into())),
+            (
+                "retries_per_op",
+                v(r3(ratio(total_retries, total_ops)).into()),
+            ),
+            ("retrains", v(retrains.into())),
+            ("synonym_leaves", v(node_after.synonym_leaves.into())),
+            ("model_bytes", v(model_bytes.total.into())),
+            ("raw_read_mops", v(r3(raw_mops).into())),
+            ("verified", v(verified.into())),
+        ]);
+        println!("{line}");
+    } else {
+        let fabric = if args.unordered {
+            "unordered"
+        } else {
+            "ordered"
+        };
+        println!(
+            "workload        {} ({} ops, {} threads, {} client(s), θ = {})",
+            args.workload, args.ops, args.threads, args.clients, args.zipf
+        );
+        println!(
+            "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
+            sets.loaded.len(),
+            load_time.as_secs_f64(),
+            node_after.models,
+            node_after.leaves_loaded,
+            plan.total_inserts()
+        );
+        println!(
+            "fabric          loopback, {fabric}, injected RTT {} µs",
+            args.rtt_us
+        );
+        println!("per op          rtts    bytes   leaves  retries  ops");
+        for (k, o) in KvOp::ALL.iter().zip(&per) {
+            if o.ops > 0 {
+                println!(
+                    "  {:<12} {:>6.3} {:>8.1} {:>8.3} {:>8.4}  {}",
+                    k.name(),
+                    o.rtt_per_op(),
+                    o.bytes_per_op(),
+                    o.leaves_per_op(),
+                    o.retries_per_op(),
+                    o.ops
+                );
+            }
+        }
+        println!(
+            "throughput      {mops:.3} Mops/s  (raw batched reads of the same bytes: {raw_mops:.3} Mops/s, ratio {:.2})",
+            if raw_mops > 0.0 { mops / raw_mops } else { 0.0 }
+        );
+        println!("latency         p50 {p50:.2} µs   p99 {p99:.2} µs");
+        println!(
+            "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
+            node_after.synonym_leaves,
+            node_after.agent.freeze_ns_max as f64 / 1e3
+        );
+        println!(
+            "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",
+            model_bytes.total,
+            model_bytes.total as f64 * 1e6 / (sets.loaded.len() as u64 + plan.total_inserts()) as f64,
+            model_bytes.learned
+        );
+        println!(
+            "verified        {} ({written} written keys read back)",
+            if verified { "yes" } else { "NO" }
+        );
+    }
+    if !verified {
+        for p in &problems.first {
+            eprintln!("mismatch: {p}");
+        }
+        return Err(format!(
+            "verification failed: {} problem(s) in the run's answers or final state",
+            problems.count
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A JSON object with its fields in the given order (values already JSON).
+fn json_object<'a>(fields: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    let body: Vec<String> = fields
+        .into_iter()
+        .map(|(k, v)| format!("{}:{v}", serde_json::Value::from(k)))
+        .collect();
+    format!("{{{}}}", body.join(","))
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_contiguous_and_tight() {
+        let mut last = 0;
+        for v in (0..4096u64).chain([1 << 20, (1 << 40) + 12345, u64::MAX]) {
+            let i = Histogram::index(v);
+            assert!(i >= last || v > 4095);
+            last = i;
+            let mid = Histogram::value(i);
+            let err = (mid as f64 - v as f64).abs() / (v.max(1) as f64);
+            assert!(err <= 1.0 / 64.0, "{v}: bucket {i} mid {mid}");
+        }
+    }
+
+    #[test]
+    fn answers_are_checked_against_their_writers() {
+        use ycsb::{load_value, write_value};
+        let ctx = RunCtx {
+            streams: vec![
+                vec![
+                    Op::Read(5),
+                    Op::Update {
+                        key: 5,
+                        value: write_value(0, 2),
+                    },
+                ],
+                vec![Op::Insert {
+                    key: 9,
+                    value: write_value(1, 1),
+                }],
+            ],
+            epoch: Instant::now(),
+            start: Barrier::new(1),
+        };
+        assert!(ctx.value_ok(5, load_value(5)));
+        assert!(!ctx.value_ok(7, load_value(5)));
+        assert!(ctx.value_ok(5, write_value(0, 2)));
+        assert!(!ctx.value_ok(5, write_value(0, 1)), "op 1 is a read");
+        assert!(!ctx.value_ok(7, write_value(0, 2)), "written to 5, not 7");
+        assert!(ctx.value_ok(9, write_value(1, 1)));
+        assert!(!ctx.value_ok(9, write_value(2, 1)), "no thread 2");
+        assert!(!ctx.value_ok(5, 1 << 40), "sequence 0 is never written");
+        let mut p = Problems::default();
+        ctx.check_value(&mut p, "get", 5, Some(load_value(5)));
+        assert_eq!(p.count, 0);
+        ctx.check_value(&mut p, "get", 5, None);
+        ctx.check_value(&mut p, "get", 5, Some(write_value(0, 1)));
+        assert_eq!(p.count, 2);
+        for _ in 0..20 {
+            p.push(|| "x".into());
+        }
+        assert_eq!((p.count, p.first.len()), (22, KEEP_PROBLEMS));
+    }
+
+    #[test]
+    fn histogram_quantiles() {
+        let mut h = Histogram::new();
+        assert_eq!(h.quantile(0.5), 0);
+        for v in 1..=100u64 {
+            h.record(v * 1000);
+        }
+        let p50 = h.quantile(0.5) as f64;
+        let p99 = h.quantile(0.99) as f64;
+        assert!((p50 - 50_000.0).abs() / 50_000.0 < 0.02, "{p50}");
+        assert!((p99 - 99_000.0).abs() / 99_000.0 < 0.02, "{p99}");
+    }
+}

@@ -1,0 +1,223 @@
+//! `rolex bench` as a user runs it: every workload runs end to end on a
+//! small key set and verifies what it wrote; bad input gives one clear
+//! error line and a non-zero exit, never a panic. Figures are checked only
+//! where they are exact (round trips of a fresh cache), never timings.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn rolex(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rolex"))
+        .args(args)
+        .output()
+        .expect("run rolex")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rolex-cli-bench-{}-{name}", std::process::id()))
+}
+
+fn sosd(keys: &[u64]) -> Vec<u8> {
+    let mut b = (keys.len() as u64).to_le_bytes().to_vec();
+    keys.iter().for_each(|k| b.extend(k.to_le_bytes()));
+    b
+}
+
+fn assert_fails(out: &Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(stderr.contains(what), "stderr lacks {what:?}: {stderr}");
+}
+
+/// Runs a small bench and returns its JSON line, parsed, after checking
+/// that the line has exactly the promised fields in the promised order.
+fn bench_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["bench", "--threads", "2", "--json"];
+    args.extend_from_slice(extra);
+    let out = rolex(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?} failed: {stderr}");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let j: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let obj = j.as_object().expect("an object");
+    assert_eq!(obj.len(), FIELDS.len(), "{stdout}");
+    let at: Vec<usize> = FIELDS
+        .iter()
+        .map(|f| stdout.find(&format!("\"{f}\":")).expect(f))
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "field order: {stdout}");
+    j
+}
+
+const FIELDS: [&str; 16] = [
+    "workload",
+    "keys",
+    "ops",
+    "threads",
+    "mops",
+    "p50_us",
+    "p99_us",
+    "rtt_per_op",
+    "bytes_per_op",
+    "leaves_per_get",
+    "retries_per_op",
+    "retrains",
+    "synonym_leaves",
+    "model_bytes",
+    "raw_read_mops",
+    "verified",
+];
+
+#[test]
+fn every_workload_runs_and_verifies() {
+    for w in [
+        "ycsb-a",
+        "ycsb-b",
+        "ycsb-c",
+        "ycsb-d",
+        "ycsb-e",
+        "ycsb-f",
+        "insert-only",
+        "update-only",
+    ] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            "2000",
+        ]);
+        assert_eq!(j["workload"], w);
+        assert_eq!(j["keys"], 3000);
+        assert_eq!(j["ops"], 2000);
+        assert_eq!(j["verified"], true, "{w}");
+        for kind in ["get", "insert", "update", "delete", "scan"] {
+            assert!(j["rtt_per_op"][kind].is_number(), "{w}: rtt_per_op.{kind}");
+            assert!(
+                j["bytes_per_op"][kind].is_number(),
+                "{w}: bytes_per_op.{kind}"
+            );
+        }
+        assert!(j["raw_read_mops"].as_f64().unwrap() > 0.0);
+        assert!(j["model_bytes"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn read_only_gets_take_one_round_trip() {
+    let j = bench_json(&[
+        "--workload",
+        "ycsb-c",
+        "--dist",
+        "uniform",
+        "-n",
+        "5000",
+        "--ops",
+        "3000",
+        "--clients",
+        "2",
+    ]);
+    assert_eq!(j["rtt_per_op"]["get"], 1.0);
+    assert_eq!(j["retrains"], 0);
+}
+
+#[test]
+fn keys_file_and_unordered_fabric() {
+    let path = tmp("keys.sosd");
+    let keys: Vec<u64> = (0..4000u64).map(|i| i * 1000 + 7).collect();
+    std::fs::write(&path, sosd(&keys)).unwrap();
+    let p = path.to_str().unwrap();
+    // Inserts are held out of the file: 4000 − 1000 keys are loaded.
+    let j = bench_json(&[
+        "--workload",
+        "insert-only",
+        "--keys",
+        p,
+        "--ops",
+        "1000",
+        "--unordered",
+        "--leaf-slots",
+        "8",
+        "--fill",
+        "1.0",
+    ]);
+    assert_eq!(j["keys"], 3000);
+    assert_eq!(j["verified"], true);
+    // Too many inserts for the file.
+    let out = rolex(&[
+        "bench",
+        "--workload",
+        "insert-only",
+        "--keys",
+        p,
+        "--ops",
+        "4000",
+        "--threads",
+        "1",
+    ]);
+    assert_fails(&out, "inserts");
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let base = |extra: &[&str]| {
+        let mut a = vec!["bench", "--dist", "uniform", "-n", "100"];
+        a.extend_from_slice(extra);
+        rolex(&a)
+    };
+    let w = ["--workload", "ycsb-a"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--ops", "0", "--threads", "1"], "--ops"),
+        (vec!["--ops", "10", "--threads", "0"], "--threads"),
+        (
+            vec!["--ops", "10", "--threads", "1", "--fill", "0"],
+            "--fill",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--fill", "1.5"],
+            "--fill",
+        ),
+        (vec!["--ops", "10", "--threads", "1", "--zipf", "1"], "θ"),
+        (vec!["--ops", "10", "--threads", "1", "--zipf", "0"], "θ"),
+        (vec!["--ops", "10", "--threads", "1", "--zipf", "-0.5"], "θ"),
+        (
+            vec!["--ops", "10", "--threads", "1", "--clients", "2"],
+            "--clients",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--rtt-us", "-1"],
+            "--rtt-us",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--leaf-slots", "1"],
+            "--leaf-slots",
+        ),
+    ];
+    for (extra, what) in cases {
+        let mut a = w.to_vec();
+        a.extend(extra);
+        assert_fails(&base(&a), what);
+    }
+    assert_fails(
+        &base(&["--workload", "ycsb-z", "--ops", "1", "--threads", "1"]),
+        "ycsb-z",
+    );
+    assert_fails(
+        &rolex(&[
+            "bench",
+            "--workload",
+            "ycsb-c",
+            "--ops",
+            "1",
+            "--threads",
+            "1",
+        ]),
+        "--keys",
+    );
+}
