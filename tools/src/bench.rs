@@ -31,7 +31,7 @@ use clap::{ArgGroup, Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rolex_host::kv::history::{final_value_possible, TimedWrite};
 use rolex_host::kv::{
-    KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
+    AgentActivity, KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
 };
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
@@ -269,6 +269,10 @@ impl Histogram {
         }
     }
 
+    fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
     /// The `q`-quantile (0..=1), in nanoseconds; 0 when empty.
     fn quantile(&self, q: f64) -> u64 {
         let total: u64 = self.counts.iter().sum();
@@ -315,6 +319,10 @@ impl Problems {
 /// What one run thread hands back.
 struct ThreadOut {
     latency: Histogram,
+    /// Insert latencies while the retraining agent was working (sampled
+    /// before and after the insert) and while it was not.
+    insert_retraining: Histogram,
+    insert_quiet: Histogram,
     /// Per key, this thread's last write (its writes never overlap, so the
     /// earlier ones cannot be the final value).
     writes: HashMap<u64, TimedWrite>,
@@ -336,6 +344,8 @@ struct RunCtx {
     epoch: Instant,
     /// Releases the threads together.
     start: Barrier,
+    /// Whether the memory node is retraining (splits insert latencies).
+    activity: Option<AgentActivity>,
 }
 
 impl RunCtx {
@@ -388,6 +398,8 @@ fn run_thread(
     let mut session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
     let mut out = ThreadOut {
         latency: Histogram::new(),
+        insert_retraining: Histogram::new(),
+        insert_quiet: Histogram::new(),
         writes: HashMap::new(),
         problems: Problems::default(),
         gets: 0,
@@ -433,9 +445,18 @@ fn run_thread(
                 Some((key, value))
             }
             Op::Insert { key, value } => {
+                let busy = || ctx.activity.as_ref().is_some_and(|a| a.busy());
+                let before = busy();
+                let start = now();
                 let prior = session
                     .insert(key, value)
                     .map_err(|e| format!("insert {key}: {e}"))?;
+                let took = now() - start;
+                if before || busy() {
+                    out.insert_retraining.record(took);
+                } else {
+                    out.insert_quiet.record(took);
+                }
                 if let Some(v) = prior {
                     p.push(|| format!("insert of new key {key} found it present with {v}"));
                 }
@@ -779,6 +800,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         streams,
         epoch: Instant::now(),
         start: Barrier::new(args.threads),
+        activity: Some(node.activity()),
     };
     let outs = with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
         run_thread(&clients[t % clients.len()], &ctx, t, done, abort)
@@ -790,11 +812,15 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let node_after = node.stats();
 
     let mut latency = Histogram::new();
+    let mut insert_retraining = Histogram::new();
+    let mut insert_quiet = Histogram::new();
     let mut writes: HashMap<u64, Vec<TimedWrite>> = HashMap::new();
     let mut problems = Problems::default();
     let mut gets = 0;
     for o in outs {
         latency.merge(&o.latency);
+        insert_retraining.merge(&o.insert_retraining);
+        insert_quiet.merge(&o.insert_quiet);
         for (k, w) in o.writes {
             writes.entry(k).or_default().push(w);
         }
@@ -919,6 +945,19 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             if raw_mops > 0.0 { mops / raw_mops } else { 0.0 }
         );
         println!("latency         p50 {p50:.2} µs   p99 {p99:.2} µs");
+        for (h, when) in [
+            (&insert_quiet, "agent idle"),
+            (&insert_retraining, "agent retraining"),
+        ] {
+            if h.count() > 0 {
+                println!(
+                    "  insert, {when:<17} p50 {:.2} µs   p99 {:.2} µs   ({} inserts)",
+                    h.quantile(0.5) as f64 / 1e3,
+                    h.quantile(0.99) as f64 / 1e3,
+                    h.count()
+                );
+            }
+        }
         println!(
             "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
             node_after.synonym_leaves,
@@ -1001,6 +1040,7 @@ mod tests {
             ],
             epoch: Instant::now(),
             start: Barrier::new(1),
+            activity: None,
         };
         assert!(ctx.value_ok(5, load_value(5)));
         assert!(!ctx.value_ok(7, load_value(5)));

@@ -195,6 +195,24 @@ struct NodeShared {
     agent: Mutex<Agent<HostPool>>,
     stop: AtomicBool,
     errors: Mutex<(u64, Option<AgentError>)>,
+    /// True while the retraining thread is inside one agent step.
+    busy: AtomicBool,
+}
+
+/// A cheap, cloneable view of whether the memory node's retraining thread
+/// is working right now, for benchmarks that split client latencies by it.
+///
+/// It is true during every agent step, including the short steps that find
+/// the CirQ empty (microseconds, at most every `idle_park`), so it slightly
+/// over-reports activity; it never under-reports a retraining.
+#[derive(Clone)]
+pub struct AgentActivity(Arc<NodeShared>);
+
+impl AgentActivity {
+    /// Whether the retraining thread is inside an agent step now.
+    pub fn busy(&self) -> bool {
+        self.0.busy.load(SeqCst)
+    }
 }
 
 /// The memory node: engine, pool and retraining agent (see the module
@@ -290,6 +308,7 @@ impl MemoryNode {
             agent: Mutex::new(agent),
             stop: AtomicBool::new(false),
             errors: Mutex::new((0, None)),
+            busy: AtomicBool::new(false),
         });
         let thread = if cfg.retraining_thread {
             let s = shared.clone();
@@ -373,6 +392,11 @@ impl MemoryNode {
         }
     }
 
+    /// A view of the retraining thread's activity (see [`AgentActivity`]).
+    pub fn activity(&self) -> AgentActivity {
+        AgentActivity(self.shared.clone())
+    }
+
     /// The last error the retraining thread met, if any.
     pub fn last_agent_error(&self) -> Option<AgentError> {
         self.shared
@@ -423,7 +447,9 @@ impl MemoryNode {
 fn retrain_loop(s: &NodeShared, park: Duration) {
     let mut nap = Duration::from_micros(100);
     while !s.stop.load(SeqCst) {
+        s.busy.store(true, SeqCst);
         let r = s.agent.lock().unwrap_or_else(|e| e.into_inner()).poll();
+        s.busy.store(false, SeqCst);
         match r {
             Ok(Some(_)) => {
                 nap = Duration::from_micros(100);

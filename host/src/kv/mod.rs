@@ -23,7 +23,9 @@ pub mod stats;
 
 pub use client::{KvClient, KvClientConfig};
 pub use error::KvError;
-pub use memnode::{HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats, PoolInfo};
+pub use memnode::{
+    AgentActivity, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats, PoolInfo,
+};
 pub use rolex_dpu::{AgentError, AgentStats, Prepared, RetrainReport};
 pub use session::KvSession;
 pub use stats::{KvOp, KvStats, ModelBytes, OpStats};
