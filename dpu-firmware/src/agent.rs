@@ -39,10 +39,10 @@
 //! headers itself, so a lost enqueue or a lower trigger still works), and
 //! retrains the one whose SLT is fullest first.
 
-use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
-use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
+use rolex_core::entry::{LtEntry, SltHeader};
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -50,6 +50,7 @@ use rolex_core::layout::{
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{AgentError, Inconsistency};
+use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
 use crate::train::fit_model;
@@ -97,7 +98,46 @@ pub struct AgentStats {
     pub failures: u64,
     /// Bytes of the model region used by records so far.
     pub model_region_used: u64,
+    /// CirQ entries that named no model of the directory (skipped, and
+    /// reported as a [`Notice`]).
+    pub cirq_unknown: u64,
+    /// Every freeze time, in nanoseconds (p50/p99/max).
+    pub freeze_hist: Histogram,
 }
+
+/// Something the agent met and skipped, for its driver to log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Notice {
+    /// A CirQ entry named a model the directory does not have; it was
+    /// consumed and nothing else was touched.
+    UnknownModel {
+        /// The id the entry named.
+        model_id: u64,
+        /// Its CirQ ticket.
+        ticket: u64,
+        /// Models the directory has.
+        models: u64,
+    },
+}
+
+impl core::fmt::Display for Notice {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Self::UnknownModel {
+                model_id,
+                ticket,
+                models,
+            } => write!(
+                f,
+                "CirQ ticket {ticket} names model {model_id}, but the directory has {models} models: skipped"
+            ),
+        }
+    }
+}
+
+/// Notices kept until the driver takes them (older ones are dropped).
+const MAX_NOTICES: usize = 64;
 
 /// What one retraining did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +198,7 @@ pub struct Agent<M: PoolMemory> {
     pending: BTreeSet<u64>,
     stats: AgentStats,
     buf: Vec<u8>,
+    notices: alloc::collections::VecDeque<Notice>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -190,6 +231,7 @@ impl<M: PoolMemory> Agent<M> {
             pending: BTreeSet::new(),
             stats: AgentStats::default(),
             buf: leaf_buffer(&region),
+            notices: alloc::collections::VecDeque::new(),
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
@@ -214,6 +256,36 @@ impl<M: PoolMemory> Agent<M> {
     /// Statistics so far.
     pub fn stats(&self) -> AgentStats {
         self.stats
+    }
+
+    /// The first model-region byte no record uses (where the next record
+    /// goes); a restarted agent attaches with it.
+    pub fn next_free(&self) -> u64 {
+        self.next_free
+    }
+
+    /// The oldest notice not taken yet.
+    pub fn take_notice(&mut self) -> Option<Notice> {
+        self.notices.pop_front()
+    }
+
+    /// Checks that the pool still carries this agent's magic and layout
+    /// version (two word loads): a pool overwritten or reformatted under
+    /// the agent is refused before anything is written.
+    pub fn check_pool(&self) -> Result<(), AgentError> {
+        let magic = self.mem.load(0)?;
+        if magic != rolex_core::layout::MAGIC {
+            return Err(AgentError::Layout(
+                rolex_core::layout::LayoutError::BadMagic { found: magic },
+            ));
+        }
+        let version = self.mem.load(8)? as u32;
+        if version != rolex_core::layout::LAYOUT_VERSION {
+            return Err(AgentError::Layout(
+                rolex_core::layout::LayoutError::UnsupportedVersion { found: version },
+            ));
+        }
+        Ok(())
     }
 
     /// The current record offset of every model.
@@ -258,6 +330,16 @@ impl<M: PoolMemory> Agent<M> {
                     self.stats.cirq_pops += 1;
                     if (model_id as usize) < self.records.len() {
                         self.pending.insert(model_id);
+                    } else {
+                        self.stats.cirq_unknown += 1;
+                        if self.notices.len() == MAX_NOTICES {
+                            self.notices.pop_front();
+                        }
+                        self.notices.push_back(Notice::UnknownModel {
+                            model_id,
+                            ticket: head,
+                            models: self.records.len() as u64,
+                        });
                     }
                 }
             }
@@ -268,6 +350,7 @@ impl<M: PoolMemory> Agent<M> {
     /// is fullest among those due, and retrains it. `Ok(None)`: nothing was
     /// due.
     pub fn poll(&mut self) -> Result<Option<RetrainReport>, AgentError> {
+        self.check_pool()?;
         self.drain_cirq()?;
         let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
         let mut best: Option<(u64, u64)> = None;
@@ -302,6 +385,7 @@ impl<M: PoolMemory> Agent<M> {
 
     /// Step 1: walks the model unlocked and fits new segments.
     pub fn prepare(&mut self, model_id: u64) -> Result<Prepared, AgentError> {
+        self.check_pool()?;
         let record_at = *self
             .records
             .get(model_id as usize)
@@ -327,6 +411,7 @@ impl<M: PoolMemory> Agent<M> {
     /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
     /// clear links, unlock.
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
+        self.check_pool()?;
         let model_id = p.model_id;
         let at = p.record_at;
         if self.records.get(model_id as usize) != Some(&at) {
@@ -385,6 +470,7 @@ impl<M: PoolMemory> Agent<M> {
                 s.synonyms_absorbed += report.synonyms_absorbed;
                 s.freeze_ns_total += report.freeze_ns;
                 s.freeze_ns_max = s.freeze_ns_max.max(report.freeze_ns);
+                s.freeze_hist.record(report.freeze_ns);
                 s.model_region_used = self.next_free - self.sb.model_region_offset();
                 Ok(report)
             }
@@ -411,17 +497,29 @@ impl<M: PoolMemory> Agent<M> {
         // always rewrites the split leaf's `next` to a leaf number never
         // used before; so a prepared leaf whose `next` word is unchanged is
         // unchanged in everything the new record needs (its fences and
-        // links). Re-walking with one word load per such leaf, and a full
-        // read only of split or new leaves, keeps the freeze short.
-        let known: BTreeMap<LeafAddr, LeafInfo> = p.leaves.iter().map(|l| (l.addr, *l)).collect();
-        let mut leaves = Vec::with_capacity(p.leaves.len());
+        // links). Data never moves, so the prepared leaves appear in the
+        // same order in this walk, with new leaves between them: a cursor
+        // into the prepared list (no map to build under the freeze) finds
+        // each, and only split or new leaves are read in full.
+        let mut leaves = Vec::with_capacity(p.leaves.len() + 16);
+        let mut cursor = 0usize;
         for j in 0..r.leaf_count() {
             let mut addr = LtEntry::from_raw(self.mem.load(r.lt_entry_offset(j)?)?).addr();
             let mut hops = 0u64;
             loop {
-                let at = self.region.leaf_offset(addr)? + Leaf::NEXT_OFFSET as u64;
-                let info = match known.get(&addr) {
-                    Some(k) if self.mem.load(at)? == k.next.raw() => *k,
+                let known = p.leaves.get(cursor).filter(|k| k.addr == addr);
+                if known.is_some() {
+                    cursor += 1;
+                }
+                let info = match known {
+                    Some(k)
+                        if self
+                            .mem
+                            .load(self.region.leaf_offset(addr)? + Leaf::NEXT_OFFSET as u64)?
+                            == k.next.raw() =>
+                    {
+                        *k
+                    }
                     _ => read_leaf(&self.mem, &self.region, addr, &mut self.buf)?,
                 };
                 leaves.push(info);

@@ -15,6 +15,7 @@
 //! - [`bulk`] — laying out and bulk-loading a fresh pool.
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
 //! - [`agent`] — the retraining service, [`Agent`].
+//! - [`histogram`] — [`Histogram`], the freeze-time histogram.
 //! - [`error`] — [`AgentError`].
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -25,13 +26,15 @@ extern crate alloc;
 pub mod agent;
 pub mod bulk;
 pub mod error;
+pub mod histogram;
 pub mod leaves;
 pub mod memory;
 pub mod train;
 
-pub use agent::{Agent, AgentConfig, AgentStats, Prepared, RetrainReport};
+pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency};
+pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory};
 
 /// The pool layout version this agent understands (the superblock's).

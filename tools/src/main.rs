@@ -4,6 +4,8 @@
 //! `error: …` line and exits non-zero: bad input never panics.
 mod bench;
 mod dataset;
+mod inspect;
+mod memnode;
 mod plr;
 mod te_bench;
 mod ycsb;
@@ -33,6 +35,13 @@ enum Command {
     /// throughput and latency beside the fabric's raw read rate; every
     /// written key is read back and checked.
     Bench(bench::BenchArgs),
+    /// Run a memory node with its retraining agent pinned to a core budget
+    /// and report retrainings, keys retrained per second, model freeze
+    /// times (p50/p99/max) and the agent's CPU time.
+    Memnode(memnode::MemnodeArgs),
+    /// Print a file-backed pool's agent state, superblock and models, and
+    /// decode the agent's log ring (`--log`, with the firmware image's ELF).
+    Inspect(inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +50,8 @@ fn main() -> ExitCode {
         Command::Plr(args) => plr::run(args),
         Command::TeBench(args) => te_bench::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Memnode(args) => memnode::run(args),
+        Command::Inspect(args) => inspect::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,12 +21,17 @@
 //! 8-byte-aligned pool offset (the superblock check enforces region
 //! alignment; every type's size is a multiple of 8).
 
+mod agent_area;
 mod cirq;
 mod leaf;
 mod leaf_region;
 mod model_record;
 mod superblock;
 
+pub use agent_area::{
+    log_record_size, log_ring_index, AgentArea, AgentAreaError, AgentState, LogRecord, LogRecords,
+    AGENT_AREA_VERSION, AGENT_MAGIC,
+};
 pub use cirq::{CirqError, CirqHeader, Pop};
 pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};

@@ -6,13 +6,24 @@
 //! the very `AtomicU64` words the loopback NIC's remote `CAS`/`FAA` use, so
 //! the agent's freeze races correctly with compute nodes' locks. The thread
 //! never sits on the data path: compute nodes only use one-sided verbs.
+//!
+//! The retraining thread runs on a core budget ([`MemoryNodeConfig::cores`]:
+//! it is pinned to that many CPUs) and its CPU time is measured with the
+//! thread CPU clock. With [`MemoryNodeConfig::pool_file`] the pool lives in
+//! a shared file mapping behind an agent area
+//! (`rolex_core::layout::AgentArea`), so another process — the freestanding
+//! firmware image — can serve the very pool this node registered: start it
+//! with `retraining_thread: false`, hand the image the file, and stop it
+//! with [`MemoryNode::stop_external_agent`].
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rolex_core::layout::{ModelRecord, LAYOUT_VERSION};
+use rolex_core::layout::{AgentArea, ModelRecord, LAYOUT_VERSION};
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
     Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
@@ -55,6 +66,16 @@ pub struct MemoryNodeConfig {
     pub retraining_thread: bool,
     /// Longest park of the idle retraining thread.
     pub idle_park: Duration,
+    /// CPUs the retraining thread may run on (the core budget, at least
+    /// 1): it is pinned to the last `cores` CPUs the process may use (all
+    /// of them if there are fewer).
+    pub cores: usize,
+    /// Lay the pool out in this file (created or truncated), mapped shared,
+    /// behind an agent area, instead of in engine-owned memory (see the
+    /// module docs). `None`: engine memory.
+    pub pool_file: Option<PathBuf>,
+    /// Bytes of the agent area's log ring when `pool_file` is set.
+    pub log_capacity: u64,
 }
 
 impl Default for MemoryNodeConfig {
@@ -70,6 +91,9 @@ impl Default for MemoryNodeConfig {
             retrain_trigger: 128,
             retraining_thread: true,
             idle_park: Duration::from_millis(2),
+            cores: 1,
+            pool_file: None,
+            log_capacity: 64 << 10,
         }
     }
 }
@@ -105,6 +129,14 @@ pub struct MemoryNodeStats {
     pub pool_bytes: u64,
     /// Retrainings that failed (the last error is kept by the node).
     pub agent_errors: u64,
+    /// CPU time of the retraining thread so far, in nanoseconds (the
+    /// thread CPU clock; 0 without a thread).
+    pub agent_cpu_ns: u64,
+    /// Wall time the thread spent in steps that retrained a model, in
+    /// nanoseconds (keys retrained per second = keys / this).
+    pub retrain_busy_ns: u64,
+    /// CPUs the retraining thread was pinned to (0: not pinned).
+    pub pinned_cores: u64,
 }
 
 /// [`PoolMemory`] over a registered region (see the module docs).
@@ -114,6 +146,15 @@ pub struct HostPool {
 }
 
 impl HostPool {
+    /// The pool over a registered region (for tools and tests that bulk
+    /// load or inspect a pool themselves).
+    pub fn new(mr: MrHandle) -> Self {
+        Self {
+            mr,
+            epoch: Instant::now(),
+        }
+    }
+
     fn word<T>(
         &self,
         offset: u64,
@@ -179,8 +220,10 @@ impl PoolMemory for HostPool {
         self.word(offset, |w| w.fetch_add(add, SeqCst))
     }
     fn relax(&self, attempt: u32) {
-        // Writers hold locks for microseconds; yield first, then nap.
-        if attempt < 8 {
+        // Writers hold locks for microseconds and the agent may be waiting
+        // under a freeze: yield for a good while before napping (a nap
+        // costs at least the timer slack, tens of microseconds).
+        if attempt < 256 {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(u64::from(attempt.min(1000))));
@@ -197,6 +240,120 @@ struct NodeShared {
     errors: Mutex<(u64, Option<AgentError>)>,
     /// True while the retraining thread is inside one agent step.
     busy: AtomicBool,
+    /// The thread's CPU time, ns (updated after each step).
+    cpu_ns: AtomicU64,
+    /// Wall time of steps that retrained, ns.
+    retrain_ns: AtomicU64,
+    /// CPUs the thread is pinned to.
+    pinned: AtomicU64,
+    /// Notices the agent met (unknown CirQ models), kept for the driver.
+    notices: Mutex<Vec<rolex_dpu::Notice>>,
+}
+
+/// Notices the node keeps for [`MemoryNode::take_notices`].
+const MAX_NOTICES: usize = 1024;
+
+/// A file mapped shared, read-write; unmapped on drop.
+struct FileMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; the pointer is only used to
+// register it with the engine and to unmap it once, on drop.
+unsafe impl Send for FileMapping {}
+// SAFETY: as for `Send`: `&FileMapping` gives no access to the memory.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    fn create(path: &Path, len: u64) -> Result<Self, KvError> {
+        let bad = |reason| KvError::BadConfig {
+            field: "pool_file",
+            reason,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|_| bad("the file cannot be created"))?;
+        file.set_len(len)
+            .map_err(|_| bad("the file cannot be sized"))?;
+        let n = usize::try_from(len).map_err(|_| bad("too large to map"))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of our own open file at an address
+        // the kernel picks; it aliases no Rust object. The file may be
+        // closed afterwards: the mapping keeps it referenced.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(bad("mmap failed"));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(bad("mmap returned null"))?;
+        Ok(Self { ptr, len: n })
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; dropped after
+        // the engine that registered it (field order in `MemoryNode`), so
+        // nothing touches the memory any more.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Pins the calling thread to the last `k` CPUs it may run on; returns how
+/// many it is pinned to (0 if pinning failed: an optimisation only).
+fn pin_to_cores(k: usize) -> u64 {
+    // SAFETY: `cpu_set_t` is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of `size` bytes; pid 0
+    // is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return 0;
+    }
+    // SAFETY: `CPU_ISSET` reads `set` at indices below its bit size.
+    let allowed: Vec<usize> = (0..8 * size)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    let chosen = &allowed[allowed.len().saturating_sub(k.max(1))..];
+    // SAFETY: as above, all-zero is the empty set.
+    let mut mine: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in chosen {
+        // SAFETY: `c < 8 * size`, inside the set.
+        unsafe { libc::CPU_SET(c, &mut mine) };
+    }
+    // SAFETY: `mine` is a valid `cpu_set_t` of `size` bytes.
+    if chosen.is_empty() || unsafe { libc::sched_setaffinity(0, size, &mine) } != 0 {
+        return 0;
+    }
+    chosen.len() as u64
 }
 
 /// A cheap, cloneable view of whether the memory node's retraining thread
@@ -227,8 +384,13 @@ pub struct MemoryNode {
     leaves_loaded: u64,
     leaf_capacity: u64,
     alloc_num_offset: u64,
-    // Last: dropped after the thread is joined.
+    /// The agent area of a file-backed pool: its handle (registered for
+    /// local access only) and its path.
+    area: Option<(MrHandle, PathBuf)>,
+    // Dropped after the thread is joined.
     engine: TransferEngine,
+    // Last: unmapped after the engine let go of it.
+    _mapping: Option<FileMapping>,
 }
 
 impl std::fmt::Debug for MemoryNode {
@@ -288,13 +450,43 @@ impl MemoryNode {
             | Access::REMOTE_READ
             | Access::REMOTE_WRITE
             | Access::REMOTE_ATOMIC;
-        let (mr, desc) = engine
-            .alloc_mr(plan.pool_size(), access)
-            .map_err(transfer("registering the pool"))?;
-        let pool = HostPool {
-            mr: mr.clone(),
-            epoch: Instant::now(),
+        let mut mapping = None;
+        let mut area = None;
+        let (mr, desc) = match &cfg.pool_file {
+            None => engine
+                .alloc_mr(plan.pool_size(), access)
+                .map_err(transfer("registering the pool"))?,
+            Some(path) => {
+                let bad = |reason| KvError::BadConfig {
+                    field: "log_capacity",
+                    reason,
+                };
+                let at = AgentArea::pool_offset_for(cfg.log_capacity).ok_or(bad("too large"))?;
+                let total = at.checked_add(plan.pool_size()).ok_or(bad("too large"))?;
+                let m = FileMapping::create(path, total)?;
+                let base = m.ptr;
+                mapping = Some(m);
+                // SAFETY: `[base, base + at)` and `[base + at, base +
+                // total)` lie in the mapping, which stays mapped until
+                // `_mapping` drops after the engine (field order), i.e.
+                // after every registration is gone. Nothing holds Rust
+                // references into it: all access goes through the engine.
+                let (am, _) = unsafe { engine.reg_mr(base, at, Access::LOCAL_WRITE) }
+                    .map_err(transfer("registering the agent area"))?;
+                // SAFETY: as above; `at < total` so the pointer is inside.
+                let pool_ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(at as usize)) };
+                // SAFETY: as above.
+                let r = unsafe { engine.reg_mr(pool_ptr, plan.pool_size(), access) }
+                    .map_err(transfer("registering the pool"))?;
+                let header =
+                    AgentArea::new(plan.next_free(), cfg.retrain_trigger, cfg.log_capacity);
+                am.write(0, zerocopy::IntoBytes::as_bytes(&header))
+                    .map_err(transfer("writing the agent area"))?;
+                area = Some((am, path.clone()));
+                r
+            }
         };
+        let pool = HostPool::new(mr.clone());
         plan.write(&pool, pairs)?;
         let agent = Agent::attach(
             pool,
@@ -309,14 +501,22 @@ impl MemoryNode {
             stop: AtomicBool::new(false),
             errors: Mutex::new((0, None)),
             busy: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            retrain_ns: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
+            notices: Mutex::new(Vec::new()),
         });
         let thread = if cfg.retraining_thread {
             let s = shared.clone();
             let park = cfg.idle_park;
+            let cores = cfg.cores;
             Some(
                 std::thread::Builder::new()
                     .name("rolex-memnode-retrain".into())
-                    .spawn(move || retrain_loop(&s, park))
+                    .spawn(move || {
+                        s.pinned.store(pin_to_cores(cores), SeqCst);
+                        retrain_loop(&s, park)
+                    })
                     .map_err(|_| KvError::BadConfig {
                         field: "retraining_thread",
                         reason: "the thread could not be spawned",
@@ -335,8 +535,51 @@ impl MemoryNode {
             leaves_loaded: plan.leaf_count(),
             leaf_capacity: region.capacity(),
             alloc_num_offset: region.alloc_num_offset(),
+            area,
             engine,
+            _mapping: mapping,
         })
+    }
+
+    /// The pool file and its agent area's header, for a file-backed pool.
+    pub fn agent_area(&self) -> Option<(PathBuf, AgentArea)> {
+        let (mr, path) = self.area.as_ref()?;
+        let bytes = mr.to_vec(0, AgentArea::SIZE as usize).ok()?;
+        let header = AgentArea::read(&bytes).ok()?;
+        Some((path.clone(), header))
+    }
+
+    /// The whole agent area (header and log ring) of a file-backed pool.
+    pub fn agent_area_bytes(&self) -> Option<Vec<u8>> {
+        let (mr, _) = self.area.as_ref()?;
+        mr.to_vec(0, mr.len() as usize).ok()
+    }
+
+    /// Asks an external agent serving a file-backed pool to stop after its
+    /// current step (it publishes the stopped state when it has).
+    pub fn stop_external_agent(&self) -> Result<(), KvError> {
+        let (mr, _) = self.area.as_ref().ok_or(KvError::BadConfig {
+            field: "pool_file",
+            reason: "the pool is not file-backed",
+        })?;
+        mr.store_u64(AgentArea::COMMAND_OFFSET, AgentArea::STOP)
+            .map_err(transfer("writing the agent area"))
+    }
+
+    /// Notices the agent met so far (CirQ entries naming no model), taken.
+    pub fn take_notices(&self) -> Vec<rolex_dpu::Notice> {
+        let mut a = self.agent();
+        let mut out = std::mem::take(
+            &mut *self
+                .shared
+                .notices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        while let Some(n) = a.take_notice() {
+            out.push(n);
+        }
+        out
     }
 
     /// What compute nodes connect with.
@@ -389,6 +632,9 @@ impl MemoryNode {
             leaf_capacity: self.leaf_capacity,
             pool_bytes: self.mr.len(),
             agent_errors: errors,
+            agent_cpu_ns: self.shared.cpu_ns.load(SeqCst),
+            retrain_busy_ns: self.shared.retrain_ns.load(SeqCst),
+            pinned_cores: self.shared.pinned.load(SeqCst),
         }
     }
 
@@ -448,8 +694,28 @@ fn retrain_loop(s: &NodeShared, park: Duration) {
     let mut nap = Duration::from_micros(100);
     while !s.stop.load(SeqCst) {
         s.busy.store(true, SeqCst);
-        let r = s.agent.lock().unwrap_or_else(|e| e.into_inner()).poll();
+        let t0 = Instant::now();
+        let r = {
+            let mut a = s.agent.lock().unwrap_or_else(|e| e.into_inner());
+            let r = a.poll();
+            let mut kept = None;
+            while let Some(n) = a.take_notice() {
+                let g =
+                    kept.get_or_insert_with(|| s.notices.lock().unwrap_or_else(|e| e.into_inner()));
+                // Bounded: a driver that never takes notices keeps the newest.
+                if g.len() >= MAX_NOTICES {
+                    g.remove(0);
+                }
+                g.push(n);
+            }
+            r
+        };
         s.busy.store(false, SeqCst);
+        if matches!(r, Ok(Some(_))) {
+            s.retrain_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, SeqCst);
+        }
+        s.cpu_ns.store(thread_cpu_ns(), SeqCst);
         match r {
             Ok(Some(_)) => {
                 nap = Duration::from_micros(100);

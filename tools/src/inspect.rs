@@ -1,0 +1,534 @@
+//! `rolex inspect`: reads a file-backed memory-node pool (agent area, then
+//! pool; see `rolex_core::layout::AgentArea`) and prints the agent's state
+//! and counters, the pool's superblock and models, and with `--log` the
+//! agent's log ring decoded.
+//!
+//! Log records are defmt frames in defmt's raw encoding (the firmware
+//! image's logger writes them whole, one per ring record): a `u16` index of
+//! an interned format string, the timestamp's arguments, then the
+//! message's. The strings are the names of the symbols in the image's
+//! `.defmt` section (JSON objects whose `data` is the format string and
+//! whose address is the index), so the decoder reads the image's ELF
+//! symbol table itself. It supports the parameter kinds the image logs
+//! (`{=u8}` … `{=u64}`, `{=i8}` … `{=i64}`, `{=usize}`, `{=bool}`,
+//! `{=str}`, `{=istr}`, `{=f32}`, `{=f64}`, `{=char}`, with optional
+//! display hints); a frame with anything else is printed as raw bytes.
+//! Nothing read from the files can make it panic: bad input is an error
+//! naming what was wrong.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::Args;
+use rolex_core::layout::{AgentArea, AgentAreaError, ModelRecord, ModelState, Superblock};
+
+/// Arguments of `rolex inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The pool file (agent area, then pool), e.g. one `rolex memnode
+    /// --pool-file` or the firmware test laid out.
+    pool_file: PathBuf,
+    /// Decode and print the agent's log ring.
+    #[arg(long)]
+    log: bool,
+    /// The firmware image whose defmt strings decode the log (the path
+    /// `tools/firmware` prints); without it records are printed raw.
+    #[arg(long, value_name = "ELF")]
+    elf: Option<PathBuf>,
+    /// Also list every model's directory entry and record state.
+    #[arg(long)]
+    models: bool,
+}
+
+/// What `rolex inspect` could not read.
+#[derive(Debug)]
+pub enum InspectError {
+    /// A file could not be read.
+    Io {
+        /// Which file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The agent area is malformed.
+    Area(AgentAreaError),
+    /// The pool's superblock or a record is malformed.
+    Layout(rolex_core::layout::LayoutError),
+    /// The ELF is not one the decoder understands.
+    Elf(&'static str),
+    /// A defmt symbol's JSON does not parse.
+    Symbol(String),
+    /// A log frame does not decode.
+    Frame(String),
+}
+
+impl fmt::Display for InspectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io { path, error } => write!(f, "{}: {error}", path.display()),
+            Self::Area(e) => write!(f, "agent area: {e}"),
+            Self::Layout(e) => write!(f, "pool: {e}"),
+            Self::Elf(what) => write!(f, "firmware ELF: {what}"),
+            Self::Symbol(what) => write!(f, "defmt symbol: {what}"),
+            Self::Frame(what) => write!(f, "log frame: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for InspectError {}
+
+/// Runs `rolex inspect`.
+pub fn run(args: InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let bytes = std::fs::read(&args.pool_file).map_err(|error| InspectError::Io {
+        path: args.pool_file.clone(),
+        error,
+    })?;
+    let area = AgentArea::read(&bytes).map_err(InspectError::Area)?;
+    println!(
+        "agent: {} (command {}), {} polls, {} retrains, {} keys retrained, freeze max {} ns, total {} ns, {} failures, {} CirQ entries skipped, cpu {:.3} s",
+        area.state(),
+        if area.command() == AgentArea::STOP { "stop" } else { "serve" },
+        area.polls(),
+        area.retrains(),
+        area.keys_retrained(),
+        area.freeze_ns_max(),
+        area.freeze_ns_total(),
+        area.failures(),
+        area.skipped(),
+        area.cpu_ns() as f64 / 1e9,
+    );
+    let pool_at = area
+        .pool_offset()
+        .filter(|&at| at <= bytes.len() as u64)
+        .ok_or(InspectError::Area(AgentAreaError::TooShort {
+            needed: area.len(),
+            found: bytes.len() as u64,
+        }))?;
+    let pool = &bytes[pool_at as usize..];
+    match Superblock::read(pool) {
+        Ok(sb) => {
+            println!(
+                "pool: {} bytes, layout version {}, {} models, L = {}, {} keys per leaf at load, next record at {}",
+                sb.pool_size(),
+                rolex_core::layout::LAYOUT_VERSION,
+                sb.model_count(),
+                sb.leaf_slots(),
+                sb.keys_per_leaf(),
+                area.next_free()
+            );
+            if args.models {
+                print_models(pool, &sb)?;
+            }
+        }
+        Err(e) => println!("pool: refused: {e}"),
+    }
+    if args.log {
+        let table = match &args.elf {
+            Some(path) => {
+                let elf = std::fs::read(path).map_err(|error| InspectError::Io {
+                    path: path.clone(),
+                    error,
+                })?;
+                Some(Table::from_elf(&elf)?)
+            }
+            None => None,
+        };
+        let ring = &bytes[AgentArea::SIZE as usize..];
+        for line in decode_log(&area, ring, table.as_ref())? {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
+fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
+    for m in 0..sb.model_count() {
+        let at = sb.directory_entry_offset(m).map_err(InspectError::Layout)?;
+        let word = read_u64(pool, at).ok_or(InspectError::Layout(
+            rolex_core::layout::LayoutError::TooShort {
+                part: rolex_core::layout::Part::Directory,
+                needed: at + 8,
+                found: pool.len() as u64,
+            },
+        ))?;
+        let rec = pool
+            .get(word as usize..)
+            .ok_or(InspectError::Elf("directory word outside the pool"))
+            .and_then(|b| ModelRecord::read(b).map_err(InspectError::Layout));
+        match rec {
+            Ok(r) => {
+                let state: ModelState = r.state();
+                println!(
+                    "model {m}: record {word}, generation {}, {} leaves, keys [{:#x}, {:#x}]{}",
+                    state.generation(),
+                    r.leaf_count(),
+                    r.first_key(),
+                    r.key_hi(),
+                    if state.is_frozen() { ", frozen" } else { "" }
+                );
+            }
+            Err(e) => println!("model {m}: record {word}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn read_u64(b: &[u8], at: u64) -> Option<u64> {
+    let s = b.get(at as usize..at as usize + 8)?;
+    Some(u64::from_le_bytes(s.try_into().ok()?))
+}
+
+/// The log ring's records, one line each (decoded if a table is given).
+pub fn decode_log(
+    area: &AgentArea,
+    ring: &[u8],
+    table: Option<&Table>,
+) -> Result<Vec<String>, InspectError> {
+    let mut it = area.records(ring).map_err(InspectError::Area)?;
+    let mut out = Vec::new();
+    loop {
+        match it.next_record() {
+            Ok(Some(r)) => out.push({
+                let rec = [r.first, r.second].concat();
+                match table {
+                    Some(t) => t
+                        .decode(&rec)
+                        .unwrap_or_else(|e| format!("(undecodable: {e}) {:02x?}", &rec[..])),
+                    None => format!("{:02x?}", &rec[..]),
+                }
+            }),
+            Ok(None) => return Ok(out),
+            Err(e) => {
+                out.push(format!("(ring: {e})"));
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// One interned defmt string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    /// `defmt_info`, `defmt_error`, `defmt_timestamp`, `defmt_str`, …
+    tag: String,
+    /// The format string.
+    data: String,
+}
+
+/// The interned strings of a firmware image, by index.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    entries: BTreeMap<u16, Entry>,
+    timestamp: Option<String>,
+}
+
+fn le<const N: usize>(b: &[u8], at: usize) -> Result<[u8; N], InspectError> {
+    b.get(at..at + N)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(InspectError::Elf("truncated"))
+}
+
+impl Table {
+    /// Reads the `.defmt` symbols of a little-endian ELF64 file.
+    pub fn from_elf(elf: &[u8]) -> Result<Self, InspectError> {
+        if elf.get(..4) != Some(b"\x7fELF") {
+            return Err(InspectError::Elf("not an ELF file"));
+        }
+        if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+            return Err(InspectError::Elf("not a little-endian 64-bit ELF"));
+        }
+        let shoff = u64::from_le_bytes(le(elf, 0x28)?) as usize;
+        let shentsize = u16::from_le_bytes(le(elf, 0x3a)?) as usize;
+        let shnum = u16::from_le_bytes(le(elf, 0x3c)?) as usize;
+        let shstrndx = u16::from_le_bytes(le(elf, 0x3e)?) as usize;
+        if shentsize < 64 {
+            return Err(InspectError::Elf("section headers too small"));
+        }
+        struct Sh {
+            name: u32,
+            kind: u32,
+            offset: usize,
+            size: usize,
+            link: u32,
+        }
+        let mut shs = Vec::with_capacity(shnum);
+        for i in 0..shnum {
+            let at = shoff
+                .checked_add(i * shentsize)
+                .ok_or(InspectError::Elf("section header offset overflows"))?;
+            shs.push(Sh {
+                name: u32::from_le_bytes(le(elf, at)?),
+                kind: u32::from_le_bytes(le(elf, at + 4)?),
+                offset: u64::from_le_bytes(le(elf, at + 24)?) as usize,
+                size: u64::from_le_bytes(le(elf, at + 32)?) as usize,
+                link: u32::from_le_bytes(le(elf, at + 40)?),
+            });
+        }
+        let section = |i: usize| -> Result<&[u8], InspectError> {
+            let sh = shs
+                .get(i)
+                .ok_or(InspectError::Elf("section index out of range"))?;
+            elf.get(sh.offset..sh.offset.saturating_add(sh.size))
+                .ok_or(InspectError::Elf("section outside the file"))
+        };
+        let cstr = |table: &[u8], at: usize| -> Result<String, InspectError> {
+            let s = table
+                .get(at..)
+                .ok_or(InspectError::Elf("string offset outside its table"))?;
+            let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+            Ok(String::from_utf8_lossy(&s[..end]).into_owned())
+        };
+        let shstr = section(shstrndx)?;
+        let mut defmt = None;
+        let mut symtab = None;
+        for (i, sh) in shs.iter().enumerate() {
+            if cstr(shstr, sh.name as usize)? == ".defmt" {
+                defmt = Some(i);
+            }
+            if sh.kind == 2 {
+                symtab = Some(i);
+            }
+        }
+        let defmt = defmt.ok_or(InspectError::Elf("no .defmt section"))?;
+        let symtab = symtab.ok_or(InspectError::Elf("no symbol table"))?;
+        let syms = section(symtab)?;
+        let strtab = section(shs[symtab].link as usize)?;
+        let mut t = Table::default();
+        for sym in syms.chunks_exact(24) {
+            let shndx = u16::from_le_bytes([sym[6], sym[7]]) as usize;
+            if shndx != defmt {
+                continue;
+            }
+            let name = cstr(
+                strtab,
+                u32::from_le_bytes([sym[0], sym[1], sym[2], sym[3]]) as usize,
+            )?;
+            if !name.starts_with('{') {
+                continue;
+            }
+            let value = u64::from_le_bytes(sym[8..16].try_into().unwrap_or([0; 8]));
+            let index = u16::try_from(value)
+                .map_err(|_| InspectError::Symbol(format!("index {value} of {name}")))?;
+            let json: serde_json::Value = serde_json::from_str(&name)
+                .map_err(|e| InspectError::Symbol(format!("{e}: {name}")))?;
+            let field = |k: &str| {
+                json.get(k)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+                    .ok_or_else(|| InspectError::Symbol(format!("no {k} in {name}")))
+            };
+            let entry = Entry {
+                tag: field("tag")?,
+                data: field("data")?,
+            };
+            if entry.tag == "defmt_timestamp" {
+                t.timestamp = Some(entry.data.clone());
+            }
+            t.entries.insert(index, entry);
+        }
+        Ok(t)
+    }
+
+    /// Decodes one raw defmt frame into `[timestamp] LEVEL message`.
+    pub fn decode(&self, frame: &[u8]) -> Result<String, InspectError> {
+        let mut r = Reader { b: frame, at: 0 };
+        let index = u16::from_le_bytes(r.take::<2>()?);
+        let entry = self
+            .entries
+            .get(&index)
+            .ok_or_else(|| InspectError::Frame(format!("no string with index {index}")))?;
+        let level = match entry.tag.as_str() {
+            "defmt_trace" => "TRACE",
+            "defmt_debug" => "DEBUG",
+            "defmt_info" => "INFO ",
+            "defmt_warn" => "WARN ",
+            "defmt_error" => "ERROR",
+            _ => "     ",
+        };
+        let mut out = String::new();
+        if let Some(ts) = &self.timestamp {
+            out.push_str(&self.format(ts, &mut r)?);
+            out.push(' ');
+        }
+        out.push_str(level);
+        out.push(' ');
+        out.push_str(&self.format(&entry.data, &mut r)?);
+        if r.at != frame.len() {
+            return Err(InspectError::Frame(format!(
+                "{} bytes left after the arguments",
+                frame.len() - r.at
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Formats `fmt`, reading one argument per `{=…}` parameter.
+    fn format(&self, fmt: &str, r: &mut Reader<'_>) -> Result<String, InspectError> {
+        let mut out = String::new();
+        let mut rest = fmt;
+        while let Some(i) = rest.find(['{', '}']) {
+            out.push_str(&rest[..i]);
+            let tail = &rest[i..];
+            if tail.starts_with("{{") || tail.starts_with("}}") {
+                out.push_str(&tail[..1]);
+                rest = &tail[2..];
+                continue;
+            }
+            if tail.starts_with('}') {
+                return Err(InspectError::Frame(format!("stray '}}' in {fmt:?}")));
+            }
+            let end = tail
+                .find('}')
+                .ok_or_else(|| InspectError::Frame(format!("unclosed parameter in {fmt:?}")))?;
+            let param = &tail[1..end];
+            out.push_str(&self.argument(param, r)?);
+            rest = &tail[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    fn argument(&self, param: &str, r: &mut Reader<'_>) -> Result<String, InspectError> {
+        let spec = param
+            .strip_prefix('=')
+            .ok_or_else(|| InspectError::Frame(format!("parameter {{{param}}} has no type")))?;
+        let (ty, hint) = spec.split_once(':').unwrap_or((spec, ""));
+        let int = |v: u128, hint: &str| match hint {
+            "x" => format!("{v:x}"),
+            "#x" => format!("{v:#x}"),
+            "us" => format!("{}.{:06}", v / 1_000_000, v % 1_000_000),
+            "ms" => format!("{}.{:03}", v / 1_000, v % 1_000),
+            _ => v.to_string(),
+        };
+        Ok(match ty {
+            "u8" => int(u128::from(r.take::<1>()?[0]), hint),
+            "u16" => int(u16::from_le_bytes(r.take()?).into(), hint),
+            "u32" | "usize" => int(u32::from_le_bytes(r.take()?).into(), hint),
+            "u64" => int(u64::from_le_bytes(r.take()?).into(), hint),
+            "u128" => int(u128::from_le_bytes(r.take()?), hint),
+            "i8" => i8::from_le_bytes(r.take()?).to_string(),
+            "i16" => i16::from_le_bytes(r.take()?).to_string(),
+            "i32" | "isize" => i32::from_le_bytes(r.take()?).to_string(),
+            "i64" => i64::from_le_bytes(r.take()?).to_string(),
+            "bool" => (r.take::<1>()?[0] != 0).to_string(),
+            "f32" => f32::from_le_bytes(r.take()?).to_string(),
+            "f64" => f64::from_le_bytes(r.take()?).to_string(),
+            "char" => char::from_u32(u32::from_le_bytes(r.take()?))
+                .map_or_else(|| "\u{fffd}".to_owned(), String::from),
+            "str" => {
+                let len = u32::from_le_bytes(r.take()?) as usize;
+                String::from_utf8_lossy(r.bytes(len)?).into_owned()
+            }
+            "istr" => {
+                let i = u16::from_le_bytes(r.take()?);
+                self.entries
+                    .get(&i)
+                    .map(|e| e.data.clone())
+                    .ok_or_else(|| InspectError::Frame(format!("no string with index {i}")))?
+            }
+            other => {
+                return Err(InspectError::Frame(format!(
+                    "parameter type {other:?} is not supported by this decoder"
+                )))
+            }
+        })
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], InspectError> {
+        let s = self
+            .at
+            .checked_add(n)
+            .and_then(|end| self.b.get(self.at..end))
+            .ok_or_else(|| {
+                InspectError::Frame(format!(
+                    "{n} bytes wanted at {}, frame has {}",
+                    self.at,
+                    self.b.len()
+                ))
+            })?;
+        self.at += n;
+        Ok(s)
+    }
+
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], InspectError> {
+        let s = self.bytes(N)?;
+        s.try_into()
+            .map_err(|_| InspectError::Frame("short read".to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Table {
+        let mut t = Table::default();
+        let mut add = |i: u16, tag: &str, data: &str| {
+            t.entries.insert(
+                i,
+                Entry {
+                    tag: tag.into(),
+                    data: data.into(),
+                },
+            );
+        };
+        add(1, "defmt_info", "model {=u64} took {=u32} ns, ok {=bool}");
+        add(2, "defmt_error", "failed: {=str} ({=istr}) {{x}}");
+        add(3, "defmt_str", "interned");
+        add(4, "defmt_timestamp", "{=u64:us}");
+        add(5, "defmt_warn", "{}");
+        t.timestamp = Some("{=u64:us}".into());
+        t
+    }
+
+    #[test]
+    fn frames_decode_with_timestamp_and_arguments() {
+        let t = table();
+        let mut f = vec![1, 0];
+        f.extend_from_slice(&1_500_000u64.to_le_bytes());
+        f.extend_from_slice(&7u64.to_le_bytes());
+        f.extend_from_slice(&250u32.to_le_bytes());
+        f.push(1);
+        assert_eq!(
+            t.decode(&f).unwrap(),
+            "1.500000 INFO  model 7 took 250 ns, ok true"
+        );
+        let mut g = vec![2, 0];
+        g.extend_from_slice(&0u64.to_le_bytes());
+        g.extend_from_slice(&3u32.to_le_bytes());
+        g.extend_from_slice(b"bad");
+        g.extend_from_slice(&3u16.to_le_bytes());
+        assert_eq!(
+            t.decode(&g).unwrap(),
+            "0.000000 ERROR failed: bad (interned) {x}"
+        );
+    }
+
+    #[test]
+    fn bad_frames_are_errors_not_panics() {
+        let t = table();
+        assert!(t.decode(&[]).is_err());
+        assert!(t.decode(&[9, 0]).is_err());
+        assert!(t.decode(&[1, 0, 1, 2]).is_err());
+        let mut long = vec![2, 0];
+        long.extend_from_slice(&0u64.to_le_bytes());
+        long.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(t.decode(&long).is_err());
+        let mut unsupported = vec![5, 0];
+        unsupported.extend_from_slice(&0u64.to_le_bytes());
+        assert!(t.decode(&unsupported).is_err());
+        let mut extra = vec![1, 0];
+        extra.extend_from_slice(&[0u8; 8 + 8 + 4 + 1 + 1]);
+        assert!(t.decode(&extra).is_err());
+        assert!(Table::from_elf(b"not an elf").is_err());
+        assert!(Table::from_elf(b"\x7fELF\x02\x01").is_err());
+    }
+}
