@@ -963,6 +963,22 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             node_after.synonym_leaves,
             node_after.agent.freeze_ns_max as f64 / 1e3
         );
+        let agent_cpu_s = node_after
+            .agent_cpu_ns
+            .saturating_sub(node_before.agent_cpu_ns) as f64
+            / 1e9;
+        let inserts = after
+            .op(KvOp::Insert)
+            .ops
+            .saturating_sub(before.op(KvOp::Insert).ops);
+        if inserts > 0 {
+            println!(
+                "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
+                agent_cpu_s * 1e6 / inserts as f64
+            );
+        } else {
+            println!("agent CPU       {agent_cpu_s:.3} s over the run");
+        }
         println!(
             "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",
             model_bytes.total,
