@@ -70,6 +70,9 @@ pub fn net_addr_from_bytes(bytes: &[u8]) -> Result<NetAddr, TransferError> {
 pub enum Fabric {
     /// The in-process loopback NIC.
     Loopback(LoopbackConfig),
+    /// A libfabric provider (design §7).
+    #[cfg(feature = "libfabric")]
+    Libfabric(crate::domain::fabric::LibfabricConfig),
 }
 
 impl Fabric {
@@ -77,6 +80,8 @@ impl Fabric {
     pub fn name(&self) -> &'static str {
         match self {
             Fabric::Loopback(_) => "loopback",
+            #[cfg(feature = "libfabric")]
+            Fabric::Libfabric(_) => "libfabric",
         }
     }
 }
@@ -251,6 +256,13 @@ impl TransferEngine {
                 loopback::open_host(cfg, config.groups * config.nics_per_group)?
                     .into_iter()
                     .map(AnyDomain::Loopback)
+                    .collect()
+            }
+            #[cfg(feature = "libfabric")]
+            Fabric::Libfabric(cfg) => {
+                crate::domain::fabric::open_host(cfg, config.groups * config.nics_per_group)?
+                    .into_iter()
+                    .map(AnyDomain::Libfabric)
                     .collect()
             }
         };

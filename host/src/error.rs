@@ -260,6 +260,48 @@ pub enum TransferError {
     LostCompletion,
     /// An `MrDesc` that names no NIC (its fields were built by hand).
     NoNics,
+    /// A libfabric call failed (domain set-up, registration, posting).
+    Libfabric {
+        /// The C call, e.g. `fi_getinfo`.
+        call: &'static str,
+        /// The provider's (positive) error number.
+        errno: i32,
+        /// `fi_strerror`'s text for it.
+        text: String,
+    },
+    /// The provider completed an operation with an error.
+    FabricCompletion {
+        /// The operation.
+        op: OpKind,
+        /// The peer it was aimed at.
+        peer: NetAddr,
+        /// The provider's (positive) error number.
+        errno: i32,
+        /// `fi_strerror`'s text for it.
+        text: String,
+    },
+    /// An operation neither completed nor could be posted within the
+    /// domain's bound (the peer stopped answering).
+    Timeout {
+        /// The operation.
+        op: OpKind,
+        /// The peer it was aimed at.
+        peer: NetAddr,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The provider's memory-registration mode cannot be honoured.
+    UnsupportedMrMode {
+        /// The provider.
+        provider: String,
+        /// Its `mr_mode` bits.
+        mr_mode: u64,
+        /// Why it cannot be used.
+        why: &'static str,
+    },
+    /// A local region used by an operation is not registered with the NIC
+    /// that posts it (the provider needs local descriptors).
+    LocalNotRegistered,
 }
 
 impl fmt::Display for TransferError {
@@ -325,6 +367,31 @@ impl fmt::Display for TransferError {
             ThreadSpawn { thread } => write!(f, "could not start the {thread} thread"),
             LostCompletion => f.write_str("the NIC lost an operation's completion"),
             NoNics => f.write_str("memory descriptor names no NIC"),
+            Libfabric { call, errno, text } => {
+                write!(f, "libfabric call {call} failed: {text} (error {errno})")
+            }
+            FabricCompletion {
+                op,
+                peer,
+                errno,
+                text,
+            } => write!(f, "{op} to peer {peer} failed: {text} (error {errno})"),
+            Timeout { op, peer, waited } => write!(
+                f,
+                "{op} to peer {peer} did not complete within {} ms",
+                waited.as_millis()
+            ),
+            UnsupportedMrMode {
+                provider,
+                mr_mode,
+                why,
+            } => write!(
+                f,
+                "provider {provider} needs mr_mode {mr_mode:#x}, which is not supported: {why}"
+            ),
+            LocalNotRegistered => {
+                f.write_str("local region is not registered with the NIC posting the operation")
+            }
         }
     }
 }

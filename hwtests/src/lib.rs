@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rolex_host::domain::fabric::{probe, LibfabricConfig};
 use rolex_host::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
     OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,
@@ -30,7 +31,64 @@ pub trait FabricUnderTest: Send + Sync {
     fn name(&self) -> String;
     /// A new engine (a new host) with `nics` NICs in one group.
     fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError>;
+    /// Whether a send to a peer that posted no receive fails. Loopback
+    /// promises it; libfabric providers buffer such messages as
+    /// unexpected and complete the send (design §3 does not promise it).
+    fn rejects_unmatched_send(&self) -> bool {
+        true
+    }
+    /// Whether the target NIC enforces protection itself, so that even a
+    /// forged descriptor (a length the region does not have) is refused.
+    /// The software libfabric providers `tcp;ofi_rxm` and `shm` do not
+    /// (design §7): there only the initiator's checks against the
+    /// descriptor stand, which every fabric must pass.
+    fn enforces_at_target(&self) -> bool {
+        true
+    }
 }
+
+/// A libfabric provider, two engines per pair in this process on
+/// 127.0.0.1.
+pub struct Libfabric {
+    /// The provider as `LibfabricConfig::provider` names it.
+    pub provider: &'static str,
+    /// The node to open endpoints on.
+    pub node: Option<&'static str>,
+}
+
+impl FabricUnderTest for Libfabric {
+    fn name(&self) -> String {
+        format!("libfabric:{}", self.provider)
+    }
+
+    fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
+            fabric: Fabric::Libfabric(LibfabricConfig {
+                op_timeout: Duration::from_secs(20),
+                ..LibfabricConfig::new(self.provider, self.node)
+            }),
+            ..EngineConfig::default()
+        })
+    }
+
+    fn rejects_unmatched_send(&self) -> bool {
+        false
+    }
+
+    fn enforces_at_target(&self) -> bool {
+        !matches!(self.provider, "tcp" | "shm")
+    }
+}
+
+/// The libfabric providers the suite knows, with the node each opens on.
+pub const PROVIDERS: &[(&str, Option<&str>)] = &[
+    ("tcp", Some("127.0.0.1")),
+    ("shm", None),
+    ("sockets", Some("127.0.0.1")),
+    ("efa", None),
+    ("verbs", None),
+];
 
 /// The loopback NIC, ordered or unordered.
 pub struct Loopback {
@@ -105,14 +163,37 @@ pub fn fabrics() -> Vec<Candidate> {
             }),
         })),
     ];
-    v.push(Candidate::Skipped {
-        name: "libfabric".into(),
-        reason: if libfabric_installed() {
-            "libfabric is installed, but its domain is not built yet (its own issue)".into()
-        } else {
-            "libfabric is not installed".into()
-        },
-    });
+    for &(provider, node) in PROVIDERS {
+        let f = Libfabric { provider, node };
+        if !libfabric_installed() {
+            v.push(Candidate::Skipped {
+                name: f.name(),
+                reason: "libfabric is not installed".into(),
+            });
+            continue;
+        }
+        match probe(provider, node) {
+            // Known gap: on libfabric 1.17's `sockets` some writes with
+            // immediates never complete when many are in flight across
+            // two NICs per engine (the operation times out). Opt in with
+            // ROLEX_HWTESTS_SOCKETS=1 while that is investigated.
+            Ok(())
+                if provider == "sockets" && std::env::var_os("ROLEX_HWTESTS_SOCKETS").is_none() =>
+            {
+                v.push(Candidate::Skipped {
+                    name: f.name(),
+                    reason: "writes with immediates stall under load on sockets (1.17); \
+                             set ROLEX_HWTESTS_SOCKETS=1 to run it"
+                        .into(),
+                })
+            }
+            Ok(()) => v.push(Candidate::Available(Box::new(f))),
+            Err(e) => v.push(Candidate::Skipped {
+                name: f.name(),
+                reason: format!("provider not usable here: {e}"),
+            }),
+        }
+    }
     let devs = rdma_devices();
     v.push(Candidate::Skipped {
         name: "verbs".into(),
@@ -206,6 +287,19 @@ fn write_read_round_trip(f: &dyn FabricUnderTest) -> CaseResult {
         dst.to_vec(50, 4000)? == pattern(8192, 1)[100..4100],
         "written bytes differ"
     );
+    // A completion means the data is visible at the target (§3), every
+    // time: small writes (inlined by some providers) checked at once.
+    for round in 0..32u8 {
+        src.write(0, &pattern(64, round))?;
+        let (fl, d) = flag();
+        let at = 4096 + 64 * u64::from(round);
+        a.submit_single_write(64, None, (&src, 0), (&dd, at), d)?;
+        wait(&fl)??;
+        ensure!(
+            dst.to_vec(at, 64)? == pattern(64, round),
+            "written bytes not visible at completion (round {round})"
+        );
+    }
     src.fill(0)?;
     let (fl, d) = flag();
     a.submit_read(4000, (&src, 0), (&dd, 50), d)?;
@@ -265,9 +359,12 @@ fn protection_changes_nothing(f: &dyn FabricUnderTest) -> CaseResult {
     long.len *= 2;
     let mut no_rights = dd.clone();
     no_rights.access = Access::empty();
-    let cases: [(&str, &MrDesc, u64, CheckFn); 4] = [
+    let cases: [(&str, &MrDesc, u64, CheckFn); 5] = [
         ("wrong key", &bad_key, 0, |c| {
             *c == ProtectionCheck::UnknownKey
+        }),
+        ("out of bounds", &dd, 1024 - 8, |c| {
+            matches!(c, ProtectionCheck::OutOfBounds { .. })
         }),
         ("out of bounds (forged length)", &long, 1024, |c| {
             matches!(c, ProtectionCheck::OutOfBounds { .. })
@@ -290,9 +387,15 @@ fn protection_changes_nothing(f: &dyn FabricUnderTest) -> CaseResult {
             }
             continue;
         }
+        let forged = what.contains("forged");
+        if forged && !f.enforces_at_target() {
+            continue;
+        }
         a.submit_single_write(16, None, (&src, 0), (desc, off), d)?;
         match wait(&fl)? {
             Err(TransferError::Protection { check, .. }) if want(&check) => {}
+            // A target NIC that refuses says so in its own words.
+            Err(TransferError::FabricCompletion { errno: 13, .. }) if forged => {}
             other => return Err(Failure(format!("{what}: got {other:?}"))),
         }
     }
@@ -379,6 +482,9 @@ fn send_recv(f: &dyn FabricUnderTest) -> CaseResult {
         std::thread::sleep(Duration::from_millis(1));
     }
     ensure!(got.load(SeqCst) == 8, "received {} of 8", got.load(SeqCst));
+    if !f.rejects_unmatched_send() {
+        return Ok(());
+    }
     let c = f.engine(1)?;
     let (fl, d) = flag();
     a.submit_send(&c.main_address(), b"nobody listens", d)?;
@@ -533,15 +639,23 @@ impl fmt::Display for Report {
     }
 }
 
-/// Runs every case on every available fabric.
+/// Runs every case on every available fabric. `ROLEX_HWTESTS_ONLY`
+/// (a substring of fabric names) and `ROLEX_HWTESTS_CASE` (a substring of
+/// case names) narrow the run; each case is announced on stderr.
 pub fn run_all() -> Report {
+    let only = std::env::var("ROLEX_HWTESTS_ONLY").unwrap_or_default();
+    let case_only = std::env::var("ROLEX_HWTESTS_CASE").unwrap_or_default();
     let mut report = Report::default();
     for c in fabrics() {
         match c {
             Candidate::Skipped { name, reason } => report.skipped.push((name, reason)),
+            Candidate::Available(fab) if !fab.name().contains(&only) => report
+                .skipped
+                .push((fab.name(), "not selected by ROLEX_HWTESTS_ONLY".into())),
             Candidate::Available(fab) => {
                 let mut passed = 0;
-                for case in CASES {
+                for case in CASES.iter().filter(|c| c.name.contains(&case_only)) {
+                    eprintln!("conformance: {} / {}", fab.name(), case.name);
                     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         (case.run)(&*fab)
                     })) {

@@ -19,6 +19,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
+use rolex_host::domain::fabric::LibfabricConfig;
 use rolex_host::{
     single_write_pieces, Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig,
     MrDesc, MrHandle, OnDone, OnValue, Pages, ScatterDst, TransferEngine, TransferError,
@@ -43,23 +45,47 @@ pub enum Op {
     Faa,
 }
 
-/// The fabric to run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// The fabric to run on: `loopback` or `libfabric:PROVIDER`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FabricArg {
     /// The in-process loopback NIC.
     Loopback,
+    /// A libfabric provider (`tcp`, `shm`, `sockets`, `efa`, `verbs`).
+    Libfabric(String),
 }
+
+fn parse_fabric(s: &str) -> Result<FabricArg, String> {
+    match s.split_once(':') {
+        None if s == "loopback" => Ok(FabricArg::Loopback),
+        Some(("libfabric", p)) if !p.is_empty() => Ok(FabricArg::Libfabric(p.to_string())),
+        _ => Err(format!(
+            "unknown fabric {s:?}: use loopback or libfabric:PROVIDER"
+        )),
+    }
+}
+
+impl FabricArg {
+    fn name(&self) -> String {
+        match self {
+            FabricArg::Loopback => "loopback".into(),
+            FabricArg::Libfabric(p) => format!("libfabric:{p}"),
+        }
+    }
+}
+
+/// The layout version `te-bench --serve` offers (one plain region).
+const TE_BENCH_LAYOUT: u32 = 1;
 
 /// Arguments of `rolex te-bench`.
 #[derive(Debug, Args)]
 pub struct TeBenchArgs {
-    /// Operation to measure.
-    #[arg(long, value_enum)]
-    op: Op,
+    /// Operation to measure (not with `--serve`).
+    #[arg(long, value_enum, required_unless_present = "serve")]
+    op: Option<Op>,
     /// Bytes per operation (per page for `paged`, per peer for `scatter`;
     /// ignored by `cas`/`faa`, which move 8 bytes).
-    #[arg(long)]
-    size: u64,
+    #[arg(long, required_unless_present = "serve")]
+    size: Option<u64>,
     /// Operations in the throughput phase (default: about 256 MiB worth,
     /// between 100 and 100000).
     #[arg(long)]
@@ -79,9 +105,33 @@ pub struct TeBenchArgs {
     /// Run read/write/cas/faa as client-channel doorbell batches.
     #[arg(long)]
     channel: bool,
-    /// The fabric.
-    #[arg(long, value_enum, default_value_t = FabricArg::Loopback)]
+    /// The fabric: `loopback` or `libfabric:PROVIDER`.
+    #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
     fabric: FabricArg,
+    /// Serve a target region to a client in another process (libfabric),
+    /// until stopped.
+    #[arg(long, requires = "listen")]
+    serve: bool,
+    /// Bootstrap address to listen on with `--serve` (`ADDR:PORT`).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Bootstrap address of a `--serve` process to measure against.
+    #[arg(long, conflicts_with = "serve")]
+    peer: Option<String>,
+    /// Shared token of the bootstrap connection.
+    #[arg(long, default_value = "rolex")]
+    token: String,
+    /// Node (IP address) libfabric endpoints open on (default: the
+    /// `--listen` address, else 127.0.0.1; unused by `shm`).
+    #[arg(long)]
+    node: Option<String>,
+    /// Bytes of the region `--serve` offers.
+    #[arg(long, default_value_t = 64 << 20)]
+    region: u64,
+    /// libfabric: spin (yielding) this many µs after the last activity
+    /// before sleeping between queue reads (latency vs CPU).
+    #[arg(long, default_value_t = 200)]
+    busy_poll_us: u64,
     /// Print one JSON line instead of text.
     #[arg(long)]
     json: bool,
@@ -94,11 +144,12 @@ struct Ctx {
     op: Op,
     size: u64,
     a: TransferEngine,
-    b: TransferEngine,
+    /// The target engine (`None` when it is another process).
+    b: Option<TransferEngine>,
     peers: Vec<(TransferEngine, MrHandle, MrDesc)>,
     srcs: Vec<MrHandle>,
     /// The target region (kept for its owner; peers use `dst`).
-    _dst_handle: MrHandle,
+    _dst_handle: Option<MrHandle>,
     dst: MrDesc,
     /// Per thread: source and destination page lists.
     pages: Vec<(Pages, Pages)>,
@@ -111,8 +162,20 @@ struct Ctx {
 
 type BenchError = Box<dyn std::error::Error>;
 
+impl TeBenchArgs {
+    fn op(&self) -> Op {
+        self.op.unwrap_or(Op::Write)
+    }
+    fn size(&self) -> u64 {
+        self.size.unwrap_or(0)
+    }
+}
+
 fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
-    if args.size == 0 {
+    if args.op.is_none() || args.size.is_none() {
+        return Err("--op and --size are required (except with --serve)".into());
+    }
+    if args.size() == 0 {
         return Err("--size must be at least 1 byte".into());
     }
     if !(1..=4).contains(&args.nics) {
@@ -124,33 +187,93 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
     if args.count == Some(0) {
         return Err("--count must be at least 1".into());
     }
-    if args.channel && !matches!(args.op, Op::Write | Op::Read | Op::Cas | Op::Faa) {
+    if args.peer.is_some() && args.op() == Op::Scatter {
+        return Err("--op scatter needs several targets: not with --peer".into());
+    }
+    if (args.peer.is_some() || args.serve) && args.fabric == FabricArg::Loopback {
+        return Err("--peer and --serve need --fabric libfabric:PROVIDER".into());
+    }
+    if args.channel && !matches!(args.op(), Op::Write | Op::Read | Op::Cas | Op::Faa) {
         return Err("--channel applies to write, read, cas and faa only".into());
     }
-    if args.size > 1 << 30 {
+    if args.size() > 1 << 30 {
         return Err(format!(
             "--size {} exceeds the engine's 1 GiB transfer limit",
-            args.size
+            args.size()
         )
         .into());
     }
     Ok(())
 }
 
-fn engine(nics: usize) -> Result<TransferEngine, TransferError> {
+fn engine(args: &TeBenchArgs) -> Result<TransferEngine, TransferError> {
+    let fabric = match &args.fabric {
+        FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
+        FabricArg::Libfabric(p) => {
+            let listen_ip = args
+                .listen
+                .as_deref()
+                .and_then(|l| l.rsplit_once(':'))
+                .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
+            let node = match p.as_str() {
+                "shm" | "efa" | "verbs" => args.node.clone(),
+                _ => Some(
+                    args.node
+                        .clone()
+                        .or(listen_ip)
+                        .unwrap_or_else(|| "127.0.0.1".into()),
+                ),
+            };
+            Fabric::Libfabric(LibfabricConfig {
+                busy_poll: Duration::from_micros(args.busy_poll_us),
+                ..LibfabricConfig::new(p, node.as_deref())
+            })
+        }
+    };
     TransferEngine::new(EngineConfig {
-        nics_per_group: nics,
-        fabric: Fabric::Loopback(LoopbackConfig::default()),
+        nics_per_group: args.nics,
+        fabric,
         ..EngineConfig::default()
     })
 }
 
-fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
-    let size = match args.op {
-        Op::Cas | Op::Faa => 8,
-        _ => args.size,
+/// `--serve`: offers one region to clients until the process is stopped.
+fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
+    let listen = args
+        .listen
+        .as_deref()
+        .ok_or("--serve needs --listen ADDR:PORT")?;
+    if args.fabric == FabricArg::Loopback {
+        return Err("--serve needs --fabric libfabric:PROVIDER".into());
+    }
+    let region = args.region.clamp(4096, MAX_REGION);
+    let e = engine(args)?;
+    let (_h, desc) = e.alloc_mr(region, Access::all())?;
+    let offer = Offer {
+        addr: e.main_address(),
+        descs: vec![desc],
+        layout_version: TE_BENCH_LAYOUT,
     };
-    let per_thread = match args.op {
+    let srv = BootstrapServer::start(listen, Bootstrap::new(&args.token), offer)?;
+    println!(
+        "te-bench serving {region} bytes on {} ({}), bootstrap on {}",
+        args.fabric.name(),
+        e.main_address(),
+        srv.local_addr()
+    );
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
+    let size = match args.op() {
+        Op::Cas | Op::Faa => 8,
+        _ => args.size(),
+    };
+    let per_thread = match args.op() {
         Op::Paged => size
             .checked_mul(args.pages)
             .ok_or("--size × --pages overflows")?,
@@ -160,9 +283,30 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
         .checked_mul(args.threads as u64)
         .filter(|r| *r <= MAX_REGION)
         .ok_or("the benchmark's regions would exceed 4 GiB: lower --size, --pages or --threads")?;
-    let a = engine(args.nics)?;
-    let b = engine(args.nics)?;
-    let (dst_handle, dst) = b.alloc_mr(region, Access::all())?;
+    let a = engine(args)?;
+    let (b, dst_handle, dst) = match &args.peer {
+        Some(peer) => {
+            let offer = Bootstrap::new(&args.token).fetch(peer, TE_BENCH_LAYOUT)?;
+            let dst = offer
+                .descs
+                .into_iter()
+                .next()
+                .ok_or("the server offered no region")?;
+            if dst.len < region {
+                return Err(format!(
+                    "the server's region has {} bytes, this run needs {region}: start it with --region {region}",
+                    dst.len
+                )
+                .into());
+            }
+            (None, None, dst)
+        }
+        None => {
+            let b = engine(args)?;
+            let (h, d) = b.alloc_mr(region, Access::all())?;
+            (Some(b), Some(h), d)
+        }
+    };
     let mut srcs = Vec::new();
     for _ in 0..args.threads {
         let (h, _) = a.alloc_mr(per_thread, Access::all())?;
@@ -172,7 +316,7 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut pages = Vec::new();
     for t in 0..args.threads {
-        let n = if args.op == Op::Paged {
+        let n = if args.op() == Op::Paged {
             args.pages as u32
         } else {
             1
@@ -196,9 +340,9 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     }
     let mut peers = Vec::new();
     let mut scatter = Vec::new();
-    if args.op == Op::Scatter {
+    if args.op() == Op::Scatter {
         for _ in 0..args.pages {
-            let e = engine(args.nics)?;
+            let e = engine(args)?;
             let (h, d) = e.alloc_mr(region, Access::all())?;
             peers.push((e, h, d));
         }
@@ -216,13 +360,13 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
             );
         }
     }
-    let bytes = match args.op {
+    let bytes = match args.op() {
         Op::Paged | Op::Scatter => size * args.pages,
         _ => size,
     };
     let pieces = single_write_pieces(size, args.nics, args.nics);
     Ok(Ctx {
-        op: args.op,
+        op: args.op(),
         size,
         a,
         b,
@@ -385,16 +529,20 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
             if let Some(Err(e)) = res.first() {
                 return Err(e.clone().into());
             }
-        } else if ctx.op == Op::WriteImm {
-            ctx.b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
+        } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
+            b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
             submit(ctx, t, Some(imm), &f)?;
             wait(&rf)?;
+        } else if ctx.op == Op::WriteImm {
+            // The receiver is another process: until the write completes.
+            submit(ctx, t, Some(imm), &f)?;
+            wait(&f)?;
         } else {
             submit(ctx, t, None, &f)?;
             wait(&f)?;
         }
         lat.push(start.elapsed());
-        if ctx.op == Op::WriteImm && ch.is_none() {
+        if ctx.op == Op::WriteImm && ch.is_none() && ctx.b.is_some() {
             wait(&f)?;
         }
     }
@@ -427,9 +575,12 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 /// Runs the transfer-engine benchmark.
 pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
+    if args.serve {
+        return serve(&args);
+    }
     validate(&args)?;
-    let FabricArg::Loopback = args.fabric;
     let ctx = setup(&args)?;
+    let remote = ctx.b.is_none();
     let count = args
         .count
         .unwrap_or_else(|| ((256u64 << 20) / ctx.bytes.max(1)).clamp(100, 100_000));
@@ -442,17 +593,20 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
         if let Ok(style) = ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} ops") {
             b.set_style(style);
         }
-        b.set_message(format!("te-bench {:?}", args.op));
+        b.set_message(format!("te-bench {:?}", ctx.op));
         b
     };
 
-    let memcpy_before = memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30));
+    let memcpy_before = if remote {
+        0.0
+    } else {
+        memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30))
+    };
     let recv_flag = CompletionFlag::new();
-    if ctx.op == Op::WriteImm {
+    if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
         let target = u32::try_from(total_ops * u64::from(ctx.pieces))
             .map_err(|_| "--count too large for one immediate's counter")?;
-        ctx.b
-            .expect_imm_count(IMM, target, OnDone::flag(&recv_flag))?;
+        b.expect_imm_count(IMM, target, OnDone::flag(&recv_flag))?;
     }
     let start = Instant::now();
     std::thread::scope(|s| -> Result<(), BenchError> {
@@ -470,7 +624,7 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
         }
         Ok(())
     })?;
-    if ctx.op == Op::WriteImm {
+    if ctx.op == Op::WriteImm && !remote {
         wait(&recv_flag)?;
     }
     let secs = start.elapsed().as_secs_f64();
@@ -490,27 +644,38 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
         Ok(all)
     })?;
     lats.sort_unstable();
-    let memcpy_after = memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30));
+    let memcpy_after = if remote {
+        0.0
+    } else {
+        memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30))
+    };
     let memcpy = memcpy_before.max(memcpy_after);
     let gbps = (total_ops * ctx.bytes) as f64 * 8.0 / secs / 1e9;
     let mops = total_ops as f64 / secs / 1e6;
     let (p50, p99) = (percentile(&lats, 0.5), percentile(&lats, 0.99));
     let c = ctx.a.counters().total;
-    let op_name = args
+    let op_name = ctx
         .op
         .to_possible_value()
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default();
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "op": op_name, "size": ctx.size, "gbps": gbps, "mops": mops,
             "p50_us": p50, "p99_us": p99, "memcpy_gbps": memcpy,
             "ratio": gbps / memcpy, "count": total_ops, "nics": args.nics,
             "threads": args.threads, "depth": args.depth, "channel": args.channel,
-            "fabric": "loopback", "doorbells": c.doorbells, "rtts": c.rtts,
+            "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
             "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
             "atomics": c.atomics, "errors": c.errors,
         });
+        if remote {
+            // No memcpy reference across processes.
+            if let Some(o) = v.as_object_mut() {
+                o.remove("memcpy_gbps");
+                o.remove("ratio");
+            }
+        }
         println!("{v}");
     } else {
         println!(
@@ -522,10 +687,12 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
             if args.channel { ", channel" } else { "" }
         );
         println!("  throughput   {gbps:10.2} Gbit/s   {mops:10.4} Mops/s");
-        println!(
-            "  memcpy       {memcpy:10.2} Gbit/s   (ratio {:.2})",
-            gbps / memcpy
-        );
+        if !remote {
+            println!(
+                "  memcpy       {memcpy:10.2} Gbit/s   (ratio {:.2})",
+                gbps / memcpy
+            );
+        }
         println!(
             "  latency      p50 {p50:.2} µs   p99 {p99:.2} µs   ({} samples)",
             lats.len()

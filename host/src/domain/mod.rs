@@ -10,6 +10,8 @@
 //! [`AnyEndpoint`] (enum dispatch); `loopback` is the first, the libfabric
 //! and verbs domains plug in beside it.
 
+#[cfg(feature = "libfabric")]
+pub mod fabric;
 pub mod loopback;
 
 use std::sync::Arc;
@@ -231,18 +233,29 @@ pub trait Endpoint: Send {
 pub enum AnyDomain {
     /// The in-process loopback NIC.
     Loopback(Arc<loopback::LoopbackDomain>),
+    /// A libfabric NIC.
+    #[cfg(feature = "libfabric")]
+    Libfabric(Arc<fabric::LibfabricDomain>),
 }
 
 /// The backends' endpoints, for dispatch.
+// Endpoints are few and long-lived (one per worker NIC or channel), so the
+// loopback variant's size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyEndpoint {
     /// An endpoint on the loopback NIC.
     Loopback(loopback::LoopbackEndpoint),
+    /// An endpoint on a libfabric NIC.
+    #[cfg(feature = "libfabric")]
+    Libfabric(fabric::FabricEndpoint),
 }
 
 macro_rules! dispatch {
     ($self:ident, $d:ident => $e:expr) => {
         match $self {
             AnyDomain::Loopback($d) => $e,
+            #[cfg(feature = "libfabric")]
+            AnyDomain::Libfabric($d) => $e,
         }
     };
 }
@@ -290,16 +303,22 @@ impl Endpoint for AnyEndpoint {
     fn post(&mut self, batch: &mut Vec<WorkRequest>) {
         match self {
             AnyEndpoint::Loopback(e) => e.post(batch),
+            #[cfg(feature = "libfabric")]
+            AnyEndpoint::Libfabric(e) => e.post(batch),
         }
     }
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
         match self {
             AnyEndpoint::Loopback(e) => e.poll(out),
+            #[cfg(feature = "libfabric")]
+            AnyEndpoint::Libfabric(e) => e.poll(out),
         }
     }
     fn flush(&mut self, out: &mut Vec<Completion>) {
         match self {
             AnyEndpoint::Loopback(e) => e.flush(out),
+            #[cfg(feature = "libfabric")]
+            AnyEndpoint::Libfabric(e) => e.flush(out),
         }
     }
 }

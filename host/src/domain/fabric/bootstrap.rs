@@ -1,0 +1,418 @@
+//! Bootstrap: the only traffic that is not RDMA. A server (a memory node,
+//! a `te-bench --serve`) listens on a small TCP control port and hands its
+//! fabric address, memory descriptors and pool layout version to clients
+//! that present the shared token and the layout version they expect.
+//!
+//! Invariants: every socket operation has a bound (connect, read and
+//! write timeouts), so a wrong address, a silent server or a dead one
+//! gives an error within [`Bootstrap::timeout`], never a hang; a wrong
+//! token or layout version is refused with a message saying which; every
+//! length read from the peer is bounded before anything is allocated.
+//!
+//! Wire format (all integers little-endian):
+//!
+//! ```text
+//! request:  "RLXBOOT1" | token_len u16 | token | layout u32
+//! reply ok: 0u8 | layout u32 | addr_len u8 | addr | n u16 | n × (len u16 | MrDesc bytes)
+//! refused:  1u8 | msg_len u16 | msg (UTF-8)
+//! ```
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rolex_core::wire::{MrDesc, NetAddr, Wire};
+
+const MAGIC: &[u8; 8] = b"RLXBOOT1";
+const MAX_TOKEN: usize = 1024;
+const MAX_DESCS: usize = 1024;
+const MAX_DESC_LEN: usize = 4096;
+
+/// What a server offers its clients.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Offer {
+    /// The server's fabric address (its engine's main address).
+    pub addr: NetAddr,
+    /// Its registered regions.
+    pub descs: Vec<MrDesc>,
+    /// The pool layout version it serves.
+    pub layout_version: u32,
+}
+
+/// Why bootstrapping failed.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BootstrapError {
+    /// The address did not resolve or no connection could be made in time.
+    Connect {
+        /// The address as given.
+        addr: String,
+        /// The OS's reason.
+        reason: String,
+    },
+    /// The connection failed or timed out mid-exchange.
+    Io {
+        /// The step.
+        step: &'static str,
+        /// The OS's reason.
+        reason: String,
+    },
+    /// The server refused the client.
+    Refused {
+        /// The server's message.
+        reason: String,
+    },
+    /// The peer sent bytes that do not follow the protocol.
+    Malformed {
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// The server could not listen.
+    Listen {
+        /// The address as given.
+        addr: String,
+        /// The OS's reason.
+        reason: String,
+    },
+}
+
+impl fmt::Display for BootstrapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BootstrapError::Connect { addr, reason } => {
+                write!(f, "cannot reach the bootstrap server at {addr}: {reason}")
+            }
+            BootstrapError::Io { step, reason } => {
+                write!(f, "bootstrap connection failed while {step}: {reason}")
+            }
+            BootstrapError::Refused { reason } => {
+                write!(f, "the bootstrap server refused this client: {reason}")
+            }
+            BootstrapError::Malformed { what } => {
+                write!(f, "malformed bootstrap message: {what}")
+            }
+            BootstrapError::Listen { addr, reason } => {
+                write!(f, "cannot listen for bootstrap clients on {addr}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BootstrapError {}
+
+fn io(step: &'static str) -> impl Fn(std::io::Error) -> BootstrapError {
+    move |e| BootstrapError::Io {
+        step,
+        reason: e.to_string(),
+    }
+}
+
+/// Client and server settings.
+#[derive(Clone, Debug)]
+pub struct Bootstrap {
+    /// The shared secret clients must present.
+    pub token: String,
+    /// Bound on connecting and on each read or write.
+    pub timeout: Duration,
+}
+
+impl Bootstrap {
+    /// Settings with `token` and a 5 s bound.
+    pub fn new(token: &str) -> Self {
+        Bootstrap {
+            token: token.to_string(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Fetches the offer of the server at `server` for `layout_version`.
+    pub fn fetch(&self, server: &str, layout_version: u32) -> Result<Offer, BootstrapError> {
+        let conn = |reason: String| BootstrapError::Connect {
+            addr: server.to_string(),
+            reason,
+        };
+        let addrs: Vec<SocketAddr> = server
+            .to_socket_addrs()
+            .map_err(|e| conn(e.to_string()))?
+            .collect();
+        let mut last = conn("the address resolves to nothing".into());
+        let mut stream = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, self.timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = conn(e.to_string()),
+            }
+        }
+        let mut s = stream.ok_or(last)?;
+        s.set_read_timeout(Some(self.timeout))
+            .map_err(io("setting timeouts"))?;
+        s.set_write_timeout(Some(self.timeout))
+            .map_err(io("setting timeouts"))?;
+        let token = self.token.as_bytes();
+        if token.len() > MAX_TOKEN {
+            return Err(BootstrapError::Malformed {
+                what: "token longer than 1024 bytes",
+            });
+        }
+        let mut req = Vec::with_capacity(14 + token.len());
+        req.extend_from_slice(MAGIC);
+        req.extend_from_slice(&(token.len() as u16).to_le_bytes());
+        req.extend_from_slice(token);
+        req.extend_from_slice(&layout_version.to_le_bytes());
+        s.write_all(&req).map_err(io("sending the request"))?;
+        let status = read_u8(&mut s, "reading the reply")?;
+        if status != 0 {
+            let n = read_u16(&mut s, "reading the refusal")? as usize;
+            let msg = read_vec(&mut s, n, "reading the refusal")?;
+            return Err(BootstrapError::Refused {
+                reason: String::from_utf8_lossy(&msg).into_owned(),
+            });
+        }
+        let layout = read_u32(&mut s, "reading the offer")?;
+        let n = read_u8(&mut s, "reading the offer")? as usize;
+        let addr = NetAddr::new(&read_vec(&mut s, n, "reading the offer")?).map_err(|_| {
+            BootstrapError::Malformed {
+                what: "server address",
+            }
+        })?;
+        let count = read_u16(&mut s, "reading the offer")? as usize;
+        if count > MAX_DESCS {
+            return Err(BootstrapError::Malformed {
+                what: "too many descriptors",
+            });
+        }
+        let mut descs = Vec::with_capacity(count);
+        for _ in 0..count {
+            let n = read_u16(&mut s, "reading a descriptor")? as usize;
+            if n > MAX_DESC_LEN {
+                return Err(BootstrapError::Malformed {
+                    what: "descriptor too long",
+                });
+            }
+            let b = read_vec(&mut s, n, "reading a descriptor")?;
+            descs.push(MrDesc::decode(&b).map_err(|_| BootstrapError::Malformed {
+                what: "memory descriptor",
+            })?);
+        }
+        Ok(Offer {
+            addr,
+            descs,
+            layout_version: layout,
+        })
+    }
+}
+
+fn read_vec(s: &mut TcpStream, n: usize, step: &'static str) -> Result<Vec<u8>, BootstrapError> {
+    let mut v = vec![0; n];
+    s.read_exact(&mut v).map_err(io(step))?;
+    Ok(v)
+}
+
+fn read_u8(s: &mut TcpStream, step: &'static str) -> Result<u8, BootstrapError> {
+    Ok(read_vec(s, 1, step)?[0])
+}
+
+fn read_u16(s: &mut TcpStream, step: &'static str) -> Result<u16, BootstrapError> {
+    let b = read_vec(s, 2, step)?;
+    Ok(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn read_u32(s: &mut TcpStream, step: &'static str) -> Result<u32, BootstrapError> {
+    let b = read_vec(s, 4, step)?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// A listening bootstrap server; stops when dropped.
+pub struct BootstrapServer {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BootstrapServer {
+    /// Listens on `listen` (e.g. `127.0.0.1:0`) and serves `offer` to
+    /// clients presenting `cfg.token` and `offer.layout_version`.
+    pub fn start(listen: &str, cfg: Bootstrap, offer: Offer) -> Result<Self, BootstrapError> {
+        let fail = |e: std::io::Error| BootstrapError::Listen {
+            addr: listen.to_string(),
+            reason: e.to_string(),
+        };
+        let l = TcpListener::bind(listen).map_err(fail)?;
+        l.set_nonblocking(true).map_err(fail)?;
+        let local = l.local_addr().map_err(fail)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let reply = encode_offer(&offer)?;
+        let thread = std::thread::Builder::new()
+            .name("rolex-bootstrap".into())
+            .spawn(move || {
+                while !stop2.load(SeqCst) {
+                    match l.accept() {
+                        // One short exchange per client, bounded by the
+                        // timeouts: a slow client cannot stall the server
+                        // for longer than that.
+                        Ok((s, _)) => {
+                            let _ = serve(s, &cfg, offer.layout_version, &reply);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+            })
+            .map_err(fail)?;
+        Ok(BootstrapServer {
+            local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for BootstrapServer {
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn encode_offer(offer: &Offer) -> Result<Vec<u8>, BootstrapError> {
+    let mut r = vec![0u8];
+    r.extend_from_slice(&offer.layout_version.to_le_bytes());
+    let a = offer.addr.as_bytes();
+    r.push(a.len() as u8);
+    r.extend_from_slice(a);
+    if offer.descs.len() > MAX_DESCS {
+        return Err(BootstrapError::Malformed {
+            what: "too many descriptors to offer",
+        });
+    }
+    r.extend_from_slice(&(offer.descs.len() as u16).to_le_bytes());
+    for d in &offer.descs {
+        let mut b = vec![0; d.encoded_len()];
+        let n = d.encode(&mut b).map_err(|_| BootstrapError::Malformed {
+            what: "descriptor to offer",
+        })?;
+        r.extend_from_slice(&(n as u16).to_le_bytes());
+        r.extend_from_slice(&b[..n]);
+    }
+    Ok(r)
+}
+
+fn serve(
+    mut s: TcpStream,
+    cfg: &Bootstrap,
+    layout: u32,
+    reply: &[u8],
+) -> Result<(), BootstrapError> {
+    s.set_nonblocking(false).map_err(io("accepting"))?;
+    s.set_read_timeout(Some(cfg.timeout))
+        .map_err(io("setting timeouts"))?;
+    s.set_write_timeout(Some(cfg.timeout))
+        .map_err(io("setting timeouts"))?;
+    let magic = read_vec(&mut s, 8, "reading the request")?;
+    if magic != MAGIC {
+        return refuse(&mut s, "not a rolex bootstrap request");
+    }
+    let n = read_u16(&mut s, "reading the request")? as usize;
+    if n > MAX_TOKEN {
+        return refuse(&mut s, "token too long");
+    }
+    let token = read_vec(&mut s, n, "reading the request")?;
+    let want = read_u32(&mut s, "reading the request")?;
+    if token != cfg.token.as_bytes() {
+        return refuse(&mut s, "wrong token");
+    }
+    if want != layout {
+        return refuse(
+            &mut s,
+            &format!(
+                "pool layout version mismatch: the server has {layout}, the client expects {want}"
+            ),
+        );
+    }
+    s.write_all(reply).map_err(io("sending the offer"))
+}
+
+fn refuse(s: &mut TcpStream, msg: &str) -> Result<(), BootstrapError> {
+    let m = msg.as_bytes();
+    let mut r = vec![1u8];
+    r.extend_from_slice(&(m.len().min(u16::MAX as usize) as u16).to_le_bytes());
+    r.extend_from_slice(&m[..m.len().min(u16::MAX as usize)]);
+    s.write_all(&r).map_err(io("sending a refusal"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rolex_core::wire::Access;
+
+    fn offer() -> Offer {
+        let addr = NetAddr::new(b"server").unwrap();
+        Offer {
+            addr,
+            descs: vec![MrDesc::new(0x1000, 4096, Access::all(), &[(addr, 7)]).unwrap()],
+            layout_version: 3,
+        }
+    }
+
+    #[test]
+    fn right_token_gets_the_offer() {
+        let srv = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let got = Bootstrap::new("t")
+            .fetch(&srv.local_addr().to_string(), 3)
+            .unwrap();
+        assert_eq!(got, offer());
+    }
+
+    #[test]
+    fn wrong_token_or_layout_is_refused_with_a_reason() {
+        let srv = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let a = srv.local_addr().to_string();
+        match Bootstrap::new("x").fetch(&a, 3) {
+            Err(BootstrapError::Refused { reason }) => assert!(reason.contains("token")),
+            other => panic!("{other:?}"),
+        }
+        match Bootstrap::new("t").fetch(&a, 4) {
+            Err(BootstrapError::Refused { reason }) => assert!(reason.contains("layout")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn nobody_listening_or_silent_server_is_an_error_not_a_hang() {
+        // A port that was just free: connection refused.
+        let free = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut b = Bootstrap::new("t");
+        b.timeout = Duration::from_millis(300);
+        assert!(matches!(
+            b.fetch(&free.to_string(), 1),
+            Err(BootstrapError::Connect { .. })
+        ));
+        // A listener that never answers: the read times out.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(matches!(
+            b.fetch(&silent.local_addr().unwrap().to_string(), 1),
+            Err(BootstrapError::Io { .. })
+        ));
+        assert!(matches!(
+            b.fetch("no-such-host.invalid:1", 1),
+            Err(BootstrapError::Connect { .. })
+        ));
+    }
+}

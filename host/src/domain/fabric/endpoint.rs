@@ -1,0 +1,326 @@
+//! [`FabricEndpoint`]: a queue pair on a libfabric NIC, as the engine's
+//! workers and client channels see it.
+//!
+//! All endpoints of one NIC share its libfabric endpoint and completion
+//! queue; each has its own [`Sink`], and every operation's context names
+//! the sink its completion goes to, so whichever poller reads the queue
+//! routes completions right. Invariant: every request handed to
+//! [`Endpoint::post`] produces exactly one completion in its sink —
+//! errors found before posting at once, the rest from the provider, a
+//! timeout, [`Endpoint::flush`] or the NIC's shutdown.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_queue::SegQueue;
+use rolex_core::wire::NetAddr;
+
+use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
+use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT};
+use crate::counters::Counters;
+use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
+use crate::error::{OpKind, TransferError};
+
+/// A queue pair on a libfabric NIC (see the module docs).
+pub struct FabricEndpoint {
+    inner: Arc<Inner>,
+    sink: Arc<Sink>,
+}
+
+impl FabricEndpoint {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        FabricEndpoint {
+            inner,
+            sink: Arc::new(Sink {
+                queue: SegQueue::new(),
+                outstanding: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn count(&self, op: &WorkOp) {
+        let c = &self.inner.counters;
+        match op {
+            WorkOp::Read { len, .. } => {
+                Counters::bump(&c.reads, 1);
+                Counters::bump(&c.bytes_read, *len);
+            }
+            WorkOp::Write { len, imm, .. } => {
+                Counters::bump(
+                    if imm.is_some() {
+                        &c.write_imms
+                    } else {
+                        &c.writes
+                    },
+                    1,
+                );
+                Counters::bump(&c.bytes_written, *len);
+            }
+            WorkOp::Cas { .. } => {
+                Counters::bump(&c.cas, 1);
+                Counters::bump(&c.atomics, 1);
+            }
+            WorkOp::Faa { .. } => {
+                Counters::bump(&c.faa, 1);
+                Counters::bump(&c.atomics, 1);
+            }
+            WorkOp::Send { data, .. } => {
+                Counters::bump(&c.sends, 1);
+                Counters::bump(&c.bytes_written, data.len() as u64);
+            }
+        }
+    }
+
+    /// The context and post of one request, or why it cannot be posted.
+    fn build(
+        &self,
+        live: &mut Live,
+        seq: u64,
+        op: WorkOp,
+    ) -> Result<(Box<OpCtx>, Post), TransferError> {
+        let inner = &self.inner;
+        let mut ctx = OpCtx::new(CtxKind::Op(seq));
+        let target = |live: &mut Live, remote: &crate::domain::Remote| {
+            let fi_addr = inner.fi_addr(live, &remote.peer)?;
+            let (addr, key) = inner.target(remote)?;
+            Ok::<_, TransferError>(Target { fi_addr, addr, key })
+        };
+        let pin = |ctx: &mut OpCtx, local: &Local, len: u64| {
+            let p =
+                PinnedRegion::new(local.region.clone()).ok_or(TransferError::RegionDeregistered)?;
+            if p.ptr(local.offset, len).is_none() {
+                return Err(TransferError::LocalOutOfBounds {
+                    offset: local.offset,
+                    len,
+                    region_len: local.region.len(),
+                });
+            }
+            ctx.pinned = Some(p);
+            inner.local_desc(&local.region)
+        };
+        let post = match op {
+            WorkOp::Read { local, remote, len } => {
+                let from = target(live, &remote)?;
+                let desc = pin(&mut ctx, &local, len)?;
+                Post::Read {
+                    offset: local.offset,
+                    len,
+                    desc,
+                    from,
+                }
+            }
+            WorkOp::Write {
+                local,
+                remote,
+                len,
+                imm,
+            } => {
+                let to = target(live, &remote)?;
+                let (offset, desc) = match &local {
+                    Some(l) if len > 0 => (l.offset, pin(&mut ctx, l, len)?),
+                    _ => (0, 0),
+                };
+                let len = if local.is_some() { len } else { 0 };
+                Post::Write {
+                    offset,
+                    len,
+                    desc,
+                    to,
+                    imm,
+                    // Data to make visible before the completion (§3);
+                    // see `LibfabricDomain::delivery_complete`.
+                    deliver: inner.delivery_complete && len > 0,
+                }
+            }
+            WorkOp::Cas {
+                remote,
+                expected,
+                new,
+            } => {
+                let to = target(live, &remote)?;
+                ctx.words = [new, expected, 0];
+                let a = ctx.words.as_ptr() as u64;
+                let desc = inner.op_mr(&mut ctx, a, 24)?;
+                Post::Cas { desc, to }
+            }
+            WorkOp::Faa { remote, add } => {
+                let to = target(live, &remote)?;
+                ctx.words = [add, 0, 0];
+                let a = ctx.words.as_ptr() as u64;
+                let desc = inner.op_mr(&mut ctx, a, 24)?;
+                Post::Faa { desc, to }
+            }
+            WorkOp::Send { peer, data } => {
+                let fi_addr = inner.fi_addr(live, &peer)?;
+                ctx.bytes = data;
+                let (a, n) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len() as u64);
+                let desc = inner.op_mr(&mut ctx, a, n)?;
+                Post::Send { desc, fi_addr }
+            }
+        };
+        Ok((ctx, post))
+    }
+
+    fn fail_now(&self, wr_id: u64, e: TransferError) {
+        Counters::bump(&self.inner.counters.errors, 1);
+        self.sink.queue.push(Completion {
+            wr_id,
+            result: Err(e),
+        });
+    }
+}
+
+fn kind(op: &WorkOp) -> OpKind {
+    match op {
+        WorkOp::Read { .. } => OpKind::Read,
+        WorkOp::Write { .. } => OpKind::Write,
+        WorkOp::Cas { .. } => OpKind::Cas,
+        WorkOp::Faa { .. } => OpKind::Faa,
+        WorkOp::Send { .. } => OpKind::Send,
+    }
+}
+
+thread_local! {
+    static SLACK_SET: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Endpoint for FabricEndpoint {
+    fn post(&mut self, batch: &mut Vec<WorkRequest>) {
+        if batch.is_empty() {
+            return;
+        }
+        let inner = self.inner.clone();
+        let mut g = lock(&inner.live);
+        let Some(live) = g.as_mut() else {
+            for wr in batch.drain(..) {
+                self.fail_now(wr.wr_id, TransferError::EngineShutDown);
+            }
+            return;
+        };
+        Counters::bump(&inner.counters.doorbells, 1);
+        let now = Instant::now();
+        live.last_activity = now;
+        for WorkRequest { wr_id, op } in batch.drain(..) {
+            self.count(&op);
+            let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
+            let seq = live.next_seq;
+            live.next_seq += 1;
+            let (ctx, post) = match self.build(live, seq, op) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.fail_now(wr_id, e);
+                    continue;
+                }
+            };
+            self.sink.outstanding.fetch_add(1, SeqCst);
+            live.retry_meta.insert(
+                seq,
+                OpMeta {
+                    wr_id,
+                    sink: self.sink.clone(),
+                    op: op_kind,
+                    peer,
+                    since: now,
+                },
+            );
+            let p = Pending {
+                ctx,
+                post,
+                seq: Some(seq),
+            };
+            // Keep posting order: nothing overtakes a refused post.
+            if !live.retry.is_empty() {
+                live.retry.push_back(p);
+            } else if let Err(p) = inner.try_post(live, p) {
+                live.retry.push_back(p);
+            }
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
+        if !SLACK_SET.get() {
+            ffi::short_timer_slack();
+            SLACK_SET.set(true);
+        }
+        let inner = self.inner.clone();
+        let mut g = lock(&inner.live);
+        let since = match g.as_mut() {
+            Some(live) => {
+                inner.progress(live);
+                Some(live.last_activity.elapsed())
+            }
+            None => None,
+        };
+        drop(g);
+        while let Some(c) = self.sink.queue.pop() {
+            out.push(c);
+        }
+        if self.sink.outstanding.load(SeqCst) > 0 {
+            return Progress::Busy;
+        }
+        let Some(since) = since else {
+            return Progress::Idle;
+        };
+        let cfg = &inner.cfg;
+        if since < cfg.busy_poll {
+            std::thread::yield_now();
+            Progress::WaitUntil(Instant::now())
+        } else if since < HOT {
+            Progress::Busy
+        } else {
+            Progress::WaitUntil(Instant::now() + cfg.idle_poll)
+        }
+    }
+
+    fn flush(&mut self, out: &mut Vec<Completion>) {
+        let inner = self.inner.clone();
+        let mut g = lock(&inner.live);
+        if let Some(live) = g.as_mut() {
+            let mine: Vec<u64> = live
+                .inflight
+                .iter()
+                .filter(|(_, f)| Arc::ptr_eq(&f.sink, &self.sink))
+                .map(|(s, _)| *s)
+                .collect();
+            for s in mine {
+                if let Some(f) = live.inflight.remove(&s) {
+                    out.push(Completion {
+                        wr_id: f.wr_id,
+                        result: Err(TransferError::EngineShutDown),
+                    });
+                    self.sink.outstanding.fetch_sub(1, SeqCst);
+                    // The provider may still use the buffers: keep them.
+                    live.abandoned.insert(s, f.leaked);
+                }
+            }
+            let waiting: Vec<u64> = live
+                .retry_meta
+                .iter()
+                .filter(|(_, m)| Arc::ptr_eq(&m.sink, &self.sink))
+                .map(|(s, _)| *s)
+                .collect();
+            for s in waiting {
+                if let Some(m) = live.retry_meta.remove(&s) {
+                    out.push(Completion {
+                        wr_id: m.wr_id,
+                        result: Err(TransferError::EngineShutDown),
+                    });
+                    self.sink.outstanding.fetch_sub(1, SeqCst);
+                }
+            }
+            // Never posted: drop them here.
+            let keep: Vec<Pending> = live
+                .retry
+                .drain(..)
+                .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
+                .collect();
+            live.retry.extend(keep);
+        }
+        drop(g);
+        while let Some(c) = self.sink.queue.pop() {
+            out.push(c);
+        }
+    }
+}

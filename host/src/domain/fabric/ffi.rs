@@ -1,0 +1,878 @@
+//! The only module of the libfabric domain that calls C: owned handles over
+//! libfabric objects and the operation contexts handed to the provider.
+//!
+//! Invariants:
+//! - every raw handle is owned by one type whose `Drop` closes it, and the
+//!   owners are declared so that Rust's drop order closes children before
+//!   parents (endpoint → completion queue / address vector → memory
+//!   regions → domain → fabric → info);
+//! - a posted operation owns everything the provider may touch until its
+//!   completion is read (an [`OpCtx`]: the `fi_context2` the provider uses,
+//!   pinned region guards, operand words, message bytes, per-operation
+//!   memory registrations). The box is leaked into the provider on a
+//!   successful post and taken back exactly once, from its completion or
+//!   after the endpoint is closed;
+//! - every failing call becomes a [`FiError`] naming the call, with
+//!   `fi_strerror`'s text.
+
+use std::ffi::{CStr, CString};
+use std::mem::ManuallyDrop;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use libfabric_sys as sys;
+
+use crate::domain::RecvBuffer;
+use crate::region::{Region, RegionGuard};
+
+/// A failed libfabric call: its name and the (positive) error number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FiError {
+    pub(crate) call: &'static str,
+    pub(crate) errno: i32,
+}
+
+impl FiError {
+    /// `fi_strerror`'s text for the error number.
+    pub(crate) fn text(&self) -> String {
+        strerror(self.errno)
+    }
+
+    pub(crate) fn is_eagain(&self) -> bool {
+        self.errno == eagain()
+    }
+}
+
+/// `fi_strerror(errno)` as an owned string.
+pub(crate) fn strerror(errno: i32) -> String {
+    // SAFETY: `fi_strerror` returns a pointer to a static NUL-terminated
+    // string for any error number (an "Unknown error" text for unknown ones).
+    let p = unsafe { sys::fi_strerror(errno) };
+    if p.is_null() {
+        return format!("error {errno}");
+    }
+    // SAFETY: non-null, NUL-terminated, static (see above).
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn eagain() -> i32 {
+    // SAFETY: reading an immutable constant exported by the shim.
+    unsafe { sys::rfi_eagain }
+}
+
+fn eavail() -> i32 {
+    // SAFETY: as above.
+    unsafe { sys::rfi_eavail }
+}
+
+/// Turns a libfabric return code (negative error number on failure) into a
+/// result.
+fn check(call: &'static str, rc: isize) -> Result<usize, FiError> {
+    if rc < 0 {
+        Err(FiError {
+            call,
+            errno: i32::try_from(-rc).unwrap_or(i32::MAX),
+        })
+    } else {
+        Ok(rc as usize)
+    }
+}
+
+/// What the domain asks of `fi_getinfo`.
+pub(crate) struct Hints<'a> {
+    pub(crate) provider: &'a str,
+    pub(crate) node: Option<&'a str>,
+    pub(crate) service: Option<&'a str>,
+    /// Ask for `FI_DELIVERY_COMPLETE` support (a provider that cannot give
+    /// it then matches nothing).
+    pub(crate) delivery_complete: bool,
+}
+
+/// What the chosen provider grants (read from the returned `fi_info`).
+#[derive(Clone, Debug)]
+pub(crate) struct Granted {
+    pub(crate) provider: String,
+    pub(crate) mr_mode: u64,
+    pub(crate) mr_key_size: usize,
+    pub(crate) msg_order: u64,
+    pub(crate) manual_progress: bool,
+    /// Whether writes may ask for `FI_DELIVERY_COMPLETE`: their completion
+    /// then means the data is visible in the target's memory.
+    pub(crate) delivery_complete: bool,
+    /// The endpoint speaks the shared-memory protocol (`FI_PROTO_SHM`):
+    /// in-process peers work on each other's regions directly.
+    pub(crate) shared_memory: bool,
+}
+
+/// An `fi_info` list from `fi_getinfo`; only its first entry is used.
+pub(crate) struct Info(NonNull<sys::fi_info>);
+
+impl Drop for Info {
+    fn drop(&mut self) {
+        // SAFETY: the list came from `fi_getinfo` and is freed only here.
+        unsafe { sys::fi_freeinfo(self.0.as_ptr()) }
+    }
+}
+
+/// The API version asked for: 1.17 (Debian 12's), which newer libraries
+/// also serve.
+const API_VERSION: u32 = sys::fi_version_of(1, 17);
+
+impl Info {
+    /// `fi_getinfo` for an RDM endpoint with messages, RMA, atomics and
+    /// remote CQ data on `hints.provider`.
+    pub(crate) fn get(h: &Hints<'_>) -> Result<Info, FiError> {
+        let cstr = |s: &str, call| {
+            CString::new(s).map_err(|_| FiError {
+                call,
+                errno: libc::EINVAL,
+            })
+        };
+        let prov = cstr(h.provider, "fi_getinfo (provider name)")?;
+        let node = h.node.map(|n| cstr(n, "fi_getinfo (node)")).transpose()?;
+        let service = h
+            .service
+            .map(|s| cstr(s, "fi_getinfo (service)"))
+            .transpose()?;
+        // SAFETY: `fi_allocinfo` returns a zeroed `fi_info` with allocated
+        // attribute structs, or null.
+        let hints = NonNull::new(unsafe { sys::rfi_allocinfo() }).ok_or(FiError {
+            call: "fi_allocinfo",
+            errno: libc::ENOMEM,
+        })?;
+        let hints = Info(hints);
+        let hp = hints.0.as_ptr();
+        // SAFETY: `hp` and its attribute pointers were allocated by
+        // `fi_allocinfo`; `prov_name` must be malloc'ed because
+        // `fi_freeinfo` frees it, hence `strdup`.
+        unsafe {
+            (*hp).caps = (sys::FI_MSG
+                | sys::FI_RMA
+                | sys::FI_ATOMIC
+                | sys::FI_READ
+                | sys::FI_WRITE
+                | sys::FI_SEND
+                | sys::FI_RECV
+                | sys::FI_REMOTE_READ
+                | sys::FI_REMOTE_WRITE) as u64;
+            (*hp).mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+            (*(*hp).ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
+            (*(*hp).domain_attr).mr_mode = (sys::FI_MR_LOCAL
+                | sys::FI_MR_VIRT_ADDR
+                | sys::FI_MR_ALLOCATED
+                | sys::FI_MR_PROV_KEY
+                | sys::FI_MR_ENDPOINT) as i32;
+            (*(*hp).domain_attr).threading = sys::fi_threading_FI_THREAD_SAFE;
+            if h.delivery_complete {
+                (*(*hp).tx_attr).op_flags = sys::FI_DELIVERY_COMPLETE as u64;
+            }
+            (*(*hp).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+        }
+        let mut out: *mut sys::fi_info = ptr::null_mut();
+        // SAFETY: all pointers are valid for the call; `out` receives a list
+        // we own (freed by `Info::drop`).
+        let rc = unsafe {
+            sys::fi_getinfo(
+                API_VERSION,
+                node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
+                service.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+                0,
+                hp,
+                &mut out,
+            )
+        };
+        check("fi_getinfo", rc as isize)?;
+        NonNull::new(out).map(Info).ok_or(FiError {
+            call: "fi_getinfo (no matching provider)",
+            errno: libc::ENODATA,
+        })
+    }
+
+    pub(crate) fn granted(&self) -> Granted {
+        let p = self.0.as_ptr();
+        // SAFETY: a non-null `fi_info` from `fi_getinfo` has non-null
+        // attribute structs and a NUL-terminated provider name.
+        unsafe {
+            let d = &*(*p).domain_attr;
+            let f = &*(*p).fabric_attr;
+            let provider = if f.prov_name.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(f.prov_name).to_string_lossy().into_owned()
+            };
+            Granted {
+                provider,
+                mr_mode: d.mr_mode as u32 as u64,
+                mr_key_size: d.mr_key_size,
+                msg_order: (*(*p).tx_attr).msg_order,
+                manual_progress: d.data_progress == sys::fi_progress_FI_PROGRESS_MANUAL,
+                delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE as u64 != 0,
+                shared_memory: (*(*p).ep_attr).protocol == sys::FI_PROTO_SHM,
+            }
+        }
+    }
+
+    /// Clears the default transmit flags before the endpoint is opened:
+    /// operations keep the provider's default completion, and writes ask
+    /// for delivery completion one by one (see [`Post::Write`]).
+    pub(crate) fn clear_tx_op_flags(&mut self) {
+        // SAFETY: a valid `fi_info` we own, with a non-null `tx_attr`.
+        unsafe { (*(*self.0.as_ptr()).tx_attr).op_flags = 0 }
+    }
+}
+
+/// `fid_fabric`.
+pub(crate) struct Fabric(NonNull<sys::fid_fabric>);
+/// `fid_domain`.
+pub(crate) struct DomainH(NonNull<sys::fid_domain>);
+/// `fid_cq` (data-format entries).
+pub(crate) struct Cq(NonNull<sys::fid_cq>);
+/// `fid_av` (table).
+pub(crate) struct Av(NonNull<sys::fid_av>);
+/// `fid_ep` (RDM).
+pub(crate) struct Ep(NonNull<sys::fid_ep>);
+/// `fid_mr`.
+pub(crate) struct Mr(NonNull<sys::fid_mr>);
+
+macro_rules! closes {
+    ($($t:ident, $field:ident;)*) => {$(
+        impl Drop for $t {
+            fn drop(&mut self) {
+                // SAFETY: the handle is open and owned by `self`; nothing
+                // uses it after this (children were closed first, see the
+                // module docs). A failure cannot be acted on in drop.
+                let _ = unsafe { sys::rfi_close(&mut (*self.0.as_ptr()).$field) };
+            }
+        }
+        // SAFETY: the domain is opened with FI_THREAD_SAFE, so libfabric
+        // serialises calls on the object from any thread; the handle itself
+        // is a pointer with no thread affinity.
+        unsafe impl Send for $t {}
+        // SAFETY: as for `Send`.
+        unsafe impl Sync for $t {}
+    )*};
+}
+
+closes! {
+    Fabric, fid;
+    DomainH, fid;
+    Cq, fid;
+    Av, fid;
+    Ep, fid;
+    Mr, fid;
+}
+
+// SAFETY: the `fi_info` is read-only after `fi_getinfo`; libfabric reads it
+// from any thread when opening objects.
+unsafe impl Send for Info {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Info {}
+
+fn open<T>(call: &'static str, f: impl FnOnce(*mut *mut T) -> i32) -> Result<NonNull<T>, FiError> {
+    let mut p: *mut T = ptr::null_mut();
+    check(call, f(&mut p) as isize)?;
+    NonNull::new(p).ok_or(FiError {
+        call,
+        errno: libc::EINVAL,
+    })
+}
+
+impl Fabric {
+    pub(crate) fn open(info: &Info) -> Result<Fabric, FiError> {
+        // SAFETY: `fabric_attr` of a valid info; the out-pointer is valid.
+        open("fi_fabric", |p| unsafe {
+            sys::fi_fabric((*info.0.as_ptr()).fabric_attr, p, ptr::null_mut())
+        })
+        .map(Fabric)
+    }
+}
+
+impl DomainH {
+    pub(crate) fn open(fabric: &Fabric, info: &Info) -> Result<DomainH, FiError> {
+        // SAFETY: valid fabric and info; the out-pointer is valid.
+        open("fi_domain", |p| unsafe {
+            sys::rfi_domain(fabric.0.as_ptr(), info.0.as_ptr(), p, ptr::null_mut())
+        })
+        .map(DomainH)
+    }
+
+    /// `fi_mr_reg` of `[addr, addr + len)` with `access` and, for
+    /// application-chosen keys, `key`.
+    ///
+    /// The memory must stay valid until the returned [`Mr`] is dropped;
+    /// callers guarantee it by holding the region (see `PinnedRegion`) or
+    /// the buffer next to the `Mr`.
+    pub(crate) fn reg(&self, addr: u64, len: u64, access: u64, key: u64) -> Result<Mr, FiError> {
+        // SAFETY: registration only records the range; the provider touches
+        // it later, while the owner keeps it alive (see above).
+        open("fi_mr_reg", |p| unsafe {
+            sys::rfi_mr_reg(
+                self.0.as_ptr(),
+                addr as *const libc::c_void,
+                len as usize,
+                access,
+                0,
+                key,
+                0,
+                p,
+                ptr::null_mut(),
+            )
+        })
+        .map(Mr)
+    }
+}
+
+impl Cq {
+    pub(crate) fn open(dom: &DomainH, size: usize) -> Result<Cq, FiError> {
+        let mut attr = sys::fi_cq_attr {
+            size,
+            format: sys::fi_cq_format_FI_CQ_FORMAT_DATA,
+            wait_obj: sys::fi_wait_obj_FI_WAIT_NONE,
+            ..Default::default()
+        };
+        // SAFETY: valid domain and attribute struct; valid out-pointer.
+        open("fi_cq_open", |p| unsafe {
+            sys::rfi_cq_open(dom.0.as_ptr(), &mut attr, p, ptr::null_mut())
+        })
+        .map(Cq)
+    }
+}
+
+impl Av {
+    pub(crate) fn open(dom: &DomainH) -> Result<Av, FiError> {
+        let mut attr = sys::fi_av_attr {
+            type_: sys::fi_av_type_FI_AV_TABLE,
+            ..Default::default()
+        };
+        // SAFETY: valid domain and attribute struct; valid out-pointer.
+        open("fi_av_open", |p| unsafe {
+            sys::rfi_av_open(dom.0.as_ptr(), &mut attr, p, ptr::null_mut())
+        })
+        .map(Av)
+    }
+
+    /// `fi_av_insert` of one raw address (at most [`MAX_ADDR`] bytes).
+    pub(crate) fn insert(&self, addr: &[u8]) -> Result<u64, FiError> {
+        // Providers read their own address length from the pointer, and
+        // some addresses (shm's names) vary in length: pass a zero-padded
+        // buffer longer than any provider's address.
+        let mut buf = [0u8; MAX_ADDR + 1];
+        if addr.len() > MAX_ADDR {
+            return Err(einval("fi_av_insert (address too long)"));
+        }
+        buf[..addr.len()].copy_from_slice(addr);
+        let mut out: u64 = 0;
+        // SAFETY: `buf` is readable for more bytes than any provider's
+        // address; `out` receives one `fi_addr_t`.
+        let n = unsafe {
+            sys::rfi_av_insert(
+                self.0.as_ptr(),
+                buf.as_ptr() as *const libc::c_void,
+                1,
+                &mut out,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if check("fi_av_insert", n as isize)? != 1 {
+            return Err(einval("fi_av_insert"));
+        }
+        Ok(out)
+    }
+}
+
+/// The longest endpoint address handled (a `NetAddr` holds 64 bytes).
+pub(crate) const MAX_ADDR: usize = 256;
+
+impl Ep {
+    /// Opens an endpoint, binds `cq` (transmit and receive) and `av`, and
+    /// enables it.
+    pub(crate) fn open(dom: &DomainH, info: &Info, cq: &Cq, av: &Av) -> Result<Ep, FiError> {
+        // SAFETY: valid domain and info; valid out-pointer.
+        let ep = Ep(open("fi_endpoint", |p| unsafe {
+            sys::rfi_endpoint(dom.0.as_ptr(), info.0.as_ptr(), p, ptr::null_mut())
+        })?);
+        // SAFETY: `ep`, `cq` and `av` are open objects of the same domain.
+        unsafe {
+            check(
+                "fi_ep_bind (cq)",
+                sys::rfi_ep_bind(
+                    ep.0.as_ptr(),
+                    &mut (*cq.0.as_ptr()).fid,
+                    (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+                ) as isize,
+            )?;
+            check(
+                "fi_ep_bind (av)",
+                sys::rfi_ep_bind(ep.0.as_ptr(), &mut (*av.0.as_ptr()).fid, 0) as isize,
+            )?;
+            check("fi_enable", sys::rfi_enable(ep.0.as_ptr()) as isize)?;
+        }
+        Ok(ep)
+    }
+
+    /// The endpoint's raw address (`fi_getname`).
+    pub(crate) fn name(&self) -> Result<Vec<u8>, FiError> {
+        let mut buf = vec![0u8; MAX_ADDR];
+        let mut len = buf.len();
+        // SAFETY: `buf` is writable for `len` bytes; `len` is updated with
+        // the address length.
+        let rc = unsafe {
+            sys::rfi_getname(
+                &mut (*self.0.as_ptr()).fid,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        check("fi_getname", rc as isize)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+}
+
+impl Mr {
+    pub(crate) fn key(&self) -> u64 {
+        // SAFETY: an open memory region.
+        unsafe { sys::rfi_mr_key(self.0.as_ptr()) }
+    }
+
+    pub(crate) fn desc(&self) -> *mut libc::c_void {
+        // SAFETY: an open memory region.
+        unsafe { sys::rfi_mr_desc(self.0.as_ptr()) }
+    }
+
+    /// `fi_mr_bind` to the endpoint and `fi_mr_enable` (FI_MR_ENDPOINT).
+    pub(crate) fn bind_enable(&self, ep: &Ep) -> Result<(), FiError> {
+        // SAFETY: open region and endpoint of the same domain.
+        unsafe {
+            check(
+                "fi_mr_bind",
+                sys::rfi_mr_bind(self.0.as_ptr(), &mut (*ep.0.as_ptr()).fid, 0) as isize,
+            )?;
+            check("fi_mr_enable", sys::rfi_mr_enable(self.0.as_ptr()) as isize)?;
+        }
+        Ok(())
+    }
+}
+
+/// A region kept alive and pinned (its guard held) while the provider may
+/// touch it: deregistration waits for the guard, so the memory outlives
+/// the operation.
+pub(crate) struct PinnedRegion {
+    guard: ManuallyDrop<RegionGuard<'static>>,
+    region: Arc<Region>,
+}
+
+impl PinnedRegion {
+    /// Pins `region`; `None` once it is deregistered.
+    pub(crate) fn new(region: Arc<Region>) -> Option<PinnedRegion> {
+        let guard = region.enter()?;
+        // SAFETY: the guard borrows the `Region` inside `region`'s `Arc`,
+        // which this struct keeps alive at a stable heap address for at
+        // least as long as the guard (the guard is dropped first, in
+        // `Drop`), so extending the borrow to 'static is sound.
+        let guard = unsafe { std::mem::transmute::<RegionGuard<'_>, RegionGuard<'static>>(guard) };
+        Some(PinnedRegion {
+            guard: ManuallyDrop::new(guard),
+            region,
+        })
+    }
+
+    /// Address of byte `offset` if `[offset, offset + len)` is inside.
+    pub(crate) fn ptr(&self, offset: u64, len: u64) -> Option<u64> {
+        let end = offset.checked_add(len)?;
+        (end <= self.region.len()).then(|| self.region.addr() + offset)
+    }
+}
+
+impl Drop for PinnedRegion {
+    fn drop(&mut self) {
+        // SAFETY: dropped exactly once, before `region` (field drop runs
+        // after this body).
+        unsafe { ManuallyDrop::drop(&mut self.guard) }
+    }
+}
+
+/// What a posted operation is.
+pub(crate) enum CtxKind {
+    /// A local operation: the endpoint's sequence number of it.
+    Op(u64),
+    /// A posted receive.
+    Recv(Option<RecvBuffer>),
+}
+
+/// Everything one posted operation owns (see the module docs).
+#[repr(C)]
+pub(crate) struct OpCtx {
+    /// First field: the provider's scratch space (FI_CONTEXT/FI_CONTEXT2).
+    fi: sys::fi_context2,
+    pub(crate) kind: CtxKind,
+    /// Operand, compare and result words of an atomic.
+    pub(crate) words: [u64; 3],
+    pub(crate) pinned: Option<PinnedRegion>,
+    pub(crate) bytes: Vec<u8>,
+    /// Registrations made for this operation only (FI_MR_LOCAL).
+    pub(crate) mrs: Vec<Mr>,
+}
+
+// SAFETY: `fi` is scratch space only the provider reads and writes, while
+// it owns the context (between a post and its completion, during which no
+// Rust code touches the context); everything else in it is `Send`.
+unsafe impl Send for OpCtx {}
+
+impl OpCtx {
+    pub(crate) fn new(kind: CtxKind) -> Box<OpCtx> {
+        Box::new(OpCtx {
+            fi: Default::default(),
+            kind,
+            words: [0; 3],
+            pinned: None,
+            bytes: Vec::new(),
+            mrs: Vec::new(),
+        })
+    }
+}
+
+/// An in-flight operation's context, owned by the provider until its
+/// completion is read (or the endpoint is closed).
+pub(crate) struct Leaked(NonNull<OpCtx>);
+
+// SAFETY: the context is only touched by whoever holds the `Leaked`
+// (the domain, under its lock) or the provider; its contents are `Send`.
+unsafe impl Send for Leaked {}
+
+impl Leaked {
+    /// Takes the context back.
+    ///
+    /// # Safety
+    /// The provider must be done with it: its completion was read, or the
+    /// endpoint it was posted on is closed.
+    pub(crate) unsafe fn reclaim(self) -> Box<OpCtx> {
+        // SAFETY: the pointer came from `Box::into_raw` in `Ep::post` and
+        // is reclaimed once (the caller's contract).
+        unsafe { Box::from_raw(self.0.as_ptr()) }
+    }
+
+    pub(crate) fn addr(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+}
+
+/// Where an RMA or atomic goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target {
+    pub(crate) fi_addr: u64,
+    /// Address as the provider wants it (virtual or offset).
+    pub(crate) addr: u64,
+    pub(crate) key: u64,
+}
+
+/// One operation to post; local buffers are those owned by the context.
+pub(crate) enum Post {
+    /// `fi_write`/`fi_writedata` from the pinned region at `offset` (or
+    /// nothing for `len == 0`); with `deliver`, `fi_writemsg` with
+    /// `FI_DELIVERY_COMPLETE`, so the completion means the data is visible
+    /// at the target.
+    Write {
+        offset: u64,
+        len: u64,
+        desc: usize,
+        to: Target,
+        imm: Option<u32>,
+        deliver: bool,
+    },
+    /// `fi_read` into the pinned region at `offset`.
+    Read {
+        offset: u64,
+        len: u64,
+        desc: usize,
+        from: Target,
+    },
+    /// `fi_compare_atomic` (FI_CSWAP, FI_UINT64): `words = [new, expected,
+    /// result]`.
+    Cas { desc: usize, to: Target },
+    /// `fi_fetch_atomic` (FI_SUM, FI_UINT64): `words = [add, _, result]`.
+    Faa { desc: usize, to: Target },
+    /// `fi_send` of the context's bytes.
+    Send { desc: usize, fi_addr: u64 },
+    /// `fi_recv` into the context's receive buffer.
+    Recv { desc: usize },
+}
+
+impl Ep {
+    /// Posts `op` with `ctx`. On success the context is the provider's
+    /// until its completion; on failure (`-FI_EAGAIN` included) it is
+    /// handed back untouched.
+    pub(crate) fn post(&self, ctx: Box<OpCtx>, op: &Post) -> Result<Leaked, (Box<OpCtx>, FiError)> {
+        let raw = Box::into_raw(ctx);
+        let ep = self.0.as_ptr();
+        let c = raw as *mut libc::c_void;
+        // SAFETY: every buffer passed is owned by the context (pinned
+        // region range checked by `PinnedRegion::ptr`, the atomic words,
+        // the message bytes, the receive buffer), which stays allocated
+        // until reclaimed after the completion; descriptors are those of
+        // registrations alive at least as long (the domain's or the
+        // context's own). `raw` is a valid, unique pointer.
+        let (rc, call) = unsafe {
+            let ctx = &mut *raw;
+            match *op {
+                Post::Write {
+                    offset,
+                    len,
+                    desc,
+                    to,
+                    imm,
+                    deliver,
+                } => {
+                    let desc = desc as *mut libc::c_void;
+                    let buf = if len == 0 {
+                        ptr::null()
+                    } else {
+                        match ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) {
+                            Some(a) => a as *const libc::c_void,
+                            None => return Err((Box::from_raw(raw), einval("fi_write"))),
+                        }
+                    };
+                    match imm {
+                        _ if deliver => {
+                            let mut flags = (sys::FI_DELIVERY_COMPLETE | sys::FI_COMPLETION) as u64;
+                            if imm.is_some() {
+                                flags |= sys::FI_REMOTE_CQ_DATA as u64;
+                            }
+                            (
+                                sys::rfi_writemsg1(
+                                    ep,
+                                    buf,
+                                    len as usize,
+                                    desc,
+                                    imm.map_or(0, u64::from),
+                                    to.fi_addr,
+                                    to.addr,
+                                    to.key,
+                                    c,
+                                    flags,
+                                ),
+                                "fi_writemsg",
+                            )
+                        }
+                        Some(d) => (
+                            sys::rfi_writedata(
+                                ep,
+                                buf,
+                                len as usize,
+                                desc,
+                                u64::from(d),
+                                to.fi_addr,
+                                to.addr,
+                                to.key,
+                                c,
+                            ),
+                            "fi_writedata",
+                        ),
+                        None => (
+                            sys::rfi_write(
+                                ep,
+                                buf,
+                                len as usize,
+                                desc,
+                                to.fi_addr,
+                                to.addr,
+                                to.key,
+                                c,
+                            ),
+                            "fi_write",
+                        ),
+                    }
+                }
+                Post::Read {
+                    offset,
+                    len,
+                    desc,
+                    from,
+                } => match ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) {
+                    Some(a) => (
+                        sys::rfi_read(
+                            ep,
+                            a as *mut libc::c_void,
+                            len as usize,
+                            desc as *mut libc::c_void,
+                            from.fi_addr,
+                            from.addr,
+                            from.key,
+                            c,
+                        ),
+                        "fi_read",
+                    ),
+                    None => return Err((Box::from_raw(raw), einval("fi_read"))),
+                },
+                Post::Cas { desc, to } => {
+                    let desc = desc as *mut libc::c_void;
+                    let w = ctx.words.as_mut_ptr();
+                    (
+                        sys::rfi_compare_atomic(
+                            ep,
+                            w as *const libc::c_void,
+                            1,
+                            desc,
+                            w.add(1) as *const libc::c_void,
+                            desc,
+                            w.add(2) as *mut libc::c_void,
+                            desc,
+                            to.fi_addr,
+                            to.addr,
+                            to.key,
+                            sys::fi_datatype_FI_UINT64,
+                            sys::fi_op_FI_CSWAP,
+                            c,
+                        ),
+                        "fi_compare_atomic",
+                    )
+                }
+                Post::Faa { desc, to } => {
+                    let desc = desc as *mut libc::c_void;
+                    let w = ctx.words.as_mut_ptr();
+                    (
+                        sys::rfi_fetch_atomic(
+                            ep,
+                            w as *const libc::c_void,
+                            1,
+                            desc,
+                            w.add(2) as *mut libc::c_void,
+                            desc,
+                            to.fi_addr,
+                            to.addr,
+                            to.key,
+                            sys::fi_datatype_FI_UINT64,
+                            sys::fi_op_FI_SUM,
+                            c,
+                        ),
+                        "fi_fetch_atomic",
+                    )
+                }
+                Post::Send { desc, fi_addr } => (
+                    sys::rfi_send(
+                        ep,
+                        ctx.bytes.as_ptr() as *const libc::c_void,
+                        ctx.bytes.len(),
+                        desc as *mut libc::c_void,
+                        fi_addr,
+                        c,
+                    ),
+                    "fi_send",
+                ),
+                Post::Recv { desc } => match &mut ctx.kind {
+                    CtxKind::Recv(Some(b)) => (
+                        sys::rfi_recv(
+                            ep,
+                            b.data.as_mut_ptr() as *mut libc::c_void,
+                            b.data.len(),
+                            desc as *mut libc::c_void,
+                            sys::rfi_addr_unspec,
+                            c,
+                        ),
+                        "fi_recv",
+                    ),
+                    _ => (-(libc::EINVAL as isize), "fi_recv"),
+                },
+            }
+        };
+        match check(call, rc) {
+            // SAFETY: `raw` is non-null (from `Box::into_raw`).
+            Ok(_) => Ok(Leaked(unsafe { NonNull::new_unchecked(raw) })),
+            // SAFETY: the post failed, so the provider did not keep `raw`.
+            Err(e) => Err((unsafe { Box::from_raw(raw) }, e)),
+        }
+    }
+}
+
+fn einval(call: &'static str) -> FiError {
+    FiError {
+        call,
+        errno: libc::EINVAL,
+    }
+}
+
+/// One completion read from a queue.
+pub(crate) enum CqEvent {
+    /// A local operation or posted receive finished (its context back),
+    /// with the received length for receives, or failed with an error
+    /// number.
+    Done {
+        ctx: Box<OpCtx>,
+        len: usize,
+        result: Result<(), i32>,
+    },
+    /// Remote CQ data from a peer's write (the immediate).
+    RemoteData(u64),
+}
+
+impl Cq {
+    /// Reads up to `max` completions (error entries included) into `out`;
+    /// returns how many. Reading drives the provider's progress.
+    pub(crate) fn read(&self, out: &mut Vec<CqEvent>, max: usize) -> Result<usize, FiError> {
+        let mut entries: [sys::fi_cq_data_entry; 16] = Default::default();
+        let mut total = 0;
+        while total < max {
+            // SAFETY: `entries` is writable for 16 data-format entries,
+            // the format the queue was opened with.
+            let n = unsafe {
+                sys::rfi_cq_read(
+                    self.0.as_ptr(),
+                    entries.as_mut_ptr() as *mut libc::c_void,
+                    entries.len(),
+                )
+            };
+            if n == -(eagain() as isize) {
+                break;
+            }
+            if n == -(eavail() as isize) {
+                let mut err = sys::fi_cq_err_entry::default();
+                // SAFETY: `err` is a writable error entry.
+                let r = unsafe { sys::rfi_cq_readerr(self.0.as_ptr(), &mut err, 0) };
+                check("fi_cq_readerr", r)?;
+                let errno = if err.err == 0 { libc::EIO } else { err.err };
+                if !err.op_context.is_null() && err.flags & sys::FI_REMOTE_CQ_DATA as u64 == 0 {
+                    // SAFETY: a non-null context in an error entry of a
+                    // local operation is one of ours (from `Ep::post`), and
+                    // its completion has now been read.
+                    let ctx = unsafe { Box::from_raw(err.op_context as *mut OpCtx) };
+                    out.push(CqEvent::Done {
+                        ctx,
+                        len: 0,
+                        result: Err(errno),
+                    });
+                }
+                total += 1;
+                continue;
+            }
+            let n = check("fi_cq_read", n)?;
+            for e in &entries[..n] {
+                let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA as u64 != 0;
+                let recv = e.flags & sys::FI_RECV as u64 != 0;
+                if remote_data && !recv {
+                    out.push(CqEvent::RemoteData(e.data));
+                } else if !e.op_context.is_null() {
+                    // SAFETY: as above: a non-null context of a local
+                    // operation or posted receive is ours, read once.
+                    let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
+                    out.push(CqEvent::Done {
+                        ctx,
+                        len: e.len,
+                        result: Ok(()),
+                    });
+                }
+            }
+            total += n;
+        }
+        Ok(total)
+    }
+}
+
+/// Asks the kernel for 1 µs timer slack on the calling thread, so the
+/// poller's short sleeps (tens of µs) are not stretched to the default
+/// 50 µs. Failure only costs latency.
+pub(crate) fn short_timer_slack() {
+    // SAFETY: `PR_SET_TIMERSLACK` takes one integer argument and affects
+    // only the calling thread.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+}

@@ -1,0 +1,941 @@
+//! The libfabric domain (design §3, §7): one RDM endpoint of a named
+//! provider (`tcp` meaning `tcp;ofi_rxm`, `shm`, `sockets`, `efa`,
+//! `verbs;ofi_rxm`) with messages, RMA, 8-byte atomics and remote CQ data
+//! as the immediate, behind the same [`Domain`] / [`Endpoint`] traits as
+//! loopback.
+//!
+//! - Memory registration honours the provider's `mr_mode`. With
+//!   `FI_MR_VIRT_ADDR` remote addresses are virtual addresses; without it
+//!   they are offsets into the region, and the region's base is carried in
+//!   the (application-chosen) key so an initiator can turn the absolute
+//!   address of a [`Remote`] into an offset. Application keys carry a check
+//!   field ([`keys`]) so a corrupted key is refused *before posting*: the
+//!   software providers do not enforce protection (§7), so every check an
+//!   initiator can make is made here or in the engine, never left to them.
+//!   With provider keys (hardware) the NIC checks.
+//! - Ordering ([`Domain::ordered`]) is read from the provider's
+//!   `tx_attr->msg_order` at start-up: ordered when it grants
+//!   read-after-write and write-after-write, never by provider name.
+//! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
+//!   queue is read, so the poller keeps reading it while the domain lives:
+//!   without pause while operations are outstanding (or, with
+//!   [`LibfabricConfig::busy_poll`], for that long after the last
+//!   activity), with the group worker's short back-off (1 to 200 µs) for
+//!   [`HOT`] after the last activity, then every
+//!   [`LibfabricConfig::idle_poll`]. CPU cost when idle: one queue read per
+//!   `idle_poll` (1 ms by default: about a thousand reads of a few µs per
+//!   second, well under 1% of a core); when active, up to one core per
+//!   domain, like the NIC it stands in for.
+//! - A write's completion means its data is visible at the target (§3):
+//!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
+//!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
+//!   `tcp;ofi_rxm`'s default completion comes before the target has placed
+//!   the data.
+//! - Shutdown first waits (at most [`DRAIN`]) for posted operations, then
+//!   stops reading the queue; the endpoint closes only when nothing can
+//!   touch it any more: after the engine's worker stopped, and for
+//!   shared-memory endpoints (`FI_PROTO_SHM`) once no shared-memory
+//!   endpoint of the process is open (see `ShmParking`).
+//! - An operation that cannot be posted, or does not complete, within
+//!   [`LibfabricConfig::op_timeout`] fails with [`TransferError::Timeout`];
+//!   its buffers stay owned by the domain until the provider lets go.
+
+pub mod bootstrap;
+mod endpoint;
+mod ffi;
+pub mod keys;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use rolex_core::wire::{Access, NetAddr};
+
+pub use endpoint::FabricEndpoint;
+use ffi::{Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post};
+
+use crate::counters::{CounterSnapshot, Counters};
+use crate::domain::{AnyEndpoint, Completion, Domain, Incoming, RecvBuffer, Remote};
+use crate::error::{OpKind, ProtectionCheck, TransferError};
+use crate::region::Region;
+
+/// How long after the last activity the poller keeps the worker's short
+/// back-off before dropping to [`LibfabricConfig::idle_poll`].
+pub const HOT: Duration = Duration::from_millis(20);
+
+/// Longest wait at shutdown for posted operations to complete before the
+/// endpoint closes (see `Inner::drain`).
+pub const DRAIN: Duration = Duration::from_secs(2);
+
+/// Options of the libfabric domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LibfabricConfig {
+    /// Provider as the user names it: `tcp` (meaning `tcp;ofi_rxm`),
+    /// `shm`, `sockets`, `efa`, `verbs` (meaning `verbs;ofi_rxm`), or a
+    /// full libfabric provider string.
+    pub provider: String,
+    /// The node (address) to open endpoints on; `tcp` picks the first
+    /// interface without it (§7).
+    pub node: Option<String>,
+    /// Bound on posting (while the connection forms) and on completion.
+    pub op_timeout: Duration,
+    /// Spin (yielding) for this long after the last activity instead of
+    /// sleeping: lower latency, one busy core per domain meanwhile.
+    pub busy_poll: Duration,
+    /// Queue-read interval when nothing happened for [`HOT`].
+    pub idle_poll: Duration,
+}
+
+impl LibfabricConfig {
+    /// A configuration for `provider` on `node` with default bounds.
+    pub fn new(provider: &str, node: Option<&str>) -> Self {
+        LibfabricConfig {
+            provider: provider.to_string(),
+            node: node.map(str::to_string),
+            op_timeout: Duration::from_secs(10),
+            busy_poll: Duration::ZERO,
+            idle_poll: Duration::from_millis(1),
+        }
+    }
+
+    /// The libfabric provider string for the user's name.
+    pub fn provider_string(&self) -> String {
+        match self.provider.as_str() {
+            "tcp" => "tcp;ofi_rxm".into(),
+            "verbs" => "verbs;ofi_rxm".into(),
+            p => p.into(),
+        }
+    }
+}
+
+/// Whether `provider` (as [`LibfabricConfig::provider`] names it) can
+/// open an RDM endpoint with messages, RMA, atomics and remote CQ data on
+/// `node`; the error says why not.
+pub fn probe(provider: &str, node: Option<&str>) -> Result<(), TransferError> {
+    let cfg = LibfabricConfig::new(provider, node);
+    get_info(&cfg).map(|_| ()).map_err(fi_err)
+}
+
+/// `fi_getinfo` for `cfg`, asking for delivery completion first and, where
+/// the provider cannot give it, again without (see
+/// [`LibfabricDomain::delivery_complete`]).
+fn get_info(cfg: &LibfabricConfig) -> Result<Info, FiError> {
+    let prov = cfg.provider_string();
+    let hints = |delivery_complete| ffi::Hints {
+        provider: &prov,
+        node: cfg.node.as_deref(),
+        service: None,
+        delivery_complete,
+    };
+    Info::get(&hints(true)).or_else(|_| Info::get(&hints(false)))
+}
+
+pub(crate) fn fi_err(e: FiError) -> TransferError {
+    TransferError::Libfabric {
+        call: e.call,
+        errno: e.errno,
+        text: e.text(),
+    }
+}
+
+/// How remote addresses and keys work on this domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MrScheme {
+    /// Virtual addresses, application keys with a check field.
+    VirtApp,
+    /// Virtual addresses, provider keys (the NIC checks).
+    VirtProv,
+    /// Offsets, application keys carrying the region base.
+    OffsetApp,
+}
+
+/// A remote key this domain minted: the registration and the region.
+struct MrEntry {
+    mr: Mr,
+    region: usize,
+}
+
+/// A posted operation not yet completed.
+struct Inflight {
+    leaked: Leaked,
+    wr_id: u64,
+    sink: Arc<Sink>,
+    op: OpKind,
+    peer: NetAddr,
+    since: Instant,
+}
+
+/// An operation waiting to be posted (the provider said `-FI_EAGAIN`).
+struct Pending {
+    ctx: Box<OpCtx>,
+    post: Post,
+    /// The operation's sequence number (`None`: a receive).
+    seq: Option<u64>,
+}
+
+/// Where an endpoint's completions go, and how many it has outstanding.
+pub(crate) struct Sink {
+    queue: SegQueue<Completion>,
+    outstanding: AtomicU64,
+}
+
+/// Bookkeeping of an operation between its post and its completion.
+struct OpMeta {
+    wr_id: u64,
+    sink: Arc<Sink>,
+    op: OpKind,
+    peer: NetAddr,
+    since: Instant,
+}
+
+/// The endpoint and everything that lives and dies with it (under one
+/// lock: posting, reading the queue and closing never overlap).
+struct Live {
+    /// First to close (`Drop`): after it nothing touches our buffers.
+    ep: Option<Ep>,
+    av: Av,
+    cq: Cq,
+    peers: HashMap<NetAddr, u64>,
+    next_seq: u64,
+    inflight: HashMap<u64, Inflight>,
+    /// Posted in this order; front is the oldest (timeouts).
+    order: VecDeque<u64>,
+    /// Failed by timeout or flush while the provider still owns them.
+    abandoned: HashMap<u64, Leaked>,
+    /// Waiting for `-FI_EAGAIN` to clear, in posting order.
+    retry: VecDeque<Pending>,
+    /// Metadata of operations in `retry`.
+    retry_meta: HashMap<u64, OpMeta>,
+    /// Posted receives, by context address.
+    recvs: HashMap<usize, Leaked>,
+    last_activity: Instant,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // Closing the endpoint cancels what is in flight; after it the
+        // provider touches none of our contexts, so they can be freed.
+        drop(self.ep.take());
+        let shut = |sink: &Sink, wr_id| {
+            sink.queue.push(Completion {
+                wr_id,
+                result: Err(TransferError::EngineShutDown),
+            });
+            sink.outstanding.fetch_sub(1, SeqCst);
+        };
+        for (_, f) in self.inflight.drain() {
+            // SAFETY: the endpoint is closed (above).
+            drop(unsafe { f.leaked.reclaim() });
+            shut(&f.sink, f.wr_id);
+        }
+        for (_, m) in self.retry_meta.drain() {
+            shut(&m.sink, m.wr_id);
+        }
+        let recvs = self.recvs.drain().map(|(_, l)| l);
+        for l in self.abandoned.drain().map(|(_, l)| l).chain(recvs) {
+            // SAFETY: as above.
+            drop(unsafe { l.reclaim() });
+        }
+    }
+}
+
+/// The shared state of one libfabric NIC. Field order is drop order:
+/// endpoint side, then registrations, then domain, fabric and info.
+pub(crate) struct Inner {
+    live: Mutex<Option<Live>>,
+    /// The endpoint after [`Domain::shutdown`], closed only when the last
+    /// reference goes, i.e. after the engine's worker stopped polling
+    /// every NIC (see `shutdown`).
+    closing: Mutex<Option<Live>>,
+    mrs: Mutex<HashMap<u64, MrEntry>>,
+    /// Local descriptors by region address (for `FI_MR_LOCAL`).
+    local: Mutex<HashMap<usize, usize>>,
+    dom: DomainH,
+    _fabric: Fabric,
+    _info: Info,
+    addr: NetAddr,
+    scheme: MrScheme,
+    mr_local: bool,
+    mr_endpoint: bool,
+    ordered: bool,
+    manual_progress: bool,
+    delivery_complete: bool,
+    shared_memory: bool,
+    cfg: LibfabricConfig,
+    incoming: SegQueue<Incoming>,
+    waker: OnceLock<Thread>,
+    alive: AtomicBool,
+    next_key: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+/// Shared-memory endpoints of this process (design §7, `FI_PROTO_SHM`):
+/// how many are open, and those shut down but not yet closed.
+///
+/// `shm` (1.17) gives in-process peers direct pointers to each other's
+/// regions, and a peer's progress may still touch ours after every one of
+/// our operations has completed (the last acknowledgement of a large
+/// write); closing our endpoint unmaps the region under it (crashes of the
+/// surviving engine, or writes into memory the allocator reused).
+/// Invariant: a shared-memory endpoint closes only once no shared-memory
+/// endpoint of the process is open any more, i.e. when nothing progresses
+/// them; until then it stays parked, its queue no longer read.
+struct ShmParking {
+    open: usize,
+    parked: Vec<Arc<Inner>>,
+}
+
+static SHM_PARKING: Mutex<ShmParking> = Mutex::new(ShmParking {
+    open: 0,
+    parked: Vec::new(),
+});
+
+/// One libfabric NIC of an engine.
+pub struct LibfabricDomain {
+    inner: Arc<Inner>,
+    provider: String,
+}
+
+impl std::fmt::Debug for LibfabricDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibfabricDomain")
+            .field("provider", &self.provider)
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+/// Opens `nics` libfabric NICs (one fabric, domain and endpoint each).
+pub fn open_host(
+    cfg: &LibfabricConfig,
+    nics: usize,
+) -> Result<Vec<Arc<LibfabricDomain>>, TransferError> {
+    (0..nics)
+        .map(|_| LibfabricDomain::open(cfg).map(Arc::new))
+        .collect()
+}
+
+impl LibfabricDomain {
+    /// Opens one NIC.
+    pub fn open(cfg: &LibfabricConfig) -> Result<LibfabricDomain, TransferError> {
+        let mut info = get_info(cfg).map_err(fi_err)?;
+        let g = info.granted();
+        info.clear_tx_op_flags();
+        let virt = g.mr_mode & u64::from(libfabric_sys::FI_MR_VIRT_ADDR) != 0;
+        let prov_key = g.mr_mode & u64::from(libfabric_sys::FI_MR_PROV_KEY) != 0;
+        let unsupported = |why| TransferError::UnsupportedMrMode {
+            provider: g.provider.clone(),
+            mr_mode: g.mr_mode,
+            why,
+        };
+        if g.mr_mode & u64::from(libfabric_sys::FI_MR_RAW) != 0 {
+            return Err(unsupported("raw keys (FI_MR_RAW) are not supported"));
+        }
+        let scheme = match (virt, prov_key) {
+            (true, true) => MrScheme::VirtProv,
+            (true, false) if g.mr_key_size >= 8 => MrScheme::VirtApp,
+            (false, false) if g.mr_key_size >= 8 => MrScheme::OffsetApp,
+            (false, true) => {
+                return Err(unsupported(
+                    "offset addressing with provider keys leaves no room for the region base",
+                ))
+            }
+            _ => return Err(unsupported("application keys shorter than 8 bytes")),
+        };
+        let order = u64::from(libfabric_sys::FI_ORDER_RAW | libfabric_sys::FI_ORDER_WAW);
+        let ordered = g.msg_order & order == order;
+        let fabric = Fabric::open(&info).map_err(fi_err)?;
+        let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
+        let cq = Cq::open(&dom, 4096).map_err(fi_err)?;
+        let av = Av::open(&dom).map_err(fi_err)?;
+        let ep = Ep::open(&dom, &info, &cq, &av).map_err(fi_err)?;
+        let name = ep.name().map_err(fi_err)?;
+        let addr = NetAddr::new(&name).map_err(|error| TransferError::Malformed {
+            what: "libfabric endpoint address",
+            error,
+        })?;
+        if g.shared_memory {
+            lock(&SHM_PARKING).open += 1;
+        }
+        let live = Live {
+            ep: Some(ep),
+            av,
+            cq,
+            peers: HashMap::new(),
+            next_seq: 0,
+            inflight: HashMap::new(),
+            order: VecDeque::new(),
+            abandoned: HashMap::new(),
+            retry: VecDeque::new(),
+            retry_meta: HashMap::new(),
+            recvs: HashMap::new(),
+            last_activity: Instant::now(),
+        };
+        Ok(LibfabricDomain {
+            provider: g.provider.clone(),
+            inner: Arc::new(Inner {
+                live: Mutex::new(Some(live)),
+                closing: Mutex::new(None),
+                mrs: Mutex::new(HashMap::new()),
+                local: Mutex::new(HashMap::new()),
+                dom,
+                _fabric: fabric,
+                _info: info,
+                addr,
+                scheme,
+                mr_local: g.mr_mode & u64::from(libfabric_sys::FI_MR_LOCAL) != 0,
+                mr_endpoint: g.mr_mode & u64::from(libfabric_sys::FI_MR_ENDPOINT) != 0,
+                ordered,
+                manual_progress: g.manual_progress,
+                delivery_complete: g.delivery_complete,
+                shared_memory: g.shared_memory,
+                cfg: cfg.clone(),
+                incoming: SegQueue::new(),
+                waker: OnceLock::new(),
+                alive: AtomicBool::new(true),
+                next_key: AtomicU64::new(rand::random::<u64>() >> 16),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The provider libfabric chose (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Whether the provider needs its queue read to move data (manual
+    /// progress, §7): the poller then stands in for the NIC.
+    pub fn manual_progress(&self) -> bool {
+        self.inner.manual_progress
+    }
+
+    /// Whether writes carrying data ask for `FI_DELIVERY_COMPLETE`, so
+    /// that their completion means the data is visible in the target's
+    /// memory (design §3). Decided by what `fi_getinfo` grants; without
+    /// it a write completes when the provider's default says so (on a
+    /// hardware NIC, the target's acknowledgement). Zero-length writes
+    /// (an immediate alone) never ask for it: they carry no data to make
+    /// visible, and `shm` (1.17) never completes a zero-length write that
+    /// asks for it.
+    pub fn delivery_complete(&self) -> bool {
+        self.inner.delivery_complete
+    }
+}
+
+impl Drop for LibfabricDomain {
+    fn drop(&mut self) {
+        // An engine shuts its NICs down first; this covers a domain used
+        // on its own, so the shared-memory count stays right.
+        self.shutdown();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn access_flags(a: Access) -> u64 {
+    use libfabric_sys as s;
+    let mut f = u64::from(s::FI_READ | s::FI_WRITE | s::FI_SEND | s::FI_RECV);
+    if a.contains(Access::REMOTE_READ) {
+        f |= u64::from(s::FI_REMOTE_READ);
+    }
+    if a.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
+        f |= u64::from(s::FI_REMOTE_WRITE);
+    }
+    f
+}
+
+impl Inner {
+    fn fail_fast(&self) -> Result<(), TransferError> {
+        if self.alive.load(SeqCst) {
+            Ok(())
+        } else {
+            Err(TransferError::EngineShutDown)
+        }
+    }
+
+    /// The provider's view of a remote access: `(address, key)`, after the
+    /// key's own check.
+    fn target(&self, remote: &Remote) -> Result<(u64, u64), TransferError> {
+        let unknown = || TransferError::Protection {
+            peer: remote.peer,
+            rkey: remote.rkey,
+            check: ProtectionCheck::UnknownKey,
+        };
+        match self.scheme {
+            MrScheme::VirtProv => Ok((remote.addr, remote.rkey)),
+            MrScheme::VirtApp => keys::check_virt(remote.rkey)
+                .then_some((remote.addr, remote.rkey))
+                .ok_or_else(unknown),
+            MrScheme::OffsetApp => {
+                let base = keys::offset_base(remote.rkey).ok_or_else(unknown)?;
+                let off = remote.addr.checked_sub(base).ok_or_else(unknown)?;
+                Ok((off, remote.rkey))
+            }
+        }
+    }
+
+    /// A local descriptor for `region` (null unless `FI_MR_LOCAL`).
+    fn local_desc(&self, region: &Arc<Region>) -> Result<usize, TransferError> {
+        if !self.mr_local {
+            return Ok(0);
+        }
+        lock(&self.local)
+            .get(&(Arc::as_ptr(region) as usize))
+            .copied()
+            .ok_or(TransferError::LocalNotRegistered)
+    }
+
+    /// Registers a buffer owned by one operation (`FI_MR_LOCAL` only);
+    /// returns its descriptor.
+    fn op_mr(&self, ctx: &mut OpCtx, addr: u64, len: u64) -> Result<usize, TransferError> {
+        if !self.mr_local || len == 0 {
+            return Ok(0);
+        }
+        let key = self.next_key.fetch_add(1, Relaxed);
+        let mr = self
+            .dom
+            .reg(addr, len, access_flags(Access::empty()), key)
+            .map_err(fi_err)?;
+        let d = mr.desc() as usize;
+        ctx.mrs.push(mr);
+        Ok(d)
+    }
+
+    /// The address-vector entry of `peer`, inserting it on first use.
+    fn fi_addr(&self, live: &mut Live, peer: &NetAddr) -> Result<u64, TransferError> {
+        if let Some(a) = live.peers.get(peer) {
+            return Ok(*a);
+        }
+        let a = live.av.insert(peer.as_bytes()).map_err(fi_err)?;
+        live.peers.insert(*peer, a);
+        Ok(a)
+    }
+
+    /// Reads the completion queue (driving progress), retries posts the
+    /// provider refused with `-FI_EAGAIN`, and fails what timed out.
+    /// Returns how many events were handled.
+    fn progress(&self, live: &mut Live) -> usize {
+        let mut events = Vec::new();
+        // A failing read leaves the queue as it was; the next poll retries.
+        let n = live.cq.read(&mut events, 256).unwrap_or_default();
+        for ev in events {
+            self.event(live, ev);
+        }
+        let mut handled = n;
+        handled += self.retry(live);
+        self.expire(live);
+        if handled > 0 {
+            live.last_activity = Instant::now();
+        }
+        handled
+    }
+
+    fn event(&self, live: &mut Live, ev: CqEvent) {
+        match ev {
+            CqEvent::RemoteData(d) => {
+                Counters::bump(&self.counters.imm_arrivals, 1);
+                // The immediate is 32 bits; the provider's CQ data may be
+                // wider, the upper bits are never set by our writes.
+                self.deliver(Incoming::Imm(d as u32));
+            }
+            CqEvent::Done {
+                mut ctx,
+                len,
+                result,
+            } => match std::mem::replace(&mut ctx.kind, CtxKind::Recv(None)) {
+                CtxKind::Recv(buf) => {
+                    live.recvs.remove(&(&*ctx as *const OpCtx as usize));
+                    if let Some(buf) = buf {
+                        match result {
+                            Ok(()) => {
+                                Counters::bump(&self.counters.recvs, 1);
+                                self.deliver(Incoming::Message { buf, len });
+                            }
+                            // A receive that failed (truncation): give the
+                            // buffer back to the provider.
+                            Err(_) => {
+                                drop(ctx);
+                                self.post_recv_locked(live, buf);
+                            }
+                        }
+                    }
+                }
+                CtxKind::Op(seq) => {
+                    live.abandoned.remove(&seq);
+                    let Some(f) = live.inflight.remove(&seq) else {
+                        return;
+                    };
+                    let value = ctx.words[2];
+                    drop(ctx);
+                    let result = match result {
+                        Ok(()) => Ok(value),
+                        Err(errno) => {
+                            Counters::bump(&self.counters.errors, 1);
+                            Err(TransferError::FabricCompletion {
+                                op: f.op,
+                                peer: f.peer,
+                                errno,
+                                text: ffi::strerror(errno),
+                            })
+                        }
+                    };
+                    f.sink.queue.push(Completion {
+                        wr_id: f.wr_id,
+                        result,
+                    });
+                    f.sink.outstanding.fetch_sub(1, SeqCst);
+                }
+            },
+        }
+    }
+
+    fn deliver(&self, e: Incoming) {
+        self.incoming.push(e);
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+    }
+
+    /// Posts what waited for `-FI_EAGAIN` to clear, in order; stops at
+    /// the first that is refused again.
+    fn retry(&self, live: &mut Live) -> usize {
+        let mut posted = 0;
+        while let Some(p) = live.retry.pop_front() {
+            match self.try_post(live, p) {
+                Ok(()) => posted += 1,
+                Err(p) => {
+                    live.retry.push_front(p);
+                    break;
+                }
+            }
+        }
+        posted
+    }
+
+    /// Posts one operation; hands it back on `-FI_EAGAIN`. Other errors
+    /// complete it at once.
+    fn try_post(&self, live: &mut Live, p: Pending) -> Result<(), Pending> {
+        let Some(ep) = live.ep.as_ref() else {
+            return Ok(());
+        };
+        let Pending { ctx, post, seq } = p;
+        match ep.post(ctx, &post) {
+            Ok(leaked) => {
+                match seq {
+                    Some(seq) => {
+                        if let Some(m) = live.retry_meta.remove(&seq) {
+                            live.inflight.insert(
+                                seq,
+                                Inflight {
+                                    leaked,
+                                    wr_id: m.wr_id,
+                                    sink: m.sink,
+                                    op: m.op,
+                                    peer: m.peer,
+                                    since: m.since,
+                                },
+                            );
+                            live.order.push_back(seq);
+                        } else {
+                            // Flushed while waiting: nobody wants the
+                            // result any more, but the provider owns it.
+                            live.abandoned.insert(seq, leaked);
+                        }
+                    }
+                    None => {
+                        live.recvs.insert(leaked.addr(), leaked);
+                    }
+                }
+                Ok(())
+            }
+            Err((ctx, e)) if e.is_eagain() => Err(Pending { ctx, post, seq }),
+            Err((ctx, e)) => {
+                drop(ctx);
+                if let Some(m) = seq.and_then(|s| live.retry_meta.remove(&s)) {
+                    Counters::bump(&self.counters.errors, 1);
+                    m.sink.queue.push(Completion {
+                        wr_id: m.wr_id,
+                        result: Err(fi_err(e)),
+                    });
+                    m.sink.outstanding.fetch_sub(1, SeqCst);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Fails operations older than the timeout (posted or waiting to be).
+    fn expire(&self, live: &mut Live) {
+        let limit = self.cfg.op_timeout;
+        let now = Instant::now();
+        while let Some(&seq) = live.order.front() {
+            let Some(f) = live.inflight.get(&seq) else {
+                live.order.pop_front();
+                continue;
+            };
+            if now.duration_since(f.since) < limit {
+                break;
+            }
+            live.order.pop_front();
+            if let Some(f) = live.inflight.remove(&seq) {
+                Counters::bump(&self.counters.errors, 1);
+                f.sink.queue.push(Completion {
+                    wr_id: f.wr_id,
+                    result: Err(TransferError::Timeout {
+                        op: f.op,
+                        peer: f.peer,
+                        waited: limit,
+                    }),
+                });
+                f.sink.outstanding.fetch_sub(1, SeqCst);
+                live.abandoned.insert(seq, f.leaked);
+            }
+        }
+        // Waiting posts: the oldest is at the front.
+        if let Some(seq) = live.retry.front().and_then(|p| p.seq) {
+            let stale = live
+                .retry_meta
+                .get(&seq)
+                .is_some_and(|m| now.duration_since(m.since) >= limit);
+            if stale {
+                let timed_out: Vec<u64> = live
+                    .retry_meta
+                    .iter()
+                    .filter(|(_, m)| now.duration_since(m.since) >= limit)
+                    .map(|(s, _)| *s)
+                    .collect();
+                for s in timed_out {
+                    if let Some(m) = live.retry_meta.remove(&s) {
+                        Counters::bump(&self.counters.errors, 1);
+                        m.sink.queue.push(Completion {
+                            wr_id: m.wr_id,
+                            result: Err(TransferError::Timeout {
+                                op: m.op,
+                                peer: m.peer,
+                                waited: limit,
+                            }),
+                        });
+                        m.sink.outstanding.fetch_sub(1, SeqCst);
+                    }
+                }
+                // Never posted: the contexts are still ours to drop.
+                let keep: Vec<Pending> = live
+                    .retry
+                    .drain(..)
+                    .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
+                    .collect();
+                live.retry.extend(keep);
+            }
+        }
+    }
+
+    /// Before the endpoint closes: reads the queue until every posted
+    /// operation has completed (or [`DRAIN`] / the operation timeout has
+    /// passed), posting nothing new. A provider may still be working on
+    /// them, and a peer in this process may still hold our operations in
+    /// its queue: `shm` (1.17) hands in-process peers its own mapping of
+    /// our endpoint's region, and a peer that finishes one of our
+    /// operations after our endpoint closed writes its acknowledgement
+    /// into unmapped memory (seen as crashes of the surviving engine).
+    fn drain(&self) {
+        let deadline = Instant::now() + DRAIN.min(self.cfg.op_timeout);
+        loop {
+            {
+                let mut g = lock(&self.live);
+                let Some(live) = g.as_mut() else { return };
+                let mut events = Vec::new();
+                let _ = live.cq.read(&mut events, 256);
+                for ev in events {
+                    self.event(live, ev);
+                }
+                if live.inflight.is_empty() && live.abandoned.is_empty() {
+                    return;
+                }
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn post_recv_locked(&self, live: &mut Live, buf: RecvBuffer) {
+        let mut ctx = OpCtx::new(CtxKind::Recv(None));
+        let (addr, len) = (buf.data.as_ptr() as u64, buf.data.len() as u64);
+        let desc = match self.op_mr(&mut ctx, addr, len) {
+            Ok(d) => d,
+            // Without a descriptor the buffer cannot be posted; dropping
+            // it shrinks the pool, which the sender sees as no buffer.
+            Err(_) => return,
+        };
+        ctx.kind = CtxKind::Recv(Some(buf));
+        let p = Pending {
+            ctx,
+            post: Post::Recv { desc },
+            seq: None,
+        };
+        if !live.retry.is_empty() {
+            live.retry.push_back(p);
+        } else if let Err(p) = self.try_post(live, p) {
+            live.retry.push_back(p);
+        }
+    }
+}
+
+impl Domain for LibfabricDomain {
+    fn address(&self) -> NetAddr {
+        self.inner.addr
+    }
+
+    fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
+        let inner = &self.inner;
+        inner.fail_fast()?;
+        let flags = access_flags(region.access());
+        let mut attempts = 0;
+        let (mr, key) = loop {
+            let want = match inner.scheme {
+                MrScheme::VirtProv => 0,
+                MrScheme::VirtApp => keys::virt_key(inner.next_key.fetch_add(1, Relaxed)),
+                MrScheme::OffsetApp => {
+                    keys::offset_key(region.addr()).ok_or(TransferError::UnsupportedMrMode {
+                        provider: self.provider.clone(),
+                        mr_mode: 0,
+                        why: "region address above 2^48 cannot be carried in the key",
+                    })?
+                }
+            };
+            match inner.dom.reg(region.addr(), region.len(), flags, want) {
+                Ok(mr) => {
+                    let key = if inner.scheme == MrScheme::VirtProv {
+                        mr.key()
+                    } else {
+                        want
+                    };
+                    break (mr, key);
+                }
+                // A key in use: try the next one (application keys).
+                Err(e)
+                    if e.errno == libfabric_sys::FI_ENOKEY as i32
+                        && inner.scheme == MrScheme::VirtApp
+                        && attempts < 8 =>
+                {
+                    attempts += 1;
+                }
+                Err(e) => return Err(fi_err(e)),
+            }
+        };
+        if inner.mr_endpoint {
+            let live = lock(&inner.live);
+            let ep = live
+                .as_ref()
+                .and_then(|l| l.ep.as_ref())
+                .ok_or(TransferError::EngineShutDown)?;
+            mr.bind_enable(ep).map_err(fi_err)?;
+        }
+        let desc = mr.desc() as usize;
+        let r = Arc::as_ptr(region) as usize;
+        lock(&inner.local).insert(r, desc);
+        lock(&inner.mrs).insert(key, MrEntry { mr, region: r });
+        Ok(key)
+    }
+
+    fn deregister(&self, rkey: u64) {
+        let entry = lock(&self.inner.mrs).remove(&rkey);
+        if let Some(e) = entry {
+            lock(&self.inner.local).remove(&e.region);
+            drop(e.mr);
+        }
+    }
+
+    fn resolve(&self, peer: &NetAddr) -> Result<(), TransferError> {
+        let mut g = lock(&self.inner.live);
+        let live = g.as_mut().ok_or(TransferError::EngineShutDown)?;
+        self.inner.fi_addr(live, peer).map(|_| ())
+    }
+
+    fn open_endpoint(&self) -> Result<AnyEndpoint, TransferError> {
+        self.inner.fail_fast()?;
+        Ok(AnyEndpoint::Libfabric(FabricEndpoint::new(
+            self.inner.clone(),
+        )))
+    }
+
+    fn post_recv(&self, buf: RecvBuffer) {
+        let mut g = lock(&self.inner.live);
+        if let Some(live) = g.as_mut() {
+            self.inner.post_recv_locked(live, buf);
+        }
+    }
+
+    fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize {
+        // Reading the queue here too keeps arrivals flowing when no
+        // endpoint is polled; never wait for the lock.
+        if let Ok(mut g) = self.inner.live.try_lock() {
+            if let Some(live) = g.as_mut() {
+                self.inner.progress(live);
+            }
+        }
+        let mut n = 0;
+        while let Some(e) = self.inner.incoming.pop() {
+            out.push(e);
+            n += 1;
+        }
+        n
+    }
+
+    fn set_waker(&self, waker: Thread) {
+        let _ = self.inner.waker.set(waker.clone());
+        waker.unpark();
+    }
+
+    fn ordered(&self) -> bool {
+        self.inner.ordered
+    }
+
+    fn counters(&self) -> CounterSnapshot {
+        self.inner.counters.snapshot()
+    }
+
+    fn set_failed(&self, _failed: bool) -> bool {
+        // The target side of a real fabric cannot be made to fail its
+        // peers' operations.
+        false
+    }
+
+    fn shutdown(&self) {
+        if !self.inner.alive.swap(false, SeqCst) {
+            return;
+        }
+        self.inner.drain();
+        // Not closed here: the engine's worker may still be reading the
+        // queues of its other NICs, and `shm` (1.17) lets an in-process
+        // peer's progress touch this endpoint's region, which closing
+        // unmaps. The endpoint closes when `Inner` drops.
+        let live = lock(&self.inner.live).take();
+        *lock(&self.inner.closing) = live;
+        while self.inner.incoming.pop().is_some() {}
+        if self.inner.shared_memory {
+            let swept = {
+                let mut p = lock(&SHM_PARKING);
+                p.open = p.open.saturating_sub(1);
+                p.parked.push(self.inner.clone());
+                if p.open == 0 {
+                    std::mem::take(&mut p.parked)
+                } else {
+                    Vec::new()
+                }
+            };
+            // Nothing progresses a shared-memory endpoint any more: close
+            // them all (each before its domain, which its `Inner` owns).
+            for inner in swept {
+                drop(lock(&inner.closing).take());
+            }
+        }
+    }
+}
