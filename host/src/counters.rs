@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use rolex_core::wire::NetAddr;
 
+use crate::domain::WorkOp;
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// Live counters (relaxed atomics) of one domain or engine.
@@ -77,6 +79,39 @@ impl Counters {
     #[inline]
     pub fn bump(field: &AtomicU64, n: u64) {
         field.fetch_add(n, Relaxed);
+    }
+
+    /// Counts one posted operation by kind, with its bytes and atomics.
+    pub(crate) fn count_posted(&self, op: &WorkOp) {
+        match op {
+            WorkOp::Read { len, .. } => {
+                Counters::bump(&self.reads, 1);
+                Counters::bump(&self.bytes_read, *len);
+            }
+            WorkOp::Write { len, imm, .. } => {
+                Counters::bump(
+                    if imm.is_some() {
+                        &self.write_imms
+                    } else {
+                        &self.writes
+                    },
+                    1,
+                );
+                Counters::bump(&self.bytes_written, *len);
+            }
+            WorkOp::Cas { .. } => {
+                Counters::bump(&self.cas, 1);
+                Counters::bump(&self.atomics, 1);
+            }
+            WorkOp::Faa { .. } => {
+                Counters::bump(&self.faa, 1);
+                Counters::bump(&self.atomics, 1);
+            }
+            WorkOp::Send { data, .. } => {
+                Counters::bump(&self.sends, 1);
+                Counters::bump(&self.bytes_written, data.len() as u64);
+            }
+        }
     }
 }
 

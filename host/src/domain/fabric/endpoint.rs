@@ -40,39 +40,6 @@ impl FabricEndpoint {
         }
     }
 
-    fn count(&self, op: &WorkOp) {
-        let c = &self.inner.counters;
-        match op {
-            WorkOp::Read { len, .. } => {
-                Counters::bump(&c.reads, 1);
-                Counters::bump(&c.bytes_read, *len);
-            }
-            WorkOp::Write { len, imm, .. } => {
-                Counters::bump(
-                    if imm.is_some() {
-                        &c.write_imms
-                    } else {
-                        &c.writes
-                    },
-                    1,
-                );
-                Counters::bump(&c.bytes_written, *len);
-            }
-            WorkOp::Cas { .. } => {
-                Counters::bump(&c.cas, 1);
-                Counters::bump(&c.atomics, 1);
-            }
-            WorkOp::Faa { .. } => {
-                Counters::bump(&c.faa, 1);
-                Counters::bump(&c.atomics, 1);
-            }
-            WorkOp::Send { data, .. } => {
-                Counters::bump(&c.sends, 1);
-                Counters::bump(&c.bytes_written, data.len() as u64);
-            }
-        }
-    }
-
     /// The context and post of one request, or why it cannot be posted.
     fn build(
         &self,
@@ -203,7 +170,7 @@ impl Endpoint for FabricEndpoint {
         let now = Instant::now();
         live.last_activity = now;
         for WorkRequest { wr_id, op } in batch.drain(..) {
-            self.count(&op);
+            self.inner.counters.count_posted(&op);
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;

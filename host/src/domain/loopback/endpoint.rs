@@ -102,39 +102,6 @@ impl LoopbackEndpoint {
         Ok(nic)
     }
 
-    fn count_post(&self, op: &WorkOp) {
-        let c = &self.nic.counters;
-        match op {
-            WorkOp::Read { len, .. } => {
-                Counters::bump(&c.reads, 1);
-                Counters::bump(&c.bytes_read, *len);
-            }
-            WorkOp::Write { len, imm, .. } => {
-                Counters::bump(
-                    if imm.is_some() {
-                        &c.write_imms
-                    } else {
-                        &c.writes
-                    },
-                    1,
-                );
-                Counters::bump(&c.bytes_written, *len);
-            }
-            WorkOp::Cas { .. } => {
-                Counters::bump(&c.cas, 1);
-                Counters::bump(&c.atomics, 1);
-            }
-            WorkOp::Faa { .. } => {
-                Counters::bump(&c.faa, 1);
-                Counters::bump(&c.atomics, 1);
-            }
-            WorkOp::Send { data, .. } => {
-                Counters::bump(&c.sends, 1);
-                Counters::bump(&c.bytes_written, data.len() as u64);
-            }
-        }
-    }
-
     fn exec(&mut self, op: &WorkOp) -> Exec {
         match self.exec_inner(op) {
             Ok(Some(v)) => Exec::Done(Ok(v)),
@@ -325,14 +292,14 @@ impl Endpoint for LoopbackEndpoint {
         if self.direct() {
             let mut out = std::mem::take(&mut self.ready);
             for wr in batch.drain(..) {
-                self.count_post(&wr.op);
+                self.nic.counters.count_posted(&wr.op);
                 self.run(wr, now, &mut out);
             }
             self.ready = out;
             return;
         }
         for wr in batch.drain(..) {
-            self.count_post(&wr.op);
+            self.nic.counters.count_posted(&wr.op);
             let bytes = match &wr.op {
                 WorkOp::Read { len, .. } | WorkOp::Write { len, .. } => *len,
                 WorkOp::Cas { .. } | WorkOp::Faa { .. } => 8,
