@@ -99,6 +99,8 @@ pub enum ConfigError {
     ZeroWindow,
     /// The injected bandwidth must be a positive, finite number.
     Bandwidth,
+    /// A verbs option out of the range the hardware accepts.
+    Verbs(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -110,6 +112,7 @@ impl fmt::Display for ConfigError {
             ConfigError::NoGroups => f.write_str("an engine needs at least one domain group"),
             ConfigError::ZeroWindow => f.write_str("the unordered window must be at least 1"),
             ConfigError::Bandwidth => f.write_str("injected bandwidth must be positive and finite"),
+            ConfigError::Verbs(why) => write!(f, "invalid verbs option: {why}"),
         }
     }
 }
@@ -269,6 +272,13 @@ pub enum TransferError {
         /// `fi_strerror`'s text for it.
         text: String,
     },
+    /// A libibverbs call failed (device, queue pair, registration, post).
+    Verbs {
+        /// The C call, e.g. `ibv_reg_mr`.
+        call: &'static str,
+        /// Its (positive) errno.
+        errno: i32,
+    },
     /// The provider completed an operation with an error.
     FabricCompletion {
         /// The operation.
@@ -370,6 +380,11 @@ impl fmt::Display for TransferError {
             Libfabric { call, errno, text } => {
                 write!(f, "libfabric call {call} failed: {text} (error {errno})")
             }
+            Verbs { call, errno } => write!(
+                f,
+                "libibverbs call {call} failed: {} (errno {errno})",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
             FabricCompletion {
                 op,
                 peer,

@@ -13,6 +13,8 @@
 #[cfg(feature = "libfabric")]
 pub mod fabric;
 pub mod loopback;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use std::sync::Arc;
 use std::thread::Thread;
