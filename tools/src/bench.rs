@@ -24,14 +24,32 @@
 //! run wrote is read back and must be a value a linearizable execution
 //! could end with (`rolex_host::kv::history::final_value_possible`). Any
 //! problem sets `verified` to false and the command exits non-zero.
+//!
+//! With `--fabric libfabric:PROVIDER --memnode ADDR:PORT` the memory node
+//! is another process (`rolex memnode --fabric … --listen …`): the pool,
+//! the engine address and the data set's description come over the
+//! bootstrap connection, the key set is rebuilt here from that description
+//! (any `--dist`/`-n`/`--seed`/`--keys`/`--leaf-slots`/`--fill`/`--epsilon`
+//! given must agree with it, and the rebuilt keys must hash to the memory
+//! node's), and only workloads without inserts run (the memory node loads
+//! its whole data set). Several such processes may share one memory node:
+//! `--compute-count P --compute-index I` makes this process run threads
+//! `I·T … I·T+T−1` of a `P·T`-thread plan of `P·ops` operations, so every
+//! process knows every writer's values; a final value written by another
+//! process is then accepted. The JSON keys are the same; `retrains` and
+//! `synonym_leaves`, which only the memory node knows, are `null`.
 
 use crate::dataset::{self, Dist};
+use crate::memnode::{key_hash, libfabric_engine, DataSetDesc};
 use crate::ycsb::{self, Op, Plan, Workload};
 use clap::{ArgGroup, Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use rolex_core::layout::LAYOUT_VERSION;
+use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::history::{final_value_possible, TimedWrite};
 use rolex_host::kv::{
     AgentActivity, KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
+    PoolInfo,
 };
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
@@ -43,15 +61,27 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 /// The fabric to run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FabricArg {
     /// The in-process loopback NIC.
     Loopback,
+    /// A libfabric provider, against a memory node in another process.
+    Libfabric(String),
+}
+
+fn parse_fabric(s: &str) -> Result<FabricArg, String> {
+    match s {
+        "loopback" => Ok(FabricArg::Loopback),
+        _ => crate::memnode::parse_libfabric(s)
+            .map(|l| FabricArg::Libfabric(l.0))
+            .map_err(|_| format!("unknown fabric {s:?}: use loopback or libfabric:PROVIDER")),
+    }
 }
 
 /// Arguments of `rolex bench`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("source").required(true).args(["keys", "dist"])))]
+// Not required: a remote memory node names the data set itself.
+#[command(group(ArgGroup::new("source").args(["keys", "dist"])))]
 pub struct BenchArgs {
     /// The workload: YCSB A–F, or insert-only / update-only.
     #[arg(long, value_enum)]
@@ -87,9 +117,30 @@ pub struct BenchArgs {
     /// Fill factor of the leaves at load, in (0, 1] [default: the store's].
     #[arg(long)]
     fill: Option<f64>,
-    /// The fabric.
-    #[arg(long, value_enum, default_value_t = FabricArg::Loopback)]
+    /// The fabric: `loopback`, or `libfabric:PROVIDER` with `--memnode`.
+    #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
     fabric: FabricArg,
+    /// Bootstrap address (`ADDR:PORT`) of a `rolex memnode --fabric`
+    /// process to run against (needs `--fabric libfabric:PROVIDER`).
+    #[arg(long)]
+    memnode: Option<String>,
+    /// Shared token of the bootstrap connection.
+    #[arg(long, default_value = "rolex")]
+    token: String,
+    /// Node (IP address) this process's libfabric endpoints open on
+    /// (default: the local address that reaches `--memnode`).
+    #[arg(long)]
+    node: Option<String>,
+    /// libfabric: spin (yielding) this many µs after the last activity
+    /// before sleeping between queue reads (latency vs CPU).
+    #[arg(long, default_value_t = 200)]
+    busy_poll_us: u64,
+    /// Compute processes sharing the memory node in this run (`P`).
+    #[arg(long, default_value_t = 1)]
+    compute_count: usize,
+    /// This process's index among them, `0..P`.
+    #[arg(long, default_value_t = 0)]
+    compute_index: usize,
     /// Deliver out of posting order (SRD-like): writes take 3 round trips.
     #[arg(long)]
     unordered: bool,
@@ -153,13 +204,43 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.n == Some(0) {
         return Err("-n must be at least 1".into());
     }
+    match (&args.fabric, &args.memnode) {
+        (FabricArg::Loopback, Some(_)) => {
+            return Err("--memnode needs --fabric libfabric:PROVIDER".into())
+        }
+        (FabricArg::Libfabric(_), None) => {
+            return Err("--fabric libfabric:PROVIDER needs --memnode ADDR:PORT (start one with rolex memnode --fabric … --listen …)".into())
+        }
+        _ => {}
+    }
+    if args.memnode.is_none() && (args.keys.is_none() && args.dist.is_none()) {
+        return Err("give --keys FILE, or --dist with -n".into());
+    }
+    if args.compute_count == 0 || args.compute_index >= args.compute_count {
+        return Err(format!(
+            "--compute-index {} must be below --compute-count {}",
+            args.compute_index, args.compute_count
+        )
+        .into());
+    }
+    if args.compute_count > 1 && args.memnode.is_none() {
+        return Err("--compute-count is for runs against a shared --memnode".into());
+    }
+    if (args.unordered || args.rtt_us != 0.0) && args.memnode.is_some() {
+        return Err("--unordered and --rtt-us shape the loopback fabric only".into());
+    }
     Ok(())
 }
 
 fn engine_config(args: &BenchArgs) -> EngineConfig {
-    // The only fabric so far: a new `FabricArg` variant fails to compile
-    // here until it is mapped.
-    let FabricArg::Loopback = args.fabric;
+    if let FabricArg::Libfabric(p) = &args.fabric {
+        let node = match (p.as_str(), &args.node) {
+            (_, Some(n)) => Some(n.clone()),
+            ("shm" | "efa" | "verbs", None) => None,
+            _ => args.memnode.as_deref().and_then(local_ip_towards),
+        };
+        return libfabric_engine(p, node.as_deref(), args.busy_poll_us);
+    }
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             latency: Duration::from_secs_f64(args.rtt_us * 1e-6),
@@ -173,6 +254,106 @@ fn engine_config(args: &BenchArgs) -> EngineConfig {
         pin_workers: false,
         ..EngineConfig::default()
     }
+}
+
+/// The local address this machine would use to reach `server`
+/// (`HOST:PORT`): a connected UDP socket picks the route, nothing is sent.
+fn local_ip_towards(server: &str) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let to = server.to_socket_addrs().ok()?.next()?;
+    let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
+
+/// A memory node in another process, as its bootstrap offer describes it.
+struct Remote {
+    pool: PoolInfo,
+    desc: DataSetDesc,
+}
+
+/// Fetches the remote memory node's pool and data-set description.
+fn fetch_remote(args: &BenchArgs, server: &str) -> Result<Remote, BenchError> {
+    let (offer, meta) = Bootstrap::new(&args.token).fetch_with_meta(server, LAYOUT_VERSION)?;
+    let pool = PoolInfo::from_offer(&offer)
+        .ok_or_else(|| format!("the memory node at {server} offered no pool"))?;
+    let text = String::from_utf8(meta)
+        .map_err(|_| format!("the memory node at {server} sent a description that is not text"))?;
+    let desc = DataSetDesc::parse(&text)
+        .map_err(|e| format!("the memory node at {server} is not a rolex memnode: {e}"))?;
+    Ok(Remote { pool, desc })
+}
+
+/// The remote memory node's key set, rebuilt here; any data-set or pool
+/// parameter given on the command line must agree with it.
+fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, BenchError> {
+    let d = &r.desc;
+    let differ = |what: &str, here: String, there: String| -> BenchError {
+        format!(
+            "the memory node at {server} holds a different data set: {what} is {there} there, {here} here (its data set: {})",
+            d.encode()
+        )
+        .into()
+    };
+    if let Some(l) = args.leaf_slots.filter(|&l| l != d.leaf_slots) {
+        return Err(differ(
+            "--leaf-slots",
+            l.to_string(),
+            d.leaf_slots.to_string(),
+        ));
+    }
+    if let Some(f) = args.fill.filter(|&f| f != d.fill) {
+        return Err(differ("--fill", f.to_string(), d.fill.to_string()));
+    }
+    if let Some(e) = args.epsilon.filter(|&e| e != d.epsilon) {
+        return Err(differ("--epsilon", e.to_string(), d.epsilon.to_string()));
+    }
+    let keys = match d.source.strip_prefix("dist:") {
+        Some(name) => {
+            if let Some(path) = &args.keys {
+                return Err(differ(
+                    "the source",
+                    path.display().to_string(),
+                    d.source.clone(),
+                ));
+            }
+            let dist = <Dist as ValueEnum>::from_str(name, true).map_err(|_| {
+                format!("the memory node at {server} names an unknown distribution {name:?}")
+            })?;
+            if let Some(mine) = args.dist.filter(|&x| x != dist) {
+                return Err(differ("--dist", mine.to_string(), name.to_string()));
+            }
+            if let Some(n) = args.n.filter(|&n| n != d.n) {
+                return Err(differ("-n", n.to_string(), d.n.to_string()));
+            }
+            if args.seed != d.seed {
+                return Err(differ("--seed", args.seed.to_string(), d.seed.to_string()));
+            }
+            dataset::generate(dist, d.n, d.seed)?
+        }
+        None => {
+            let Some(path) = &args.keys else {
+                return Err(format!(
+                    "the memory node at {server} holds the keys of a file: give the same file with --keys"
+                )
+                .into());
+            };
+            if args.dist.is_some() {
+                return Err(differ("the source", "--dist".into(), "a key file".into()));
+            }
+            dataset::read_sosd(path)?
+        }
+    };
+    let h = key_hash(&keys);
+    if h != d.keyhash || keys.len() as u64 != d.n {
+        return Err(differ(
+            "the key set's hash",
+            format!("{h:016x} ({} keys)", keys.len()),
+            format!("{:016x} ({} keys)", d.keyhash, d.n),
+        ));
+    }
+    Ok(keys)
 }
 
 fn spinner(msg: String) -> ProgressBar {
@@ -683,6 +864,7 @@ fn verify(
     writes: HashMap<u64, Vec<TimedWrite>>,
     threads: usize,
     quiet: bool,
+    by_others: &(dyn Fn(u64, Option<u64>) -> bool + Sync),
 ) -> Result<Problems, BenchError> {
     let keys: Vec<(u64, Vec<TimedWrite>)> = writes.into_iter().collect();
     let n = keys.len() as u64;
@@ -702,7 +884,7 @@ fn verify(
                 .binary_search(key)
                 .is_ok()
                 .then(|| ycsb::load_value(*key));
-            if !final_value_possible(initial, w, got) {
+            if !final_value_possible(initial, w, got) && !by_others(*key, got) {
                 problems.push(|| {
                     format!(
                         "key {key}: read back {got:?}, but the run's last writes were {:?}",
@@ -724,14 +906,48 @@ fn verify(
 /// Runs `rolex bench`.
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     validate(&args)?;
-    let plan = Plan::new(args.workload, args.ops, args.threads, args.zipf, args.seed)?;
-    let keys = load_keys(&args, &plan)?;
+    let share = args.compute_count;
+    let plan = Plan::new(
+        args.workload,
+        args.ops
+            .checked_mul(share as u64)
+            .ok_or("--ops × --compute-count overflows")?,
+        args.threads
+            .checked_mul(share)
+            .ok_or("--threads × --compute-count overflows")?,
+        args.zipf,
+        args.seed,
+    )?;
+    let remote = match &args.memnode {
+        Some(server) => {
+            if plan.total_inserts() > 0 {
+                return Err(format!(
+                    "workload {} inserts keys: against a remote memory node (which loads its whole data set) run a workload without inserts (a, b, c, f, update-only)",
+                    args.workload
+                )
+                .into());
+            }
+            let r = fetch_remote(&args, server)?;
+            let keys = remote_keys(&args, server, &r)?;
+            Some((r, keys))
+        }
+        None => None,
+    };
+    // This process's threads of the plan.
+    let base = args.compute_index * args.threads;
+    let (remote, keys) = match remote {
+        Some((r, keys)) => (Some(r), keys),
+        None => (None, load_keys(&args, &plan)?),
+    };
     let sets = plan.split(keys)?;
     let quiet = args.json;
 
     let defaults = MemoryNodeConfig::default();
     let engine_cfg = engine_config(&args);
-    let leaf_slots = args.leaf_slots.unwrap_or(defaults.leaf_slots);
+    let leaf_slots = match &remote {
+        Some(r) => r.desc.leaf_slots,
+        None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
+    };
     let fill = args.fill.unwrap_or(defaults.fill);
     // Room for the run's inserts even if every synonym leaf ends half full.
     let loaded_leaves =
@@ -747,27 +963,33 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             .max(0.25 + insert_leaves / loaded_leaves),
         ..defaults
     };
-    let sp = spinner(format!("bulk-loading {} keys", sets.loaded.len()));
-    let pairs: Vec<(u64, u64)> = sets
-        .loaded
-        .iter()
-        .map(|&k| (k, ycsb::load_value(k)))
-        .collect();
-    let load_start = Instant::now();
-    let node = MemoryNode::start(mn_cfg.clone(), &pairs);
-    let load_time = load_start.elapsed();
-    drop(pairs);
-    if quiet {
-        sp.finish_and_clear();
-    } else {
-        sp.finish_with_message(format!(
-            "bulk-loaded {} keys in {:.2} s",
-            sets.loaded.len(),
-            load_time.as_secs_f64()
-        ));
-    }
-    let node = node?;
-    let pool = node.pool();
+    let (node, pool, load_time) = match &remote {
+        Some(r) => (None, r.pool.clone(), Duration::ZERO),
+        None => {
+            let sp = spinner(format!("bulk-loading {} keys", sets.loaded.len()));
+            let pairs: Vec<(u64, u64)> = sets
+                .loaded
+                .iter()
+                .map(|&k| (k, ycsb::load_value(k)))
+                .collect();
+            let load_start = Instant::now();
+            let node = MemoryNode::start(mn_cfg.clone(), &pairs);
+            let load_time = load_start.elapsed();
+            drop(pairs);
+            if quiet {
+                sp.finish_and_clear();
+            } else {
+                sp.finish_with_message(format!(
+                    "bulk-loaded {} keys in {:.2} s",
+                    sets.loaded.len(),
+                    load_time.as_secs_f64()
+                ));
+            }
+            let node = node?;
+            let pool = node.pool();
+            (Some(node), pool, load_time)
+        }
+    };
     let clients = (0..args.clients)
         .map(|_| {
             KvClient::connect(
@@ -782,10 +1004,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
 
     // The run.
     let before = merged_stats(&clients);
-    let node_before = node.stats();
+    let node_before = node.as_ref().map(|n| n.stats());
     let sp = spinner(format!("generating {} operations", args.ops));
+    // Every process's streams: another process's values are checked too.
     let streams: Vec<Vec<Op>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..args.threads)
+        let hs: Vec<_> = (0..plan.threads())
             .map(|t| {
                 let (plan, sets) = (&plan, &sets);
                 s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>())
@@ -800,16 +1023,16 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         streams,
         epoch: Instant::now(),
         start: Barrier::new(args.threads),
-        activity: Some(node.activity()),
+        activity: node.as_ref().map(|n| n.activity()),
     };
     let outs = with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
-        run_thread(&clients[t % clients.len()], &ctx, t, done, abort)
+        run_thread(&clients[t % clients.len()], &ctx, base + t, done, abort)
     })?;
     let began = outs.iter().map(|o| o.began).min().unwrap_or(ctx.epoch);
     let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
     let elapsed = ended - began;
     let after = merged_stats(&clients);
-    let node_after = node.stats();
+    let node_after = node.as_ref().map(|n| n.stats());
 
     let mut latency = Histogram::new();
     let mut insert_retraining = Histogram::new();
@@ -845,12 +1068,12 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         )
     } else {
         // No gets ran: one leaf, as a get of a fresh cache reads.
-        (1, rolex_core::layout::Leaf::size_for(mn_cfg.leaf_slots))
+        (1, rolex_core::layout::Leaf::size_for(leaf_slots))
     };
     let raw_mops = raw_reads(
         &clients,
         &pool.desc,
-        &ctx.streams,
+        &ctx.streams[base..base + args.threads],
         &sets.loaded,
         RawSpec {
             reads: raw_reads_n,
@@ -861,13 +1084,33 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     )? / 1e6;
 
     let written = writes.len();
-    problems.merge(verify(&clients, &sets.loaded, writes, args.threads, quiet)?);
+    // A final value another process wrote to the key (checked against its
+    // stream) stands: this process cannot know when that write landed.
+    let mine = base..base + args.threads;
+    let by_others = |key: u64, got: Option<u64>| {
+        share > 1
+            && got.is_some_and(|v| {
+                ycsb::writer_of(v).is_some_and(|(t, _)| !mine.contains(&t)) && ctx.value_ok(key, v)
+            })
+    };
+    problems.merge(verify(
+        &clients,
+        &sets.loaded,
+        writes,
+        args.threads,
+        quiet,
+        &by_others,
+    )?);
     let verified = problems.count == 0;
 
     let mops = args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
     let p50 = latency.quantile(0.5) as f64 / 1e3;
     let p99 = latency.quantile(0.99) as f64 / 1e3;
-    let retrains = node_after.agent.retrains - node_before.agent.retrains;
+    let retrains = match (&node_before, &node_after) {
+        (Some(b), Some(a)) => Some(a.agent.retrains - b.agent.retrains),
+        _ => None,
+    };
+    let synonym_leaves = node_after.as_ref().map(|a| a.synonym_leaves);
     let model_bytes = clients[0].model_bytes();
     let r2 = |x: f64| (x * 100.0).round() / 100.0;
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
@@ -898,7 +1141,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 v(r3(ratio(total_retries, total_ops)).into()),
             ),
             ("retrains", v(retrains.into())),
-            ("synonym_leaves", v(node_after.synonym_leaves.into())),
+            ("synonym_leaves", v(synonym_leaves.into())),
             ("model_bytes", v(model_bytes.total.into())),
             ("raw_read_mops", v(r3(raw_mops).into())),
             ("verified", v(verified.into())),
@@ -914,18 +1157,44 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             "workload        {} ({} ops, {} threads, {} client(s), θ = {})",
             args.workload, args.ops, args.threads, args.clients, args.zipf
         );
-        println!(
-            "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
-            sets.loaded.len(),
-            load_time.as_secs_f64(),
-            node_after.models,
-            node_after.leaves_loaded,
-            plan.total_inserts()
-        );
-        println!(
-            "fabric          loopback, {fabric}, injected RTT {} µs",
-            args.rtt_us
-        );
+        match (&node_after, &args.memnode) {
+            (Some(na), _) => {
+                println!(
+                    "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
+                    sets.loaded.len(),
+                    load_time.as_secs_f64(),
+                    na.models,
+                    na.leaves_loaded,
+                    plan.total_inserts()
+                );
+                println!(
+                    "fabric          loopback, {fabric}, injected RTT {} µs",
+                    args.rtt_us
+                );
+            }
+            (None, server) => {
+                println!(
+                    "keys            {} held by the memory node ({})",
+                    sets.loaded.len(),
+                    remote.as_ref().map(|r| r.desc.encode()).unwrap_or_default()
+                );
+                let name = match &args.fabric {
+                    FabricArg::Libfabric(p) => format!("libfabric:{p}"),
+                    FabricArg::Loopback => "loopback".into(),
+                };
+                println!(
+                    "fabric          {name}, memory node at {} (compute process {} of {}), {}",
+                    server.as_deref().unwrap_or("?"),
+                    args.compute_index,
+                    args.compute_count,
+                    if clients[0].engine().ordered() {
+                        "ordered"
+                    } else {
+                        "unordered"
+                    }
+                );
+            }
+        }
         println!("per op          rtts    bytes   leaves  retries  ops");
         for (k, o) in KvOp::ALL.iter().zip(&per) {
             if o.ops > 0 {
@@ -958,26 +1227,32 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
-        println!(
-            "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
-            node_after.synonym_leaves,
-            node_after.agent.freeze_ns_max as f64 / 1e3
-        );
-        let agent_cpu_s = node_after
-            .agent_cpu_ns
-            .saturating_sub(node_before.agent_cpu_ns) as f64
-            / 1e9;
-        let inserts = after
-            .op(KvOp::Insert)
-            .ops
-            .saturating_sub(before.op(KvOp::Insert).ops);
-        if inserts > 0 {
+        if let (Some(node_before), Some(node_after), Some(retrains)) =
+            (&node_before, &node_after, retrains)
+        {
             println!(
-                "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
-                agent_cpu_s * 1e6 / inserts as f64
+                "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
+                node_after.synonym_leaves,
+                node_after.agent.freeze_ns_max as f64 / 1e3
             );
+            let agent_cpu_s = node_after
+                .agent_cpu_ns
+                .saturating_sub(node_before.agent_cpu_ns) as f64
+                / 1e9;
+            let inserts = after
+                .op(KvOp::Insert)
+                .ops
+                .saturating_sub(before.op(KvOp::Insert).ops);
+            if inserts > 0 {
+                println!(
+                    "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
+                    agent_cpu_s * 1e6 / inserts as f64
+                );
+            } else {
+                println!("agent CPU       {agent_cpu_s:.3} s over the run");
+            }
         } else {
-            println!("agent CPU       {agent_cpu_s:.3} s over the run");
+            println!("retraining      on the memory node (see its own figures)");
         }
         println!(
             "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",

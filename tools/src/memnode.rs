@@ -10,6 +10,17 @@
 //! (pinned to `--cores` CPUs) retrains models as their SLTs fill; the
 //! agent's CPU per million inserts comes from that phase. Every inserted
 //! key is read back at the end.
+//!
+//! With `--fabric libfabric:PROVIDER --listen ADDR:PORT` it instead serves
+//! the pool to compute nodes in other processes (`rolex bench --memnode`):
+//! it loads the data set (values as `rolex bench` loads them), offers the
+//! pool's descriptor, its engine's address and the layout version over the
+//! bootstrap connection to clients presenting `--token`, with a
+//! description of the data set attached ([`DataSetDesc`]), prints
+//! `memory node listening on ADDR:PORT …` as its first stdout line, and
+//! runs (retraining agent and the engine's progress) until it is
+//! terminated by a signal (SIGINT, SIGTERM or SIGKILL: nothing is kept on
+//! disk, so the default dispositions are the clean stop).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -18,9 +29,111 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args};
 use rand::{Rng, SeedableRng};
+use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
+use rolex_host::domain::fabric::LibfabricConfig;
 use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+use rolex_host::{EngineConfig, Fabric};
 
 use crate::dataset::{self, Dist};
+use crate::ycsb;
+
+/// A libfabric fabric named on the command line: `libfabric:PROVIDER`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibfabricArg(pub String);
+
+/// Parses `libfabric:PROVIDER`.
+pub fn parse_libfabric(s: &str) -> Result<LibfabricArg, String> {
+    match s.split_once(':') {
+        Some(("libfabric", p)) if !p.is_empty() => Ok(LibfabricArg(p.to_string())),
+        _ => Err(format!("unknown fabric {s:?}: use libfabric:PROVIDER")),
+    }
+}
+
+/// The engine of a node in its own process on `provider`: endpoints on
+/// `node` (an IP address; unused by `shm`, `efa`, `verbs` unless given),
+/// workers unpinned (the machine is shared with the other nodes).
+pub fn libfabric_engine(provider: &str, node: Option<&str>, busy_poll_us: u64) -> EngineConfig {
+    EngineConfig {
+        fabric: Fabric::Libfabric(LibfabricConfig {
+            busy_poll: Duration::from_micros(busy_poll_us),
+            ..LibfabricConfig::new(provider, node)
+        }),
+        pin_workers: false,
+        ..EngineConfig::default()
+    }
+}
+
+/// What a memory node serving other processes loaded, attached to its
+/// bootstrap offer so a compute node can check it runs against the data
+/// set (and pool shape) it was asked for.
+///
+/// Text form: `key=value` words separated by spaces — `source` (`dist:D`
+/// or `keys`), `n`, `seed`, `keyhash` (FNV-1a of the keys' little-endian
+/// bytes, in hex), `leaf_slots`, `fill`, `epsilon`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataSetDesc {
+    /// `dist:NAME` for a generated set, `keys` for a file's.
+    pub source: String,
+    /// Keys loaded.
+    pub n: u64,
+    /// Generator seed (meaningful for `dist:` sources).
+    pub seed: u64,
+    /// FNV-1a of the keys.
+    pub keyhash: u64,
+    /// Slots per leaf.
+    pub leaf_slots: u32,
+    /// Fill factor at load.
+    pub fill: f64,
+    /// Error bound of the models.
+    pub epsilon: u64,
+}
+
+/// FNV-1a over the keys' little-endian bytes.
+pub fn key_hash(keys: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for k in keys {
+        for b in k.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl DataSetDesc {
+    /// The text form.
+    pub fn encode(&self) -> String {
+        format!(
+            "source={} n={} seed={} keyhash={:016x} leaf_slots={} fill={} epsilon={}",
+            self.source, self.n, self.seed, self.keyhash, self.leaf_slots, self.fill, self.epsilon
+        )
+    }
+
+    /// Parses the text form; names what is missing or malformed.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut m = std::collections::HashMap::new();
+        for w in s.split_whitespace() {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| format!("data-set description word {w:?} is not key=value"))?;
+            m.insert(k, v);
+        }
+        let get = |k: &str| {
+            m.get(k)
+                .copied()
+                .ok_or_else(|| format!("data-set description lacks {k}"))
+        };
+        let bad = |k: &str| format!("data-set description: {k} is malformed");
+        Ok(DataSetDesc {
+            source: get("source")?.to_string(),
+            n: get("n")?.parse().map_err(|_| bad("n"))?,
+            seed: get("seed")?.parse().map_err(|_| bad("seed"))?,
+            keyhash: u64::from_str_radix(get("keyhash")?, 16).map_err(|_| bad("keyhash"))?,
+            leaf_slots: get("leaf_slots")?.parse().map_err(|_| bad("leaf_slots"))?,
+            fill: get("fill")?.parse().map_err(|_| bad("fill"))?,
+            epsilon: get("epsilon")?.parse().map_err(|_| bad("epsilon"))?,
+        })
+    }
+}
 
 /// Arguments of `rolex memnode`.
 #[derive(Debug, Args)]
@@ -63,6 +176,38 @@ pub struct MemnodeArgs {
     /// inspect` or the firmware image can read it.
     #[arg(long, value_name = "FILE")]
     pool_file: Option<PathBuf>,
+    /// Fill factor of the leaves at load [default: the store's].
+    #[arg(long)]
+    fill: Option<f64>,
+    /// Error bound of the models, in key positions [default: the store's].
+    #[arg(long)]
+    epsilon: Option<u64>,
+    /// Serve the pool to other processes on this fabric
+    /// (`libfabric:PROVIDER`) until terminated, instead of measuring.
+    #[arg(long, value_parser = parse_libfabric, requires = "listen")]
+    fabric: Option<LibfabricArg>,
+    /// Bootstrap address to listen on with `--fabric` (`ADDR:PORT`; port
+    /// 0 picks a free one, printed on the first line).
+    #[arg(long, requires = "fabric")]
+    listen: Option<String>,
+    /// Shared token compute nodes must present.
+    #[arg(long, default_value = "rolex")]
+    token: String,
+    /// Node (IP address) libfabric endpoints open on (default: the
+    /// `--listen` address; unused by `shm`).
+    #[arg(long)]
+    node: Option<String>,
+    /// libfabric: spin (yielding) this many µs after the last activity
+    /// before sleeping between queue reads (latency vs CPU).
+    #[arg(long, default_value_t = 200)]
+    busy_poll_us: u64,
+    /// libfabric: µs between queue reads of the serving memory node when
+    /// idle. A software provider's one-sided operations aimed at this node
+    /// only progress while it reads its queue and produce no completion
+    /// here, so this bounds the extra latency every compute-node operation
+    /// may wait (0: read without pause, one core busy).
+    #[arg(long, default_value_t = 20)]
+    idle_poll_us: u64,
 }
 
 /// Percentiles of a set of freeze times, in µs.
@@ -77,6 +222,9 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         (None, Some(dist)) => dataset::generate(dist, args.n.unwrap_or(0), args.seed)?,
         (None, None) => return Err("give --keys FILE or --dist D -n N".into()),
     };
+    if let Some(fabric) = &args.fabric {
+        return serve(&args, fabric, keys);
+    }
     if !(args.duration.is_finite() && args.duration >= 0.0) {
         return Err(format!("--duration {} is not a number of seconds", args.duration).into());
     }
@@ -87,6 +235,8 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         cores: args.cores as usize,
         pool_file: args.pool_file.clone(),
         spare_leaf_factor: args.spare_leaves,
+        fill: args.fill.unwrap_or(MemoryNodeConfig::default().fill),
+        epsilon: args.epsilon.unwrap_or(MemoryNodeConfig::default().epsilon),
         ..MemoryNodeConfig::default()
     };
     let t = Instant::now();
@@ -231,6 +381,97 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--fabric`: serves the pool to other processes until terminated.
+fn serve(
+    args: &MemnodeArgs,
+    fabric: &LibfabricArg,
+    keys: Vec<u64>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let listen = args
+        .listen
+        .as_deref()
+        .ok_or("--fabric needs --listen ADDR:PORT")?;
+    if args.pool_file.is_some() {
+        return Err("--pool-file is for the local measurement, not with --fabric".into());
+    }
+    let listen_ip = listen
+        .rsplit_once(':')
+        .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
+    let node = match fabric.0.as_str() {
+        "shm" | "efa" | "verbs" => args.node.clone(),
+        _ => Some(
+            args.node
+                .clone()
+                .or(listen_ip)
+                .unwrap_or_else(|| "127.0.0.1".into()),
+        ),
+    };
+    let defaults = MemoryNodeConfig::default();
+    let cfg = MemoryNodeConfig {
+        engine: {
+            let mut e = libfabric_engine(&fabric.0, node.as_deref(), args.busy_poll_us);
+            if let Fabric::Libfabric(l) = &mut e.fabric {
+                l.idle_poll = Duration::from_micros(args.idle_poll_us);
+            }
+            e
+        },
+        leaf_slots: args.leaf_slots,
+        retrain_trigger: args.trigger,
+        cores: args.cores as usize,
+        spare_leaf_factor: args.spare_leaves,
+        fill: args.fill.unwrap_or(defaults.fill),
+        epsilon: args.epsilon.unwrap_or(defaults.epsilon),
+        ..defaults
+    };
+    let desc = DataSetDesc {
+        source: match args.dist {
+            Some(d) if args.keys.is_none() => format!("dist:{d}"),
+            _ => "keys".into(),
+        },
+        n: keys.len() as u64,
+        seed: args.seed,
+        keyhash: key_hash(&keys),
+        leaf_slots: cfg.leaf_slots,
+        fill: cfg.fill,
+        epsilon: cfg.epsilon,
+    };
+    // The values `rolex bench` checks its answers against.
+    let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
+    drop(keys);
+    let node_ = MemoryNode::start(cfg, &pairs)?;
+    drop(pairs);
+    let srv = BootstrapServer::start_with_meta(
+        listen,
+        Bootstrap::new(&args.token),
+        node_.offer(),
+        desc.encode().into_bytes(),
+    )?;
+    println!(
+        "memory node listening on {} ({}, fabric address {}): {} keys in {} models, {}",
+        srv.local_addr(),
+        format_args!("libfabric:{}", fabric.0),
+        node_.engine().main_address(),
+        desc.n,
+        node_.model_count(),
+        desc.encode()
+    );
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    // Runs until a signal ends the process; the engine's worker drives the
+    // software provider's progress and the agent retrains meanwhile.
+    let mut reported = 0;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let errors = node_.stats().agent_errors;
+        if errors > reported {
+            reported = errors;
+            if let Some(e) = node_.last_agent_error() {
+                eprintln!("agent error ({errors} so far): {e}");
+            }
+        }
+    }
+}
+
 /// CPU time of the calling thread, in nanoseconds (0 if unavailable): the
 /// first field of `/proc/thread-self/schedstat` is the thread's run time in
 /// nanoseconds (`std` has no thread CPU clock, and this crate no libc).
@@ -239,4 +480,32 @@ fn thread_cpu_ns() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_set_descriptions_round_trip_and_bad_ones_are_named() {
+        let d = DataSetDesc {
+            source: "dist:uniform".into(),
+            n: 1000,
+            seed: 7,
+            keyhash: key_hash(&[1, 2, 3]),
+            leaf_slots: 16,
+            fill: 0.75,
+            epsilon: 32,
+        };
+        assert_eq!(DataSetDesc::parse(&d.encode()).unwrap(), d);
+        assert_ne!(key_hash(&[1, 2, 3]), key_hash(&[1, 2, 4]));
+        assert!(DataSetDesc::parse("source=keys n=1")
+            .unwrap_err()
+            .contains("lacks seed"));
+        assert!(DataSetDesc::parse("junk")
+            .unwrap_err()
+            .contains("key=value"));
+        assert!(parse_libfabric("libfabric:tcp").is_ok());
+        assert!(parse_libfabric("loopback").is_err());
+    }
 }

@@ -108,6 +108,19 @@ pub struct PoolInfo {
     pub layout_version: u32,
 }
 
+#[cfg(feature = "libfabric")]
+impl PoolInfo {
+    /// The pool a memory node offers over the bootstrap connection (see
+    /// [`MemoryNode::offer`]): its first descriptor and its layout version;
+    /// `None` if the offer holds no descriptor.
+    pub fn from_offer(offer: &crate::domain::fabric::bootstrap::Offer) -> Option<Self> {
+        Some(PoolInfo {
+            desc: offer.descs.first()?.clone(),
+            layout_version: offer.layout_version,
+        })
+    }
+}
+
 /// The memory node's figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryNodeStats {
@@ -590,6 +603,18 @@ impl MemoryNode {
         }
     }
 
+    /// What the node offers compute nodes in other processes over the
+    /// bootstrap connection: its engine's address, the pool's descriptor
+    /// and the layout version ([`PoolInfo::from_offer`] turns it back).
+    #[cfg(feature = "libfabric")]
+    pub fn offer(&self) -> crate::domain::fabric::bootstrap::Offer {
+        crate::domain::fabric::bootstrap::Offer {
+            addr: self.engine.main_address(),
+            descs: vec![self.desc.clone()],
+            layout_version: LAYOUT_VERSION,
+        }
+    }
+
     /// The memory node's engine.
     pub fn engine(&self) -> &TransferEngine {
         &self.engine
@@ -743,5 +768,31 @@ impl Drop for MemoryNode {
             t.thread().unpark();
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(all(test, feature = "libfabric"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_offer_carries_the_pool_back() {
+        let pairs: Vec<(u64, u64)> = (1..200u64).map(|k| (k * 7, k)).collect();
+        let node = MemoryNode::start(
+            MemoryNodeConfig {
+                retraining_thread: false,
+                ..MemoryNodeConfig::default()
+            },
+            &pairs,
+        )
+        .unwrap();
+        let offer = node.offer();
+        assert_eq!(offer.addr, node.engine().main_address());
+        assert_eq!(PoolInfo::from_offer(&offer), Some(node.pool()));
+        let empty = crate::domain::fabric::bootstrap::Offer {
+            descs: Vec::new(),
+            ..offer
+        };
+        assert_eq!(PoolInfo::from_offer(&empty), None);
     }
 }

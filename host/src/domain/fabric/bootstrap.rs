@@ -14,8 +14,13 @@
 //! ```text
 //! request:  "RLXBOOT1" | token_len u16 | token | layout u32
 //! reply ok: 0u8 | layout u32 | addr_len u8 | addr | n u16 | n × (len u16 | MrDesc bytes)
+//!           | meta_len u32 | meta
 //! refused:  1u8 | msg_len u16 | msg (UTF-8)
 //! ```
+//!
+//! `meta` is an opaque description the server attaches to its offer (a
+//! memory node names its data set there); [`Bootstrap::fetch`] ignores it,
+//! [`Bootstrap::fetch_with_meta`] returns it.
 
 use std::fmt;
 use std::io::{Read, Write};
@@ -31,6 +36,7 @@ const MAGIC: &[u8; 8] = b"RLXBOOT1";
 const MAX_TOKEN: usize = 1024;
 const MAX_DESCS: usize = 1024;
 const MAX_DESC_LEN: usize = 4096;
+const MAX_META: usize = 64 << 10;
 
 /// What a server offers its clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,6 +137,25 @@ impl Bootstrap {
 
     /// Fetches the offer of the server at `server` for `layout_version`.
     pub fn fetch(&self, server: &str, layout_version: u32) -> Result<Offer, BootstrapError> {
+        self.exchange(server, layout_version, false).map(|(o, _)| o)
+    }
+
+    /// Fetches the offer and the server's description attached to it
+    /// (empty if it attached none).
+    pub fn fetch_with_meta(
+        &self,
+        server: &str,
+        layout_version: u32,
+    ) -> Result<(Offer, Vec<u8>), BootstrapError> {
+        self.exchange(server, layout_version, true)
+    }
+
+    fn exchange(
+        &self,
+        server: &str,
+        layout_version: u32,
+        want_meta: bool,
+    ) -> Result<(Offer, Vec<u8>), BootstrapError> {
         let conn = |reason: String| BootstrapError::Connect {
             addr: server.to_string(),
             reason,
@@ -201,11 +226,25 @@ impl Bootstrap {
                 what: "memory descriptor",
             })?);
         }
-        Ok(Offer {
-            addr,
-            descs,
-            layout_version: layout,
-        })
+        let meta = if want_meta {
+            let n = read_u32(&mut s, "reading the offer's description")? as usize;
+            if n > MAX_META {
+                return Err(BootstrapError::Malformed {
+                    what: "description longer than 64 KiB",
+                });
+            }
+            read_vec(&mut s, n, "reading the offer's description")?
+        } else {
+            Vec::new()
+        };
+        Ok((
+            Offer {
+                addr,
+                descs,
+                layout_version: layout,
+            },
+            meta,
+        ))
     }
 }
 
@@ -240,6 +279,17 @@ impl BootstrapServer {
     /// Listens on `listen` (e.g. `127.0.0.1:0`) and serves `offer` to
     /// clients presenting `cfg.token` and `offer.layout_version`.
     pub fn start(listen: &str, cfg: Bootstrap, offer: Offer) -> Result<Self, BootstrapError> {
+        Self::start_with_meta(listen, cfg, offer, Vec::new())
+    }
+
+    /// As [`BootstrapServer::start`], attaching `meta` (at most 64 KiB) to
+    /// the offer for [`Bootstrap::fetch_with_meta`].
+    pub fn start_with_meta(
+        listen: &str,
+        cfg: Bootstrap,
+        offer: Offer,
+        meta: Vec<u8>,
+    ) -> Result<Self, BootstrapError> {
         let fail = |e: std::io::Error| BootstrapError::Listen {
             addr: listen.to_string(),
             reason: e.to_string(),
@@ -249,7 +299,7 @@ impl BootstrapServer {
         let local = l.local_addr().map_err(fail)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let reply = encode_offer(&offer)?;
+        let reply = encode_offer(&offer, &meta)?;
         let thread = std::thread::Builder::new()
             .name("rolex-bootstrap".into())
             .spawn(move || {
@@ -288,7 +338,12 @@ impl Drop for BootstrapServer {
     }
 }
 
-fn encode_offer(offer: &Offer) -> Result<Vec<u8>, BootstrapError> {
+fn encode_offer(offer: &Offer, meta: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+    if meta.len() > MAX_META {
+        return Err(BootstrapError::Malformed {
+            what: "description to offer longer than 64 KiB",
+        });
+    }
     let mut r = vec![0u8];
     r.extend_from_slice(&offer.layout_version.to_le_bytes());
     let a = offer.addr.as_bytes();
@@ -308,6 +363,8 @@ fn encode_offer(offer: &Offer) -> Result<Vec<u8>, BootstrapError> {
         r.extend_from_slice(&(n as u16).to_le_bytes());
         r.extend_from_slice(&b[..n]);
     }
+    r.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    r.extend_from_slice(meta);
     Ok(r)
 }
 
@@ -375,6 +432,35 @@ mod tests {
             .fetch(&srv.local_addr().to_string(), 3)
             .unwrap();
         assert_eq!(got, offer());
+    }
+
+    #[test]
+    fn the_description_travels_with_the_offer() {
+        let srv = BootstrapServer::start_with_meta(
+            "127.0.0.1:0",
+            Bootstrap::new("t"),
+            offer(),
+            b"dist=uniform n=10".to_vec(),
+        )
+        .unwrap();
+        let a = srv.local_addr().to_string();
+        let (got, meta) = Bootstrap::new("t").fetch_with_meta(&a, 3).unwrap();
+        assert_eq!(got, offer());
+        assert_eq!(meta, b"dist=uniform n=10");
+        // The plain fetch still works against a server with a description.
+        assert_eq!(Bootstrap::new("t").fetch(&a, 3).unwrap(), offer());
+        let plain = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let (_, meta) = Bootstrap::new("t")
+            .fetch_with_meta(&plain.local_addr().to_string(), 3)
+            .unwrap();
+        assert!(meta.is_empty());
+        assert!(BootstrapServer::start_with_meta(
+            "127.0.0.1:0",
+            Bootstrap::new("t"),
+            offer(),
+            vec![0; MAX_META + 1]
+        )
+        .is_err());
     }
 
     #[test]
