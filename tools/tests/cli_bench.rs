@@ -3,32 +3,9 @@
 //! error line and a non-zero exit, never a panic. Figures are checked only
 //! where they are exact (round trips of a fresh cache), never timings.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn rolex(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rolex"))
-        .args(args)
-        .output()
-        .expect("run rolex")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("rolex-cli-bench-{}-{name}", std::process::id()))
-}
-
-fn sosd(keys: &[u64]) -> Vec<u8> {
-    let mut b = (keys.len() as u64).to_le_bytes().to_vec();
-    keys.iter().for_each(|k| b.extend(k.to_le_bytes()));
-    b
-}
-
-fn assert_fails(out: &Output, what: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    assert!(stderr.contains(what), "stderr lacks {what:?}: {stderr}");
-}
+use common::{assert_fails, rolex, sosd, tmp};
 
 /// Runs a small bench and returns its JSON line, parsed, after checking
 /// that the line has exactly the promised fields in the promised order.

@@ -1,33 +1,10 @@
 //! `rolex plr` as a user runs it: good input gives the promised JSON line,
 //! bad input gives one clear error line and a non-zero exit, never a panic.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn rolex(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rolex"))
-        .args(args)
-        .output()
-        .expect("run rolex")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("rolex-cli-{}-{name}", std::process::id()))
-}
-
-fn sosd(keys: &[u64]) -> Vec<u8> {
-    let mut b = (keys.len() as u64).to_le_bytes().to_vec();
-    keys.iter().for_each(|k| b.extend(k.to_le_bytes()));
-    b
-}
-
-/// Asserts a failure whose stderr names `what`, without a panic.
-fn assert_fails(out: &Output, what: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    assert!(stderr.contains(what), "stderr lacks {what:?}: {stderr}");
-}
+use common::{assert_fails, rolex, sosd, tmp};
+use std::process::Output;
 
 #[test]
 fn json_line_has_every_promised_field_and_error_within_epsilon() {

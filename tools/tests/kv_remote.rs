@@ -11,31 +11,15 @@
 //! memory node by its guard's `Drop`).
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rolex");
+mod common;
+
+use common::{free_port, Guard, BIN};
 
 /// Bound on one child; far above what a run takes, it only stops a hang.
 const LIMIT: Duration = Duration::from_secs(180);
-
-/// Kills the child when dropped, pass or fail.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Starts a memory node on `tcp` holding `-n 3000` uniform keys; returns
 /// its guard and bootstrap address (read from its first stdout line).

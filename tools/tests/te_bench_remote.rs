@@ -5,28 +5,12 @@
 //! Also: a wrong token and a dead address give a clear error, not a hang.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rolex");
+mod common;
 
-/// Kills the server when the test ends, pass or fail.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{free_port, Guard as Server, BIN};
 
 fn serve() -> (Server, String) {
     let addr = format!("127.0.0.1:{}", free_port());
