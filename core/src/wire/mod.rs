@@ -324,6 +324,30 @@ pub(crate) trait Body: Sized {
     fn decode_body(r: &mut Reader<'_>) -> Result<Self, WireError>;
 }
 
+/// Implements [`Wire`] for a [`Body`] type: a header (version, `tag`) then
+/// the body, validated on encode and decode.
+macro_rules! wire_via_body {
+    ($ty:ty, $tag:expr, $name:literal) => {
+        impl $crate::wire::Wire for $ty {
+            const TAG: u8 = $tag;
+            const NAME: &'static str = $name;
+
+            fn encoded_len(&self) -> usize {
+                $crate::wire::encoded_len(self)
+            }
+
+            fn encode(&self, out: &mut [u8]) -> Result<usize, $crate::wire::WireError> {
+                $crate::wire::encode_message(self, out)
+            }
+
+            fn decode_prefix(bytes: &[u8]) -> Result<(Self, &[u8]), $crate::wire::WireError> {
+                $crate::wire::decode_message(bytes)
+            }
+        }
+    };
+}
+pub(crate) use wire_via_body;
+
 pub(crate) fn encoded_len<T: Body>(v: &T) -> usize {
     HEADER_LEN.saturating_add(v.body_len())
 }

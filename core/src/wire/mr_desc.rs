@@ -11,10 +11,7 @@ use bitflags::bitflags;
 use zerocopy::byteorder::{LE, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::{
-    decode_message, encode_message, encoded_len, Body, NetAddr, Reader, Wire, WireError, Writer,
-    MAX_NICS,
-};
+use super::{Body, NetAddr, Reader, WireError, Writer, MAX_NICS};
 
 bitflags! {
     /// Access rights of a registered region (one byte on the wire; other
@@ -202,26 +199,12 @@ impl Body for MrDesc {
     }
 }
 
-impl Wire for MrDesc {
-    const TAG: u8 = 2;
-    const NAME: &'static str = "MrDesc";
-
-    fn encoded_len(&self) -> usize {
-        encoded_len(self)
-    }
-
-    fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        encode_message(self, out)
-    }
-
-    fn decode_prefix(bytes: &[u8]) -> Result<(Self, &[u8]), WireError> {
-        decode_message(bytes)
-    }
-}
+super::wire_via_body!(MrDesc, 2, "MrDesc");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Wire;
 
     fn addr(b: u8) -> NetAddr {
         NetAddr::new(&[b; 3]).unwrap()

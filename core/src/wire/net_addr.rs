@@ -9,7 +9,7 @@ use core::cmp::Ordering;
 use core::fmt;
 use core::hash::{Hash, Hasher};
 
-use super::{decode_message, encode_message, encoded_len, Body, Reader, Wire, WireError, Writer};
+use super::{Body, Reader, WireError, Writer};
 
 /// A peer's network address: 1 to [`NetAddr::MAX_LEN`] opaque bytes.
 ///
@@ -129,26 +129,12 @@ impl Body for NetAddr {
     }
 }
 
-impl Wire for NetAddr {
-    const TAG: u8 = 1;
-    const NAME: &'static str = "NetAddr";
-
-    fn encoded_len(&self) -> usize {
-        encoded_len(self)
-    }
-
-    fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        encode_message(self, out)
-    }
-
-    fn decode_prefix(bytes: &[u8]) -> Result<(Self, &[u8]), WireError> {
-        decode_message(bytes)
-    }
-}
+super::wire_via_body!(NetAddr, 1, "NetAddr");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Wire;
 
     #[test]
     fn new_checks_length() {

@@ -8,9 +8,7 @@
 use zerocopy::byteorder::{LE, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::{
-    decode_message, encode_message, encoded_len, Body, MrDesc, Reader, Wire, WireError, Writer,
-};
+use super::{Body, MrDesc, Reader, WireError, Writer};
 
 /// One slice of a scatter: `len` bytes from local offset `src` to
 /// `dst_offset` inside the peer region `dst`.
@@ -76,27 +74,13 @@ impl Body for ScatterDst {
     }
 }
 
-impl Wire for ScatterDst {
-    const TAG: u8 = 4;
-    const NAME: &'static str = "ScatterDst";
-
-    fn encoded_len(&self) -> usize {
-        encoded_len(self)
-    }
-
-    fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        encode_message(self, out)
-    }
-
-    fn decode_prefix(bytes: &[u8]) -> Result<(Self, &[u8]), WireError> {
-        decode_message(bytes)
-    }
-}
+super::wire_via_body!(ScatterDst, 4, "ScatterDst");
 
 #[cfg(test)]
 mod tests {
     use super::super::{Access, NetAddr};
     use super::*;
+    use crate::wire::Wire;
 
     #[test]
     fn known_encoding() {
