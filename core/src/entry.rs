@@ -1,13 +1,19 @@
 //! Leaf-table entries: the 64-bit words of a model's leaf table (LT) and
 //! synonym leaf table (SLT), and the SLT's slot-use header.
 //!
-//! An [`LtEntry`] packs `lock:1 | region:7 | pointer:8 | leaf:48` (most
-//! significant bit first) into one `u64`, so a compute node locks a leaf chain
-//! with a single 8-byte `CAS` on the whole word. The invariant this module
-//! keeps: no field is ever silently truncated — constructors reject values
-//! that do not fit, and the helpers that change one field (`with_lock`,
-//! `without_lock`, `with_pointer`) are pure bit operations on the word, so the
-//! value a client computes is exactly the value it compares and swaps.
+//! An [`LtEntry`] packs `lock:1 | region:7 | pointer:8 | owner:16 | leaf:32`
+//! (most significant bit first) into one `u64`, so a compute node locks a
+//! leaf chain with a single 8-byte `CAS` on the whole word, and the word says
+//! who holds it. The invariant this module keeps: no field is ever silently
+//! truncated — constructors reject values that do not fit, and the helpers
+//! that change fields (`locked_by`, `without_lock`, `with_pointer`) are pure
+//! bit operations on the word, so the value a client computes is exactly the
+//! value it compares and swaps.
+//!
+//! The design's entry is `lock:1 | region:7 | pointer:8 | leaf:48`; 16 of
+//! the leaf bits carry the lock's [`LockOwner`] instead (2^32 leaves per
+//! region remain), so a memory node can release the locks of a compute node
+//! that died holding them (see `rolex_host::kv::lease`) without guessing.
 //!
 //! Slot 0 of every SLT is not an entry but an [`SltHeader`]: the count of
 //! synonym slots claimed so far, advanced by `FAA`.
@@ -97,17 +103,42 @@ impl LeafAddr {
     }
 }
 
-/// One leaf-table word: `lock:1 | region:7 | pointer:8 | leaf:48`.
+/// Who holds a locked [`LtEntry`]: a 16-bit id.
+///
+/// - [`LockOwner::ANONYMOUS`] (0): a lock whose holder is not recorded — the
+///   in-process clients, which cannot die apart from the memory node. Every
+///   unlocked entry carries owner 0.
+/// - 1 ..= 0xFFFE: a compute node holding a lease from the memory node; when
+///   its lease ends (it died), the memory node releases its locks.
+/// - [`LockOwner::AGENT`] (0xFFFF): the retraining agent freezing a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LockOwner(pub u16);
+
+impl LockOwner {
+    /// No holder recorded.
+    pub const ANONYMOUS: Self = Self(0);
+    /// The retraining agent.
+    pub const AGENT: Self = Self(u16::MAX);
+
+    /// Whether this id names a leased compute node (whose locks a memory
+    /// node may release once the lease ends).
+    pub const fn is_leased(self) -> bool {
+        self.0 != Self::ANONYMOUS.0 && self.0 != Self::AGENT.0
+    }
+}
+
+/// One leaf-table word: `lock:1 | region:7 | pointer:8 | owner:16 | leaf:32`.
 ///
 /// ```text
-///  63  62      56 55      48 47                                            0
-/// +---+----------+----------+-----------------------------------------------+
-/// |lck|  region  | pointer  |                     leaf                      |
-/// +---+----------+----------+-----------------------------------------------+
+///  63  62      56 55      48 47              32 31                          0
+/// +---+----------+----------+------------------+----------------------------+
+/// |lck|  region  | pointer  |      owner       |            leaf            |
+/// +---+----------+----------+------------------+----------------------------+
 /// ```
 ///
 /// - `lock`: set while a compute node (or the retraining agent, which freezes
 ///   a model by locking all its entries) owns the leaf's chain.
+/// - `owner`: the [`LockOwner`] of a locked entry; 0 when unlocked.
 /// - `region`, `leaf`: the leaf's [`LeafAddr`].
 /// - `pointer`: the SLT slot of the leaf's next synonym leaf; 0 = none (slot 0
 ///   is the [`SltHeader`], never a leaf).
@@ -119,7 +150,9 @@ pub struct LtEntry(u64);
 
 impl LtEntry {
     /// Width of the leaf-number field.
-    pub const LEAF_BITS: u32 = 48;
+    pub const LEAF_BITS: u32 = 32;
+    /// Width of the lock-owner field.
+    pub const OWNER_BITS: u32 = 16;
     /// Width of the synonym-pointer field.
     pub const POINTER_BITS: u32 = 8;
     /// Width of the leaf-region field.
@@ -129,8 +162,10 @@ impl LtEntry {
 
     /// Position of the leaf-number field's lowest bit.
     pub const LEAF_SHIFT: u32 = 0;
+    /// Position of the owner field's lowest bit.
+    pub const OWNER_SHIFT: u32 = Self::LEAF_SHIFT + Self::LEAF_BITS;
     /// Position of the pointer field's lowest bit.
-    pub const POINTER_SHIFT: u32 = Self::LEAF_SHIFT + Self::LEAF_BITS;
+    pub const POINTER_SHIFT: u32 = Self::OWNER_SHIFT + Self::OWNER_BITS;
     /// Position of the region field's lowest bit.
     pub const REGION_SHIFT: u32 = Self::POINTER_SHIFT + Self::POINTER_BITS;
     /// Position of the lock bit.
@@ -138,6 +173,8 @@ impl LtEntry {
 
     /// The leaf-number bits, in place.
     pub const LEAF_MASK: u64 = low_mask(Self::LEAF_BITS) << Self::LEAF_SHIFT;
+    /// The owner bits, in place.
+    pub const OWNER_MASK: u64 = low_mask(Self::OWNER_BITS) << Self::OWNER_SHIFT;
     /// The pointer bits, in place.
     pub const POINTER_MASK: u64 = low_mask(Self::POINTER_BITS) << Self::POINTER_SHIFT;
     /// The region bits, in place.
@@ -194,6 +231,11 @@ impl LtEntry {
         ((self.0 & Self::POINTER_MASK) >> Self::POINTER_SHIFT) as u8
     }
 
+    /// Who holds the lock ([`LockOwner::ANONYMOUS`] when unlocked).
+    pub const fn owner(self) -> LockOwner {
+        LockOwner(((self.0 & Self::OWNER_MASK) >> Self::OWNER_SHIFT) as u16)
+    }
+
     /// The leaf number.
     pub const fn leaf(self) -> u64 {
         (self.0 & Self::LEAF_MASK) >> Self::LEAF_SHIFT
@@ -207,15 +249,25 @@ impl LtEntry {
         }
     }
 
-    /// The same word with the lock bit set: the `new` operand of a lock CAS.
+    /// The same word locked with no owner recorded
+    /// ([`LockOwner::ANONYMOUS`]): `locked_by(LockOwner::ANONYMOUS)`.
     pub const fn with_lock(self) -> Self {
-        Self(self.0 | Self::LOCK_MASK)
+        self.locked_by(LockOwner::ANONYMOUS)
     }
 
-    /// The same word with the lock bit clear: the `expected` operand of a
-    /// lock CAS.
+    /// The same word locked by `owner`: the `new` operand of a lock CAS.
+    pub const fn locked_by(self, owner: LockOwner) -> Self {
+        Self(
+            (self.0 & !Self::OWNER_MASK)
+                | Self::LOCK_MASK
+                | ((owner.0 as u64) << Self::OWNER_SHIFT),
+        )
+    }
+
+    /// The same word unlocked (lock bit and owner clear): the `expected`
+    /// operand of a lock CAS.
     pub const fn without_lock(self) -> Self {
-        Self(self.0 & !Self::LOCK_MASK)
+        Self(self.0 & !(Self::LOCK_MASK | Self::OWNER_MASK))
     }
 
     /// The same word with its pointer replaced (an unlock may carry a new
@@ -225,16 +277,27 @@ impl LtEntry {
     }
 }
 
-// The four fields tile the word exactly, and a `u8` pointer fills its field.
+// The five fields tile the word exactly; a `u8` pointer and a `u16` owner
+// fill their fields.
 const _: () = assert!(
-    LtEntry::LOCK_BITS + LtEntry::REGION_BITS + LtEntry::POINTER_BITS + LtEntry::LEAF_BITS == 64
+    LtEntry::LOCK_BITS
+        + LtEntry::REGION_BITS
+        + LtEntry::POINTER_BITS
+        + LtEntry::OWNER_BITS
+        + LtEntry::LEAF_BITS
+        == 64
 );
 const _: () = assert!(LtEntry::LOCK_SHIFT + LtEntry::LOCK_BITS == 64);
 const _: () = assert!(
-    LtEntry::LEAF_MASK ^ LtEntry::POINTER_MASK ^ LtEntry::REGION_MASK ^ LtEntry::LOCK_MASK
+    LtEntry::LEAF_MASK
+        ^ LtEntry::OWNER_MASK
+        ^ LtEntry::POINTER_MASK
+        ^ LtEntry::REGION_MASK
+        ^ LtEntry::LOCK_MASK
         == u64::MAX
 );
 const _: () = assert!(LtEntry::POINTER_BITS == u8::BITS);
+const _: () = assert!(LtEntry::OWNER_BITS == u16::BITS);
 
 impl fmt::Debug for LtEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -242,6 +305,7 @@ impl fmt::Debug for LtEntry {
             .field("lock", &self.is_locked())
             .field("region", &self.region())
             .field("pointer", &self.pointer())
+            .field("owner", &self.owner().0)
             .field("leaf", &self.leaf())
             .finish()
     }
@@ -319,14 +383,17 @@ mod tests {
         assert_eq!(LtEntry::LOCK_MASK, 1 << 63);
         assert_eq!(LtEntry::REGION_MASK, 0x7f << 56);
         assert_eq!(LtEntry::POINTER_MASK, 0xff << 48);
-        assert_eq!(LtEntry::LEAF_MASK, (1 << 48) - 1);
-        let e = LtEntry::new(0x55, 0xaa, 0x1234_5678_9abc)
+        assert_eq!(LtEntry::OWNER_MASK, 0xffff << 32);
+        assert_eq!(LtEntry::LEAF_MASK, (1 << 32) - 1);
+        let e = LtEntry::new(0x55, 0xaa, 0x5678_9abc)
             .unwrap()
-            .with_lock();
+            .locked_by(LockOwner(0x1234));
         assert_eq!(
             e.raw(),
-            0x8000_0000_0000_0000 | 0x55 << 56 | 0xaa << 48 | 0x1234_5678_9abc
+            0x8000_0000_0000_0000 | 0x55 << 56 | 0xaa << 48 | 0x1234 << 32 | 0x5678_9abc
         );
+        assert_eq!(e.owner(), LockOwner(0x1234));
+        assert_eq!(e.without_lock().owner(), LockOwner::ANONYMOUS);
     }
 
     #[test]
@@ -336,10 +403,10 @@ mod tests {
             Err(EntryError::RegionOutOfRange(128))
         );
         assert_eq!(
-            LtEntry::new(0, 0, 1 << 48),
-            Err(EntryError::LeafOutOfRange(1 << 48))
+            LtEntry::new(0, 0, 1 << 32),
+            Err(EntryError::LeafOutOfRange(1 << 32))
         );
-        assert!(LtEntry::new(127, 255, (1 << 48) - 1).is_ok());
+        assert!(LtEntry::new(127, 255, (1 << 32) - 1).is_ok());
         assert_eq!(
             LeafAddr::new(200, 0),
             Err(EntryError::RegionOutOfRange(200))
@@ -377,10 +444,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
         #[test]
-        fn fields_round_trip(lock: bool, region in 0u8..=127, pointer: u8, leaf in 0u64..(1 << 48)) {
+        fn fields_round_trip(lock: bool, owner: u16, region in 0u8..=127, pointer: u8, leaf in 0u64..(1 << 32)) {
             let e = LtEntry::new(region, pointer, leaf).unwrap();
-            let e = if lock { e.with_lock() } else { e };
+            let e = if lock { e.locked_by(LockOwner(owner)) } else { e };
             prop_assert_eq!(e.is_locked(), lock);
+            prop_assert_eq!(e.owner(), LockOwner(if lock { owner } else { 0 }));
             prop_assert_eq!(e.region(), region);
             prop_assert_eq!(e.pointer(), pointer);
             prop_assert_eq!(e.leaf(), leaf);
@@ -392,17 +460,25 @@ mod tests {
         fn raw_words_round_trip(raw: u64) {
             let e = LtEntry::from_raw(raw);
             let rebuilt = LtEntry::new(e.region(), e.pointer(), e.leaf()).unwrap();
-            let rebuilt = if e.is_locked() { rebuilt.with_lock() } else { rebuilt };
+            let rebuilt = if e.is_locked() { rebuilt.locked_by(e.owner()) } else { rebuilt };
+            // An unlocked word with owner bits set is not one this crate
+            // writes; every other word is rebuilt from its fields.
+            prop_assume!(e.is_locked() || e.owner() == LockOwner::ANONYMOUS);
             prop_assert_eq!(rebuilt.raw(), raw);
         }
 
         #[test]
-        fn helpers_touch_only_their_field(raw: u64, pointer: u8) {
+        fn helpers_touch_only_their_field(raw: u64, pointer: u8, owner: u16) {
             let e = LtEntry::from_raw(raw);
-            prop_assert_eq!(e.with_lock().raw() & !LtEntry::LOCK_MASK, raw & !LtEntry::LOCK_MASK);
-            prop_assert!(e.with_lock().is_locked());
+            let lock_bits = LtEntry::LOCK_MASK | LtEntry::OWNER_MASK;
+            let l = e.locked_by(LockOwner(owner));
+            prop_assert_eq!(l.raw() & !lock_bits, raw & !lock_bits);
+            prop_assert!(l.is_locked());
+            prop_assert_eq!(l.owner(), LockOwner(owner));
             prop_assert!(!e.without_lock().is_locked());
-            prop_assert_eq!(e.with_lock().without_lock(), e.without_lock());
+            prop_assert_eq!(e.without_lock().owner(), LockOwner::ANONYMOUS);
+            prop_assert_eq!(l.without_lock(), e.without_lock());
+            prop_assert_eq!(l.addr(), e.addr());
             let p = e.with_pointer(pointer);
             prop_assert_eq!(p.pointer(), pointer);
             prop_assert_eq!(p.raw() & !LtEntry::POINTER_MASK, raw & !LtEntry::POINTER_MASK);
@@ -411,7 +487,7 @@ mod tests {
         #[test]
         fn region_and_leaf_range_is_checked(region: u8, leaf: u64) {
             let r = LtEntry::new(region, 0, leaf);
-            prop_assert_eq!(r.is_ok(), region <= 127 && leaf < (1 << 48));
+            prop_assert_eq!(r.is_ok(), region <= 127 && leaf < (1 << 32));
         }
     }
 }

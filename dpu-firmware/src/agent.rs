@@ -42,7 +42,7 @@
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
-use rolex_core::entry::{LtEntry, SltHeader};
+use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -450,7 +450,12 @@ impl<M: PoolMemory> Agent<M> {
             let mut attempt = 0u32;
             loop {
                 let v = LtEntry::from_raw(self.mem.load(off)?);
-                if !v.is_locked() && self.mem.cas(off, v.raw(), v.with_lock().raw())? == v.raw() {
+                if !v.is_locked()
+                    && self
+                        .mem
+                        .cas(off, v.raw(), v.locked_by(LockOwner::AGENT).raw())?
+                        == v.raw()
+                {
                     locked.push((off, v));
                     break;
                 }
@@ -570,7 +575,12 @@ impl<M: PoolMemory> Agent<M> {
         let mut lt = Vec::with_capacity(leaves.len() * 8);
         let mut fb = Vec::with_capacity(leaves.len() * 8);
         for l in &leaves {
-            lt.extend_from_slice(&LtEntry::for_leaf(l.addr).with_lock().raw().to_le_bytes());
+            lt.extend_from_slice(
+                &LtEntry::for_leaf(l.addr)
+                    .locked_by(LockOwner::AGENT)
+                    .raw()
+                    .to_le_bytes(),
+            );
             fb.extend_from_slice(&l.fence_lo.to_le_bytes());
         }
         let mut sg = Vec::with_capacity(segments.len() * ModelSegment::SIZE as usize);

@@ -29,6 +29,7 @@ pub mod error;
 pub mod histogram;
 pub mod leaves;
 pub mod memory;
+pub mod reap;
 pub mod train;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
@@ -36,6 +37,7 @@ pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory};
+pub use reap::release_locks_of;
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -31,8 +31,13 @@
 //! bootstrap connection, the key set is rebuilt here from that description
 //! (any `--dist`/`-n`/`--seed`/`--keys`/`--leaf-slots`/`--fill`/`--epsilon`
 //! given must agree with it, and the rebuilt keys must hash to the memory
-//! node's), and only workloads without inserts run (the memory node loads
-//! its whole data set). Several such processes may share one memory node:
+//! node's). The memory node loads its whole data set, so the run's inserts
+//! are new keys drawn from its gaps (`ycsb::Plan::split_fresh`), the same in
+//! every process. Each process holds a lease at the memory node (its lease
+//! port comes in the description), and its chain locks carry the lease's
+//! id: if the process dies (`SIGKILL` included) holding locks, the memory
+//! node releases them and the other processes go on. Several such
+//! processes may share one memory node:
 //! `--compute-count P --compute-index I` makes this process run threads
 //! `I·T … I·T+T−1` of a `P·T`-thread plan of `P·ops` operations, so every
 //! process knows every writer's values; a final value written by another
@@ -44,9 +49,11 @@ use crate::memnode::{key_hash, libfabric_engine, DataSetDesc};
 use crate::ycsb::{self, Op, Plan, Workload};
 use clap::{ArgGroup, Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::history::{final_value_possible, TimedWrite};
+use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::{
     AgentActivity, KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
     PoolInfo,
@@ -283,6 +290,18 @@ fn fetch_remote(args: &BenchArgs, server: &str) -> Result<Remote, BenchError> {
     let desc = DataSetDesc::parse(&text)
         .map_err(|e| format!("the memory node at {server} is not a rolex memnode: {e}"))?;
     Ok(Remote { pool, desc })
+}
+
+/// The lease of this process at the memory node `server` (its host) on
+/// `port`.
+fn acquire_lease(server: &str, port: u16, token: &str) -> Result<LeaseClient, BenchError> {
+    let host = server
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .ok_or_else(|| format!("--memnode {server}: not ADDR:PORT"))?;
+    let at = format!("{host}:{port}");
+    LeaseClient::acquire(&at, token, Duration::from_secs(10))
+        .map_err(|e| format!("the memory node at {server}: {e}").into())
 }
 
 /// The remote memory node's key set, rebuilt here; any data-set or pool
@@ -920,13 +939,6 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     )?;
     let remote = match &args.memnode {
         Some(server) => {
-            if plan.total_inserts() > 0 {
-                return Err(format!(
-                    "workload {} inserts keys: against a remote memory node (which loads its whole data set) run a workload without inserts (a, b, c, f, update-only)",
-                    args.workload
-                )
-                .into());
-            }
             let r = fetch_remote(&args, server)?;
             let keys = remote_keys(&args, server, &r)?;
             Some((r, keys))
@@ -935,11 +947,25 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     };
     // This process's threads of the plan.
     let base = args.compute_index * args.threads;
-    let (remote, keys) = match remote {
-        Some((r, keys)) => (Some(r), keys),
-        None => (None, load_keys(&args, &plan)?),
+    let (remote, sets) = match remote {
+        // The memory node loaded its whole data set: new keys come from
+        // its gaps, the same in every process of the run.
+        Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
+        None => (None, plan.split(load_keys(&args, &plan)?)?),
     };
-    let sets = plan.split(keys)?;
+    // A lease, so the memory node releases this process's chain locks if
+    // it dies holding them.
+    let lease = match (&remote, &args.memnode) {
+        (Some(r), Some(server)) => r
+            .desc
+            .lease
+            .map(|port| acquire_lease(server, port, &args.token))
+            .transpose()?,
+        _ => None,
+    };
+    let lock_owner = lease
+        .as_ref()
+        .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
     let quiet = args.json;
 
     let defaults = MemoryNodeConfig::default();
@@ -995,6 +1021,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             KvClient::connect(
                 KvClientConfig {
                     engine: engine_cfg.clone(),
+                    lock_owner,
                     ..KvClientConfig::default()
                 },
                 &pool,

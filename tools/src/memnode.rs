@@ -25,12 +25,15 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args};
 use rand::{Rng, SeedableRng};
+use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
 use rolex_host::domain::fabric::LibfabricConfig;
+use rolex_host::kv::lease::{LeaseConfig, LeaseServer};
 use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric};
 
@@ -69,7 +72,8 @@ pub fn libfabric_engine(provider: &str, node: Option<&str>, busy_poll_us: u64) -
 ///
 /// Text form: `key=value` words separated by spaces — `source` (`dist:D`
 /// or `keys`), `n`, `seed`, `keyhash` (FNV-1a of the keys' little-endian
-/// bytes, in hex), `leaf_slots`, `fill`, `epsilon`.
+/// bytes, in hex), `leaf_slots`, `fill`, `epsilon`, and `lease` (the
+/// memory node's lease port, on the bootstrap's address; optional).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataSetDesc {
     /// `dist:NAME` for a generated set, `keys` for a file's.
@@ -86,6 +90,9 @@ pub struct DataSetDesc {
     pub fill: f64,
     /// Error bound of the models.
     pub epsilon: u64,
+    /// Port of the memory node's lease server (on the bootstrap's host),
+    /// where each compute process gets the id its chain locks carry.
+    pub lease: Option<u16>,
 }
 
 /// FNV-1a over the keys' little-endian bytes.
@@ -102,10 +109,14 @@ pub fn key_hash(keys: &[u64]) -> u64 {
 impl DataSetDesc {
     /// The text form.
     pub fn encode(&self) -> String {
-        format!(
+        let mut s = format!(
             "source={} n={} seed={} keyhash={:016x} leaf_slots={} fill={} epsilon={}",
             self.source, self.n, self.seed, self.keyhash, self.leaf_slots, self.fill, self.epsilon
-        )
+        );
+        if let Some(p) = self.lease {
+            s.push_str(&format!(" lease={p}"));
+        }
+        s
     }
 
     /// Parses the text form; names what is missing or malformed.
@@ -131,6 +142,10 @@ impl DataSetDesc {
             leaf_slots: get("leaf_slots")?.parse().map_err(|_| bad("leaf_slots"))?,
             fill: get("fill")?.parse().map_err(|_| bad("fill"))?,
             epsilon: get("epsilon")?.parse().map_err(|_| bad("epsilon"))?,
+            lease: match m.get("lease") {
+                Some(p) => Some(p.parse().map_err(|_| bad("lease"))?),
+                None => None,
+            },
         })
     }
 }
@@ -434,12 +449,37 @@ fn serve(
         leaf_slots: cfg.leaf_slots,
         fill: cfg.fill,
         epsilon: cfg.epsilon,
+        lease: None,
     };
     // The values `rolex bench` checks its answers against.
     let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
     drop(keys);
     let node_ = MemoryNode::start(cfg, &pairs)?;
     drop(pairs);
+    // Leases on the bootstrap's address, any port: a compute process that
+    // dies holding chain locks has them released (`kv::lease`).
+    let lease_host = listen
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .filter(|h| !h.is_empty())
+        .unwrap_or("0.0.0.0");
+    let release = node_.lock_releaser();
+    let leases = LeaseServer::start(
+        &format!("{lease_host}:0"),
+        LeaseConfig::new(&args.token),
+        Arc::new(move |owner: LockOwner| {
+            let n = release(owner)?;
+            eprintln!(
+                "compute node {} left (lease ended): released {n} chain lock(s)",
+                owner.0
+            );
+            Ok(n)
+        }),
+    )?;
+    let desc = DataSetDesc {
+        lease: Some(leases.local_addr().port()),
+        ..desc
+    };
     let srv = BootstrapServer::start_with_meta(
         listen,
         Bootstrap::new(&args.token),
@@ -460,9 +500,23 @@ fn serve(
     // Runs until a signal ends the process; the engine's worker drives the
     // software provider's progress and the agent retrains meanwhile.
     let mut reported = 0;
+    let mut leased = 0;
+    let mut progress = (0, 0);
     loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let errors = node_.stats().agent_errors;
+        std::thread::sleep(Duration::from_millis(200));
+        if leases.active() != leased {
+            leased = leases.active();
+            eprintln!("compute nodes with a lease: {leased}");
+        }
+        let st = node_.stats();
+        if (st.agent.retrains, st.synonym_leaves) != progress {
+            progress = (st.agent.retrains, st.synonym_leaves);
+            eprintln!(
+                "retrained {} model(s) so far; {} synonym leaves created by compute nodes",
+                progress.0, progress.1
+            );
+        }
+        let errors = st.agent_errors;
         if errors > reported {
             reported = errors;
             if let Some(e) = node_.last_agent_error() {
@@ -496,6 +550,7 @@ mod tests {
             leaf_slots: 16,
             fill: 0.75,
             epsilon: 32,
+            lease: Some(4000),
         };
         assert_eq!(DataSetDesc::parse(&d.encode()).unwrap(), d);
         assert_ne!(key_hash(&[1, 2, 3]), key_hash(&[1, 2, 4]));

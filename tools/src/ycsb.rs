@@ -216,6 +216,14 @@ pub enum YcsbError {
         /// Keys the run inserts (held out of the load).
         inserts: u64,
     },
+    /// The loaded key set has too few gaps to draw the run's new keys from
+    /// (a run against a memory node).
+    TooFewGaps {
+        /// Gaps wider than one between consecutive loaded keys.
+        gaps: usize,
+        /// Keys the run inserts.
+        inserts: u64,
+    },
     /// The key set is not strictly increasing.
     Unsorted {
         /// Index of the first key not above its predecessor.
@@ -245,6 +253,11 @@ impl fmt::Display for YcsbError {
                 "the key set has {have} keys but the run inserts {inserts} new ones, held out \
                  of the load: it needs at least {} keys",
                 inserts + 1
+            ),
+            YcsbError::TooFewGaps { gaps, inserts } => write!(
+                f,
+                "the memory node's key set has {gaps} gaps to draw new keys from, but the run \
+                 inserts {inserts}: run fewer inserts"
             ),
             YcsbError::Unsorted { index } => {
                 write!(f, "key set not strictly increasing at index {index}")
@@ -576,7 +589,7 @@ impl Plan {
                 inserts: total,
             });
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x5851_f42d_4c95_7f2d);
+        let mut rng = self.split_rng();
         let held = rand::seq::index::sample(&mut rng, keys.len(), total as usize);
         let mut is_held = vec![false; keys.len()];
         let mut held_keys = Vec::with_capacity(total as usize);
@@ -590,20 +603,62 @@ impl Plan {
             .filter(|(_, &h)| !h)
             .map(|(&k, _)| k)
             .collect();
+        Ok(self.assemble(loaded, &held_keys, &mut rng))
+    }
+
+    /// For a run against a memory node that loaded the whole strictly
+    /// increasing key set `loaded`: the keys to insert are new keys in its
+    /// gaps — the midpoints of a uniform random sample (per seed) of the
+    /// gaps wider than one — so every process of the run derives the same
+    /// ones, they follow the data set's distribution, and none is loaded.
+    /// (The seed is the data set's too, so a second run that writes into
+    /// the same memory node finds the first run's keys and values: give
+    /// each writing run a fresh memory node.)
+    pub fn split_fresh(&self, loaded: Vec<u64>) -> Result<KeySets, YcsbError> {
+        if let Some(i) = loaded.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(YcsbError::Unsorted { index: i + 1 });
+        }
+        let total = self.total_inserts();
+        let wide: Vec<u64> = loaded
+            .windows(2)
+            .filter(|w| w[1] - w[0] >= 2)
+            .map(|w| w[0] + (w[1] - w[0]) / 2)
+            .collect();
+        if total > wide.len() as u64 {
+            return Err(YcsbError::TooFewGaps {
+                gaps: wide.len(),
+                inserts: total,
+            });
+        }
+        let mut rng = self.split_rng();
+        let held_keys: Vec<u64> = rand::seq::index::sample(&mut rng, wide.len(), total as usize)
+            .iter()
+            .map(|i| wide[i])
+            .collect();
+        Ok(self.assemble(loaded, &held_keys, &mut rng))
+    }
+
+    fn split_rng(&self) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(self.seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+
+    /// The key sets from what is loaded and the keys to insert, dealt to
+    /// the threads in order.
+    fn assemble(&self, loaded: Vec<u64>, held: &[u64], rng: &mut ChaCha8Rng) -> KeySets {
         let mut order = loaded.clone();
-        order.shuffle(&mut rng);
+        order.shuffle(rng);
         let mut inserts = Vec::with_capacity(self.threads());
-        let mut rest = held_keys.as_slice();
+        let mut rest = held;
         for &n in &self.inserts {
             let (mine, tail) = rest.split_at(n as usize);
             inserts.push(mine.to_vec());
             rest = tail;
         }
-        Ok(KeySets {
+        KeySets {
             loaded,
             order: order.into(),
             inserts,
-        })
+        }
     }
 
     /// The operation stream of `thread`, which inserts `inserts` (its share
@@ -868,6 +923,39 @@ mod tests {
         let sets = plan.split(keyset(11)).unwrap();
         assert_eq!(sets.loaded.len(), 1);
         assert_eq!(sets.inserts[0].len() + sets.inserts[1].len(), 10);
+    }
+
+    #[test]
+    fn fresh_keys_are_new_in_the_gaps_the_same_everywhere_and_bounded() {
+        let plan = Plan::new(Workload::D, 2000, 4, 0.99, 9).unwrap();
+        let total = plan.total_inserts() as usize;
+        assert!(total > 0);
+        let loaded: Vec<u64> = (0..10_000u64).map(|i| i * i + 3 * i).collect();
+        let a = plan.split_fresh(loaded.clone()).unwrap();
+        let b = plan.split_fresh(loaded.clone()).unwrap();
+        assert_eq!(a.inserts, b.inserts, "every process derives the same keys");
+        assert_eq!(a.loaded, loaded);
+        let mut all: Vec<u64> = a.inserts.concat();
+        assert_eq!(all.len(), total);
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), total, "no key inserted twice");
+        for k in &all {
+            let i = loaded.partition_point(|x| x < k);
+            assert!(
+                i > 0 && i < loaded.len() && loaded[i] != *k,
+                "{k} is new, inside"
+            );
+        }
+        // A set without gaps cannot give new keys; unsorted input is named.
+        assert!(matches!(
+            plan.split_fresh((0..10_000).collect()),
+            Err(YcsbError::TooFewGaps { gaps: 0, .. })
+        ));
+        assert_eq!(
+            plan.split_fresh(vec![5, 1]).unwrap_err(),
+            YcsbError::Unsorted { index: 1 }
+        );
     }
 
     #[test]

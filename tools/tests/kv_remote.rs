@@ -3,15 +3,21 @@
 //! `rolex bench --memnode` compute-node processes run against it — two at
 //! once on a shared plan, each verifying every answer and its final state;
 //! a single one reports the same round trips and bytes per operation as
-//! the loopback run of the same parameters. A compute node given a wrong
-//! address, a wrong token, another data set, or whose memory node dies,
-//! fails with a clear error in bounded time.
+//! the loopback run of the same parameters; two at once insert new keys
+//! (splits, synonym leaves); one of two killed with `SIGKILL` mid-run
+//! leaves the other to finish and verify everything acknowledged to it
+//! (the memory node ends the dead one's lease and releases its locks); the
+//! same runs with the memory node and a compute node in two network
+//! namespaces joined by a veth pair. A compute node given a wrong address,
+//! a wrong token, another data set, or whose memory node dies, fails with a
+//! clear error in bounded time.
 //!
 //! Every child runs under a deadline and is killed on every path (the
 //! memory node by its guard's `Drop`).
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -24,39 +30,79 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// Starts a memory node on `tcp` holding `-n 3000` uniform keys; returns
 /// its guard and bootstrap address (read from its first stdout line).
 fn memnode() -> (Guard, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(BIN)
-        .args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
-        .args(["--dist", "uniform", "-n", "3000", "--token", "s3cret"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start the memory node");
-    let out = child.stdout.take().expect("memory node stdout");
-    let guard = Guard(child);
-    // The first line comes after the load; bounded by the reader thread.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        // Keep draining so the node never blocks on a full pipe.
-        let _ = std::io::copy(&mut r, &mut std::io::sink());
-    });
-    let line = rx.recv_timeout(LIMIT).expect("memory node banner in time");
-    assert!(
-        line.starts_with("memory node listening on "),
-        "unexpected banner: {line}"
-    );
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .expect("address in the banner")
-        .to_string();
-    assert_eq!(addr, listen);
-    (guard, addr)
+    let n = Node::start(&[], &format!("127.0.0.1:{}", free_port()));
+    (n.guard, n.addr)
+}
+
+/// A memory node process whose stderr is kept (and echoed).
+struct Node {
+    guard: Guard,
+    addr: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Node {
+    /// `rolex memnode` on `tcp` listening on `listen`, run under `prefix`
+    /// (e.g. `ip netns exec NS`), holding `-n 3000` uniform keys.
+    fn start(prefix: &[&str], listen: &str) -> Node {
+        let mut argv: Vec<&str> = prefix.to_vec();
+        argv.push(BIN);
+        argv.extend(["memnode", "--fabric", "libfabric:tcp", "--listen", listen]);
+        argv.extend(["--dist", "uniform", "-n", "3000", "--token", "s3cret"]);
+        let mut child = Command::new(argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the memory node");
+        let out = child.stdout.take().expect("memory node stdout");
+        let err = child.stderr.take().expect("memory node stderr");
+        let guard = Guard(child);
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let keep = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("memnode: {line}");
+                let mut k = keep.lock().unwrap_or_else(|e| e.into_inner());
+                k.push_str(&line);
+                k.push('\n');
+            }
+        });
+        // The first line comes after the load; bounded by the reader thread.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(out);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the node never blocks on a full pipe.
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(LIMIT).expect("memory node banner in time");
+        assert!(
+            line.starts_with("memory node listening on "),
+            "unexpected banner: {line}"
+        );
+        let addr = line
+            .split_whitespace()
+            .nth(4)
+            .expect("address in the banner")
+            .to_string();
+        assert_eq!(addr, listen);
+        Node {
+            guard,
+            addr,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// A started child whose output is collected; killed at the deadline.
@@ -68,7 +114,15 @@ struct Running {
 }
 
 fn spawn(args: &[&str]) -> Running {
-    let mut child = Command::new(BIN)
+    spawn_in(&[], args)
+}
+
+/// `rolex ARGS` under `prefix` (e.g. `ip netns exec NS`).
+fn spawn_in(prefix: &[&str], args: &[&str]) -> Running {
+    let mut argv: Vec<&str> = prefix.to_vec();
+    argv.push(BIN);
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -242,12 +296,169 @@ fn wrong_address_token_or_data_set_fail_clearly() {
         "{}",
         stderr(&out)
     );
+}
 
-    let mut a = bench_args("ycsb-d", "100", &[]);
+#[test]
+fn two_compute_processes_insert_new_keys_into_one_memory_node() {
+    // Inserts split leaves into synonyms at the memory node; both
+    // processes derive the same new keys (one plan), each inserts its own
+    // and verifies everything it was told.
+    let (_node, addr) = memnode();
+    let runs: Vec<Running> = (0..2)
+        .map(|i| {
+            let idx = i.to_string();
+            let mut a = bench_args("insert-only", "1000", &[]);
+            a.extend(remote(&addr, "s3cret"));
+            a.extend(["--compute-count", "2", "--compute-index", &idx]);
+            spawn(&a)
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let v = json(&r.finish(), &format!("inserting process {i}"));
+        assert_eq!(v["ops"], 1000);
+    }
+    // A reading run afterwards finds the loaded keys as loaded.
+    let mut a = bench_args("ycsb-c", "500", &[]);
     a.extend(remote(&addr, "s3cret"));
-    let out = spawn(&a).finish();
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("inserts keys"), "{}", stderr(&out));
+    json(&spawn(&a).finish(), "reader after the inserts");
+}
+
+#[test]
+fn a_compute_process_killed_mid_run_loses_nothing_acknowledged_to_another() {
+    let node = Node::start(&[], &format!("127.0.0.1:{}", free_port()));
+    kill_one_of_two(&node, &[]);
+}
+
+#[test]
+fn memory_node_and_compute_nodes_in_two_network_namespaces() {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("skipped: cannot make network namespaces here: {why}");
+            return;
+        }
+    };
+    let exec_a = ["ip", "netns", "exec", ns.a.as_str()];
+    let exec_b = ["ip", "netns", "exec", ns.b.as_str()];
+    let node = Node::start(&exec_a, &format!("{}:7311", ns.addr_a));
+    // Across the veth: one process, then two sharing a plan with one
+    // killed mid-run.
+    let mut a = bench_args("ycsb-a", "800", &[]);
+    a.extend(remote(&node.addr, "s3cret"));
+    let v = json(&spawn_in(&exec_b, &a).finish(), "ycsb-a across namespaces");
+    assert_eq!(v["keys"], 3000);
+    drop(node);
+    let node = Node::start(&exec_a, &format!("{}:7312", ns.addr_a));
+    kill_one_of_two(&node, &exec_b);
+}
+
+/// Two compute processes (under `prefix`) share a ycsb-a plan on `node`;
+/// one is killed with SIGKILL mid-run. The other must finish and verify
+/// every answer and its final state, and the memory node must have ended
+/// the dead one's lease.
+fn kill_one_of_two(node: &Node, prefix: &[&str]) {
+    let runs: Vec<Running> = (0..2)
+        .map(|i| {
+            let idx = i.to_string();
+            // Long enough that the kill lands mid-run.
+            let mut a = bench_args("ycsb-a", "40000", &[]);
+            a.extend(remote(&node.addr, "s3cret"));
+            a.extend(["--compute-count", "2", "--compute-index", &idx]);
+            spawn_in(prefix, &a)
+        })
+        .collect();
+    let [survivor, mut victim]: [Running; 2] = runs.try_into().ok().expect("two runs");
+    // Kill the victim once both hold a lease (both connected).
+    let deadline = Instant::now() + LIMIT;
+    while !node.stderr().contains("with a lease: 2") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        victim.guard.0.try_wait().expect("wait").is_none(),
+        "the victim finished before the kill: lengthen its run"
+    );
+    victim.guard.0.kill().expect("SIGKILL the victim");
+    let killed = victim.finish();
+    assert!(!killed.status.success());
+    // Values the victim wrote before it died are among the possible ones.
+    let v = json(&survivor.finish(), "the survivor");
+    assert_eq!(v["ops"], 40000);
+    let deadline = Instant::now() + LIMIT;
+    while !node.stderr().contains("lease ended") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = node.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lease ended"))
+        .unwrap_or_else(|| panic!("the memory node never noticed the death: {log}"));
+    eprintln!("memory node: {line}");
+}
+
+/// Two network namespaces joined by a veth pair (`addr_a` ↔ `addr_b`, a
+/// /24 of 10.77.0.0/16 picked from the process id), removed on drop.
+struct Netns {
+    a: String,
+    b: String,
+    addr_a: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Netns {
+    fn create() -> Result<Netns, String> {
+        let pid = std::process::id();
+        let ns = Netns {
+            a: format!("rlx{pid}a"),
+            b: format!("rlx{pid}b"),
+            addr_a: format!("10.77.{}.1", pid % 250),
+        };
+        let addr_b = format!("10.77.{}.2", pid % 250);
+        let (va, vb) = (format!("rlx{pid}x"), format!("rlx{pid}y"));
+        let made = (|| {
+            ip(&["netns", "add", &ns.a])?;
+            ip(&["netns", "add", &ns.b])?;
+            ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+            ip(&["link", "set", &va, "netns", &ns.a])?;
+            ip(&["link", "set", &vb, "netns", &ns.b])?;
+            for (n, dev, addr) in [(&ns.a, &va, &ns.addr_a), (&ns.b, &vb, &addr_b)] {
+                ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+                ip(&["-n", n, "link", "set", dev, "up"])?;
+                ip(&["-n", n, "link", "set", "lo", "up"])?;
+            }
+            Ok(())
+        })();
+        if let Err(why) = made {
+            // A pair not moved yet is still here; `ns` drops the rest.
+            let _ = ip(&["link", "del", &va]);
+            return Err(why);
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end inside it (and so the
+        // pair); a half-made one is removed the same way.
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use crate::entry::{LeafAddr, LtEntry};
+use crate::entry::{LeafAddr, LockOwner, LtEntry};
 
 /// A leaf that is torn, corrupted or structurally wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,7 +342,10 @@ impl Leaf {
             return Err(LeafError::FencesInverted { lo, hi });
         }
         let next = self.next();
-        if next.is_locked() || (next.pointer() == 0 && next.raw() != 0) {
+        if next.is_locked()
+            || next.owner() != LockOwner::ANONYMOUS
+            || (next.pointer() == 0 && next.raw() != 0)
+        {
             return Err(LeafError::BadLink { raw: next.raw() });
         }
         if self.count() as usize > self.slots.len() {
@@ -398,7 +401,10 @@ impl Leaf {
     /// either name a leaf with a nonzero pointer (its SLT slot) or be
     /// [`LtEntry::EMPTY`].
     pub fn set_next(&mut self, next: LtEntry) -> Result<(), EditError> {
-        if next.is_locked() || (next.pointer() == 0 && next.raw() != 0) {
+        if next.is_locked()
+            || next.owner() != LockOwner::ANONYMOUS
+            || (next.pointer() == 0 && next.raw() != 0)
+        {
             return Err(EditError::Invalid(LeafError::BadLink { raw: next.raw() }));
         }
         self.header.next.set(next.raw());

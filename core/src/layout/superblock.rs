@@ -20,8 +20,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 
 /// The version of every layout in [`crate::layout`]; a pool of another
 /// version is refused. Version 2: model records carry a label stride and a
-/// table of prediction segments.
-pub const LAYOUT_VERSION: u32 = 2;
+/// table of prediction segments. Version 3: leaf-table entries record the
+/// lock's owner (`lock:1 | region:7 | pointer:8 | owner:16 | leaf:32`).
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use rolex_core::entry::LockOwner;
 use rolex_core::layout::{LeafRegion, LeafRegionHeader, ModelRecord, Superblock, LAYOUT_VERSION};
 use rolex_core::wire::{Access, MrDesc};
 use zerocopy::FromBytes;
@@ -41,6 +42,11 @@ pub struct KvClientConfig {
     /// Attempts an operation makes (lock contention, frozen model, torn
     /// leaves) before it fails with [`KvError::TooManyRetries`].
     pub max_attempts: u64,
+    /// The id this client's chain locks carry: the one its memory node's
+    /// lease handed out ([`super::lease::LeaseClient::owner`]), so the node
+    /// can release them if this process dies holding them;
+    /// [`LockOwner::ANONYMOUS`] for clients without a lease (in-process).
+    pub lock_owner: LockOwner,
 }
 
 impl Default for KvClientConfig {
@@ -51,6 +57,7 @@ impl Default for KvClientConfig {
             session_buffer: 64 * 1024,
             slt_full_wait: Duration::from_secs(10),
             max_attempts: 1_000_000,
+            lock_owner: LockOwner::ANONYMOUS,
         }
     }
 }

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rolex_core::layout::{AgentArea, ModelRecord, LAYOUT_VERSION};
+use rolex_core::entry::LockOwner;
+use rolex_core::layout::{AgentArea, ModelRecord, Superblock, LAYOUT_VERSION};
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
     Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
@@ -193,6 +194,14 @@ impl HostPool {
         let w = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
         Ok(f(w))
     }
+}
+
+/// Reads the superblock and releases `owner`'s locks in every live model.
+fn release_locks(pool: &HostPool, owner: LockOwner) -> Result<u64, KvError> {
+    let mut sbb = [0u8; Superblock::SIZE as usize];
+    pool.read(0, &mut sbb).map_err(AgentError::from)?;
+    let sb = Superblock::read(&sbb)?;
+    Ok(rolex_dpu::release_locks_of(pool, &sb, owner)?)
 }
 
 fn mem_err(offset: u64, len: u64) -> impl Fn(crate::error::TransferError) -> MemError {
@@ -629,6 +638,21 @@ impl MemoryNode {
     /// Models in the directory.
     pub fn model_count(&self) -> u64 {
         self.plan_models
+    }
+
+    /// Releases every chain lock held by `owner`, a compute node whose
+    /// lease ended (see [`super::lease`]); returns how many. Never waits
+    /// for the retraining agent (whose freeze may be the one waiting for
+    /// those locks).
+    pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, KvError> {
+        release_locks(&HostPool::new(self.mr.clone()), owner)
+    }
+
+    /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
+    /// keeps the pool's registration alive, so it may outlive the node.
+    pub fn lock_releaser(&self) -> Arc<super::lease::OnExpire> {
+        let pool = HostPool::new(self.mr.clone());
+        Arc::new(move |owner| release_locks(&pool, owner).map_err(|e| e.to_string()))
     }
 
     fn agent(&self) -> std::sync::MutexGuard<'_, Agent<HostPool>> {

@@ -12,11 +12,14 @@
 //! - [`stats`] — [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
 //! - [`error`] — [`KvError`].
 //! - [`history`] — recorded histories and the linearizability checker.
+//! - [`lease`] — [`lease::LeaseServer`] / [`lease::LeaseClient`]: how a
+//!   memory node learns a compute node died and releases its locks.
 
 mod cache;
 pub mod client;
 pub mod error;
 pub mod history;
+pub mod lease;
 pub mod memnode;
 pub mod session;
 pub mod stats;

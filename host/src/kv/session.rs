@@ -434,7 +434,7 @@ impl KvSession {
                 Op::Cas {
                     remote: lt_off,
                     expected: exp.raw(),
-                    new: exp.with_lock().raw(),
+                    new: exp.locked_by(self.shared.cfg.lock_owner).raw(),
                 },
                 Op::Read {
                     remote: view.offset + ModelRecord::STATE_OFFSET,
@@ -508,7 +508,7 @@ impl KvSession {
         exp: LtEntry,
         batch: &[(LeafAddr, u64)],
     ) -> Result<Locked, KvError> {
-        let locked = exp.with_lock().raw();
+        let locked = exp.locked_by(self.shared.cfg.lock_owner).raw();
         let chased = self.chase(key, self.chain[0], 0, batch);
         let (addr, slot, mut bytes, path) = match chased {
             Ok(Chase::Owner {
@@ -586,7 +586,7 @@ impl KvSession {
         xbytes: Vec<u8>,
         path: &[LeafAddr],
     ) -> Result<Locked, KvError> {
-        let locked = exp.with_lock().raw();
+        let locked = exp.locked_by(self.shared.cfg.lock_owner).raw();
         let pool = self.shared.pool.clone();
         let region = self.shared.region;
         let slt0 = view.record.slt_slot_offset(0)?;

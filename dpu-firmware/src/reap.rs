@@ -1,0 +1,129 @@
+//! Releasing the chain locks of a compute node that died holding them.
+//!
+//! A compute node locks a chain by `CAS`ing its leaf-table entry to
+//! `locked_by(owner)`, where `owner` is the id its memory node's lease gave
+//! it (see `rolex_host::kv::lease`). When that lease ends — the node's
+//! process died — nothing else would ever unlock what it held, and every
+//! writer of those chains (and the retraining agent's freeze of their
+//! models) would wait forever. [`release_locks_of`] clears exactly the
+//! locks that carry the dead node's id, each by `CAS` from the very word it
+//! read, so a lock taken or released meanwhile is never touched; the
+//! entry's other fields (leaf, synonym pointer) are kept.
+//!
+//! Why that is enough for the data: a writer changes leaves only while it
+//! holds the lock, and every step of a write leaves the chain readable (a
+//! split writes the new synonym leaf before the shrunk leaf that links to
+//! it; an update rewrites one sealed leaf). A writer that died mid-way left
+//! either its old chain or its new one — the unlock it never posted only
+//! carried a synonym *hint*; readers and the next writer follow the leaves'
+//! own links.
+
+use rolex_core::entry::{LockOwner, LtEntry};
+use rolex_core::layout::{ModelRecord, Superblock};
+
+use crate::error::AgentError;
+use crate::memory::PoolMemory;
+
+/// Clears every lock of a live model (the directory's) held by `owner`;
+/// returns how many it cleared. Locks of [`LockOwner::ANONYMOUS`] and
+/// [`LockOwner::AGENT`] are never released (returns 0 for those owners):
+/// only a leased owner can be known dead. Idempotent: run it again after
+/// the dead node's last in-flight operations may have landed.
+pub fn release_locks_of<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    owner: LockOwner,
+) -> Result<u64, AgentError> {
+    if !owner.is_leased() {
+        return Ok(0);
+    }
+    let mut released = 0;
+    let mut rb = [0u8; ModelRecord::SIZE as usize];
+    for m in 0..sb.model_count() {
+        let at = mem.load(sb.directory_entry_offset(m)?)?;
+        mem.read(at, &mut rb)?;
+        let r = ModelRecord::read(&rb)?;
+        r.check(at, sb)?;
+        for j in 0..r.leaf_count() {
+            let off = r.lt_entry_offset(j)?;
+            let v = LtEntry::from_raw(mem.load(off)?);
+            if v.is_locked()
+                && v.owner() == owner
+                && mem.cas(off, v.raw(), v.without_lock().raw())? == v.raw()
+            {
+                released += 1;
+            }
+        }
+    }
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bulk::{BulkConfig, BulkPlan};
+    use crate::memory::testing::VecPool;
+
+    #[test]
+    fn only_the_dead_owners_locks_are_released_and_fields_kept() {
+        let cfg = BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 4,
+            keys_per_leaf: 2,
+            epsilon: 1,
+            max_model_leaves: 4,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+        };
+        let pairs: Vec<(u64, u64)> = (0..64).map(|i| (i * 10, i)).collect();
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = BulkPlan::new(&cfg, &keys).unwrap();
+        let mem = VecPool::new(plan.pool_size());
+        plan.write(&mem, &pairs).unwrap();
+        let mut sbb = [0u8; Superblock::SIZE as usize];
+        mem.read(0, &mut sbb).unwrap();
+        let sb = Superblock::read(&sbb).unwrap();
+        assert!(sb.model_count() >= 2);
+
+        // Entry j of every model gets the owner `owners[j % 4]`.
+        let owners = [
+            LockOwner(5),
+            LockOwner(6),
+            LockOwner::AGENT,
+            LockOwner::ANONYMOUS,
+        ];
+        let mut entries = Vec::new();
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        for m in 0..sb.model_count() {
+            let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+            mem.read(at, &mut rb).unwrap();
+            let r = ModelRecord::read(&rb).unwrap();
+            for j in 0..r.leaf_count() {
+                let off = r.lt_entry_offset(j).unwrap();
+                let v = LtEntry::from_raw(mem.load(off).unwrap()).with_pointer(3);
+                let owner = owners[j as usize % owners.len()];
+                mem.store(off, v.locked_by(owner).raw()).unwrap();
+                entries.push((off, v, owner));
+            }
+        }
+        let fives = entries.iter().filter(|e| e.2 == LockOwner(5)).count() as u64;
+        assert!(fives > 0);
+        assert_eq!(release_locks_of(&mem, &sb, LockOwner(5)).unwrap(), fives);
+        for &(off, v, owner) in &entries {
+            let now = LtEntry::from_raw(mem.load(off).unwrap());
+            if owner == LockOwner(5) {
+                assert_eq!(now, v.without_lock(), "released, pointer and leaf kept");
+            } else {
+                assert_eq!(now, v.locked_by(owner), "other holders untouched");
+            }
+        }
+        // Idempotent, and the unknowable owners are never released.
+        assert_eq!(release_locks_of(&mem, &sb, LockOwner(5)).unwrap(), 0);
+        assert_eq!(release_locks_of(&mem, &sb, LockOwner::AGENT).unwrap(), 0);
+        assert_eq!(
+            release_locks_of(&mem, &sb, LockOwner::ANONYMOUS).unwrap(),
+            0
+        );
+        assert!(release_locks_of(&mem, &sb, LockOwner(6)).unwrap() > 0);
+    }
+}

@@ -1,0 +1,143 @@
+//! A compute node that dies holding chain locks: its lease ends, the memory
+//! node releases exactly its locks, and the writers (and the retraining
+//! agent's freeze) waiting on them go on. The "dead" node's locks are
+//! planted directly in the pool — a `CAS` to `locked_by(owner)` on every
+//! leaf-table entry, as a node killed between its lock and its unlock
+//! leaves them — and its death is the drop of its lease.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rolex_core::entry::{LockOwner, LtEntry};
+use rolex_core::layout::{ModelRecord, Superblock};
+use rolex_dpu::PoolMemory;
+use rolex_host::kv::lease::{LeaseClient, LeaseConfig, LeaseServer};
+use rolex_host::kv::{HostPool, KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+
+fn node(pairs: &[(u64, u64)]) -> MemoryNode {
+    MemoryNode::start(
+        MemoryNodeConfig {
+            leaf_slots: 4,
+            fill: 0.75,
+            epsilon: 4,
+            max_model_leaves: 8,
+            retraining_thread: false,
+            ..MemoryNodeConfig::default()
+        },
+        pairs,
+    )
+    .unwrap()
+}
+
+/// Locks every leaf-table entry of every model for `owner`; returns how
+/// many.
+fn plant_locks(node: &MemoryNode, owner: LockOwner) -> u64 {
+    let mem = HostPool::new(node.pool_handle().clone());
+    let mut sbb = [0u8; Superblock::SIZE as usize];
+    mem.read(0, &mut sbb).unwrap();
+    let sb = Superblock::read(&sbb).unwrap();
+    let mut rb = [0u8; ModelRecord::SIZE as usize];
+    let mut n = 0;
+    for m in 0..sb.model_count() {
+        let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        for j in 0..r.leaf_count() {
+            let off = r.lt_entry_offset(j).unwrap();
+            let v = LtEntry::from_raw(mem.load(off).unwrap());
+            assert_eq!(
+                mem.cas(off, v.raw(), v.locked_by(owner).raw()).unwrap(),
+                v.raw()
+            );
+            n += 1;
+        }
+    }
+    n
+}
+
+fn lease_server(node: &MemoryNode) -> LeaseServer {
+    LeaseServer::start(
+        "127.0.0.1:0",
+        LeaseConfig {
+            grace: Duration::from_millis(5),
+            linger: Duration::from_millis(50),
+            ..LeaseConfig::new("tok")
+        },
+        node.lock_releaser(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn writers_blocked_by_a_dead_nodes_locks_go_on_once_its_lease_ends() {
+    let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
+    let node = node(&pairs);
+    let srv = lease_server(&node);
+    let addr = srv.local_addr().to_string();
+    let dead = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
+    let alive = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
+    let planted = plant_locks(&node, dead.owner());
+
+    let client = Arc::new(
+        KvClient::connect(
+            KvClientConfig {
+                lock_owner: alive.owner(),
+                ..KvClientConfig::default()
+            },
+            &node.pool(),
+        )
+        .unwrap(),
+    );
+    let c = client.clone();
+    let writer = std::thread::spawn(move || {
+        let mut s = c.session().unwrap();
+        let old = s.update(1000, 7).unwrap();
+        s.insert(1005, 8).unwrap();
+        (old, s.get(1000).unwrap(), s.get(1005).unwrap())
+    });
+    // Every chain is locked by the "dead" node: the writer cannot finish.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!writer.is_finished(), "a write went through a held lock");
+    drop(dead);
+    let (old, now, inserted) = common::bounded(move || writer.join().unwrap());
+    assert_eq!(old, Some(100));
+    assert_eq!(now, Some(7));
+    assert_eq!(inserted, Some(8));
+    // Both passes ran; the first released every planted lock.
+    while srv.active() != 1 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(srv.released(), planted);
+    // The living node's lease is untouched and every key still reads back.
+    let mut s = client.session().unwrap();
+    for &(k, v) in &pairs {
+        let want = if k == 1000 { 7 } else { v };
+        assert_eq!(s.get(k).unwrap(), Some(want), "key {k}");
+    }
+    drop(alive);
+}
+
+#[test]
+fn a_freeze_waiting_on_a_dead_nodes_lock_completes_once_released() {
+    let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
+    let node = Arc::new(node(&pairs));
+    let srv = lease_server(&node);
+    let dead =
+        LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
+    plant_locks(&node, dead.owner());
+    let n = node.clone();
+    let retrain = std::thread::spawn(move || n.retrain_now(0).map(|r| r.keys));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!retrain.is_finished(), "a model froze over a held lock");
+    drop(dead);
+    let keys = common::bounded(move || retrain.join().unwrap()).unwrap();
+    assert!(keys > 0);
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    for &(k, v) in &pairs {
+        assert_eq!(s.get(k).unwrap(), Some(v), "key {k}");
+    }
+    drop(srv);
+}
