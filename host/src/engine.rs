@@ -73,6 +73,9 @@ pub enum Fabric {
     /// A libfabric provider (design §7).
     #[cfg(feature = "libfabric")]
     Libfabric(crate::domain::fabric::LibfabricConfig),
+    /// An ibverbs device over RC (ConnectX; design §3, §7).
+    #[cfg(feature = "verbs")]
+    Verbs(crate::domain::verbs::VerbsConfig),
 }
 
 impl Fabric {
@@ -82,6 +85,8 @@ impl Fabric {
             Fabric::Loopback(_) => "loopback",
             #[cfg(feature = "libfabric")]
             Fabric::Libfabric(_) => "libfabric",
+            #[cfg(feature = "verbs")]
+            Fabric::Verbs(_) => "verbs",
         }
     }
 }
@@ -263,6 +268,13 @@ impl TransferEngine {
                 crate::domain::fabric::open_host(cfg, config.groups * config.nics_per_group)?
                     .into_iter()
                     .map(AnyDomain::Libfabric)
+                    .collect()
+            }
+            #[cfg(feature = "verbs")]
+            Fabric::Verbs(cfg) => {
+                crate::domain::verbs::open_host(cfg, config.groups * config.nics_per_group)?
+                    .into_iter()
+                    .map(AnyDomain::Verbs)
                     .collect()
             }
         };

@@ -8,7 +8,8 @@
 //! and fetch-and-add, send — and reports each one's [`Completion`] exactly
 //! once, in any order. Backends are selected through [`AnyDomain`] /
 //! [`AnyEndpoint`] (enum dispatch); `loopback` is the first, the libfabric
-//! and verbs domains plug in beside it.
+//! (feature `libfabric`) and verbs (feature `verbs`) domains plug in beside
+//! it.
 
 #[cfg(feature = "libfabric")]
 pub mod fabric;
@@ -238,6 +239,9 @@ pub enum AnyDomain {
     /// A libfabric NIC.
     #[cfg(feature = "libfabric")]
     Libfabric(Arc<fabric::LibfabricDomain>),
+    /// An ibverbs (RC) NIC.
+    #[cfg(feature = "verbs")]
+    Verbs(Arc<verbs::VerbsDomain>),
 }
 
 /// The backends' endpoints, for dispatch.
@@ -250,6 +254,9 @@ pub enum AnyEndpoint {
     /// An endpoint on a libfabric NIC.
     #[cfg(feature = "libfabric")]
     Libfabric(fabric::FabricEndpoint),
+    /// An endpoint on an ibverbs NIC.
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsEndpoint),
 }
 
 macro_rules! dispatch {
@@ -258,6 +265,8 @@ macro_rules! dispatch {
             AnyDomain::Loopback($d) => $e,
             #[cfg(feature = "libfabric")]
             AnyDomain::Libfabric($d) => $e,
+            #[cfg(feature = "verbs")]
+            AnyDomain::Verbs($d) => $e,
         }
     };
 }
@@ -307,6 +316,8 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Loopback(e) => e.post(batch),
             #[cfg(feature = "libfabric")]
             AnyEndpoint::Libfabric(e) => e.post(batch),
+            #[cfg(feature = "verbs")]
+            AnyEndpoint::Verbs(e) => e.post(batch),
         }
     }
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
@@ -314,6 +325,8 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Loopback(e) => e.poll(out),
             #[cfg(feature = "libfabric")]
             AnyEndpoint::Libfabric(e) => e.poll(out),
+            #[cfg(feature = "verbs")]
+            AnyEndpoint::Verbs(e) => e.poll(out),
         }
     }
     fn flush(&mut self, out: &mut Vec<Completion>) {
@@ -321,6 +334,8 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Loopback(e) => e.flush(out),
             #[cfg(feature = "libfabric")]
             AnyEndpoint::Libfabric(e) => e.flush(out),
+            #[cfg(feature = "verbs")]
+            AnyEndpoint::Verbs(e) => e.flush(out),
         }
     }
 }

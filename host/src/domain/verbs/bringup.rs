@@ -15,6 +15,7 @@ use std::fmt;
 
 use rand::Rng;
 
+use super::addr::VerbsAddr;
 use super::handshake::{Handshake, HandshakeKind, MAX_24};
 
 /// Remote access granted on RC queue pairs and registrations.
@@ -378,27 +379,27 @@ pub fn create_peer<D: QpDevice>(
     Ok(PeerQps { msg, rdma })
 }
 
-/// What this side's handshake says about a peer's pair.
+/// What this side's handshake says about a peer's pair: the sender's
+/// address (`me`), its port's MTU code and the pair's numbers and PSNs.
 pub fn local_handshake<Q>(
     kind: HandshakeKind,
     tag: u64,
-    lid: u16,
-    gid: [u8; 16],
-    ud_qpn: u32,
-    qkey: u32,
+    me: &VerbsAddr,
+    mtu: u8,
     qps: &PeerQps<Q>,
 ) -> Handshake {
     Handshake {
         kind,
         tag,
-        lid,
-        gid,
-        ud_qpn,
-        qkey,
+        lid: me.lid,
+        gid: me.gid,
+        ud_qpn: me.ud_qpn,
+        qkey: me.qkey,
         msg_qpn: qps.msg.qpn,
         msg_psn: qps.msg.psn,
         rdma_qpn: qps.rdma.qpn,
         rdma_psn: qps.rdma.psn,
+        mtu,
     }
 }
 
@@ -527,6 +528,7 @@ mod tests {
             msg_psn: 0x00_1111,
             rdma_qpn: 0x902,
             rdma_psn: 0x00_2222,
+            mtu: 5,
         }
     }
 
@@ -568,7 +570,18 @@ mod tests {
             rnr_retry: 5,
             ..RcTiming::default()
         };
-        let hs = local_handshake(HandshakeKind::Request, 9, 2, [1; 16], 0x77, 0x55, &qps);
+        let hs = local_handshake(
+            HandshakeKind::Request,
+            9,
+            &VerbsAddr {
+                gid: [1; 16],
+                lid: 2,
+                ud_qpn: 0x77,
+                qkey: 0x55,
+            },
+            5,
+            &qps,
+        );
         assert_eq!((hs.msg_qpn, hs.msg_psn), (qps.msg.qpn, qps.msg.psn));
         assert_eq!((hs.rdma_qpn, hs.rdma_psn), (qps.rdma.qpn, qps.rdma.psn));
         connect_peer(&mut dev, &mut qps, &remote(), 1, 3, 5, &timing).unwrap();

@@ -8,22 +8,31 @@
 //! order libibverbs requires (`ibv_destroy_qp` before `ibv_destroy_cq`
 //! before `ibv_dealloc_pd` before `ibv_close_device`).
 //!
+//! Buffers the NIC writes into on its own ([`DmaBuf`]: receive staging,
+//! atomic results, handshake slots) own their memory and their
+//! registration; the registration is released before the memory, and the
+//! domain drops every buffer only after the queue pairs and receive queues
+//! that could still write into it.
+//!
 //! The mapping from a bring-up [`Transition`] to `ibv_qp_attr` and its
 //! mask, and from [`AccessFlags`] to access bits, is plain data and tested
-//! here; the rest needs a device and is exercised by the conformance suite
-//! on machines that have one.
+//! here, like [`DmaBuf`]'s bounds; the rest needs a device and is exercised
+//! by the conformance suite on machines that have one.
 
+use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_uint};
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
 use sys::{ibv_access_flags as acc, ibv_qp_attr_mask as mask};
 
 use super::bringup::{AccessFlags, BringUpError, QpDevice, QpRole, Transition};
-use super::wr::Chain;
+use super::demux::PostChain;
+use super::wr::{Chain, Sge};
 use crate::error::TransferError;
+use crate::region::Region;
 
 /// A failed libibverbs call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -414,6 +423,35 @@ impl Srq {
     }
 }
 
+impl Srq {
+    /// Posts one receive of `sge` with id `wr_id`.
+    pub fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<(), VerbsError> {
+        let mut sg = sys::ibv_sge {
+            addr: sge.addr,
+            length: sge.len,
+            lkey: sge.lkey,
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sg,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: live SRQ; `wr` and `sg` outlive the call (the NIC copies
+        // the request at post time); the buffer behind `sge` is registered
+        // and owned by the caller until its completion or the SRQ's end.
+        let rc = unsafe {
+            let ops = &(*(*self.srq).context).ops;
+            match ops.post_srq_recv {
+                Some(f) => f(self.srq, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        check("ibv_post_srq_recv", rc)
+    }
+}
+
 impl Drop for Srq {
     fn drop(&mut self) {
         // SAFETY: queue pairs using it hold an Arc of it, so none is alive.
@@ -434,13 +472,17 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    /// Registers `len` bytes at `addr` with the engine's access (remote
-    /// read, write, atomics, relaxed ordering).
+    /// Registers `len` bytes at `addr` with `access`.
     ///
     /// # Safety
     /// The bytes must stay allocated until the registration is dropped.
-    pub unsafe fn register(pd: &Arc<Pd>, addr: *mut u8, len: usize) -> Result<Mr, VerbsError> {
-        let access = access_bits(AccessFlags::REGISTRATION) as c_int;
+    pub unsafe fn register(
+        pd: &Arc<Pd>,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr, VerbsError> {
+        let access = access_bits(access) as c_int;
         // SAFETY: the caller keeps the bytes alive; the domain is live.
         let mr = unsafe { sys::ibv_reg_mr(pd.pd, addr.cast(), len, access) };
         if mr.is_null() {
@@ -469,6 +511,49 @@ impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered once, deregistered once.
         unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+/// The registration of an engine region; holds the region so its memory
+/// outlives the registration.
+#[derive(Debug)]
+pub struct RegionMr {
+    // Released first (field order): the NIC lets go before the memory can.
+    mr: Mr,
+    _region: Arc<Region>,
+}
+
+impl RegionMr {
+    /// Registers all of `region` with `access`.
+    pub fn new(
+        pd: &Arc<Pd>,
+        region: &Arc<Region>,
+        access: AccessFlags,
+    ) -> Result<RegionMr, VerbsError> {
+        let len = usize::try_from(region.len()).map_err(|_| VerbsError {
+            call: "ibv_reg_mr",
+            errno: libc::EINVAL,
+        })?;
+        // SAFETY: engine-allocated memory is freed only with the last
+        // reference to the region, and this value holds one; caller-owned
+        // memory stays valid until `dereg_mr` returns or the engine is
+        // dropped (`Region::external`'s contract), and the domain drops
+        // every registration in `deregister` and at shutdown, before both.
+        let mr = unsafe { Mr::register(pd, region.addr() as *mut u8, len, access)? };
+        Ok(RegionMr {
+            mr,
+            _region: region.clone(),
+        })
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.mr.rkey()
     }
 }
 
@@ -509,6 +594,84 @@ impl Qp {
     }
 }
 
+impl PostChain for Qp {
+    fn post_chain(&mut self, chain: &mut Chain) -> Result<(), VerbsError> {
+        Qp::post_chain(self, chain)
+    }
+}
+
+impl Qp {
+    /// Posts one signalled UD send of `sge` to `remote_qpn` under `qkey`
+    /// through `ah`.
+    pub fn post_ud_send(
+        &self,
+        ah: &Ah,
+        remote_qpn: u32,
+        qkey: u32,
+        sge: Sge,
+        wr_id: u64,
+    ) -> Result<(), VerbsError> {
+        let mut sg = sys::ibv_sge {
+            addr: sge.addr,
+            length: sge.len,
+            lkey: sge.lkey,
+        };
+        let mut wr = sys::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sg,
+            num_sge: 1,
+            opcode: sys::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ah.ah,
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: live UD queue pair and address handle (the caller keeps
+        // `ah` until the send completes); `wr`/`sg` outlive the call; the
+        // buffer is registered and kept until the completion.
+        let rc = unsafe {
+            let ops = &(*(*self.qp).context).ops;
+            match ops.post_send {
+                Some(f) => f(self.qp, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        check("ibv_post_send", rc)
+    }
+
+    /// Posts one receive of `sge` on this queue pair's own receive queue
+    /// (the UD queue pair; RC ones use shared receive queues).
+    pub fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<(), VerbsError> {
+        let mut sg = sys::ibv_sge {
+            addr: sge.addr,
+            length: sge.len,
+            lkey: sge.lkey,
+        };
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sg,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: live queue pair; `wr`/`sg` outlive the call; the buffer
+        // is registered and owned by the caller until the completion or
+        // the queue pair's end.
+        let rc = unsafe {
+            let ops = &(*(*self.qp).context).ops;
+            match ops.post_recv {
+                Some(f) => f(self.qp, &mut wr, &mut bad),
+                None => libc::ENOSYS,
+            }
+        };
+        check("ibv_post_recv", rc)
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once, before the CQ, SRQ and
@@ -518,16 +681,19 @@ impl Drop for Qp {
 }
 
 /// The real device behind [`QpDevice`]: creates queue pairs on one
-/// protection domain and completion queue, RC ones on the shared receive
-/// queue.
+/// protection domain and completion queue; RC write queue pairs on the
+/// shared receive queue of zero-length receives (immediates), RC message
+/// queue pairs on the shared receive queue of message buffers.
 #[derive(Debug)]
 pub struct Device {
     /// Protection domain.
     pub pd: Arc<Pd>,
     /// Completion queue of every queue pair.
     pub cq: Arc<Cq>,
-    /// Shared receive queue of the RC queue pairs.
+    /// Zero-length receives, consumed by writes with immediate.
     pub srq: Arc<Srq>,
+    /// Message receives, consumed by sends.
+    pub msg_srq: Arc<Srq>,
     /// Send-queue depth.
     pub send_depth: u32,
     /// Inline bytes asked for.
@@ -539,10 +705,15 @@ impl QpDevice for Device {
 
     fn create_qp(&mut self, role: QpRole) -> Result<(Qp, u32), BringUpError> {
         let ud = role == QpRole::Ud;
+        let srq = match role {
+            QpRole::Ud => None,
+            QpRole::Msg => Some(self.msg_srq.clone()),
+            QpRole::Rdma => Some(self.srq.clone()),
+        };
         let mut init = sys::ibv_qp_init_attr {
             send_cq: self.cq.cq,
             recv_cq: self.cq.cq,
-            srq: if ud { ptr::null_mut() } else { self.srq.srq },
+            srq: srq.as_ref().map_or(ptr::null_mut(), |s| s.srq),
             qp_type: if ud {
                 sys::ibv_qp_type::IBV_QPT_UD
             } else {
@@ -573,7 +744,7 @@ impl QpDevice for Device {
                 qp,
                 ud,
                 _cq: self.cq.clone(),
-                _srq: (!ud).then(|| self.srq.clone()),
+                _srq: srq,
                 _pd: self.pd.clone(),
             },
             qpn,
@@ -590,6 +761,223 @@ impl QpDevice for Device {
             errno: e.errno,
         })
     }
+}
+
+/// An address handle: where UD sends to one peer go.
+#[derive(Debug)]
+pub struct Ah {
+    ah: *mut sys::ibv_ah,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see `Context`.
+unsafe impl Send for Ah {}
+// SAFETY: see `Context`.
+unsafe impl Sync for Ah {}
+
+impl Ah {
+    /// A handle to the port at `dgid`/`dlid`, always with a global route
+    /// (RoCE needs it; InfiniBand accepts it), from local `port` and GID
+    /// index `sgid_index`.
+    pub fn new(
+        pd: &Arc<Pd>,
+        dgid: [u8; 16],
+        dlid: u16,
+        port: u8,
+        sgid_index: u8,
+    ) -> Result<Ah, VerbsError> {
+        let mut attr = sys::ibv_ah_attr {
+            dlid,
+            port_num: port,
+            is_global: 1,
+            ..Default::default()
+        };
+        attr.grh.dgid = sys::ibv_gid { raw: dgid };
+        attr.grh.sgid_index = sgid_index;
+        attr.grh.hop_limit = 64;
+        // SAFETY: live protection domain; `attr` outlives the call.
+        let ah = unsafe { sys::ibv_create_ah(pd.pd, &mut attr) };
+        if ah.is_null() {
+            return Err(last_errno("ibv_create_ah"));
+        }
+        Ok(Ah {
+            ah,
+            _pd: pd.clone(),
+        })
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once; the UD queue pair whose
+        // sends used it is gone or has completed them.
+        unsafe { sys::ibv_destroy_ah(self.ah) };
+    }
+}
+
+/// A zeroed buffer the NIC reads and writes on its own, with its
+/// registration (local write only: staging for receives, atomic results,
+/// send bounce buffers, handshake slots).
+///
+/// Invariant: the registration is released before the memory. Accesses
+/// from the CPU go through [`DmaBuf::read`], [`DmaBuf::write`] and
+/// [`DmaBuf::load_u64`], bounds-checked, and the caller makes them only
+/// while the NIC is not using that range (before posting, after the
+/// completion).
+#[derive(Debug)]
+pub struct DmaBuf {
+    mr: Option<Mr>,
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this value; the raw
+// pointer is not shared with other Rust code (the NIC is synchronised by
+// completions).
+unsafe impl Send for DmaBuf {}
+// SAFETY: shared use reads the registration's keys and copies through
+// bounds-checked raw pointers, under the caller's completion protocol.
+unsafe impl Sync for DmaBuf {}
+
+impl DmaBuf {
+    fn alloc(len: usize) -> Result<(NonNull<u8>, Layout), VerbsError> {
+        let nomem = VerbsError {
+            call: "ibv_reg_mr",
+            errno: libc::ENOMEM,
+        };
+        let layout = Layout::from_size_align(len.max(1), 64).map_err(|_| nomem)?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        Ok((NonNull::new(raw).ok_or(nomem)?, layout))
+    }
+
+    /// `len` zeroed bytes registered on `pd`.
+    pub fn new(pd: &Arc<Pd>, len: usize) -> Result<DmaBuf, VerbsError> {
+        let (ptr, layout) = DmaBuf::alloc(len)?;
+        let access = AccessFlags {
+            local_write: true,
+            ..AccessFlags::default()
+        };
+        // SAFETY: the memory stays allocated until `drop`, which releases
+        // the registration first.
+        match unsafe { Mr::register(pd, ptr.as_ptr(), layout.size(), access) } {
+            Ok(mr) => Ok(DmaBuf {
+                mr: Some(mr),
+                ptr,
+                layout,
+            }),
+            Err(e) => {
+                // SAFETY: allocated just above with `layout`, not registered.
+                unsafe { dealloc(ptr.as_ptr(), layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// A buffer with no registration (tests of the bounds only).
+    #[cfg(test)]
+    fn unregistered(len: usize) -> DmaBuf {
+        let (ptr, layout) = DmaBuf::alloc(len).unwrap();
+        DmaBuf {
+            mr: None,
+            ptr,
+            layout,
+        }
+    }
+
+    /// Its address (what requests name).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Whether it is empty (never: at least one byte is allocated).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Local key of its registration.
+    pub fn lkey(&self) -> u32 {
+        self.mr.as_ref().map_or(0, Mr::lkey)
+    }
+
+    /// The scatter-gather entry of `len` bytes at `offset`, if inside.
+    pub fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len()).then(|| Sge {
+            addr: self.addr() + offset as u64,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            lkey: self.lkey(),
+        })
+    }
+
+    /// Copies bytes at `offset` out; `false` if out of bounds.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> bool {
+        match offset.checked_add(dst.len()) {
+            Some(end) if end <= self.len() => {
+                // SAFETY: in bounds (checked); the NIC is done with the
+                // range (the caller's completion protocol); `dst` is a
+                // distinct Rust buffer.
+                unsafe {
+                    ptr::copy_nonoverlapping(
+                        self.ptr.as_ptr().add(offset),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Copies `src` in at `offset`; `false` if out of bounds.
+    pub fn write(&self, offset: usize, src: &[u8]) -> bool {
+        match offset.checked_add(src.len()) {
+            Some(end) if end <= self.len() => {
+                // SAFETY: in bounds; the NIC is not using the range (it is
+                // posted only after this copy).
+                unsafe {
+                    ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The native-endian 8-byte word at `offset` (8-aligned), as the NIC
+    /// left it (an atomic's old value).
+    pub fn load_u64(&self, offset: usize) -> Option<u64> {
+        if offset % 8 != 0 || offset.checked_add(8)? > self.len() {
+            return None;
+        }
+        // SAFETY: aligned (the buffer is 64-aligned, `offset` 8-aligned)
+        // and in bounds; volatile because the NIC wrote it behind the
+        // compiler's back.
+        Some(unsafe { ptr::read_volatile(self.ptr.as_ptr().add(offset).cast::<u64>()) })
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        // The registration goes first: after it the NIC cannot touch the
+        // memory.
+        drop(self.mr.take());
+        // SAFETY: allocated in `alloc` with `layout`; freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// `n` completion entries to poll into.
+pub fn wc_buffer(n: usize) -> Vec<sys::ibv_wc> {
+    // SAFETY: `ibv_wc` is a plain C struct of integers; all-zero is a
+    // valid value of it.
+    (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
 }
 
 #[cfg(test)]
@@ -703,5 +1091,28 @@ mod tests {
             true,
         );
         assert_eq!(m, mask::IBV_QP_STATE.0);
+    }
+
+    #[test]
+    fn dma_buffers_check_their_bounds() {
+        let b = DmaBuf::unregistered(100);
+        assert!(b.len() >= 100 && b.addr() % 64 == 0);
+        assert!(b.write(90, &[7; 10]));
+        assert!(!b.write(91, &[7; 10]));
+        assert!(!b.write(usize::MAX, &[7]));
+        let mut out = [0u8; 10];
+        assert!(b.read(90, &mut out));
+        assert_eq!(out, [7; 10]);
+        assert!(!b.read(95, &mut out));
+        assert!(b.write(8, &0x0102_0304_0506_0708u64.to_ne_bytes()));
+        assert_eq!(b.load_u64(8), Some(0x0102_0304_0506_0708));
+        assert_eq!(b.load_u64(4), None, "misaligned");
+        assert_eq!(b.load_u64(96), None, "past the end");
+        let s = b.sge(10, 20).unwrap();
+        assert_eq!((s.addr, s.len, s.lkey), (b.addr() + 10, 20, 0));
+        assert!(b.sge(90, 11).is_none());
+        let z = wc_buffer(4);
+        assert_eq!(z.len(), 4);
+        assert_eq!(z[0].wr_id(), 0);
     }
 }

@@ -1,13 +1,14 @@
 //! The connection handshake of the verbs domain, sent over each domain's
 //! UD queue pair: what one side must learn about the other to bring its
 //! two RC queue pairs to RTR (queue-pair numbers, initial PSNs, the port's
-//! LID and GID, the UD qkey) and a request tag pairing a reply with its
-//! request.
+//! LID and GID, the UD qkey, the port's active MTU) and a request tag
+//! pairing a reply with its request.
 //!
 //! The encoding is fixed-size, little-endian and versioned: a magic, a
 //! version byte and a kind byte lead, and [`Handshake::decode`] refuses
 //! anything it does not understand (wrong magic or version, unknown kind,
-//! wrong length, a queue-pair number or PSN beyond 24 bits) with a
+//! wrong length, a queue-pair number or PSN beyond 24 bits, an MTU code
+//! outside 1..=5) with a
 //! [`HandshakeError`] naming what was wrong — never a panic, since the
 //! bytes come from the network.
 
@@ -16,9 +17,9 @@ use std::fmt;
 /// The first bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"RXHS";
 /// The encoding this build writes and reads.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Encoded size in bytes.
-pub const ENCODED_LEN: usize = 4 + 1 + 1 + 8 + 2 + 16 + 4 + 4 + 4 + 4 + 4 + 4;
+pub const ENCODED_LEN: usize = 4 + 1 + 1 + 8 + 2 + 16 + 4 + 4 + 4 + 4 + 4 + 4 + 1;
 
 /// Queue-pair numbers and PSNs are 24-bit quantities on the wire of
 /// InfiniBand and RoCE.
@@ -57,6 +58,9 @@ pub struct Handshake {
     pub rdma_qpn: u32,
     /// Initial PSN of the sender's send queue on `rdma_qpn`.
     pub rdma_psn: u32,
+    /// The sender port's active MTU (IBV_MTU_* code, 1 = 256 … 5 = 4096);
+    /// both sides use the smaller of the two.
+    pub mtu: u8,
 }
 
 /// What was wrong with a handshake message.
@@ -80,6 +84,11 @@ pub enum HandshakeError {
         /// The byte received.
         got: u8,
     },
+    /// An MTU code outside 1..=5.
+    Mtu {
+        /// The code received.
+        got: u8,
+    },
     /// A 24-bit field holding a larger value.
     Field24 {
         /// The field.
@@ -100,6 +109,7 @@ impl fmt::Display for HandshakeError {
                 write!(f, "handshake version {got}, this build speaks {VERSION}")
             }
             HandshakeError::Kind { got } => write!(f, "handshake kind {got} is unknown"),
+            HandshakeError::Mtu { got } => write!(f, "handshake MTU code {got} is not 1..=5"),
             HandshakeError::Field24 { field, value } => {
                 write!(f, "handshake {field} {value:#x} does not fit 24 bits")
             }
@@ -138,6 +148,7 @@ impl Handshake {
         ] {
             w.put(&v.to_le_bytes());
         }
+        w.put(&[self.mtu]);
         debug_assert_eq!(w.at, ENCODED_LEN);
         Ok(out)
     }
@@ -174,12 +185,16 @@ impl Handshake {
             msg_psn: u32_at(44),
             rdma_qpn: u32_at(48),
             rdma_psn: u32_at(52),
+            mtu: b[56],
         };
         h.check()?;
         Ok(h)
     }
 
     fn check(&self) -> Result<(), HandshakeError> {
+        if !(1..=5).contains(&self.mtu) {
+            return Err(HandshakeError::Mtu { got: self.mtu });
+        }
         for (field, value) in [
             ("ud_qpn", self.ud_qpn),
             ("msg_qpn", self.msg_qpn),
@@ -224,6 +239,7 @@ mod tests {
             msg_psn: 0xab_cdef,
             rdma_qpn: 0x33,
             rdma_psn: 0x12_3456,
+            mtu: 5,
         }
     }
 
@@ -235,6 +251,7 @@ mod tests {
         assert_eq!(b[5], 1);
         assert_eq!(&b[6..14], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(&b[52..56], &0x12_3456u32.to_le_bytes());
+        assert_eq!(b[56], 5);
     }
 
     #[test]
@@ -284,6 +301,9 @@ mod tests {
                 ..
             })
         ));
+        let mut b = good;
+        b[56] = 6;
+        assert_eq!(Handshake::decode(&b), Err(HandshakeError::Mtu { got: 6 }));
         assert!(HandshakeError::Magic.to_string().contains("magic"));
     }
 
@@ -294,10 +314,10 @@ mod tests {
             any::<u16>(),
             any::<[u8; 16]>(),
             (0..=MAX_24, any::<u32>(), 0..=MAX_24, 0..=MAX_24),
-            (0..=MAX_24, 0..=MAX_24),
+            (0..=MAX_24, 0..=MAX_24, 1u8..=5),
         )
-            .prop_map(
-                |(req, tag, lid, gid, (ud, qkey, mq, mp), (rq, rp))| Handshake {
+            .prop_map(|(req, tag, lid, gid, (ud, qkey, mq, mp), (rq, rp, mtu))| {
+                Handshake {
                     kind: if req {
                         HandshakeKind::Request
                     } else {
@@ -312,8 +332,9 @@ mod tests {
                     msg_psn: mp,
                     rdma_qpn: rq,
                     rdma_psn: rp,
-                },
-            )
+                    mtu,
+                }
+            })
     }
 
     proptest! {
@@ -344,7 +365,7 @@ mod tests {
             match Handshake::decode(&b) {
                 Ok(h) => prop_assert_eq!(h.encode().unwrap(), b),
                 Err(e) => {
-                    let is_field = matches!(e, HandshakeError::Field24 { .. });
+                    let is_field = matches!(e, HandshakeError::Field24 { .. } | HandshakeError::Mtu { .. });
                     prop_assert!(is_field, "{}", e);
                 }
             }

@@ -17,26 +17,49 @@
 //!   initial PSNs are random and each engine draws a random qkey.
 //!
 //! Everything that needs no device — request building and chaining, the
-//! handshake encoding, the queue-pair bring-up sequence (driven through
-//! [`bringup::QpDevice`]), turning one completion per chain back into one
-//! outcome per request ([`completions`]) — lives in safe modules tested
-//! here; the calls
-//! into libibverbs live in `ffi`, the one module with `unsafe` besides the
-//! chain's `Send`.
+//! handshake encoding, the address layout ([`addr`]), the queue-pair
+//! bring-up sequence (driven through [`bringup::QpDevice`]), the peer table
+//! and handshake exchange ([`connect`]), turning one completion per chain
+//! back into one outcome per request ([`completions`], [`demux`]) — lives
+//! in safe modules tested here; the calls into libibverbs live in `ffi`,
+//! the one module with `unsafe` besides the `Send` of the request chain and
+//! templates (`wr`). The
+//! [`VerbsDomain`] and [`VerbsEndpoint`] tie them to a device.
 
+pub mod addr;
 pub mod bringup;
 pub mod completions;
+pub mod connect;
+pub mod demux;
+mod domain;
+mod endpoint;
 pub mod ffi;
 pub mod handshake;
 pub mod wr;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bringup::{BroughtUp, RcTiming};
 use ffi::{Context, Cq, Device, Pd, Qp, Srq};
 
+pub use domain::{open_host, VerbsDomain};
+pub use endpoint::VerbsEndpoint;
+
 use crate::error::TransferError;
+
+/// UD receives kept posted for handshakes.
+pub const UD_RECVS: usize = 32;
+/// UD send slots for handshakes (a send waits for a free one).
+pub const UD_SENDS: usize = 32;
+/// Bytes of one UD slot: the 40-byte GRH a UD receive starts with, then
+/// the handshake.
+pub const UD_SLOT: usize = 128;
+/// The global routing header at the front of every UD receive.
+pub const GRH_LEN: usize = 40;
+
+const _: () = assert!(GRH_LEN + handshake::ENCODED_LEN <= UD_SLOT);
 
 /// Where the kernel lists RDMA devices.
 pub const SYSFS_DEVICES: &str = "/sys/class/infiniband";
@@ -58,8 +81,34 @@ pub struct VerbsConfig {
     pub send_depth: u32,
     /// Zero-length receives kept posted on the shared receive queue.
     pub srq_depth: u32,
-    /// Completion-queue depth.
+    /// Signalled chains in flight per domain (one completion-queue entry
+    /// each); the completion queue is sized for every request of these
+    /// (error flushes), the receives and the UD slots ([`cq_entries`]).
     pub cq_depth: u32,
+    /// How long a connection handshake may take before the peer counts as
+    /// unreachable.
+    pub handshake_timeout: Duration,
+    /// Interval between resends of an unanswered handshake request.
+    pub handshake_retry: Duration,
+    /// How long a posted operation may wait for its completion (or for its
+    /// connection) before it fails with [`TransferError::Timeout`]; RC
+    /// reports dead peers itself (see [`RcTiming`]), this bounds sends
+    /// that wait for a receive buffer with infinite RNR retries.
+    pub op_timeout: Duration,
+    /// Completion-queue read interval when nothing happened for a while
+    /// (no completion channel: the worker polls).
+    pub idle_poll: Duration,
+    /// Register memory with `IBV_ACCESS_RELAXED_ORDERING` (faster PCIe
+    /// writes, the source's choice for bulk transfers). Relaxed ordering
+    /// lets the NIC's writes to host memory become visible out of order, so
+    /// a domain that uses it does not claim ordered delivery
+    /// ([`crate::domain::Domain::ordered`] is `false`): the key-value store
+    /// then waits for its leaf writes before unlocking (3 round trips per
+    /// write instead of 2). Turn it off on every node of a store (the
+    /// memory node, whose pool registration is what the NIC writes into,
+    /// and the compute nodes, whose domains decide the path) to get the
+    /// ordered path.
+    pub relaxed_ordering: bool,
 }
 
 impl Default for VerbsConfig {
@@ -73,6 +122,11 @@ impl Default for VerbsConfig {
             send_depth: 256,
             srq_depth: 1024,
             cq_depth: 4096,
+            handshake_timeout: Duration::from_secs(5),
+            handshake_retry: Duration::from_millis(100),
+            op_timeout: Duration::from_secs(30),
+            idle_poll: Duration::from_millis(1),
+            relaxed_ordering: true,
         }
     }
 }
@@ -90,13 +144,24 @@ impl VerbsConfig {
         if self.srq_depth == 0 || self.cq_depth == 0 {
             return Err("empty shared receive or completion queue");
         }
+        if self.srq_depth > 1 << 20 || self.cq_depth > 1 << 20 {
+            return Err("shared receive or completion queue deeper than 2^20");
+        }
+        if self.handshake_timeout.is_zero()
+            || self.handshake_retry.is_zero()
+            || self.op_timeout.is_zero()
+            || self.idle_poll.is_zero()
+        {
+            return Err("zero handshake, operation or polling interval");
+        }
         Ok(())
     }
 }
 
 /// One opened NIC: device context, protection domain, completion queue,
-/// shared receive queue stocked with zero-length receives, and the UD
-/// queue pair (at RTS, under a random qkey) on which handshakes travel.
+/// shared receive queue stocked with zero-length receives, the (empty)
+/// shared receive queue for messages, and the UD queue pair (at RTS, under
+/// a random qkey) on which handshakes travel.
 #[derive(Debug)]
 pub struct Nic {
     /// The device layer that creates and moves queue pairs.
@@ -122,13 +187,15 @@ impl Nic {
         let (lid, mtu, _state) = ctx.port(cfg.port)?;
         let gid = ctx.gid(cfg.port, cfg.gid_index)?;
         let pd = Pd::new(&ctx)?;
-        let cq = Cq::new(&ctx, cfg.cq_depth)?;
+        let cq = Cq::new(&ctx, cq_entries(cfg))?;
         let srq = Srq::new(&pd, cfg.srq_depth)?;
-        srq.post_zero_length(cfg.srq_depth, 0)?;
+        srq.post_zero_length(cfg.srq_depth, demux::WrTag::Imm.id(0))?;
+        let msg_srq = Srq::new(&pd, cfg.srq_depth)?;
         let mut device = Device {
             pd,
             cq,
             srq,
+            msg_srq,
             send_depth: cfg.send_depth,
             max_inline: cfg.max_inline,
         };
@@ -148,7 +215,7 @@ impl Nic {
             qkey,
             lid,
             gid,
-            mtu,
+            mtu: mtu.clamp(1, 5),
         })
     }
 
@@ -156,6 +223,18 @@ impl Nic {
     pub fn name(&self) -> &str {
         self.device.pd.context().name()
     }
+}
+
+/// Completion-queue entries for `cfg`: every request of every signalled
+/// chain in flight (a chain completes with one entry, but a failing queue
+/// pair flushes each of its up to four requests with one), both shared
+/// receive queues, and the UD slots.
+pub fn cq_entries(cfg: &VerbsConfig) -> u32 {
+    let ud = (UD_RECVS + UD_SENDS) as u32;
+    cfg.cq_depth
+        .saturating_mul(wr::MAX_CHAIN as u32)
+        .saturating_add(cfg.srq_depth.saturating_mul(2))
+        .saturating_add(ud)
 }
 
 /// The RDMA devices the kernel lists (SoftRoCE's `rxe*` included), sorted;
@@ -193,6 +272,21 @@ mod tests {
             ..VerbsConfig::default()
         };
         assert!(bad.validate().is_err());
+        let bad = VerbsConfig {
+            handshake_timeout: Duration::ZERO,
+            ..VerbsConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = VerbsConfig {
+            cq_depth: 1 << 21,
+            ..VerbsConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        // Room for every request of every chain, both receive queues, UD.
+        assert_eq!(
+            cq_entries(&VerbsConfig::default()),
+            4 * 4096 + 2 * 1024 + 64
+        );
     }
 
     #[test]

@@ -151,6 +151,12 @@ pub struct WrTemplates {
     max_inline: u32,
 }
 
+// SAFETY: a template's pointer fields (`next`, `sg_list`, the UD address
+// handle, the bind-info pointers) are all null: `fill` sets the list
+// pointers only in the `Chain` it builds. A value of plain integers and null
+// pointers may move between threads.
+unsafe impl Send for WrTemplates {}
+
 impl fmt::Debug for WrTemplates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WrTemplates")
