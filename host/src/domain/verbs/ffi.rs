@@ -426,30 +426,43 @@ impl Srq {
 impl Srq {
     /// Posts one receive of `sge` with id `wr_id`.
     pub fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<(), VerbsError> {
-        let mut sg = sys::ibv_sge {
-            addr: sge.addr,
-            length: sge.len,
-            lkey: sge.lkey,
-        };
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut sg,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: live SRQ; `wr` and `sg` outlive the call (the NIC copies
-        // the request at post time); the buffer behind `sge` is registered
-        // and owned by the caller until its completion or the SRQ's end.
-        let rc = unsafe {
-            let ops = &(*(*self.srq).context).ops;
-            match ops.post_srq_recv {
-                Some(f) => f(self.srq, &mut wr, &mut bad),
-                None => libc::ENOSYS,
+        post_one_recv("ibv_post_srq_recv", wr_id, sge, |wr, bad| {
+            // SAFETY: live SRQ; `wr` and its sge outlive the call (the NIC
+            // copies the request at post time); the buffer behind `sge` is
+            // registered and owned by the caller until its completion or
+            // the SRQ's end.
+            unsafe {
+                let ops = &(*(*self.srq).context).ops;
+                match ops.post_srq_recv {
+                    Some(f) => f(self.srq, wr, bad),
+                    None => libc::ENOSYS,
+                }
             }
-        };
-        check("ibv_post_srq_recv", rc)
+        })
     }
+}
+
+/// Builds a one-sge receive request for `sge` and hands it to `post`
+/// (which calls the provider); `call` names the verb in the error.
+fn post_one_recv(
+    call: &'static str,
+    wr_id: u64,
+    sge: Sge,
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> libc::c_int,
+) -> Result<(), VerbsError> {
+    let mut sg = sys::ibv_sge {
+        addr: sge.addr,
+        length: sge.len,
+        lkey: sge.lkey,
+    };
+    let mut wr = sys::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: &mut sg,
+        num_sge: 1,
+    };
+    let mut bad = ptr::null_mut();
+    check(call, post(&mut wr, &mut bad))
 }
 
 impl Drop for Srq {
@@ -646,29 +659,18 @@ impl Qp {
     /// Posts one receive of `sge` on this queue pair's own receive queue
     /// (the UD queue pair; RC ones use shared receive queues).
     pub fn post_recv(&self, wr_id: u64, sge: Sge) -> Result<(), VerbsError> {
-        let mut sg = sys::ibv_sge {
-            addr: sge.addr,
-            length: sge.len,
-            lkey: sge.lkey,
-        };
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut sg,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: live queue pair; `wr`/`sg` outlive the call; the buffer
-        // is registered and owned by the caller until the completion or
-        // the queue pair's end.
-        let rc = unsafe {
-            let ops = &(*(*self.qp).context).ops;
-            match ops.post_recv {
-                Some(f) => f(self.qp, &mut wr, &mut bad),
-                None => libc::ENOSYS,
+        post_one_recv("ibv_post_recv", wr_id, sge, |wr, bad| {
+            // SAFETY: live queue pair; `wr` and its sge outlive the call;
+            // the buffer is registered and owned by the caller until the
+            // completion or the queue pair's end.
+            unsafe {
+                let ops = &(*(*self.qp).context).ops;
+                match ops.post_recv {
+                    Some(f) => f(self.qp, wr, bad),
+                    None => libc::ENOSYS,
+                }
             }
-        };
-        check("ibv_post_recv", rc)
+        })
     }
 }
 
