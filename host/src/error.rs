@@ -380,11 +380,18 @@ impl fmt::Display for TransferError {
             Libfabric { call, errno, text } => {
                 write!(f, "libfabric call {call} failed: {text} (error {errno})")
             }
-            Verbs { call, errno } => write!(
-                f,
-                "libibverbs call {call} failed: {} (errno {errno})",
-                std::io::Error::from_raw_os_error(*errno)
-            ),
+            Verbs { call, errno } => {
+                // io::Error's text already ends with "(os error N)".
+                write!(
+                    f,
+                    "libibverbs call {call} failed: {}",
+                    std::io::Error::from_raw_os_error(*errno)
+                )?;
+                if *call == "ibv_get_device_list" {
+                    write!(f, " (no RDMA device or driver on this machine?)")?;
+                }
+                Ok(())
+            }
             FabricCompletion {
                 op,
                 peer,

@@ -122,6 +122,12 @@ ssize_t rfi_recv(struct fid_ep *ep, void *buf, size_t len, void *desc,
                  fi_addr_t src_addr, void *context) {
   return fi_recv(ep, buf, len, desc, src_addr, context);
 }
+int rfi_control(struct fid *fid, int command, void *arg) {
+  return fi_control(fid, command, arg);
+}
+int rfi_trywait(struct fid_fabric *fabric, struct fid **fids, int count) {
+  return fi_trywait(fabric, fids, count);
+}
 ssize_t rfi_cq_read(struct fid_cq *cq, void *buf, size_t count) {
   return fi_cq_read(cq, buf, count);
 }

@@ -16,6 +16,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_eq.h>
 
 extern const uint64_t rfi_addr_unspec;
 extern const int rfi_eagain;
@@ -77,6 +78,8 @@ ssize_t rfi_send(struct fid_ep *ep, const void *buf, size_t len, void *desc,
                  fi_addr_t dest_addr, void *context);
 ssize_t rfi_recv(struct fid_ep *ep, void *buf, size_t len, void *desc,
                  fi_addr_t src_addr, void *context);
+int rfi_control(struct fid *fid, int command, void *arg);
+int rfi_trywait(struct fid_fabric *fabric, struct fid **fids, int count);
 ssize_t rfi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t rfi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf,
                        uint64_t flags);

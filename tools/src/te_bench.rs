@@ -10,6 +10,20 @@
 //! Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
 //! engine's worker like the writes; `--channel` runs them (and `write`) as
 //! client doorbell batches of `--depth` operations instead.
+//!
+//! Across processes (`--serve` / `--peer`, libfabric) there is no memcpy
+//! reference; the provider's own `fi_pingpong` is the yardstick, and the
+//! figures mean different things. `fi_pingpong`'s MB/s is 2 × size ×
+//! iterations over the time of as many round trips, one message in flight
+//! at a time (size over the one-way time), and its usec/xfer is half a
+//! round trip. Here `gbps` is size × count over the time of the writes,
+//! `--depth` of them in flight from one side, each complete only once its
+//! data is visible at the target (delivery completion: data one way, an
+//! acknowledgement back). So `--depth 1` is the like-for-like bandwidth
+//! (one transfer in flight; it pays the acknowledgement that a ping-pong
+//! does not), a deeper run shows streaming, and `p50_us` of a remote
+//! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
+//! usec/xfer.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -45,21 +59,27 @@ pub enum Op {
     Faa,
 }
 
-/// The fabric to run on: `loopback` or `libfabric:PROVIDER`.
+/// The fabric to run on: `loopback`, `libfabric:PROVIDER` or
+/// `verbs[:DEVICE]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FabricArg {
     /// The in-process loopback NIC.
     Loopback,
     /// A libfabric provider (`tcp`, `shm`, `sockets`, `efa`, `verbs`).
     Libfabric(String),
+    /// The ibverbs RC domain on a device (`None`: the first one listed);
+    /// needs a build with the `verbs` feature.
+    Verbs(Option<String>),
 }
 
 fn parse_fabric(s: &str) -> Result<FabricArg, String> {
     match s.split_once(':') {
         None if s == "loopback" => Ok(FabricArg::Loopback),
+        None if s == "verbs" => Ok(FabricArg::Verbs(None)),
         Some(("libfabric", p)) if !p.is_empty() => Ok(FabricArg::Libfabric(p.to_string())),
+        Some(("verbs", d)) if !d.is_empty() => Ok(FabricArg::Verbs(Some(d.to_string()))),
         _ => Err(format!(
-            "unknown fabric {s:?}: use loopback or libfabric:PROVIDER"
+            "unknown fabric {s:?}: use loopback, libfabric:PROVIDER or verbs[:DEVICE]"
         )),
     }
 }
@@ -69,6 +89,8 @@ impl FabricArg {
         match self {
             FabricArg::Loopback => "loopback".into(),
             FabricArg::Libfabric(p) => format!("libfabric:{p}"),
+            FabricArg::Verbs(None) => "verbs".into(),
+            FabricArg::Verbs(Some(d)) => format!("verbs:{d}"),
         }
     }
 }
@@ -105,9 +127,16 @@ pub struct TeBenchArgs {
     /// Run read/write/cas/faa as client-channel doorbell batches.
     #[arg(long)]
     channel: bool,
-    /// The fabric: `loopback` or `libfabric:PROVIDER`.
+    /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`
+    /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
     fabric: FabricArg,
+    /// verbs: the device's port (1-based).
+    #[arg(long, default_value_t = 1)]
+    verbs_port: u8,
+    /// verbs: GID index (0 on InfiniBand; RoCE v2 is usually 1 or 3).
+    #[arg(long, default_value_t = 0)]
+    gid_index: u8,
     /// Serve a target region to a client in another process (libfabric),
     /// until stopped.
     #[arg(long, requires = "listen")]
@@ -132,6 +161,10 @@ pub struct TeBenchArgs {
     /// before sleeping between queue reads (latency vs CPU).
     #[arg(long, default_value_t = 200)]
     busy_poll_us: u64,
+    /// libfabric: queue-read interval in µs once idle (default: the
+    /// domain's own, `LibfabricConfig::idle_poll`).
+    #[arg(long)]
+    idle_poll_us: Option<u64>,
     /// Print one JSON line instead of text.
     #[arg(long)]
     json: bool,
@@ -191,7 +224,14 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
         return Err("--op scatter needs several targets: not with --peer".into());
     }
     if (args.peer.is_some() || args.serve) && args.fabric == FabricArg::Loopback {
-        return Err("--peer and --serve need --fabric libfabric:PROVIDER".into());
+        return Err("--peer and --serve need --fabric libfabric:PROVIDER or verbs".into());
+    }
+    if matches!(args.fabric, FabricArg::Verbs(_)) && !cfg!(feature = "verbs") {
+        return Err(
+            "--fabric verbs: this rolex was built without the verbs backend; build it \
+                    with `cargo build --release -p rolex-tools --features verbs`"
+                .into(),
+        );
     }
     if args.channel && !matches!(args.op(), Op::Write | Op::Read | Op::Cas | Op::Faa) {
         return Err("--channel applies to write, read, cas and faa only".into());
@@ -224,17 +264,46 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, TransferError> {
                         .unwrap_or_else(|| "127.0.0.1".into()),
                 ),
             };
-            Fabric::Libfabric(LibfabricConfig {
+            let mut cfg = LibfabricConfig {
                 busy_poll: Duration::from_micros(args.busy_poll_us),
                 ..LibfabricConfig::new(p, node.as_deref())
-            })
+            };
+            if let Some(us) = args.idle_poll_us {
+                cfg.idle_poll = Duration::from_micros(us);
+            }
+            Fabric::Libfabric(cfg)
         }
+        FabricArg::Verbs(device) => verbs_fabric(device.clone(), args)?,
     };
     TransferEngine::new(EngineConfig {
         nics_per_group: args.nics,
         fabric,
+        // Pinning picks CPUs round-robin within one process: the two
+        // processes of a libfabric run on one machine would both put
+        // their worker on the first CPU.
+        pin_workers: args.fabric == FabricArg::Loopback,
         ..EngineConfig::default()
     })
+}
+
+/// The verbs fabric on `device` with the command line's port and GID index.
+#[cfg(feature = "verbs")]
+fn verbs_fabric(device: Option<String>, args: &TeBenchArgs) -> Result<Fabric, TransferError> {
+    Ok(Fabric::Verbs(rolex_host::domain::verbs::VerbsConfig {
+        device,
+        port: args.verbs_port,
+        gid_index: args.gid_index,
+        ..Default::default()
+    }))
+}
+
+/// Without the `verbs` feature there is no verbs domain to run on.
+#[cfg(not(feature = "verbs"))]
+fn verbs_fabric(_device: Option<String>, _args: &TeBenchArgs) -> Result<Fabric, TransferError> {
+    Err(TransferError::Config(rolex_host::ConfigError::Verbs(
+        "this rolex was built without the verbs backend: build it with \
+         `cargo build --release -p rolex-tools --features verbs`",
+    )))
 }
 
 /// `--serve`: offers one region to clients until the process is stopped.
@@ -244,7 +313,7 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
         .as_deref()
         .ok_or("--serve needs --listen ADDR:PORT")?;
     if args.fabric == FabricArg::Loopback {
-        return Err("--serve needs --fabric libfabric:PROVIDER".into());
+        return Err("--serve needs --fabric libfabric:PROVIDER or verbs".into());
     }
     let region = args.region.clamp(4096, MAX_REGION);
     let e = engine(args)?;

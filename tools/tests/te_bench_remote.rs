@@ -2,7 +2,9 @@
 //! region through the bootstrap connection, a second `rolex te-bench
 //! --peer` measures writes, write-with-immediate and atomics against it
 //! and prints the same JSON keys as on loopback (without `memcpy_gbps`).
-//! Also: a wrong token and a dead address give a clear error, not a hang.
+//! Also: a wrong token and a dead address give a clear error, not a hang;
+//! and the server, idle after its clients left, uses (almost) no CPU: its
+//! NIC's waiter blocks on the provider's wait object instead of polling.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -69,6 +71,38 @@ fn te_bench_across_two_processes_on_tcp() {
     }
 }
 
+/// CPU time of every thread of process `pid` so far (`schedstat`: time
+/// on a CPU, in ns).
+fn process_cpu(pid: u32) -> Duration {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+#[test]
+fn an_idle_server_uses_under_one_percent_of_a_core() {
+    let (server, addr) = serve();
+    // Connections up, some traffic, then the client is gone.
+    for op in ["write", "write-imm"] {
+        let out = client(&addr, "s3cret", op);
+        assert!(out.status.success(), "{op}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.0.id();
+    let (cpu0, t0) = (process_cpu(pid), Instant::now());
+    std::thread::sleep(Duration::from_millis(2000));
+    let share = (process_cpu(pid) - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    eprintln!("idle server: {:.4}% of a core", share * 100.0);
+    assert!(
+        share < 0.01,
+        "the idle server used {:.3}% of a core",
+        share * 100.0
+    );
+}
+
 #[test]
 fn wrong_token_and_dead_address_fail_clearly_and_quickly() {
     let (_server, addr) = serve();
@@ -85,4 +119,27 @@ fn wrong_token_and_dead_address_fail_clearly_and_quickly() {
     // A hang guard, not a timing assertion: both are bounded by the
     // bootstrap timeouts (5 s each).
     assert!(start.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn verbs_runs_where_a_device_is_or_says_why_not() {
+    let out = common::rolex(&[
+        "te-bench", "--op", "write", "--size", "64", "--count", "10", "--fabric", "verbs",
+    ]);
+    let devices = std::fs::read_dir("/sys/class/infiniband")
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if cfg!(feature = "verbs") && devices {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else if cfg!(feature = "verbs") {
+        // The device list is empty: the libibverbs call that found none is
+        // named.
+        common::assert_fails(&out, "ibv_");
+    } else {
+        common::assert_fails(&out, "--features verbs");
+    }
 }

@@ -268,6 +268,29 @@ fn read_u32(s: &mut TcpStream, step: &'static str) -> Result<u32, BootstrapError
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// Longest the server's thread blocks waiting for a client before it
+/// looks at its stop flag again (dropping the server wakes it at once by
+/// connecting; this bounds the drop should that connection fail).
+const ACCEPT_WAIT: Duration = Duration::from_secs(1);
+
+/// Blocks until `l` has a connection to accept or `timeout` passed; an
+/// error only shortens the wait (the caller retries `accept`).
+fn wait_readable(l: &TcpListener, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid `pollfd` for the listener, which outlives the call.
+    let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+    if rc < 0 {
+        // Never spin on a failing poll.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A listening bootstrap server; stops when dropped.
 pub struct BootstrapServer {
     local: SocketAddr,
@@ -309,8 +332,18 @@ impl BootstrapServer {
                         // timeouts: a slow client cannot stall the server
                         // for longer than that.
                         Ok((s, _)) => {
+                            if stop2.load(SeqCst) {
+                                break;
+                            }
                             let _ = serve(s, &cfg, offer.layout_version, &reply);
                         }
+                        // Nothing pending: block until a client knocks
+                        // (dropping the server knocks too).
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            wait_readable(&l, ACCEPT_WAIT)
+                        }
+                        // A failing accept (out of descriptors) would
+                        // keep the listener readable: back off instead.
                         Err(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
                 }
@@ -332,6 +365,16 @@ impl BootstrapServer {
 impl Drop for BootstrapServer {
     fn drop(&mut self) {
         self.stop.store(true, SeqCst);
+        // Knock once so the thread, blocked waiting for a client, sees
+        // `stop` now rather than after `ACCEPT_WAIT`.
+        let mut knock = self.local;
+        if knock.ip().is_unspecified() {
+            knock.set_ip(match knock {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&knock, Duration::from_millis(200));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -18,7 +18,7 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::NetAddr;
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
-use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT};
+use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, WAIT_BACKSTOP};
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -224,16 +224,35 @@ impl Endpoint for FabricEndpoint {
         while let Some(c) = self.sink.queue.pop() {
             out.push(c);
         }
+        let waiter = inner.wait.get().filter(|w| w.usable());
+        let spin = since.is_some_and(|s| s < inner.cfg.busy_poll);
+        if let Some(w) = waiter {
+            // A spinning poller reads the queue itself; a sleeping one
+            // leaves it to the waiter, which wakes it on completions.
+            if spin {
+                w.disarm();
+            } else {
+                w.arm();
+            }
+        }
         if self.sink.outstanding.load(SeqCst) > 0 {
+            if spin {
+                std::thread::yield_now();
+                return Progress::WaitUntil(Instant::now());
+            }
+            // The short back-off stays even with a waiter: not everything
+            // a sender needs (a full socket draining) is announced.
             return Progress::Busy;
         }
         let Some(since) = since else {
             return Progress::Idle;
         };
         let cfg = &inner.cfg;
-        if since < cfg.busy_poll {
+        if spin {
             std::thread::yield_now();
             Progress::WaitUntil(Instant::now())
+        } else if waiter.is_some() {
+            Progress::WaitUntil(Instant::now() + WAIT_BACKSTOP)
         } else if since < HOT {
             Progress::Busy
         } else {

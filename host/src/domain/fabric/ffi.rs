@@ -323,11 +323,18 @@ impl DomainH {
 }
 
 impl Cq {
-    pub(crate) fn open(dom: &DomainH, size: usize) -> Result<Cq, FiError> {
+    /// Opens a data-format queue of `size` entries; with `wait_fd`, with a
+    /// file descriptor as its wait object (`FI_WAIT_FD`, see
+    /// [`Cq::wait_fd`]).
+    pub(crate) fn open(dom: &DomainH, size: usize, wait_fd: bool) -> Result<Cq, FiError> {
         let mut attr = sys::fi_cq_attr {
             size,
             format: sys::fi_cq_format_FI_CQ_FORMAT_DATA,
-            wait_obj: sys::fi_wait_obj_FI_WAIT_NONE,
+            wait_obj: if wait_fd {
+                sys::fi_wait_obj_FI_WAIT_FD
+            } else {
+                sys::fi_wait_obj_FI_WAIT_NONE
+            },
             ..Default::default()
         };
         // SAFETY: valid domain and attribute struct; valid out-pointer.
@@ -335,6 +342,71 @@ impl Cq {
             sys::rfi_cq_open(dom.0.as_ptr(), &mut attr, p, ptr::null_mut())
         })
         .map(Cq)
+    }
+}
+
+impl Cq {
+    /// The file descriptor of a queue opened with `FI_WAIT_FD`
+    /// (`fi_control(FI_GETWAIT)`): readable (or marked) when the provider
+    /// has something to progress, once [`TryWait::may_block`] said so.
+    pub(crate) fn wait_fd(&self) -> Result<libc::c_int, FiError> {
+        let mut fd: libc::c_int = -1;
+        // SAFETY: an open queue; for an FD wait object `FI_GETWAIT` writes
+        // one `int` to `arg`.
+        let rc = unsafe {
+            sys::rfi_control(
+                &mut (*self.0.as_ptr()).fid,
+                sys::FI_GETWAIT as libc::c_int,
+                &mut fd as *mut libc::c_int as *mut libc::c_void,
+            )
+        };
+        check("fi_control (FI_GETWAIT)", rc as isize)?;
+        if fd < 0 {
+            return Err(einval("fi_control (FI_GETWAIT)"));
+        }
+        Ok(fd)
+    }
+}
+
+/// What `fi_trywait` needs to ask whether a queue's wait object may be
+/// blocked on: its fabric and the queue, as raw pointers for the waiter
+/// thread (see `waiter`), which borrows them without owning them.
+#[derive(Clone, Copy)]
+pub(crate) struct TryWait {
+    fabric: NonNull<sys::fid_fabric>,
+    cq: NonNull<sys::fid_cq>,
+}
+
+// SAFETY: plain pointers to objects of an `FI_THREAD_SAFE` domain, which
+// libfabric lets any thread use; their lifetime is the user's contract
+// (`TryWait::may_block`).
+unsafe impl Send for TryWait {}
+
+impl TryWait {
+    pub(crate) fn new(fabric: &Fabric, cq: &Cq) -> TryWait {
+        TryWait {
+            fabric: fabric.0,
+            cq: cq.0,
+        }
+    }
+
+    /// `fi_trywait` on the queue: `Ok(true)` when blocking on its wait
+    /// object is safe, `Ok(false)` when events are queued (`-FI_EAGAIN`:
+    /// read the queue first).
+    ///
+    /// # Safety
+    /// The fabric and the queue this was made from must still be open.
+    pub(crate) unsafe fn may_block(&self) -> Result<bool, FiError> {
+        let mut fids = [
+            // SAFETY: the queue is open (the caller's contract).
+            unsafe { &mut (*self.cq.as_ptr()).fid as *mut sys::fid },
+        ];
+        // SAFETY: an open fabric and an array of one open fid.
+        let rc = unsafe { sys::rfi_trywait(self.fabric.as_ptr(), fids.as_mut_ptr(), 1) };
+        if rc == -eagain() {
+            return Ok(false);
+        }
+        check("fi_trywait", rc as isize).map(|_| true)
     }
 }
 

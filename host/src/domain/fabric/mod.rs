@@ -1,8 +1,8 @@
 //! The libfabric domain (design §3, §7): one RDM endpoint of a named
 //! provider (`tcp` meaning `tcp;ofi_rxm`, `shm`, `sockets`, `efa`,
 //! `verbs;ofi_rxm`) with messages, RMA, 8-byte atomics and remote CQ data
-//! as the immediate, behind the same [`Domain`] / [`Endpoint`] traits as
-//! loopback.
+//! as the immediate, behind the same [`Domain`] /
+//! [`Endpoint`](crate::domain::Endpoint) traits as loopback.
 //!
 //! - Memory registration honours the provider's `mr_mode`. With
 //!   `FI_MR_VIRT_ADDR` remote addresses are virtual addresses; without it
@@ -17,15 +17,26 @@
 //!   `tx_attr->msg_order` at start-up: ordered when it grants
 //!   read-after-write and write-after-write, never by provider name.
 //! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
-//!   queue is read, so the poller keeps reading it while the domain lives:
-//!   without pause while operations are outstanding (or, with
-//!   [`LibfabricConfig::busy_poll`], for that long after the last
-//!   activity), with the group worker's short back-off (1 to 200 µs) for
-//!   [`HOT`] after the last activity, then every
-//!   [`LibfabricConfig::idle_poll`]. CPU cost when idle: one queue read per
-//!   `idle_poll` (1 ms by default: about a thousand reads of a few µs per
-//!   second, well under 1% of a core); when active, up to one core per
-//!   domain, like the NIC it stands in for.
+//!   queue is read, and a peer's one-sided write leaves no completion at
+//!   its target, so someone must read the queue while the domain lives.
+//!   Over `tcp` that is the NIC's waiter (module `waiter`,
+//!   [`LibfabricConfig::wait_fd`]): a thread blocked in poll(2) on the
+//!   queue's wait object (`FI_WAIT_FD`: rxm's epoll set over its sockets
+//!   and connection events) that reads the queue as soon as bytes arrive
+//!   and wakes the engine's worker when completions or arrivals came out.
+//!   A peer's write is placed within a thread wake-up, without the worker.
+//!   The worker itself reads the queue without pause for
+//!   [`LibfabricConfig::busy_poll`] after the last activity (the waiter
+//!   then stands aside), with the group's short back-off (1 to 200 µs)
+//!   while it has operations outstanding, and otherwise sleeps until
+//!   woken ([`WAIT_BACKSTOP`] at most). CPU cost when idle: none (the
+//!   waiter blocks, the worker wakes once a second). Providers whose
+//!   wait object does not announce arriving data (`shm`), or
+//!   `wait_fd: false`, fall back to timed reads: the back-off for [`HOT`]
+//!   after the last activity, then every [`LibfabricConfig::idle_poll`]
+//!   (1 ms by default: about a thousand reads of a few µs per second,
+//!   well under 1% of a core). When active, up to one core per domain,
+//!   like the NIC it stands in for.
 //! - A write's completion means its data is visible at the target (§3):
 //!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
 //!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
@@ -44,6 +55,7 @@ pub mod bootstrap;
 mod endpoint;
 mod ffi;
 pub mod keys;
+mod waiter;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -55,16 +67,25 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::{Access, NetAddr};
 
 pub use endpoint::FabricEndpoint;
-use ffi::{Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post};
+use ffi::{
+    Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post, TryWait,
+};
+use waiter::{Waiter, WaiterHealth};
 
 use crate::counters::{CounterSnapshot, Counters};
 use crate::domain::{AnyEndpoint, Completion, Domain, Incoming, RecvBuffer, Remote};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::Region;
 
-/// How long after the last activity the poller keeps the worker's short
-/// back-off before dropping to [`LibfabricConfig::idle_poll`].
+/// Without a waiter: how long after the last activity the poller keeps
+/// the worker's short back-off before dropping to
+/// [`LibfabricConfig::idle_poll`].
 pub const HOT: Duration = Duration::from_millis(20);
+
+/// With a waiter (see [`LibfabricConfig::wait_fd`]): the longest an idle
+/// poller sleeps without being woken, a backstop should the provider ever
+/// need a read its wait object does not announce.
+pub const WAIT_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Longest wait at shutdown for posted operations to complete before the
 /// endpoint closes (see `Inner::drain`).
@@ -85,8 +106,15 @@ pub struct LibfabricConfig {
     /// Spin (yielding) for this long after the last activity instead of
     /// sleeping: lower latency, one busy core per domain meanwhile.
     pub busy_poll: Duration,
-    /// Queue-read interval when nothing happened for [`HOT`].
+    /// Queue-read interval when nothing happened for [`HOT`], on a NIC
+    /// without a waiter (see [`LibfabricConfig::wait_fd`]).
     pub idle_poll: Duration,
+    /// Block on the provider's wait object (`FI_WAIT_FD`) between queue
+    /// reads, where it signals arriving data (`tcp`): a waiter thread
+    /// wakes the worker when bytes arrive, so the worker needs no timer
+    /// and an idle NIC costs no CPU. Other providers, or `false`, read the
+    /// queue on the [`HOT`] / [`LibfabricConfig::idle_poll`] timer.
+    pub wait_fd: bool,
 }
 
 impl LibfabricConfig {
@@ -98,6 +126,7 @@ impl LibfabricConfig {
             op_timeout: Duration::from_secs(10),
             busy_poll: Duration::ZERO,
             idle_poll: Duration::from_millis(1),
+            wait_fd: true,
         }
     }
 
@@ -212,10 +241,16 @@ struct Live {
     /// Posted receives, by context address.
     recvs: HashMap<usize, Leaked>,
     last_activity: Instant,
+    /// Blocks on the queue's wait object and reads the queue; stopped
+    /// before the queue closes.
+    waiter: Option<Waiter>,
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
+        if let Some(w) = self.waiter.as_mut() {
+            w.stop();
+        }
         // Closing the endpoint cancels what is in flight; after it the
         // provider touches none of our contexts, so they can be freed.
         drop(self.ep.take());
@@ -267,6 +302,9 @@ pub(crate) struct Inner {
     cfg: LibfabricConfig,
     incoming: SegQueue<Incoming>,
     waker: OnceLock<Thread>,
+    /// Whether a waiter reads the queue (unset: the poller reads it on a
+    /// timer).
+    wait: OnceLock<WaiterHealth>,
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
@@ -349,9 +387,18 @@ impl LibfabricDomain {
         let ordered = g.msg_order & order == order;
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
-        let cq = Cq::open(&dom, 4096).map_err(fi_err)?;
+        let want_wait = cfg.wait_fd && wait_signals_data(&g.provider);
+        let (cq, wait_fd) = match Cq::open(&dom, 4096, want_wait) {
+            Ok(cq) => (cq, want_wait),
+            Err(_) if want_wait => (Cq::open(&dom, 4096, false).map_err(fi_err)?, false),
+            Err(e) => return Err(fi_err(e)),
+        };
         let av = Av::open(&dom).map_err(fi_err)?;
         let ep = Ep::open(&dom, &info, &cq, &av).map_err(fi_err)?;
+        // Read after the endpoint is bound: the provider adds its sockets
+        // and connection events to the queue's wait set then.
+        let wait_fd = if wait_fd { cq.wait_fd().ok() } else { None };
+        let trywait = TryWait::new(&fabric, &cq);
         let name = ep.name().map_err(fi_err)?;
         let addr = NetAddr::new(&name).map_err(|error| TransferError::Malformed {
             what: "libfabric endpoint address",
@@ -373,32 +420,44 @@ impl LibfabricDomain {
             retry_meta: HashMap::new(),
             recvs: HashMap::new(),
             last_activity: Instant::now(),
+            waiter: None,
         };
+        let inner = Arc::new(Inner {
+            live: Mutex::new(Some(live)),
+            closing: Mutex::new(None),
+            mrs: Mutex::new(HashMap::new()),
+            local: Mutex::new(HashMap::new()),
+            dom,
+            _fabric: fabric,
+            _info: info,
+            addr,
+            scheme,
+            mr_local: g.mr_mode & u64::from(libfabric_sys::FI_MR_LOCAL) != 0,
+            mr_endpoint: g.mr_mode & u64::from(libfabric_sys::FI_MR_ENDPOINT) != 0,
+            ordered,
+            manual_progress: g.manual_progress,
+            delivery_complete: g.delivery_complete,
+            shared_memory: g.shared_memory,
+            cfg: cfg.clone(),
+            incoming: SegQueue::new(),
+            waker: OnceLock::new(),
+            wait: OnceLock::new(),
+            alive: AtomicBool::new(true),
+            next_key: AtomicU64::new(rand::random::<u64>() >> 16),
+            counters: Counters::default(),
+        });
+        if let Some(fd) = wait_fd {
+            let mut g = lock(&inner.live);
+            if let Some(live) = g.as_mut() {
+                live.waiter = Waiter::start(trywait, fd, waiter_progress(&inner));
+                if let Some(w) = &live.waiter {
+                    let _ = inner.wait.set(w.health());
+                }
+            }
+        }
         Ok(LibfabricDomain {
             provider: g.provider.clone(),
-            inner: Arc::new(Inner {
-                live: Mutex::new(Some(live)),
-                closing: Mutex::new(None),
-                mrs: Mutex::new(HashMap::new()),
-                local: Mutex::new(HashMap::new()),
-                dom,
-                _fabric: fabric,
-                _info: info,
-                addr,
-                scheme,
-                mr_local: g.mr_mode & u64::from(libfabric_sys::FI_MR_LOCAL) != 0,
-                mr_endpoint: g.mr_mode & u64::from(libfabric_sys::FI_MR_ENDPOINT) != 0,
-                ordered,
-                manual_progress: g.manual_progress,
-                delivery_complete: g.delivery_complete,
-                shared_memory: g.shared_memory,
-                cfg: cfg.clone(),
-                incoming: SegQueue::new(),
-                waker: OnceLock::new(),
-                alive: AtomicBool::new(true),
-                next_key: AtomicU64::new(rand::random::<u64>() >> 16),
-                counters: Counters::default(),
-            }),
+            inner,
         })
     }
 
@@ -432,6 +491,36 @@ impl Drop for LibfabricDomain {
         // on its own, so the shared-memory count stays right.
         self.shutdown();
     }
+}
+
+/// The waiter's read of the queue: progress, then wake the worker if
+/// completions or arrivals came out (arrivals wake it themselves).
+fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
+    let weak = Arc::downgrade(inner);
+    Box::new(move || {
+        let Some(inner) = weak.upgrade() else {
+            return false;
+        };
+        let handled = match lock(&inner.live).as_mut() {
+            Some(live) => inner.progress(live),
+            None => return false,
+        };
+        if handled > 0 {
+            if let Some(t) = inner.waker.get() {
+                t.unpark();
+            }
+        }
+        true
+    })
+}
+
+/// Whether `provider`'s completion-queue wait object becomes ready when
+/// data arrives for this endpoint, not only when a completion is written:
+/// true over `tcp` (rxm adds its sockets' epoll set and its connection
+/// events), where blocking on it replaces timed reads. `shm` moves data
+/// through shared memory, which signals no descriptor.
+fn wait_signals_data(provider: &str) -> bool {
+    provider.split(';').next() == Some("tcp")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -911,6 +1000,14 @@ impl Domain for LibfabricDomain {
     fn shutdown(&self) {
         if !self.inner.alive.swap(false, SeqCst) {
             return;
+        }
+        // The waiter reads the queue under the lock: take it out first,
+        // stop it without the lock.
+        let waiter = lock(&self.inner.live)
+            .as_mut()
+            .and_then(|l| l.waiter.take());
+        if let Some(mut w) = waiter {
+            w.stop();
         }
         self.inner.drain();
         // Not closed here: the engine's worker may still be reading the
