@@ -87,6 +87,48 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LeaseError {
     move |source| LeaseError::Io { what, source }
 }
 
+/// Bytes of a request before its token: magic and token length.
+const REQUEST_HEAD: usize = 10;
+/// Bytes of a reply before a refusal's message: status and owner/length.
+const REPLY_HEAD: usize = 3;
+
+/// The token length a request header announces, if it is a lease request
+/// with an acceptable token length.
+fn request_token_len(head: &[u8; REQUEST_HEAD]) -> Result<usize, &'static str> {
+    if &head[..8] != MAGIC {
+        return Err("not a lease request");
+    }
+    let len = u16::from_le_bytes([head[8], head[9]]) as usize;
+    if len > MAX_TOKEN {
+        return Err("token too long");
+    }
+    Ok(len)
+}
+
+/// What a reply header says.
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    /// The lease is granted with this id.
+    Granted(LockOwner),
+    /// Refused; a message of `len` bytes follows.
+    Refused {
+        /// Message bytes to read (bounded).
+        len: usize,
+    },
+}
+
+fn reply(head: &[u8; REPLY_HEAD]) -> Result<Reply, LeaseError> {
+    let word = u16::from_le_bytes([head[1], head[2]]);
+    match head[0] {
+        0 if LockOwner(word).is_leased() => Ok(Reply::Granted(LockOwner(word))),
+        0 => Err(LeaseError::Protocol("granted an id that is not a lease id")),
+        1 => Ok(Reply::Refused {
+            len: usize::from(word).min(MAX_MSG),
+        }),
+        _ => Err(LeaseError::Protocol("unknown reply status")),
+    }
+}
+
 /// Options of a [`LeaseServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -267,16 +309,18 @@ fn refuse(stream: &mut TcpStream, why: &str) {
 fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     let _ = stream.set_read_timeout(Some(s.cfg.handshake_timeout));
     let _ = stream.set_write_timeout(Some(s.cfg.handshake_timeout));
-    let mut head = [0u8; 10];
-    if stream.read_exact(&mut head).is_err() || &head[..8] != MAGIC {
+    let mut head = [0u8; REQUEST_HEAD];
+    if stream.read_exact(&mut head).is_err() {
         refuse(&mut stream, "not a lease request");
         return;
     }
-    let len = u16::from_le_bytes([head[8], head[9]]) as usize;
-    if len > MAX_TOKEN {
-        refuse(&mut stream, "token too long");
-        return;
-    }
+    let len = match request_token_len(&head) {
+        Ok(len) => len,
+        Err(why) => {
+            refuse(&mut stream, why);
+            return;
+        }
+    };
     let mut token = vec![0u8; len];
     if stream.read_exact(&mut token).is_err() {
         return;
@@ -407,31 +451,25 @@ impl LeaseClient {
             .write_all(&req)
             .map_err(io_err(format!("sending the lease request to {server}")))?;
         let what = format!("reading the lease reply from {server}");
-        let mut status = [0u8; 3];
+        let mut status = [0u8; REPLY_HEAD];
         stream
             .read_exact(&mut status)
             .map_err(io_err(what.clone()))?;
-        match status[0] {
-            0 => {
-                let owner = LockOwner(u16::from_le_bytes([status[1], status[2]]));
-                if !owner.is_leased() {
-                    return Err(LeaseError::Protocol("granted an id that is not a lease id"));
-                }
+        match reply(&status)? {
+            Reply::Granted(owner) => {
                 let _ = stream.set_read_timeout(None);
                 Ok(LeaseClient {
                     _stream: stream,
                     owner,
                 })
             }
-            1 => {
-                let len = u16::from_le_bytes([status[1], status[2]]) as usize;
-                let mut msg = vec![0u8; len.min(MAX_MSG)];
+            Reply::Refused { len } => {
+                let mut msg = vec![0u8; len];
                 stream.read_exact(&mut msg).map_err(io_err(what))?;
                 Err(LeaseError::Refused(
                     String::from_utf8_lossy(&msg).into_owned(),
                 ))
             }
-            _ => Err(LeaseError::Protocol("unknown reply status")),
         }
     }
 
@@ -521,6 +559,43 @@ mod tests {
         let addr = silent.local_addr().unwrap().to_string();
         let e = LeaseClient::acquire(&addr, "t", Duration::from_millis(200)).unwrap_err();
         assert!(e.to_string().contains("reading the lease reply"), "{e}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any bytes from a peer decode to an answer, never a panic, and
+        /// only well-formed headers are accepted.
+        #[test]
+        fn headers_from_peers_decode_or_are_refused(
+            req in proptest::array::uniform10(proptest::num::u8::ANY),
+            rep in proptest::array::uniform3(proptest::num::u8::ANY),
+            magic: bool,
+        ) {
+            let mut req = req;
+            if magic {
+                req[..8].copy_from_slice(MAGIC);
+            }
+            let announced = u16::from_le_bytes([req[8], req[9]]) as usize;
+            match request_token_len(&req) {
+                Ok(len) => {
+                    proptest::prop_assert_eq!(&req[..8], MAGIC);
+                    proptest::prop_assert_eq!(len, announced);
+                    proptest::prop_assert!(len <= MAX_TOKEN);
+                }
+                Err(_) => proptest::prop_assert!(&req[..8] != MAGIC || announced > MAX_TOKEN),
+            }
+            let word = LockOwner(u16::from_le_bytes([rep[1], rep[2]]));
+            match reply(&rep) {
+                Ok(Reply::Granted(o)) => {
+                    proptest::prop_assert!(rep[0] == 0 && o == word && o.is_leased())
+                }
+                Ok(Reply::Refused { len }) => {
+                    proptest::prop_assert!(rep[0] == 1 && len <= MAX_MSG)
+                }
+                Err(_) => proptest::prop_assert!(rep[0] > 1 || !word.is_leased()),
+            }
+        }
     }
 
     #[test]
