@@ -21,6 +21,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use clap::Args;
+use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{AgentArea, AgentAreaError, ModelRecord, ModelState, Superblock};
 
 /// Arguments of `rolex inspect`.
@@ -159,19 +160,47 @@ fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
         match rec {
             Ok(r) => {
                 let state: ModelState = r.state();
+                let entries = (0..r.leaf_count()).filter_map(|j| {
+                    let at = r.lt_entry_offset(j).ok()?;
+                    read_u64(pool, at).map(LtEntry::from_raw)
+                });
                 println!(
-                    "model {m}: record {word}, generation {}, {} leaves, keys [{:#x}, {:#x}]{}",
+                    "model {m}: record {word}, generation {}, {} leaves, keys [{:#x}, {:#x}]{}{}",
                     state.generation(),
                     r.leaf_count(),
                     r.first_key(),
                     r.key_hi(),
-                    if state.is_frozen() { ", frozen" } else { "" }
+                    if state.is_frozen() { ", frozen" } else { "" },
+                    lock_summary(entries)
                 );
             }
             Err(e) => println!("model {m}: record {word}: {e}"),
         }
     }
     Ok(())
+}
+
+/// `", N chains locked (by …)"` naming who holds them — compute nodes by
+/// lease id, the retraining agent, unrecorded holders — or nothing when no
+/// chain is locked: an operator's first look at a stuck writer.
+fn lock_summary(entries: impl Iterator<Item = LtEntry>) -> String {
+    let mut by: BTreeMap<LockOwner, u64> = BTreeMap::new();
+    for e in entries.filter(|e| e.is_locked()) {
+        *by.entry(e.owner()).or_default() += 1;
+    }
+    if by.is_empty() {
+        return String::new();
+    }
+    let total: u64 = by.values().sum();
+    let who: Vec<String> = by
+        .iter()
+        .map(|(o, n)| match *o {
+            LockOwner::AGENT => format!("agent: {n}"),
+            LockOwner::ANONYMOUS => format!("unrecorded: {n}"),
+            LockOwner(id) => format!("compute node {id}: {n}"),
+        })
+        .collect();
+    format!(", {total} chains locked ({})", who.join(", "))
 }
 
 fn read_u64(b: &[u8], at: u64) -> Option<u64> {
@@ -468,6 +497,23 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_summary_names_each_holder_and_is_silent_when_none() {
+        let e = LtEntry::new(1, 0, 7).unwrap();
+        assert_eq!(lock_summary([e, e].into_iter()), "");
+        let held = [
+            e.locked_by(LockOwner(3)),
+            e,
+            e.locked_by(LockOwner(3)),
+            e.locked_by(LockOwner::AGENT),
+            e.with_lock(),
+        ];
+        assert_eq!(
+            lock_summary(held.into_iter()),
+            ", 4 chains locked (unrecorded: 1, compute node 3: 2, agent: 1)"
+        );
+    }
 
     fn table() -> Table {
         let mut t = Table::default();
