@@ -37,7 +37,7 @@ pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory};
-pub use reap::release_locks_of;
+pub use reap::{release_locks_of, release_locks_where};
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -34,9 +34,19 @@ pub fn release_locks_of<M: PoolMemory>(
     sb: &Superblock,
     owner: LockOwner,
 ) -> Result<u64, AgentError> {
-    if !owner.is_leased() {
-        return Ok(0);
-    }
+    release_locks_where(mem, sb, |o| o == owner)
+}
+
+/// Clears every lock of a live model whose leased owner `dead` says is
+/// dead (e.g. "holds no lease now": a sweep for locks whose holder's last
+/// operation landed after both releases of its lease); returns how many.
+/// Locks of [`LockOwner::ANONYMOUS`] and [`LockOwner::AGENT`] are never
+/// passed to `dead` nor released.
+pub fn release_locks_where<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    dead: impl Fn(LockOwner) -> bool,
+) -> Result<u64, AgentError> {
     let mut released = 0;
     let mut rb = [0u8; ModelRecord::SIZE as usize];
     for m in 0..sb.model_count() {
@@ -48,7 +58,8 @@ pub fn release_locks_of<M: PoolMemory>(
             let off = r.lt_entry_offset(j)?;
             let v = LtEntry::from_raw(mem.load(off)?);
             if v.is_locked()
-                && v.owner() == owner
+                && v.owner().is_leased()
+                && dead(v.owner())
                 && mem.cas(off, v.raw(), v.without_lock().raw())? == v.raw()
             {
                 released += 1;
@@ -124,6 +135,15 @@ mod tests {
             release_locks_of(&mem, &sb, LockOwner::ANONYMOUS).unwrap(),
             0
         );
-        assert!(release_locks_of(&mem, &sb, LockOwner(6)).unwrap() > 0);
+        // A sweep by predicate: only leased owners are ever asked about.
+        let asked = core::cell::RefCell::new(alloc::vec::Vec::new());
+        let swept = release_locks_where(&mem, &sb, |o| {
+            asked.borrow_mut().push(o);
+            o == LockOwner(6)
+        })
+        .unwrap();
+        assert!(swept > 0);
+        assert!(asked.borrow().iter().all(|o| o.is_leased()));
+        assert_eq!(release_locks_of(&mem, &sb, LockOwner(6)).unwrap(), 0);
     }
 }

@@ -141,3 +141,23 @@ fn a_freeze_waiting_on_a_dead_nodes_lock_completes_once_released() {
     }
     drop(srv);
 }
+
+#[test]
+fn a_sweep_releases_locks_whose_holder_has_no_lease() {
+    let pairs: Vec<(u64, u64)> = (0..200u64).map(|i| (i * 10, i)).collect();
+    let node = node(&pairs);
+    let srv = lease_server(&node);
+    let live =
+        LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
+    // Locks of an id that holds no lease (its holder died long ago), and
+    // of the live lease: only the first are orphans.
+    let orphan = LockOwner(if live.owner().0 == 9 { 10 } else { 9 });
+    let planted = plant_locks(&node, orphan);
+    assert_eq!(
+        node.release_locks_where(|o| !srv.holds(o)).unwrap(),
+        planted
+    );
+    let held = plant_locks(&node, live.owner());
+    assert_eq!(node.release_locks_where(|o| !srv.holds(o)).unwrap(), 0);
+    assert_eq!(node.release_locks_of(live.owner()).unwrap(), held);
+}

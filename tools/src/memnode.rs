@@ -502,8 +502,19 @@ fn serve(
     let mut reported = 0;
     let mut leased = 0;
     let mut progress = (0, 0);
+    let mut ticks = 0u64;
     loop {
         std::thread::sleep(Duration::from_millis(200));
+        ticks += 1;
+        // Every 5 s: locks held by ids with no lease (a dead node's lock
+        // CAS that landed after both releases of its lease).
+        if ticks % 25 == 0 {
+            match node_.release_locks_where(|o| !leases.holds(o)) {
+                Ok(0) => {}
+                Ok(n) => eprintln!("released {n} orphaned chain lock(s) (holders without a lease)"),
+                Err(e) => eprintln!("sweeping orphaned chain locks failed: {e}"),
+            }
+        }
         if leases.active() != leased {
             leased = leases.active();
             eprintln!("compute nodes with a lease: {leased}");

@@ -255,6 +255,12 @@ impl LeaseServer {
         lock(&self.shared.used).len()
     }
 
+    /// Whether `owner` is an id this server has granted and not yet freed
+    /// (its lease is held, or it ended and its locks are being released).
+    pub fn holds(&self, owner: LockOwner) -> bool {
+        lock(&self.shared.used).contains(&owner.0)
+    }
+
     /// Leases that ended so far.
     pub fn expired(&self) -> u64 {
         self.shared.expired.load(Ordering::Relaxed)
@@ -511,6 +517,8 @@ mod tests {
             .unwrap();
         assert!(a.owner().is_leased() && b.owner().is_leased());
         assert_ne!(a.owner(), b.owner());
+        assert!(srv.holds(a.owner()) && srv.holds(b.owner()));
+        assert!(!srv.holds(LockOwner::AGENT));
         let dead = a.owner();
         drop(a);
         let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -523,6 +531,7 @@ mod tests {
         }
         assert_eq!(srv.expired(), 1);
         assert_eq!(srv.released(), 2);
+        assert!(!srv.holds(dead));
         drop(b);
     }
 

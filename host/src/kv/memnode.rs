@@ -196,12 +196,16 @@ impl HostPool {
     }
 }
 
-/// Reads the superblock and releases `owner`'s locks in every live model.
+/// Releases `owner`'s locks in every live model.
 fn release_locks(pool: &HostPool, owner: LockOwner) -> Result<u64, KvError> {
+    let sb = superblock_of(pool)?;
+    Ok(rolex_dpu::release_locks_of(pool, &sb, owner)?)
+}
+
+fn superblock_of(pool: &HostPool) -> Result<Superblock, KvError> {
     let mut sbb = [0u8; Superblock::SIZE as usize];
     pool.read(0, &mut sbb).map_err(AgentError::from)?;
-    let sb = Superblock::read(&sbb)?;
-    Ok(rolex_dpu::release_locks_of(pool, &sb, owner)?)
+    Ok(Superblock::read(&sbb)?)
 }
 
 fn mem_err(offset: u64, len: u64) -> impl Fn(crate::error::TransferError) -> MemError {
@@ -646,6 +650,15 @@ impl MemoryNode {
     /// those locks).
     pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, KvError> {
         release_locks(&HostPool::new(self.mr.clone()), owner)
+    }
+
+    /// Releases every chain lock whose leased holder `dead` says is dead
+    /// (a periodic sweep: "holds no lease now", for a dead node's operation
+    /// that landed after both releases of its lease); returns how many.
+    pub fn release_locks_where(&self, dead: impl Fn(LockOwner) -> bool) -> Result<u64, KvError> {
+        let pool = HostPool::new(self.mr.clone());
+        let sb = superblock_of(&pool)?;
+        Ok(rolex_dpu::release_locks_where(&pool, &sb, dead)?)
     }
 
     /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
