@@ -292,7 +292,14 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = conn else { continue };
+        let stream = match conn {
+            Ok(s) => s,
+            Err(_) => {
+                // Out of descriptors or an aborted connection: do not spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
         let s2 = s.clone();
         // One parked thread per lease: compute nodes are few.
         let spawned = std::thread::Builder::new()
