@@ -76,10 +76,20 @@ impl WrTag {
     }
 }
 
+/// A chain `ibv_post_send` refused, wholly or in part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostError {
+    /// Requests at the front of the chain the NIC took before the one it
+    /// refused (`ibv_post_send` queues the requests ahead of its `bad_wr`).
+    pub posted: usize,
+    /// Why the rest was refused.
+    pub error: VerbsError,
+}
+
 /// Posts a built chain (the real queue pair, or a test's fake).
 pub trait PostChain {
     /// One `ibv_post_send` of the whole chain.
-    fn post_chain(&mut self, chain: &mut Chain) -> Result<(), VerbsError>;
+    fn post_chain(&mut self, chain: &mut Chain) -> Result<(), PostError>;
 }
 
 /// An operation that left a send side without a completion from the NIC.
@@ -147,8 +157,10 @@ impl<Q: PostChain> SendSide<Q> {
     /// Posts queued operations as chains while the queue pair and the
     /// completion queue have room (`budget` counts the completion entries
     /// left; one per chain). `keep` says whether an operation is still
-    /// wanted; the ones not wanted, and the ones whose chain was refused,
-    /// go to `not_posted`. Returns how many chains were posted.
+    /// wanted; the ones not wanted, and the ones the NIC refused, go to
+    /// `not_posted` (of a chain refused part-way, the requests ahead of the
+    /// refused one were taken and stay outstanding). Returns how many
+    /// chains were posted, wholly or in part.
     pub fn pump(
         &mut self,
         templates: &WrTemplates,
@@ -177,21 +189,35 @@ impl<Q: PostChain> SendSide<Q> {
             }
             let r = chain
                 .build(templates, &ops)
-                .map_err(|_| VerbsError {
-                    call: "ibv_post_send",
-                    errno: libc::EINVAL,
+                .map_err(|_| PostError {
+                    posted: 0,
+                    error: VerbsError {
+                        call: "ibv_post_send",
+                        errno: libc::EINVAL,
+                    },
                 })
                 .and_then(|()| self.qp.post_chain(chain));
-            match r {
-                Ok(()) => {
-                    self.outstanding.posted(ops.iter().map(|(id, _)| *id));
-                    self.in_flight += ops.len();
-                    *budget -= 1;
-                    posted += 1;
-                }
-                Err(e) => {
-                    not_posted.extend(ops.iter().map(|(id, _)| (*id, NotPosted::Refused(e))));
-                }
+            // The requests the NIC took: all, or those ahead of the refused
+            // one. They are outstanding like any chain (a prefix has no
+            // signalled request, so the next completion on this queue pair,
+            // or its flush, settles it); only the rest failed.
+            let (took, refused) = match r {
+                Ok(()) => (ops.len(), None),
+                Err(e) => (e.posted.min(ops.len()), Some(e.error)),
+            };
+            if took > 0 {
+                self.outstanding
+                    .posted(ops[..took].iter().map(|(id, _)| *id));
+                self.in_flight += took;
+                *budget -= 1;
+                posted += 1;
+            }
+            if let Some(e) = refused {
+                not_posted.extend(
+                    ops[took..]
+                        .iter()
+                        .map(|(id, _)| (*id, NotPosted::Refused(e))),
+                );
             }
         }
         posted
@@ -306,19 +332,29 @@ mod tests {
     const FLUSH: u32 = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
 
     /// Records each posted chain's ids and whether only the last was
-    /// signalled; refuses posts when told.
+    /// signalled; refuses posts when told (taking the first `take_first`
+    /// requests of a refused chain, as `ibv_post_send` does with the
+    /// requests ahead of its `bad_wr`).
     #[derive(Default)]
     struct FakeQp {
         chains: Vec<Vec<u64>>,
         refuse: bool,
+        take_first: usize,
     }
 
     impl PostChain for FakeQp {
-        fn post_chain(&mut self, chain: &mut Chain) -> Result<(), VerbsError> {
+        fn post_chain(&mut self, chain: &mut Chain) -> Result<(), PostError> {
             if self.refuse {
-                return Err(VerbsError {
-                    call: "ibv_post_send",
-                    errno: libc::ENOMEM,
+                let posted = self.take_first.min(chain.len());
+                if posted > 0 {
+                    self.chains.push(chain.wr_ids().take(posted).collect());
+                }
+                return Err(PostError {
+                    posted,
+                    error: VerbsError {
+                        call: "ibv_post_send",
+                        errno: libc::ENOMEM,
+                    },
                 });
             }
             let sig = ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -442,6 +478,56 @@ mod tests {
             matches!(np.as_slice(), [(i, NotPosted::Refused(e))] if *i == id(5) && e.errno == libc::ENOMEM)
         );
         assert_eq!(budget, 9, "a refused chain takes no completion entry");
+    }
+
+    #[test]
+    fn a_partly_posted_chain_keeps_what_the_nic_took() {
+        // ibv_post_send queues the requests ahead of the refused one: those
+        // are the NIC's until a completion settles them, and must neither
+        // fail nor give their buffers back at posting.
+        let t = WrTemplates::new(64);
+        let mut c = Chain::new();
+        let mut s = SendSide::new(
+            FakeQp {
+                refuse: true,
+                take_first: 2,
+                ..FakeQp::default()
+            },
+            64,
+        );
+        for n in 0..4 {
+            s.push(id(n), write(n));
+        }
+        let mut budget = 10;
+        let mut np = Vec::new();
+        assert_eq!(s.pump(&t, &mut c, &mut budget, &mut |_| true, &mut np), 1);
+        let refused: Vec<u64> = np.iter().map(|(i, _)| *i).collect();
+        assert_eq!(refused, [id(2), id(3)]);
+        assert!(np
+            .iter()
+            .all(|(_, w)| matches!(w, NotPosted::Refused(e) if e.errno == libc::ENOMEM)));
+        assert_eq!(budget, 9);
+        assert!(!s.drained());
+        // The next chain's completion settles the unsignalled prefix.
+        s.qp.refuse = false;
+        s.push(id(4), write(4));
+        np.clear();
+        s.pump(&t, &mut c, &mut budget, &mut |_| true, &mut np);
+        assert!(np.is_empty());
+        let mut out = Vec::new();
+        s.complete(id(4), OK, 0, &mut out, &mut budget).unwrap();
+        assert_eq!(out, [(id(0), Ok(())), (id(1), Ok(())), (id(4), Ok(()))]);
+        assert_eq!(budget, 10);
+        assert!(s.idle());
+        // Nothing taken: every request is refused and no entry is used.
+        s.qp.refuse = true;
+        s.qp.take_first = 0;
+        s.push(id(5), write(5));
+        np.clear();
+        assert_eq!(s.pump(&t, &mut c, &mut budget, &mut |_| true, &mut np), 0);
+        assert_eq!(np.len(), 1);
+        assert_eq!(budget, 10);
+        assert!(s.drained());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use ibverbs_sys as sys;
 use sys::{ibv_access_flags as acc, ibv_qp_attr_mask as mask};
 
 use super::bringup::{AccessFlags, BringUpError, QpDevice, QpRole, Transition};
-use super::demux::PostChain;
+use super::demux::{PostChain, PostError};
 use super::wr::{Chain, Sge};
 use crate::error::TransferError;
 use crate::region::Region;
@@ -586,13 +586,15 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 impl Qp {
-    /// Posts a built chain behind one doorbell.
-    pub fn post_chain(&self, chain: &mut Chain) -> Result<(), VerbsError> {
+    /// Posts a built chain behind one doorbell. On an error, says how many
+    /// requests at its front the NIC took anyway (those ahead of `bad_wr`:
+    /// they will execute, so their buffers stay theirs).
+    pub fn post_chain(&self, chain: &mut Chain) -> Result<(), PostError> {
         let head = chain.head();
         if head.is_null() {
             return Ok(());
         }
-        let mut bad = ptr::null_mut();
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
         // SAFETY: live queue pair; the chain's requests and sges live in its
         // boxes for the call (the NIC copies them or inline data at post
         // time); post_send is the provider's ibv_post_send.
@@ -603,12 +605,16 @@ impl Qp {
                 None => libc::ENOSYS,
             }
         };
-        check("ibv_post_send", rc)
+        check("ibv_post_send", rc).map_err(|error| PostError {
+            // A `bad_wr` outside the chain (or none) counts as nothing taken.
+            posted: chain.index_of(bad).unwrap_or(0),
+            error,
+        })
     }
 }
 
 impl PostChain for Qp {
-    fn post_chain(&mut self, chain: &mut Chain) -> Result<(), VerbsError> {
+    fn post_chain(&mut self, chain: &mut Chain) -> Result<(), PostError> {
         Qp::post_chain(self, chain)
     }
 }

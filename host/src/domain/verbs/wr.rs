@@ -400,6 +400,13 @@ impl Chain {
         }
     }
 
+    /// The position in the chain of the request at `wr` (how many requests
+    /// precede it), if `wr` points at one of them: what `ibv_post_send`'s
+    /// `bad_wr` says about how much of the chain it took.
+    pub fn index_of(&self, wr: *const ibv_send_wr) -> Option<usize> {
+        self.wrs[..self.len].iter().position(|w| ptr::eq(w, wr))
+    }
+
     /// The ids of the chain's requests, in order.
     pub fn wr_ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.wrs[..self.len].iter().map(|w| w.wr_id)
@@ -485,6 +492,11 @@ mod tests {
             assert_eq!(wr.send_flags & SIG != 0, i == 3, "signal of #{i}");
         }
         assert_eq!(c.wr_ids().collect::<Vec<_>>(), [1, 2, 3, 4]);
+        // `bad_wr` back to a position: the requests ahead of it were taken.
+        assert_eq!(c.index_of(base.wrapping_add(2)), Some(2));
+        assert_eq!(c.index_of(base), Some(0));
+        assert_eq!(c.index_of(ptr::null()), None);
+        assert_eq!(c.index_of(base.wrapping_add(4)), None, "past the chain");
         let s = c.sge(2).unwrap();
         assert_eq!((s.addr, s.length, s.lkey), (0x3000, 64, 0xaa));
     }
