@@ -44,10 +44,10 @@
 //! process is then accepted. The JSON keys are the same; `retrains` and
 //! `synonym_leaves`, which only the memory node knows, are `null`.
 
-use crate::dataset::{self, Dist};
+use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
 use crate::memnode::{key_hash, libfabric_engine, DataSetDesc};
 use crate::ycsb::{self, Op, Plan, Workload};
-use clap::{ArgGroup, Args, ValueEnum};
+use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
@@ -62,7 +62,6 @@ use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
 };
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -87,22 +86,20 @@ fn parse_fabric(s: &str) -> Result<FabricArg, String> {
 
 /// Arguments of `rolex bench`.
 #[derive(Debug, Args)]
-// Not required: a remote memory node names the data set itself.
-#[command(group(ArgGroup::new("source").args(["keys", "dist"])))]
+// The data set is not required: a remote memory node names it itself.
+// Its help says what bench does with it (inserts held out or added; the
+// seed also drives the operations).
+#[command(mut_arg("keys", |a| a.help(
+    "Read keys from a SOSD file (as `rolex plr`); the run's inserts are held out of it, the rest is loaded",
+)))]
+#[command(mut_arg("n", |a| a.help("Keys to load when generating (the run's inserts come on top)")))]
+#[command(mut_arg("seed", |a| a.help("Seed of the key set and of every thread's operations")))]
 pub struct BenchArgs {
     /// The workload: YCSB A–F, or insert-only / update-only.
     #[arg(long, value_enum)]
     workload: Workload,
-    /// Read keys from a SOSD file (as `rolex plr`); the run's inserts are
-    /// held out of it, the rest is loaded.
-    #[arg(long, value_name = "FILE")]
-    keys: Option<PathBuf>,
-    /// Generate keys from a distribution instead (deterministic for a seed).
-    #[arg(long, value_enum, requires = "n")]
-    dist: Option<Dist>,
-    /// Keys to load when generating (the run's inserts come on top).
-    #[arg(long, short)]
-    n: Option<u64>,
+    #[command(flatten)]
+    data: DataSetArgs,
     /// Operations of the run, over all threads.
     #[arg(long)]
     ops: u64,
@@ -154,9 +151,6 @@ pub struct BenchArgs {
     /// Injected round-trip time of every fabric operation, in µs.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     rtt_us: f64,
-    /// Seed of the key set and of every thread's operations.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -208,7 +202,7 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if !(args.rtt_us.is_finite() && args.rtt_us >= 0.0 && args.rtt_us <= 1e6) {
         return Err(format!("--rtt-us {} must be in [0, 10^6]", args.rtt_us).into());
     }
-    if args.n == Some(0) {
+    if args.data.n == Some(0) {
         return Err("-n must be at least 1".into());
     }
     match (&args.fabric, &args.memnode) {
@@ -220,7 +214,7 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
         }
         _ => {}
     }
-    if args.memnode.is_none() && (args.keys.is_none() && args.dist.is_none()) {
+    if args.memnode.is_none() && !args.data.is_given() {
         return Err("give --keys FILE, or --dist with -n".into());
     }
     if args.compute_count == 0 || args.compute_index >= args.compute_count {
@@ -252,7 +246,7 @@ fn engine_config(args: &BenchArgs) -> EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             latency: Duration::from_secs_f64(args.rtt_us * 1e-6),
             unordered: args.unordered.then_some(Unordered {
-                seed: args.seed,
+                seed: args.data.seed,
                 window: UNORDERED_WINDOW,
             }),
             ..LoopbackConfig::default()
@@ -330,7 +324,7 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
     }
     let keys = match d.source.strip_prefix("dist:") {
         Some(name) => {
-            if let Some(path) = &args.keys {
+            if let Some(path) = &args.data.keys {
                 return Err(differ(
                     "the source",
                     path.display().to_string(),
@@ -340,25 +334,29 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
             let dist = <Dist as ValueEnum>::from_str(name, true).map_err(|_| {
                 format!("the memory node at {server} names an unknown distribution {name:?}")
             })?;
-            if let Some(mine) = args.dist.filter(|&x| x != dist) {
+            if let Some(mine) = args.data.dist.filter(|&x| x != dist) {
                 return Err(differ("--dist", mine.to_string(), name.to_string()));
             }
-            if let Some(n) = args.n.filter(|&n| n != d.n) {
+            if let Some(n) = args.data.n.filter(|&n| n != d.n) {
                 return Err(differ("-n", n.to_string(), d.n.to_string()));
             }
-            if args.seed != d.seed {
-                return Err(differ("--seed", args.seed.to_string(), d.seed.to_string()));
+            if args.data.seed != d.seed {
+                return Err(differ(
+                    "--seed",
+                    args.data.seed.to_string(),
+                    d.seed.to_string(),
+                ));
             }
             dataset::generate(dist, d.n, d.seed)?
         }
         None => {
-            let Some(path) = &args.keys else {
+            let Some(path) = &args.data.keys else {
                 return Err(format!(
                     "the memory node at {server} holds the keys of a file: give the same file with --keys"
                 )
                 .into());
             };
-            if args.dist.is_some() {
+            if args.data.dist.is_some() {
                 return Err(differ("the source", "--dist".into(), "a key file".into()));
             }
             dataset::read_sosd(path)?
@@ -375,17 +373,6 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
     Ok(keys)
 }
 
-fn spinner(msg: String) -> ProgressBar {
-    let pb = ProgressBar::new_spinner();
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    pb.set_message(msg);
-    pb.enable_steady_tick(Duration::from_millis(100));
-    pb
-}
-
 fn bar(len: u64, msg: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
@@ -397,33 +384,6 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
     );
     pb.set_message(msg.to_string());
     pb
-}
-
-/// The key set of the run: generated with the inserts on top of `-n`, or
-/// read from the file.
-fn load_keys(args: &BenchArgs, plan: &Plan) -> Result<Vec<u64>, BenchError> {
-    match (&args.keys, args.dist, args.n) {
-        (Some(path), _, _) => {
-            let sp = spinner(format!("reading {}", path.display()));
-            let keys = dataset::read_sosd(path);
-            sp.finish_and_clear();
-            let keys = keys?;
-            if keys.is_empty() {
-                return Err(format!("{}: the file holds no keys", path.display()).into());
-            }
-            Ok(keys)
-        }
-        (None, Some(dist), Some(n)) => {
-            let total = n
-                .checked_add(plan.total_inserts())
-                .ok_or("-n plus the run's inserts overflows")?;
-            let sp = spinner(format!("generating {total} {dist} keys"));
-            let keys = dataset::generate(dist, total, args.seed);
-            sp.finish_and_clear();
-            Ok(keys?)
-        }
-        _ => Err("give --keys FILE, or --dist with -n".into()),
-    }
 }
 
 /// Log-linear latency histogram in nanoseconds: exact below 128 ns, then
@@ -935,7 +895,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             .checked_mul(share)
             .ok_or("--threads × --compute-count overflows")?,
         args.zipf,
-        args.seed,
+        args.data.seed,
     )?;
     let remote = match &args.memnode {
         Some(server) => {
@@ -951,7 +911,10 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         // The memory node loaded its whole data set: new keys come from
         // its gaps, the same in every process of the run.
         Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
-        None => (None, plan.split(load_keys(&args, &plan)?)?),
+        None => (
+            None,
+            plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
+        ),
     };
     // A lease, so the memory node releases this process's chain locks if
     // it dies holding them.

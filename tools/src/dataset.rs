@@ -5,8 +5,15 @@
 //! file that is not strictly increasing is rejected with the index of the
 //! first offending key. The SOSD format is a little-endian `u64` count
 //! followed by that many little-endian `u64` keys.
+//!
+//! [`DataSetArgs`] is the one declaration of the data-set arguments
+//! (`--keys`, `--dist`, `-n`, `--seed`) that `rolex plr`, `rolex bench` and
+//! `rolex memnode` flatten into their own, and [`DataSetArgs::load`] the one
+//! place that turns them into keys; what differs per subcommand (whether a
+//! data set is required, help wording) is set by each subcommand on top.
 
-use clap::ValueEnum;
+use clap::{ArgGroup, Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
@@ -14,6 +21,7 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Key distributions of the generators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -90,6 +98,13 @@ pub enum DatasetError {
         /// Why it cannot be made.
         why: &'static str,
     },
+    /// The file holds no keys where a key set needs at least one.
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The arguments name no complete source, or a count that overflows.
+    Usage(&'static str),
 }
 
 impl fmt::Display for DatasetError {
@@ -127,6 +142,10 @@ impl fmt::Display for DatasetError {
             DatasetError::BadCount { dist, n, why } => {
                 write!(f, "cannot generate {n} {dist} keys: {why}")
             }
+            DatasetError::Empty { path } => {
+                write!(f, "{}: the file holds no keys", path.display())
+            }
+            DatasetError::Usage(what) => f.write_str(what),
         }
     }
 }
@@ -138,6 +157,88 @@ impl std::error::Error for DatasetError {
             _ => None,
         }
     }
+}
+
+/// The data-set arguments shared by the subcommands that need a key set.
+///
+/// `--keys` and `--dist` exclude each other (group `source`), and `--dist`
+/// needs `-n`. The group is not required here: a subcommand that always
+/// needs a data set marks it required with
+/// `#[command(mut_group("source", |g| g.required(true)))]`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").args(["keys", "dist"])))]
+pub struct DataSetArgs {
+    /// Read keys from a SOSD file (little-endian u64 count, then the keys, strictly increasing).
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
+    /// Generate keys from a distribution instead (deterministic for a seed).
+    #[arg(long, value_enum, requires = "n")]
+    pub dist: Option<Dist>,
+    /// Number of keys to generate (exact: duplicates and rejected draws are redrawn).
+    #[arg(long, short)]
+    pub n: Option<u64>,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Whether [`DataSetArgs::load`] accepts a key file that holds no keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmptyFile {
+    /// An empty file is an error ([`DatasetError::Empty`]).
+    Reject,
+    /// An empty file is an empty key set (`rolex memnode` serves one).
+    Accept,
+}
+
+impl DataSetArgs {
+    /// Whether `--keys` or `--dist` was given.
+    pub fn is_given(&self) -> bool {
+        self.keys.is_some() || self.dist.is_some()
+    }
+
+    /// The key set the arguments name: the `--keys` file as it is, or
+    /// `-n` plus `inserts` keys of `--dist` (`rolex bench` generates its
+    /// run's inserts on top of the loaded keys; others pass 0). A spinner
+    /// shows on a terminal while it runs.
+    pub fn load(&self, inserts: u64, empty: EmptyFile) -> Result<Vec<u64>, DatasetError> {
+        match (&self.keys, self.dist) {
+            (Some(path), _) => {
+                let sp = spinner(format!("reading {}", path.display()));
+                let keys = read_sosd(path);
+                sp.finish_and_clear();
+                let keys = keys?;
+                if keys.is_empty() && empty == EmptyFile::Reject {
+                    return Err(DatasetError::Empty { path: path.clone() });
+                }
+                Ok(keys)
+            }
+            (None, Some(dist)) => {
+                let n = self.n.ok_or(DatasetError::Usage("--dist needs -n"))?;
+                let total = n
+                    .checked_add(inserts)
+                    .ok_or(DatasetError::Usage("-n plus the run's inserts overflows"))?;
+                let sp = spinner(format!("generating {total} {dist} keys"));
+                let keys = generate(dist, total, self.seed);
+                sp.finish_and_clear();
+                keys
+            }
+            (None, None) => Err(DatasetError::Usage("give --keys FILE, or --dist with -n")),
+        }
+    }
+}
+
+/// A spinner on stderr with `msg` and the elapsed time; hidden when stderr
+/// is not a terminal, so piped output stays clean.
+pub fn spinner(msg: String) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    pb.set_message(msg);
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
 }
 
 /// Generates exactly `n` distinct keys of `dist`, sorted, the same for the
@@ -318,6 +419,62 @@ mod tests {
             .unwrap()
             .iter()
             .all(|&k| k < 1 << 63));
+    }
+
+    /// A command that flattens the data-set arguments, as the subcommands do.
+    #[derive(Debug, clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        data: DataSetArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<DataSetArgs, clap::Error> {
+        use clap::Parser;
+        Cmd::try_parse_from(std::iter::once("cmd").chain(argv.iter().copied())).map(|c| c.data)
+    }
+
+    #[test]
+    fn data_set_args_keep_their_relations() {
+        let a = parse(&["--dist", "normal", "-n", "10"]).unwrap();
+        assert_eq!(
+            (a.dist, a.n, a.seed, a.is_given()),
+            (Some(Dist::Normal), Some(10), 1, true)
+        );
+        let a = parse(&["--keys", "f", "--seed", "4"]).unwrap();
+        assert_eq!((a.keys.as_deref(), a.seed), (Some(Path::new("f")), 4));
+        assert!(
+            !parse(&[]).unwrap().is_given(),
+            "the group is not required here"
+        );
+        let e = parse(&["--keys", "f", "--dist", "uniform", "-n", "3"]).unwrap_err();
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
+        let e = parse(&["--dist", "uniform"]).unwrap_err();
+        assert!(e.to_string().contains("--n <N>"), "{e}");
+    }
+
+    #[test]
+    fn load_generates_n_plus_inserts_with_the_seed() {
+        let a = parse(&["--dist", "uniform", "--n", "100", "--seed", "5"]).unwrap();
+        let keys = a.load(20, EmptyFile::Reject).unwrap();
+        assert_eq!(keys, generate(Dist::Uniform, 120, 5).unwrap());
+        let e = a.load(u64::MAX, EmptyFile::Reject).unwrap_err();
+        assert_eq!(e.to_string(), "-n plus the run's inserts overflows");
+        let e = parse(&[]).unwrap().load(0, EmptyFile::Accept).unwrap_err();
+        assert!(e.to_string().starts_with("give --keys FILE"), "{e}");
+    }
+
+    #[test]
+    fn load_reads_the_file_and_applies_the_empty_policy() {
+        let path = tmp("load");
+        write_sosd(&path, &[3, 9]).unwrap();
+        let a = parse(&["--keys", path.to_str().unwrap()]).unwrap();
+        assert_eq!(a.load(7, EmptyFile::Reject).unwrap(), vec![3, 9]);
+        write_sosd(&path, &[]).unwrap();
+        assert_eq!(a.load(0, EmptyFile::Accept).unwrap(), Vec::<u64>::new());
+        let e = a.load(0, EmptyFile::Reject).unwrap_err();
+        assert!(matches!(e, DatasetError::Empty { .. }), "{e}");
+        assert!(e.to_string().ends_with(": the file holds no keys"), "{e}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

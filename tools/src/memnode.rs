@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{ArgGroup, Args};
+use clap::Args;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
@@ -37,7 +37,7 @@ use rolex_host::kv::lease::{LeaseConfig, LeaseServer};
 use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric};
 
-use crate::dataset::{self, Dist};
+use crate::dataset::{DataSetArgs, EmptyFile};
 use crate::ycsb;
 
 /// A libfabric fabric named on the command line: `libfabric:PROVIDER`.
@@ -152,20 +152,11 @@ impl DataSetDesc {
 
 /// Arguments of `rolex memnode`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("source").required(true).args(["keys", "dist"])))]
+#[command(mut_group("source", |g| g.required(true)))]
+#[command(mut_arg("seed", |a| a.help("Seed of the generator and of the inserted keys")))]
 pub struct MemnodeArgs {
-    /// Read the keys to load from a SOSD file.
-    #[arg(long, value_name = "FILE")]
-    keys: Option<PathBuf>,
-    /// Generate the keys to load from a distribution.
-    #[arg(long, value_enum, requires = "n")]
-    dist: Option<Dist>,
-    /// Keys to generate.
-    #[arg(long, short)]
-    n: Option<u64>,
-    /// Seed of the generator and of the inserted keys.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    #[command(flatten)]
+    data: DataSetArgs,
     /// CPUs the retraining agent is pinned to (its core budget).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     cores: u64,
@@ -232,11 +223,8 @@ fn us(ns: u64) -> f64 {
 
 /// Runs `rolex memnode`.
 pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let keys = match (&args.keys, args.dist) {
-        (Some(path), _) => dataset::read_sosd(path)?,
-        (None, Some(dist)) => dataset::generate(dist, args.n.unwrap_or(0), args.seed)?,
-        (None, None) => return Err("give --keys FILE or --dist D -n N".into()),
-    };
+    // An empty key file loads an empty pool, as it always has.
+    let keys = args.data.load(0, EmptyFile::Accept)?;
     if let Some(fabric) = &args.fabric {
         return serve(&args, fabric, keys);
     }
@@ -304,7 +292,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
             let inserted = &inserted;
             let existing = &existing;
             let keys = &keys;
-            let seed = args.seed ^ (u64::from(c) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let seed = args.data.seed ^ (u64::from(c) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             hs.push(s.spawn(move || -> Result<Vec<u64>, String> {
                 let mut sess = client.session().map_err(|e| e.to_string())?;
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -439,12 +427,12 @@ fn serve(
         ..defaults
     };
     let desc = DataSetDesc {
-        source: match args.dist {
-            Some(d) if args.keys.is_none() => format!("dist:{d}"),
+        source: match args.data.dist {
+            Some(d) if args.data.keys.is_none() => format!("dist:{d}"),
             _ => "keys".into(),
         },
         n: keys.len() as u64,
-        seed: args.seed,
+        seed: args.data.seed,
         keyhash: key_hash(&keys),
         leaf_slots: cfg.leaf_slots,
         fill: cfg.fill,

@@ -5,9 +5,8 @@
 //! distance to its true position is printed. A key that the hierarchy routes
 //! to the wrong model is an internal error (non-zero exit), never a number.
 
-use crate::dataset::{self, Dist};
-use clap::{ArgGroup, Args};
-use indicatif::{ProgressBar, ProgressStyle};
+use crate::dataset::{self, spinner, DataSetArgs, EmptyFile};
+use clap::Args;
 use rolex_core::model::{Hierarchy, HierarchyConfig};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,23 +17,13 @@ const KEYS_PER_LEAF: u64 = 16;
 
 /// Arguments of `rolex plr`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("source").required(true).args(["keys", "dist"])))]
+#[command(mut_group("source", |g| g.required(true)))]
 pub struct PlrArgs {
     /// Maximum prediction error ε, in key positions, for every level.
     #[arg(long, short, default_value_t = 32)]
     epsilon: u64,
-    /// Read keys from a SOSD file (little-endian u64 count, then the keys, strictly increasing).
-    #[arg(long, value_name = "FILE")]
-    keys: Option<PathBuf>,
-    /// Generate keys from a distribution instead (deterministic for a seed).
-    #[arg(long, value_enum, requires = "n")]
-    dist: Option<Dist>,
-    /// Number of keys to generate (exact: duplicates and rejected draws are redrawn).
-    #[arg(long, short)]
-    n: Option<u64>,
-    /// Seed of the generator.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    #[command(flatten)]
+    data: DataSetArgs,
     /// Write the generated keys to FILE in SOSD format and stop (no training).
     #[arg(long, value_name = "FILE", requires = "dist", conflicts_with = "keys")]
     write_keys: Option<PathBuf>,
@@ -48,7 +37,7 @@ pub struct PlrArgs {
 
 /// Runs `rolex plr`.
 pub fn run(args: PlrArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let keys = load_keys(&args)?;
+    let keys = args.data.load(0, EmptyFile::Reject)?;
     if let Some(path) = &args.write_keys {
         dataset::write_sosd(path, &keys)?;
         eprintln!("wrote {} keys to {}", keys.len(), path.display());
@@ -109,29 +98,6 @@ pub fn run(args: PlrArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn load_keys(args: &PlrArgs) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
-    match (&args.keys, args.dist) {
-        (Some(path), _) => {
-            let spinner = spinner(format!("reading {}", path.display()));
-            let keys = dataset::read_sosd(path);
-            spinner.finish_and_clear();
-            let keys = keys?;
-            if keys.is_empty() {
-                return Err(format!("{}: the file holds no keys", path.display()).into());
-            }
-            Ok(keys)
-        }
-        (None, Some(dist)) => {
-            let n = args.n.ok_or("--dist needs --n")?;
-            let spinner = spinner(format!("generating {n} {dist} keys"));
-            let keys = dataset::generate(dist, n, args.seed);
-            spinner.finish_and_clear();
-            Ok(keys?)
-        }
-        (None, None) => Err("give --keys FILE or --dist D --n N".into()),
-    }
-}
-
 /// Predicts every key through `locate` and its model, returning the largest
 /// distance to the key's true position within its model.
 fn measure_max_error(h: &Hierarchy, keys: &[u64]) -> Result<u64, Box<dyn std::error::Error>> {
@@ -162,14 +128,4 @@ fn measure_max_error(h: &Hierarchy, keys: &[u64]) -> Result<u64, Box<dyn std::er
         .into());
     }
     Ok(max_error)
-}
-
-/// A spinner on stderr; invisible when stderr is not a terminal.
-fn spinner(msg: String) -> ProgressBar {
-    let bar = ProgressBar::new_spinner().with_message(msg);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"),
-    );
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar
 }
