@@ -96,6 +96,11 @@ pub const PROVIDERS: &[(&str, Option<&str>)] = &[
 pub struct Verbs {
     /// The device (`mlx5_0`, `rxe0`).
     pub device: String,
+    /// Its port (`ROLEX_HWTESTS_VERBS_PORT`, default 1).
+    pub port: u8,
+    /// The GID index (`ROLEX_HWTESTS_VERBS_GID_INDEX`, default 0; RoCE v2
+    /// is usually 1 or 3).
+    pub gid_index: u8,
 }
 
 #[cfg(feature = "verbs")]
@@ -104,6 +109,8 @@ impl Verbs {
     pub fn config(&self) -> rolex_host::domain::verbs::VerbsConfig {
         rolex_host::domain::verbs::VerbsConfig {
             device: Some(self.device.clone()),
+            port: self.port,
+            gid_index: self.gid_index,
             op_timeout: Duration::from_secs(20),
             ..rolex_host::domain::verbs::VerbsConfig::default()
         }
@@ -211,7 +218,23 @@ fn verbs_candidates(mut devs: Vec<String>) -> Vec<Candidate> {
 #[cfg(feature = "verbs")]
 fn verbs_candidate(dev: String) -> Candidate {
     use rolex_host::domain::verbs::VerbsDomain;
-    let f = Verbs { device: dev };
+    let (port, gid_index) = match (
+        env_u8("ROLEX_HWTESTS_VERBS_PORT", 1),
+        env_u8("ROLEX_HWTESTS_VERBS_GID_INDEX", 0),
+    ) {
+        (Ok(p), Ok(g)) => (p, g),
+        (Err(why), _) | (_, Err(why)) => {
+            return Candidate::Skipped {
+                name: format!("verbs {dev}"),
+                reason: why,
+            }
+        }
+    };
+    let f = Verbs {
+        device: dev,
+        port,
+        gid_index,
+    };
     // Opening one domain proves the device, port and GID index work; it
     // closes again before the cases open their own.
     match VerbsDomain::open(&f.config()) {
@@ -220,6 +243,18 @@ fn verbs_candidate(dev: String) -> Candidate {
             name: f.name(),
             reason: format!("device {} does not open: {e}", f.device),
         },
+    }
+}
+
+/// The environment variable `name` as a `u8`, or `default` when unset.
+#[cfg(feature = "verbs")]
+fn env_u8(name: &str, default: u8) -> Result<u8, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={v:?} is not a number from 0 to 255")),
     }
 }
 
