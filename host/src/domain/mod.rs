@@ -187,6 +187,22 @@ pub enum Incoming {
     },
 }
 
+/// The tail of a [`Domain::poll_incoming`] for a backend that queues what
+/// its progress delivers: moves everything queued into `out`; returns how
+/// many.
+#[cfg(any(feature = "libfabric", feature = "verbs"))]
+pub(crate) fn drain_incoming(
+    queue: &crossbeam_queue::SegQueue<Incoming>,
+    out: &mut Vec<Incoming>,
+) -> usize {
+    let mut n = 0;
+    while let Some(e) = queue.pop() {
+        out.push(e);
+        n += 1;
+    }
+    n
+}
+
 /// One NIC.
 pub trait Domain: Send + Sync {
     /// This NIC's address.

@@ -1340,12 +1340,7 @@ impl Domain for VerbsDomain {
                 self.inner.progress(live);
             }
         }
-        let mut n = 0;
-        while let Some(e) = self.inner.incoming.pop() {
-            out.push(e);
-            n += 1;
-        }
-        n
+        crate::domain::drain_incoming(&self.inner.incoming, out)
     }
 
     fn set_waker(&self, waker: Thread) {
