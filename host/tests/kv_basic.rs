@@ -4,23 +4,10 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
 use rand::{Rng, SeedableRng};
 use rolex_host::kv::{KvClient, KvClientConfig, KvError, MemoryNode, MemoryNodeConfig};
-
-fn small_node(pairs: &[(u64, u64)]) -> MemoryNode {
-    MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 4,
-            fill: 0.75,
-            epsilon: 4,
-            max_model_leaves: 8,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        pairs,
-    )
-    .unwrap()
-}
 
 fn check_all(s: &mut rolex_host::kv::KvSession, model: &BTreeMap<u64, u64>) {
     for (&k, &v) in model {
@@ -34,7 +21,7 @@ fn check_all(s: &mut rolex_host::kv::KvSession, model: &BTreeMap<u64, u64>) {
 #[test]
 fn bulk_loaded_keys_are_found_with_one_round_trip() {
     let pairs: Vec<(u64, u64)> = (0..2000u64).map(|i| (i * 977 + 5, i)).collect();
-    let node = small_node(&pairs);
+    let node = common::small_kv_node(&pairs);
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();
     for &(k, v) in &pairs {
@@ -55,7 +42,7 @@ fn random_ops_match_a_btreemap() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let pairs: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 64, i)).collect();
     let mut model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
-    let node = small_node(&pairs);
+    let node = common::small_kv_node(&pairs);
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();
     for i in 0..6000u64 {
@@ -82,7 +69,7 @@ fn random_ops_match_a_btreemap() {
 
 #[test]
 fn extreme_keys_and_an_empty_store() {
-    let node = small_node(&[]);
+    let node = common::small_kv_node(&[]);
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();
     assert_eq!(s.get(0).unwrap(), None);
@@ -105,7 +92,7 @@ fn extreme_keys_and_an_empty_store() {
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let pairs: Vec<(u64, u64)> = (0..100u64).map(|i| (i * 3, i)).collect();
-    let node = small_node(&pairs);
+    let node = common::small_kv_node(&pairs);
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();
     assert_eq!(s.scan(0, 0), Err(KvError::ScanCountZero));

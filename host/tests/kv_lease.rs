@@ -14,22 +14,7 @@ use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{ModelRecord, Superblock};
 use rolex_dpu::PoolMemory;
 use rolex_host::kv::lease::{LeaseClient, LeaseConfig, LeaseServer};
-use rolex_host::kv::{HostPool, KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
-
-fn node(pairs: &[(u64, u64)]) -> MemoryNode {
-    MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 4,
-            fill: 0.75,
-            epsilon: 4,
-            max_model_leaves: 8,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        pairs,
-    )
-    .unwrap()
-}
+use rolex_host::kv::{HostPool, KvClient, KvClientConfig, MemoryNode};
 
 /// Locks every leaf-table entry of every model for `owner`; returns how
 /// many.
@@ -73,7 +58,7 @@ fn lease_server(node: &MemoryNode) -> LeaseServer {
 #[test]
 fn writers_blocked_by_a_dead_nodes_locks_go_on_once_its_lease_ends() {
     let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
-    let node = node(&pairs);
+    let node = common::small_kv_node(&pairs);
     let srv = lease_server(&node);
     let addr = srv.local_addr().to_string();
     let dead = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
@@ -122,7 +107,7 @@ fn writers_blocked_by_a_dead_nodes_locks_go_on_once_its_lease_ends() {
 #[test]
 fn a_freeze_waiting_on_a_dead_nodes_lock_completes_once_released() {
     let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
-    let node = Arc::new(node(&pairs));
+    let node = Arc::new(common::small_kv_node(&pairs));
     let srv = lease_server(&node);
     let dead =
         LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
@@ -145,7 +130,7 @@ fn a_freeze_waiting_on_a_dead_nodes_lock_completes_once_released() {
 #[test]
 fn a_sweep_releases_locks_whose_holder_has_no_lease() {
     let pairs: Vec<(u64, u64)> = (0..200u64).map(|i| (i * 10, i)).collect();
-    let node = node(&pairs);
+    let node = common::small_kv_node(&pairs);
     let srv = lease_server(&node);
     let live =
         LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
