@@ -45,7 +45,10 @@
 //! `synonym_leaves`, which only the memory node knows, are `null`.
 
 use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
-use crate::memnode::{key_hash, libfabric_engine, DataSetDesc};
+use crate::fabric::{
+    libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs, NO_VERBS,
+};
+use crate::memnode::{key_hash, DataSetDesc};
 use crate::ycsb::{self, Op, Plan, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -65,24 +68,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
-
-/// The fabric to run on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FabricArg {
-    /// The in-process loopback NIC.
-    Loopback,
-    /// A libfabric provider, against a memory node in another process.
-    Libfabric(String),
-}
-
-fn parse_fabric(s: &str) -> Result<FabricArg, String> {
-    match s {
-        "loopback" => Ok(FabricArg::Loopback),
-        _ => crate::memnode::parse_libfabric(s)
-            .map(|l| FabricArg::Libfabric(l.0))
-            .map_err(|_| format!("unknown fabric {s:?}: use loopback or libfabric:PROVIDER")),
-    }
-}
 
 /// Arguments of `rolex bench`.
 #[derive(Debug, Args)]
@@ -121,9 +106,12 @@ pub struct BenchArgs {
     /// Fill factor of the leaves at load, in (0, 1] [default: the store's].
     #[arg(long)]
     fill: Option<f64>,
-    /// The fabric: `loopback`, or `libfabric:PROVIDER` with `--memnode`.
+    /// The fabric: `loopback`, or with `--memnode` `libfabric:PROVIDER` or
+    /// `verbs[:DEVICE]` (a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
     fabric: FabricArg,
+    #[command(flatten)]
+    verbs: VerbsArgs,
     /// Bootstrap address (`ADDR:PORT`) of a `rolex memnode --fabric`
     /// process to run against (needs `--fabric libfabric:PROVIDER`).
     #[arg(long)]
@@ -207,12 +195,19 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     }
     match (&args.fabric, &args.memnode) {
         (FabricArg::Loopback, Some(_)) => {
-            return Err("--memnode needs --fabric libfabric:PROVIDER".into())
+            return Err("--memnode needs --fabric libfabric:PROVIDER or verbs".into())
         }
-        (FabricArg::Libfabric(_), None) => {
-            return Err("--fabric libfabric:PROVIDER needs --memnode ADDR:PORT (start one with rolex memnode --fabric … --listen …)".into())
+        (FabricArg::Libfabric(_) | FabricArg::Verbs(_), None) => {
+            return Err(format!(
+                "--fabric {} needs --memnode ADDR:PORT (start one with rolex memnode --fabric … --listen …)",
+                args.fabric.name()
+            )
+            .into())
         }
         _ => {}
+    }
+    if matches!(args.fabric, FabricArg::Verbs(_)) && !cfg!(feature = "verbs") {
+        return Err(format!("--fabric verbs: {NO_VERBS}").into());
     }
     if args.memnode.is_none() && !args.data.is_given() {
         return Err("give --keys FILE, or --dist with -n".into());
@@ -233,16 +228,20 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-fn engine_config(args: &BenchArgs) -> EngineConfig {
-    if let FabricArg::Libfabric(p) = &args.fabric {
-        let node = match (p.as_str(), &args.node) {
-            (_, Some(n)) => Some(n.clone()),
-            ("shm" | "efa" | "verbs", None) => None,
-            _ => args.memnode.as_deref().and_then(local_ip_towards),
-        };
-        return libfabric_engine(p, node.as_deref(), args.busy_poll_us);
+fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
+    match &args.fabric {
+        FabricArg::Libfabric(p) => {
+            let node = match (p.as_str(), &args.node) {
+                (_, Some(n)) => Some(n.clone()),
+                ("shm" | "efa" | "verbs", None) => None,
+                _ => args.memnode.as_deref().and_then(local_ip_towards),
+            };
+            return Ok(libfabric_engine(p, node.as_deref(), args.busy_poll_us));
+        }
+        FabricArg::Verbs(device) => return Ok(verbs_kv_engine(device.clone(), &args.verbs)?),
+        FabricArg::Loopback => {}
     }
-    EngineConfig {
+    Ok(EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             latency: Duration::from_secs_f64(args.rtt_us * 1e-6),
             unordered: args.unordered.then_some(Unordered {
@@ -254,7 +253,7 @@ fn engine_config(args: &BenchArgs) -> EngineConfig {
         // A shared 2-core machine: let the scheduler place the workers.
         pin_workers: false,
         ..EngineConfig::default()
-    }
+    })
 }
 
 /// The local address this machine would use to reach `server`
@@ -932,7 +931,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let quiet = args.json;
 
     let defaults = MemoryNodeConfig::default();
-    let engine_cfg = engine_config(&args);
+    let engine_cfg = engine_config(&args)?;
     let leaf_slots = match &remote {
         Some(r) => r.desc.leaf_slots,
         None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
@@ -1168,10 +1167,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                     sets.loaded.len(),
                     remote.as_ref().map(|r| r.desc.encode()).unwrap_or_default()
                 );
-                let name = match &args.fabric {
-                    FabricArg::Libfabric(p) => format!("libfabric:{p}"),
-                    FabricArg::Loopback => "loopback".into(),
-                };
+                let name = args.fabric.name();
                 println!(
                     "fabric          {name}, memory node at {} (compute process {} of {}), {}",
                     server.as_deref().unwrap_or("?"),

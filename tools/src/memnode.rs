@@ -11,7 +11,8 @@
 //! agent's CPU per million inserts comes from that phase. Every inserted
 //! key is read back at the end.
 //!
-//! With `--fabric libfabric:PROVIDER --listen ADDR:PORT` it instead serves
+//! With `--fabric libfabric:PROVIDER --listen ADDR:PORT` (or `--fabric
+//! verbs[:DEVICE]` in a build with the verbs backend) it instead serves
 //! the pool to compute nodes in other processes (`rolex bench --memnode`):
 //! it loads the data set (values as `rolex bench` loads them), offers the
 //! pool's descriptor, its engine's address and the layout version over the
@@ -32,39 +33,13 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
-use rolex_host::domain::fabric::LibfabricConfig;
 use rolex_host::kv::lease::{LeaseConfig, LeaseServer};
 use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
-use rolex_host::{EngineConfig, Fabric};
+use rolex_host::Fabric;
 
 use crate::dataset::{DataSetArgs, EmptyFile};
+use crate::fabric::{libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs};
 use crate::ycsb;
-
-/// A libfabric fabric named on the command line: `libfabric:PROVIDER`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LibfabricArg(pub String);
-
-/// Parses `libfabric:PROVIDER`.
-pub fn parse_libfabric(s: &str) -> Result<LibfabricArg, String> {
-    match s.split_once(':') {
-        Some(("libfabric", p)) if !p.is_empty() => Ok(LibfabricArg(p.to_string())),
-        _ => Err(format!("unknown fabric {s:?}: use libfabric:PROVIDER")),
-    }
-}
-
-/// The engine of a node in its own process on `provider`: endpoints on
-/// `node` (an IP address; unused by `shm`, `efa`, `verbs` unless given),
-/// workers unpinned (the machine is shared with the other nodes).
-pub fn libfabric_engine(provider: &str, node: Option<&str>, busy_poll_us: u64) -> EngineConfig {
-    EngineConfig {
-        fabric: Fabric::Libfabric(LibfabricConfig {
-            busy_poll: Duration::from_micros(busy_poll_us),
-            ..LibfabricConfig::new(provider, node)
-        }),
-        pin_workers: false,
-        ..EngineConfig::default()
-    }
-}
 
 /// What a memory node serving other processes loaded, attached to its
 /// bootstrap offer so a compute node can check it runs against the data
@@ -189,9 +164,12 @@ pub struct MemnodeArgs {
     #[arg(long)]
     epsilon: Option<u64>,
     /// Serve the pool to other processes on this fabric
-    /// (`libfabric:PROVIDER`) until terminated, instead of measuring.
-    #[arg(long, value_parser = parse_libfabric, requires = "listen")]
-    fabric: Option<LibfabricArg>,
+    /// (`libfabric:PROVIDER`, or `verbs[:DEVICE]` in a build with
+    /// `--features verbs`) until terminated, instead of measuring.
+    #[arg(long, value_parser = parse_fabric, requires = "listen")]
+    fabric: Option<FabricArg>,
+    #[command(flatten)]
+    verbs: VerbsArgs,
     /// Bootstrap address to listen on with `--fabric` (`ADDR:PORT`; port
     /// 0 picks a free one, printed on the first line).
     #[arg(long, requires = "fabric")]
@@ -207,11 +185,12 @@ pub struct MemnodeArgs {
     /// before sleeping between queue reads (latency vs CPU).
     #[arg(long, default_value_t = 200)]
     busy_poll_us: u64,
-    /// libfabric: µs between queue reads of the serving memory node when
-    /// idle. A software provider's one-sided operations aimed at this node
-    /// only progress while it reads its queue and produce no completion
-    /// here, so this bounds the extra latency every compute-node operation
-    /// may wait (0: read without pause, one core busy).
+    /// libfabric without a wait descriptor (`shm`): µs between queue reads
+    /// of the serving memory node when idle. One-sided operations aimed at
+    /// this node only progress while it reads its queue and produce no
+    /// completion here, so this bounds the extra latency every compute-node
+    /// operation may wait (0: read without pause, one core busy). `tcp`
+    /// wakes on arriving bytes instead and ignores it.
     #[arg(long, default_value_t = 20)]
     idle_poll_us: u64,
 }
@@ -223,6 +202,20 @@ fn us(ns: u64) -> f64 {
 
 /// Runs `rolex memnode`.
 pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Refuse a fabric that cannot serve before loading anything.
+    match &args.fabric {
+        Some(FabricArg::Loopback) => {
+            return Err(
+                "--fabric loopback: a memory node serves other processes over \
+                        libfabric:PROVIDER or verbs (leave --fabric out to measure in-process)"
+                    .into(),
+            )
+        }
+        Some(FabricArg::Verbs(_)) if !cfg!(feature = "verbs") => {
+            return Err(format!("--fabric verbs: {}", crate::fabric::NO_VERBS).into())
+        }
+        _ => {}
+    }
     // An empty key file loads an empty pool, as it always has.
     let keys = args.data.load(0, EmptyFile::Accept)?;
     if let Some(fabric) = &args.fabric {
@@ -399,9 +392,35 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// `--fabric`: serves the pool to other processes until terminated.
 fn serve(
     args: &MemnodeArgs,
-    fabric: &LibfabricArg,
+    fabric: &FabricArg,
     keys: Vec<u64>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let engine = match fabric {
+        // Refused by `run` before anything was loaded.
+        FabricArg::Loopback => return Err("--fabric loopback cannot serve other processes".into()),
+        FabricArg::Libfabric(p) => {
+            let listen_ip = args
+                .listen
+                .as_deref()
+                .and_then(|l| l.rsplit_once(':'))
+                .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
+            let node = match p.as_str() {
+                "shm" | "efa" | "verbs" => args.node.clone(),
+                _ => Some(
+                    args.node
+                        .clone()
+                        .or(listen_ip)
+                        .unwrap_or_else(|| "127.0.0.1".into()),
+                ),
+            };
+            let mut e = libfabric_engine(p, node.as_deref(), args.busy_poll_us);
+            if let Fabric::Libfabric(l) = &mut e.fabric {
+                l.idle_poll = Duration::from_micros(args.idle_poll_us);
+            }
+            e
+        }
+        FabricArg::Verbs(device) => verbs_kv_engine(device.clone(), &args.verbs)?,
+    };
     let listen = args
         .listen
         .as_deref()
@@ -409,27 +428,9 @@ fn serve(
     if args.pool_file.is_some() {
         return Err("--pool-file is for the local measurement, not with --fabric".into());
     }
-    let listen_ip = listen
-        .rsplit_once(':')
-        .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
-    let node = match fabric.0.as_str() {
-        "shm" | "efa" | "verbs" => args.node.clone(),
-        _ => Some(
-            args.node
-                .clone()
-                .or(listen_ip)
-                .unwrap_or_else(|| "127.0.0.1".into()),
-        ),
-    };
     let defaults = MemoryNodeConfig::default();
     let cfg = MemoryNodeConfig {
-        engine: {
-            let mut e = libfabric_engine(&fabric.0, node.as_deref(), args.busy_poll_us);
-            if let Fabric::Libfabric(l) = &mut e.fabric {
-                l.idle_poll = Duration::from_micros(args.idle_poll_us);
-            }
-            e
-        },
+        engine,
         leaf_slots: args.leaf_slots,
         retrain_trigger: args.trigger,
         cores: args.cores as usize,
@@ -489,7 +490,7 @@ fn serve(
     println!(
         "memory node listening on {} ({}, fabric address {}): {} keys in {} models, {}",
         srv.local_addr(),
-        format_args!("libfabric:{}", fabric.0),
+        fabric.name(),
         node_.engine().main_address(),
         desc.n,
         node_.model_count(),
@@ -571,7 +572,5 @@ mod tests {
         assert!(DataSetDesc::parse("junk")
             .unwrap_err()
             .contains("key=value"));
-        assert!(parse_libfabric("libfabric:tcp").is_ok());
-        assert!(parse_libfabric("loopback").is_err());
     }
 }

@@ -35,6 +35,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
 use rolex_host::domain::fabric::LibfabricConfig;
+
+use crate::fabric::{parse_fabric, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
 use rolex_host::{
     single_write_pieces, Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig,
     MrDesc, MrHandle, OnDone, OnValue, Pages, ScatterDst, TransferEngine, TransferError,
@@ -57,42 +59,6 @@ pub enum Op {
     Cas,
     /// 8-byte fetch-and-add.
     Faa,
-}
-
-/// The fabric to run on: `loopback`, `libfabric:PROVIDER` or
-/// `verbs[:DEVICE]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FabricArg {
-    /// The in-process loopback NIC.
-    Loopback,
-    /// A libfabric provider (`tcp`, `shm`, `sockets`, `efa`, `verbs`).
-    Libfabric(String),
-    /// The ibverbs RC domain on a device (`None`: the first one listed);
-    /// needs a build with the `verbs` feature.
-    Verbs(Option<String>),
-}
-
-fn parse_fabric(s: &str) -> Result<FabricArg, String> {
-    match s.split_once(':') {
-        None if s == "loopback" => Ok(FabricArg::Loopback),
-        None if s == "verbs" => Ok(FabricArg::Verbs(None)),
-        Some(("libfabric", p)) if !p.is_empty() => Ok(FabricArg::Libfabric(p.to_string())),
-        Some(("verbs", d)) if !d.is_empty() => Ok(FabricArg::Verbs(Some(d.to_string()))),
-        _ => Err(format!(
-            "unknown fabric {s:?}: use loopback, libfabric:PROVIDER or verbs[:DEVICE]"
-        )),
-    }
-}
-
-impl FabricArg {
-    fn name(&self) -> String {
-        match self {
-            FabricArg::Loopback => "loopback".into(),
-            FabricArg::Libfabric(p) => format!("libfabric:{p}"),
-            FabricArg::Verbs(None) => "verbs".into(),
-            FabricArg::Verbs(Some(d)) => format!("verbs:{d}"),
-        }
-    }
 }
 
 /// The layout version `te-bench --serve` offers (one plain region).
@@ -131,12 +97,8 @@ pub struct TeBenchArgs {
     /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
     fabric: FabricArg,
-    /// verbs: the device's port (1-based).
-    #[arg(long, default_value_t = 1)]
-    verbs_port: u8,
-    /// verbs: GID index (0 on InfiniBand; RoCE v2 is usually 1 or 3).
-    #[arg(long, default_value_t = 0)]
-    gid_index: u8,
+    #[command(flatten)]
+    verbs: VerbsArgs,
     /// Serve a target region to a client in another process (libfabric),
     /// until stopped.
     #[arg(long, requires = "listen")]
@@ -227,11 +189,7 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
         return Err("--peer and --serve need --fabric libfabric:PROVIDER or verbs".into());
     }
     if matches!(args.fabric, FabricArg::Verbs(_)) && !cfg!(feature = "verbs") {
-        return Err(
-            "--fabric verbs: this rolex was built without the verbs backend; build it \
-                    with `cargo build --release -p rolex-tools --features verbs`"
-                .into(),
-        );
+        return Err(format!("--fabric verbs: {NO_VERBS}").into());
     }
     if args.channel && !matches!(args.op(), Op::Write | Op::Read | Op::Cas | Op::Faa) {
         return Err("--channel applies to write, read, cas and faa only".into());
@@ -246,7 +204,7 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-fn engine(args: &TeBenchArgs) -> Result<TransferEngine, TransferError> {
+fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
     let fabric = match &args.fabric {
         FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
         FabricArg::Libfabric(p) => {
@@ -273,9 +231,10 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, TransferError> {
             }
             Fabric::Libfabric(cfg)
         }
-        FabricArg::Verbs(device) => verbs_fabric(device.clone(), args)?,
+        // Bulk transfers: relaxed ordering, as the source does.
+        FabricArg::Verbs(device) => verbs_fabric(device.clone(), &args.verbs, true)?,
     };
-    TransferEngine::new(EngineConfig {
+    Ok(TransferEngine::new(EngineConfig {
         nics_per_group: args.nics,
         fabric,
         // Pinning picks CPUs round-robin within one process: the two
@@ -283,27 +242,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, TransferError> {
         // their worker on the first CPU.
         pin_workers: args.fabric == FabricArg::Loopback,
         ..EngineConfig::default()
-    })
-}
-
-/// The verbs fabric on `device` with the command line's port and GID index.
-#[cfg(feature = "verbs")]
-fn verbs_fabric(device: Option<String>, args: &TeBenchArgs) -> Result<Fabric, TransferError> {
-    Ok(Fabric::Verbs(rolex_host::domain::verbs::VerbsConfig {
-        device,
-        port: args.verbs_port,
-        gid_index: args.gid_index,
-        ..Default::default()
-    }))
-}
-
-/// Without the `verbs` feature there is no verbs domain to run on.
-#[cfg(not(feature = "verbs"))]
-fn verbs_fabric(_device: Option<String>, _args: &TeBenchArgs) -> Result<Fabric, TransferError> {
-    Err(TransferError::Config(rolex_host::ConfigError::Verbs(
-        "this rolex was built without the verbs backend: build it with \
-         `cargo build --release -p rolex-tools --features verbs`",
-    )))
+    })?)
 }
 
 /// `--serve`: offers one region to clients until the process is stopped.

@@ -142,4 +142,37 @@ fn verbs_runs_where_a_device_is_or_says_why_not() {
     } else {
         common::assert_fails(&out, "--features verbs");
     }
+    // The store over verbs: a memory node and a compute node say the same.
+    let node = common::rolex(&[
+        "memnode",
+        "--dist",
+        "uniform",
+        "-n",
+        "100",
+        "--fabric",
+        "verbs",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let dead = format!("127.0.0.1:{}", free_port());
+    let bench = common::rolex(&[
+        "bench",
+        "--workload",
+        "ycsb-c",
+        "--ops",
+        "10",
+        "--threads",
+        "1",
+        "--fabric",
+        "verbs",
+        "--memnode",
+        &dead,
+    ]);
+    if !cfg!(feature = "verbs") {
+        common::assert_fails(&node, "--features verbs");
+        common::assert_fails(&bench, "--features verbs");
+    } else if !devices {
+        common::assert_fails(&node, "ibv_");
+        common::assert_fails(&bench, "cannot reach");
+    }
 }
