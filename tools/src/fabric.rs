@@ -93,6 +93,25 @@ pub fn verbs_fabric(
     Err(NO_VERBS.into())
 }
 
+/// The node (IP address) a serving process's libfabric endpoints open on:
+/// `node` if given; none for providers that take no address (`shm`,
+/// `efa`, `verbs`); else the `--listen` address's host, else 127.0.0.1
+/// (`tcp` would pick the first interface, not loopback).
+pub fn serving_node(provider: &str, node: Option<&str>, listen: Option<&str>) -> Option<String> {
+    match provider {
+        "shm" | "efa" | "verbs" => node.map(str::to_string),
+        _ => Some(
+            node.map(str::to_string)
+                .or_else(|| {
+                    listen
+                        .and_then(|l| l.rsplit_once(':'))
+                        .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string())
+                })
+                .unwrap_or_else(|| "127.0.0.1".into()),
+        ),
+    }
+}
+
 /// The engine of a node in its own process on libfabric `provider`:
 /// endpoints on `node` (an IP address; unused by `shm`, `efa`, `verbs`
 /// unless given), workers unpinned (the machine is shared with the other
@@ -139,6 +158,25 @@ mod tests {
             let e = parse_fabric(bad).unwrap_err();
             assert!(e.contains("unknown fabric"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_serving_node_opens_where_it_listens() {
+        assert_eq!(
+            serving_node("tcp", None, Some("10.0.0.2:7000")),
+            Some("10.0.0.2".into())
+        );
+        assert_eq!(
+            serving_node("tcp", None, Some("[::1]:7000")),
+            Some("::1".into())
+        );
+        assert_eq!(
+            serving_node("tcp", Some("10.1.1.1"), Some("10.0.0.2:7")),
+            Some("10.1.1.1".into())
+        );
+        assert_eq!(serving_node("tcp", None, None), Some("127.0.0.1".into()));
+        assert_eq!(serving_node("shm", None, Some("10.0.0.2:7000")), None);
+        assert_eq!(serving_node("efa", Some("x"), None), Some("x".into()));
     }
 
     #[test]

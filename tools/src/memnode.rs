@@ -38,7 +38,9 @@ use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
 use rolex_host::Fabric;
 
 use crate::dataset::{DataSetArgs, EmptyFile};
-use crate::fabric::{libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs};
+use crate::fabric::{
+    libfabric_engine, parse_fabric, serving_node, verbs_kv_engine, FabricArg, VerbsArgs,
+};
 use crate::ycsb;
 
 /// What a memory node serving other processes loaded, attached to its
@@ -399,20 +401,7 @@ fn serve(
         // Refused by `run` before anything was loaded.
         FabricArg::Loopback => return Err("--fabric loopback cannot serve other processes".into()),
         FabricArg::Libfabric(p) => {
-            let listen_ip = args
-                .listen
-                .as_deref()
-                .and_then(|l| l.rsplit_once(':'))
-                .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
-            let node = match p.as_str() {
-                "shm" | "efa" | "verbs" => args.node.clone(),
-                _ => Some(
-                    args.node
-                        .clone()
-                        .or(listen_ip)
-                        .unwrap_or_else(|| "127.0.0.1".into()),
-                ),
-            };
+            let node = serving_node(p, args.node.as_deref(), args.listen.as_deref());
             let mut e = libfabric_engine(p, node.as_deref(), args.busy_poll_us);
             if let Fabric::Libfabric(l) = &mut e.fabric {
                 l.idle_poll = Duration::from_micros(args.idle_poll_us);

@@ -36,7 +36,7 @@ use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
 use rolex_host::domain::fabric::LibfabricConfig;
 
-use crate::fabric::{parse_fabric, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
+use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
 use rolex_host::{
     single_write_pieces, Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig,
     MrDesc, MrHandle, OnDone, OnValue, Pages, ScatterDst, TransferEngine, TransferError,
@@ -208,20 +208,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
     let fabric = match &args.fabric {
         FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
         FabricArg::Libfabric(p) => {
-            let listen_ip = args
-                .listen
-                .as_deref()
-                .and_then(|l| l.rsplit_once(':'))
-                .map(|(ip, _)| ip.trim_matches(['[', ']']).to_string());
-            let node = match p.as_str() {
-                "shm" | "efa" | "verbs" => args.node.clone(),
-                _ => Some(
-                    args.node
-                        .clone()
-                        .or(listen_ip)
-                        .unwrap_or_else(|| "127.0.0.1".into()),
-                ),
-            };
+            let node = serving_node(p, args.node.as_deref(), args.listen.as_deref());
             let mut cfg = LibfabricConfig {
                 busy_poll: Duration::from_micros(args.busy_poll_us),
                 ..LibfabricConfig::new(p, node.as_deref())
