@@ -23,4 +23,6 @@ pub mod imm_counter;
 pub mod layout;
 pub mod model;
 pub mod plr;
+#[cfg(feature = "alloc")]
+pub mod train;
 pub mod wire;

@@ -53,7 +53,7 @@ use crate::error::{AgentError, Inconsistency};
 use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
-use crate::train::fit_model;
+use rolex_core::train::fit_model;
 
 /// How the agent decides what to retrain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

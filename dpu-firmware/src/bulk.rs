@@ -28,7 +28,7 @@ use zerocopy::IntoBytes;
 
 use crate::error::AgentError;
 use crate::memory::PoolMemory;
-use crate::train::fit_model;
+use rolex_core::train::fit_model;
 
 /// How to lay a pool out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

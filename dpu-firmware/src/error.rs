@@ -6,6 +6,7 @@ use core::fmt;
 use rolex_core::entry::EntryError;
 use rolex_core::layout::{CirqError, LayoutError, LeafError};
 use rolex_core::plr::PlrError;
+use rolex_core::train::FitError;
 
 use crate::memory::MemError;
 
@@ -55,6 +56,8 @@ impl fmt::Display for Inconsistency {
 pub enum AgentError {
     /// The pool memory refused an access.
     Mem(MemError),
+    /// A model could not be fitted over its fences.
+    Fit(FitError),
     /// A pool layout is malformed or does not fit.
     Layout(LayoutError),
     /// A leaf stayed invalid after every retry.
@@ -107,6 +110,7 @@ impl fmt::Display for AgentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::Mem(e) => write!(f, "pool memory: {e}"),
+            Self::Fit(e) => write!(f, "{e}"),
             Self::Layout(e) => write!(f, "pool layout: {e}"),
             Self::Leaf { leaf, error } => write!(f, "leaf {leaf}: {error}"),
             Self::Entry(e) => write!(f, "entry: {e}"),
@@ -149,6 +153,12 @@ impl From<EntryError> for AgentError {
 impl From<PlrError> for AgentError {
     fn from(e: PlrError) -> Self {
         Self::Plr(e)
+    }
+}
+
+impl From<FitError> for AgentError {
+    fn from(e: FitError) -> Self {
+        Self::Fit(e)
     }
 }
 

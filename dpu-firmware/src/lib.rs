@@ -30,7 +30,6 @@ pub mod histogram;
 pub mod leaves;
 pub mod memory;
 pub mod reap;
-pub mod train;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};

@@ -1,45 +1,17 @@
-//! `rolex-host`: the transfer engine and its NIC domains.
+//! `rolex-host`: one dependency for users who want the whole host side of
+//! ROLEX-RS. It re-exports, unchanged:
 //!
-//! A portable point-to-point RDMA transfer engine after Perplexity's
-//! TransferEngine (design §4): memory registration, two-sided send/receive,
-//! one-sided single and paged writes with 32-bit immediates counted by an
-//! order-independent ImmCounter, peer groups with scatter and barrier,
-//! multi-NIC splitting, UVM watchers — plus one-sided reads and 8-byte
-//! atomics, and [`Channel`] doorbell batches for low-latency clients.
-//! It assumes only what RC and SRD both give: reliable, unordered delivery.
+//! - the transfer engine, `rolex-engine`, at the crate root (its modules
+//!   [`engine`], [`domain`], [`batch`], … and its main types);
+//! - the key-value compute-node client, `rolex-kv`, as [`kv`];
+//! - the hosted memory node, `rolex-memnode`, as [`memnode`].
 //!
-//! - [`engine`]: the public API, [`TransferEngine`].
-//! - [`domain`]: the `Domain` / `Endpoint` traits and the backends
-//!   (`loopback` so far).
-//! - `group` (private): domain groups and their worker threads.
-//! - [`region`]: registered memory and [`MrHandle`].
-//! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
-//! - [`batch`]: [`Channel`] and [`BatchOp`].
-//! - [`watcher`]: UVM watchers, [`Watcher`].
-//! - [`counters`]: per-engine and per-domain counters.
-//! - [`error`]: every failure, [`TransferError`].
+//! A compute node that only needs the client should depend on `rolex-kv`
+//! alone: it does not link the memory node's agent.
 #![deny(missing_docs)]
 
-pub mod batch;
-pub mod callback;
-pub mod counters;
-pub mod domain;
-pub mod engine;
-pub mod error;
-mod group;
-pub mod kv;
-pub mod region;
-pub mod watcher;
-
-pub use batch::{BatchOp, Channel};
-pub use callback::{CompletionFlag, OnDone, OnValue};
-pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
-pub use domain::loopback::{LoopbackConfig, Unordered};
-pub use engine::{
-    mr_desc_from_bytes, net_addr_from_bytes, single_write_pieces, EngineConfig, Fabric,
-    PeerGroupHandle, TransferEngine, SPLIT_MIN,
-};
-pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
-pub use region::MrHandle;
-pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
-pub use watcher::Watcher;
+pub use rolex_engine::*;
+/// The key-value compute-node client (`rolex-kv`).
+pub use rolex_kv as kv;
+/// The hosted memory node (`rolex-memnode`).
+pub use rolex_memnode as memnode;

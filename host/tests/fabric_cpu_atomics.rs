@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use rolex_dpu::PoolMemory;
 use rolex_host::domain::fabric::{probe, LibfabricConfig};
-use rolex_host::kv::HostPool;
+use rolex_host::memnode::HostPool;
 use rolex_host::{Access, EngineConfig, Fabric, TransferEngine};
 
 const REMOTE_OPS: u64 = 400;

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use rolex_core::layout::{CirqHeader, Superblock};
-use rolex_host::kv::{AgentError, KvError, MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::{AgentError, MemoryNode, MemoryNodeConfig, MemoryNodeError};
 
 fn node(thread: bool) -> MemoryNode {
     let pairs: Vec<(u64, u64)> = (0..64u64).map(|i| (i * 10, i)).collect();
@@ -49,7 +49,10 @@ fn a_bad_magic_or_version_stops_the_agent_without_touching_data() {
         let before = snapshot(&node);
         for _ in 0..3 {
             let e = node.poll_once().unwrap_err();
-            assert!(matches!(e, KvError::Agent(AgentError::Layout(_))), "{e:?}");
+            assert!(
+                matches!(e, MemoryNodeError::Agent(AgentError::Layout(_))),
+                "{e:?}"
+            );
             assert!(e.to_string().contains(says), "{e}");
             assert!(
                 node.retrain_now(0).is_err(),

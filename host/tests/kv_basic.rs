@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 mod common;
 
 use rand::{Rng, SeedableRng};
-use rolex_host::kv::{KvClient, KvClientConfig, KvError, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvError};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig, MemoryNodeError};
 
 fn check_all(s: &mut rolex_host::kv::KvSession, model: &BTreeMap<u64, u64>) {
     for (&k, &v) in model {
@@ -124,6 +125,6 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(s.range(0, u64::MAX).unwrap(), pairs);
     assert!(matches!(
         MemoryNode::start(MemoryNodeConfig::default(), &[(5, 1), (5, 2)]),
-        Err(KvError::Agent(_))
+        Err(MemoryNodeError::Agent(_))
     ));
 }

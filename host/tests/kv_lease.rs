@@ -13,8 +13,10 @@ use std::time::Duration;
 use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{ModelRecord, Superblock};
 use rolex_dpu::PoolMemory;
-use rolex_host::kv::lease::{LeaseClient, LeaseConfig, LeaseServer};
-use rolex_host::kv::{HostPool, KvClient, KvClientConfig, MemoryNode};
+use rolex_host::kv::lease::LeaseClient;
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{HostPool, MemoryNode};
+use rolex_host::memnode::{LeaseConfig, LeaseServer};
 
 /// Locks every leaf-table entry of every model for `owner`; returns how
 /// many.

@@ -1,13 +1,14 @@
 //! Linearizability under concurrency: four threads on two compute nodes run
 //! random operations on a small key space while the memory node retrains;
 //! the recorded history is checked against a sequential `BTreeMap` model
-//! (`rolex_host::kv::history`).
+//! (`rolex_checker`).
 
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
-use rolex_host::kv::history::{Call, Clock, History, Recorder, Ret};
-use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+use rolex_checker::{Call, Clock, History, Recorder, Ret};
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 fn run(unordered: bool, seed: u64) {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2 * 1000, i)).collect();

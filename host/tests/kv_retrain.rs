@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use rand::{Rng, SeedableRng};
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 fn node(pairs: &[(u64, u64)], trigger: u64, thread: bool) -> MemoryNode {
     MemoryNode::start(

@@ -3,7 +3,8 @@
 //! split) = 2 on an ordered fabric, 3 dependent (+ 1 posted unlock) on an
 //! unordered one.
 
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 fn client(node: &MemoryNode, unordered: bool) -> KvClient {
     let mut engine = rolex_host::EngineConfig::default();

@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use rand::{Rng, SeedableRng};
-use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 const THREADS: u64 = 4;
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rolex_host::domain::fabric::{probe, LibfabricConfig};
-use rolex_host::{
+use rolex_engine::domain::fabric::{probe, LibfabricConfig};
+use rolex_engine::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
     OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,
 };
@@ -106,13 +106,13 @@ pub struct Verbs {
 #[cfg(feature = "verbs")]
 impl Verbs {
     /// The domain options the suite uses for this device.
-    pub fn config(&self) -> rolex_host::domain::verbs::VerbsConfig {
-        rolex_host::domain::verbs::VerbsConfig {
+    pub fn config(&self) -> rolex_engine::domain::verbs::VerbsConfig {
+        rolex_engine::domain::verbs::VerbsConfig {
             device: Some(self.device.clone()),
             port: self.port,
             gid_index: self.gid_index,
             op_timeout: Duration::from_secs(20),
-            ..rolex_host::domain::verbs::VerbsConfig::default()
+            ..rolex_engine::domain::verbs::VerbsConfig::default()
         }
     }
 }
@@ -217,7 +217,7 @@ fn verbs_candidates(mut devs: Vec<String>) -> Vec<Candidate> {
 
 #[cfg(feature = "verbs")]
 fn verbs_candidate(dev: String) -> Candidate {
-    use rolex_host::domain::verbs::VerbsDomain;
+    use rolex_engine::domain::verbs::VerbsDomain;
     let (port, gid_index) = match (
         env_u8("ROLEX_HWTESTS_VERBS_PORT", 1),
         env_u8("ROLEX_HWTESTS_VERBS_GID_INDEX", 0),
@@ -677,7 +677,7 @@ fn split_over_four_nics(f: &dyn FabricUnderTest) -> CaseResult {
     let (fl, d) = flag();
     b.expect_imm_count(
         3,
-        rolex_host::single_write_pieces(len, a.nics(), dd.nics.len()),
+        rolex_engine::single_write_pieces(len, a.nics(), dd.nics.len()),
         d,
     )?;
     a.submit_single_write(len, Some(3), (&src, 0), (&dd, 0), OnDone::callback(|_| {}))?;

@@ -22,7 +22,7 @@
 //! issued must be found; inserts must find their keys new; scans must be
 //! sorted and start at their (present) first key. At the end every key the
 //! run wrote is read back and must be a value a linearizable execution
-//! could end with (`rolex_host::kv::history::final_value_possible`). Any
+//! could end with (`rolex_checker::final_value_possible`). Any
 //! problem sets `verified` to false and the command exits non-zero.
 //!
 //! With `--fabric libfabric:PROVIDER --memnode ADDR:PORT` the memory node
@@ -52,15 +52,13 @@ use crate::memnode::{key_hash, DataSetDesc};
 use crate::ycsb::{self, Op, Plan, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use rolex_checker::{final_value_possible, TimedWrite};
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
-use rolex_host::kv::history::{final_value_possible, TimedWrite};
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{
-    AgentActivity, KvClient, KvClientConfig, KvOp, KvStats, MemoryNode, MemoryNodeConfig, OpStats,
-    PoolInfo,
-};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, OpStats, PoolInfo};
+use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig};
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
 };

@@ -33,8 +33,9 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
-use rolex_host::kv::lease::{LeaseConfig, LeaseServer};
-use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{LeaseConfig, LeaseServer};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::Fabric;
 
 use crate::dataset::{DataSetArgs, EmptyFile};

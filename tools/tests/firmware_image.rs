@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rolex_core::layout::{AgentArea, AgentState, CirqHeader, ModelRecord, ModelState, Superblock};
-use rolex_host::kv::{KvClient, KvClientConfig, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 /// The image, built once per test process.
 fn image() -> &'static Path {

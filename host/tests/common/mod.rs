@@ -71,15 +71,15 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
 /// A memory node with small leaves (4 slots, 3 keys each at load), ε = 4
 /// and at most 8 leaves per model, so a few hundred keys make many models
 /// and inserts split early; no retraining thread (tests retrain by hand).
-pub fn small_kv_node(pairs: &[(u64, u64)]) -> rolex_host::kv::MemoryNode {
-    rolex_host::kv::MemoryNode::start(
-        rolex_host::kv::MemoryNodeConfig {
+pub fn small_kv_node(pairs: &[(u64, u64)]) -> rolex_host::memnode::MemoryNode {
+    rolex_host::memnode::MemoryNode::start(
+        rolex_host::memnode::MemoryNodeConfig {
             leaf_slots: 4,
             fill: 0.75,
             epsilon: 4,
             max_model_leaves: 8,
             retraining_thread: false,
-            ..rolex_host::kv::MemoryNodeConfig::default()
+            ..rolex_host::memnode::MemoryNodeConfig::default()
         },
         pairs,
     )

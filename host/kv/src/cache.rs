@@ -17,7 +17,7 @@ use std::sync::RwLock;
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, Superblock};
 use rolex_core::plr::{fit, Segment};
-use rolex_dpu::train::window;
+use rolex_core::train::window;
 
 /// Locates the model that owns a key: learned upper levels over the models'
 /// first keys, verified against those keys.

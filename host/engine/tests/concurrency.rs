@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 
 use common::*;
-use rolex_host::*;
+use rolex_engine::*;
 
 #[test]
 fn faa_from_threads_and_engines_sums_exactly() {

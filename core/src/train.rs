@@ -27,14 +27,45 @@
 
 use alloc::vec::Vec;
 
-use rolex_core::layout::ModelSegment;
-use rolex_core::plr::fit;
+use crate::layout::{LayoutError, ModelSegment};
+use crate::plr::{fit, PlrError};
 
-use crate::error::AgentError;
+/// Why a model could not be fitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FitError {
+    /// The PLR refused the fences (unsorted, duplicate, ε too large).
+    Plr(PlrError),
+    /// A segment's parameters do not fit the pool's segment layout.
+    Layout(LayoutError),
+}
+
+impl core::fmt::Display for FitError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FitError::Plr(e) => write!(f, "PLR fit failed: {e}"),
+            FitError::Layout(e) => write!(f, "model segment: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for FitError {}
+
+impl From<PlrError> for FitError {
+    fn from(e: PlrError) -> Self {
+        FitError::Plr(e)
+    }
+}
+
+impl From<LayoutError> for FitError {
+    fn from(e: LayoutError) -> Self {
+        FitError::Layout(e)
+    }
+}
 
 /// Fits the prediction segments of a model whose training leaves have the
 /// (strictly increasing) `fences`; segment bases are leaf indices.
-pub fn fit_model(fences: &[u64], epsilon: u64) -> Result<Vec<ModelSegment>, AgentError> {
+pub fn fit_model(fences: &[u64], epsilon: u64) -> Result<Vec<ModelSegment>, FitError> {
     let segments = fit(fences, epsilon)?;
     let mut out = Vec::with_capacity(segments.len());
     let mut base = 0u64;

@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use common::*;
-use rolex_host::*;
+use rolex_engine::*;
 
 fn slow_engine(latency_ms: u64, nics: usize) -> TransferEngine {
     TransferEngine::new(EngineConfig {

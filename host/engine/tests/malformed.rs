@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use rolex_core::wire::Wire;
-use rolex_host::*;
+use rolex_engine::*;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]

@@ -53,11 +53,11 @@ use std::time::{Duration, Instant};
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, ModelRecord, ModelState};
 
-use super::cache::ModelView;
-use super::client::{fetch_model, ClientShared, Io, Op};
-use super::error::KvError;
-use super::stats::{KvOp, SessionCounters};
-use crate::callback::{CompletionFlag, OnValue};
+use crate::cache::ModelView;
+use crate::client::{fetch_model, ClientShared, Io, Op};
+use crate::error::KvError;
+use crate::stats::{KvOp, SessionCounters};
+use rolex_engine::callback::{CompletionFlag, OnValue};
 
 /// Re-reads of one torn leaf before an operation gives up.
 const MAX_TORN: u32 = 100_000;
@@ -750,7 +750,7 @@ impl KvSession {
         self.shared
             .engine
             .submit_cas((&pool, lt_off), locked, to, OnValue::flag(&flag))
-            .map_err(super::error::transfer("posting an unlock"))?;
+            .map_err(crate::error::transfer("posting an unlock"))?;
         self.pending = Some((flag, locked));
         Ok(())
     }

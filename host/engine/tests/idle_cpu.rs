@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rolex_host::{Access, TransferEngine};
+use rolex_engine::{Access, TransferEngine};
 
 /// CPU time (user + system) of this whole process.
 fn process_cpu() -> Duration {
@@ -24,13 +24,13 @@ fn an_idle_engine_uses_under_one_percent_of_a_core() {
     // Some activity first, then idle.
     let (src, _) = a.alloc_mr(4096, Access::all()).unwrap();
     let (_dst, dd) = b.alloc_mr(4096, Access::all()).unwrap();
-    let f = rolex_host::CompletionFlag::new();
+    let f = rolex_engine::CompletionFlag::new();
     a.submit_single_write(
         4096,
         Some(1),
         (&src, 0),
         (&dd, 0),
-        rolex_host::OnDone::flag(&f),
+        rolex_engine::OnDone::flag(&f),
     )
     .unwrap();
     f.wait(Duration::from_secs(60)).unwrap().unwrap();

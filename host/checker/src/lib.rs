@@ -1,5 +1,7 @@
-//! Recorded histories of concurrent key-value operations, and checkers
-//! that decide whether a history is one a correct store could produce.
+//! `rolex-checker`: test support, not a library API. Recorded histories of
+//! concurrent key-value operations, and checkers that decide whether a
+//! history is one a correct store could produce; `rolex bench` and the
+//! store's tests use it.
 //!
 //! A [`History`] holds one [`Record`] per operation: the calling thread,
 //! the [`Call`] with its arguments, the logical time it was invoked, and —

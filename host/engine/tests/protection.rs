@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use rolex_host::*;
+use rolex_engine::*;
 
 struct Setup {
     a: TransferEngine,

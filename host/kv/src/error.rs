@@ -1,12 +1,11 @@
-//! [`KvError`]: every way a key-value operation, a client connection or the
-//! memory node fails, naming what was wrong.
+//! [`KvError`]: every way a key-value operation or a client connection
+//! fails, naming what was wrong.
 
 use core::fmt;
 
 use rolex_core::layout::LayoutError;
-use rolex_dpu::AgentError;
 
-use crate::error::TransferError;
+use rolex_engine::TransferError;
 
 /// A key-value store failure. Whatever it is, the pool is left consistent:
 /// an operation that fails changed nothing, or completed.
@@ -29,8 +28,6 @@ pub enum KvError {
     },
     /// The pool's bytes are not a valid layout.
     Layout(LayoutError),
-    /// The memory node's agent failed (bulk load or retraining).
-    Agent(AgentError),
     /// `scan` was asked for 0 keys.
     ScanCountZero,
     /// `range` was given `lo > hi`.
@@ -84,7 +81,6 @@ impl fmt::Display for KvError {
                 "pool layout version {found}, this client reads version {expected}"
             ),
             Self::Layout(e) => write!(f, "pool layout: {e}"),
-            Self::Agent(e) => write!(f, "memory-node agent: {e}"),
             Self::ScanCountZero => f.write_str("scan asked for 0 keys"),
             Self::InvalidRange { lo, hi } => write!(f, "range bounds inverted: lo {lo} > hi {hi}"),
             Self::BadConfig { field, reason } => write!(f, "invalid {field}: {reason}"),
@@ -108,12 +104,6 @@ impl std::error::Error for KvError {}
 impl From<LayoutError> for KvError {
     fn from(e: LayoutError) -> Self {
         Self::Layout(e)
-    }
-}
-
-impl From<AgentError> for KvError {
-    fn from(e: AgentError) -> Self {
-        Self::Agent(e)
     }
 }
 

@@ -1,133 +1,22 @@
-//! Leases: how a memory node learns that a compute node died, so the chain
-//! locks it held can be released.
-//!
-//! A compute node in another process opens one TCP connection to its
-//! memory node's lease port, presents the shared token and gets a
-//! [`LockOwner`] id; every chain lock it takes carries that id
-//! (`KvClientConfig::lock_owner`). It then keeps the connection open and
-//! silent for its whole life. The kernel closes it when the process ends —
-//! `SIGKILL` included — and the memory node, blocked in a read on it, sees
-//! the end at once; TCP keepalive (a few seconds) covers a machine that
-//! vanished without a word. The memory node then releases the dead node's
-//! locks ([`crate::kv::MemoryNode::lock_releaser`]) twice: after
-//! [`LeaseConfig::grace`], and again after [`LeaseConfig::linger`], because
-//! the dead node's last operations may still be in flight on the fabric (a
-//! lock `CAS` landing after the first pass). Its id is reused only after
-//! the second pass.
-//!
-//! What this does not cover: a compute node that is alive but cut off from
-//! the lease port while still reaching the pool would have its locks
-//! released under it. Leases assume the control network fails with the
-//! fabric (they share the hosts), as the bootstrap does.
-//!
-//! Wire format (integers little-endian), every read bounded in time and
-//! length:
-//!
-//! ```text
-//! request:  "RLXLEAS1" | token_len u16 | token
-//! granted:  0u8 | owner u16
-//! refused:  1u8 | msg_len u16 | msg (UTF-8)
-//! ```
+//! The memory node's side of leases (the protocol and the compute node's
+//! side are `rolex_kv::lease`): one parked thread per connected compute
+//! node, blocked in a read that returns only when the lease ends. Then the
+//! dead node's locks are released twice, after [`LeaseConfig::grace`] and
+//! again after [`LeaseConfig::linger`] (its last operations may still be in
+//! flight on the fabric); its id is reused only after the second pass.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
-
-const MAGIC: &[u8; 8] = b"RLXLEAS1";
-/// Longest token accepted.
-const MAX_TOKEN: usize = 1024;
-/// Longest refusal message read.
-const MAX_MSG: usize = 4096;
-
-/// Why a lease could not be served or acquired.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LeaseError {
-    /// A socket call failed.
-    Io {
-        /// What was being done.
-        what: String,
-        /// The error.
-        source: io::Error,
-    },
-    /// The memory node refused the lease, saying why.
-    Refused(String),
-    /// The peer does not speak the lease protocol.
-    Protocol(&'static str),
-}
-
-impl fmt::Display for LeaseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeaseError::Io { what, source } => write!(f, "lease: {what}: {source}"),
-            LeaseError::Refused(why) => write!(f, "lease refused by the memory node: {why}"),
-            LeaseError::Protocol(why) => write!(f, "lease: not a rolex lease peer: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for LeaseError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            LeaseError::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LeaseError {
-    let what = what.into();
-    move |source| LeaseError::Io { what, source }
-}
-
-/// Bytes of a request before its token: magic and token length.
-const REQUEST_HEAD: usize = 10;
-/// Bytes of a reply before a refusal's message: status and owner/length.
-const REPLY_HEAD: usize = 3;
-
-/// The token length a request header announces, if it is a lease request
-/// with an acceptable token length.
-fn request_token_len(head: &[u8; REQUEST_HEAD]) -> Result<usize, &'static str> {
-    if &head[..8] != MAGIC {
-        return Err("not a lease request");
-    }
-    let len = u16::from_le_bytes([head[8], head[9]]) as usize;
-    if len > MAX_TOKEN {
-        return Err("token too long");
-    }
-    Ok(len)
-}
-
-/// What a reply header says.
-#[derive(Debug, PartialEq, Eq)]
-enum Reply {
-    /// The lease is granted with this id.
-    Granted(LockOwner),
-    /// Refused; a message of `len` bytes follows.
-    Refused {
-        /// Message bytes to read (bounded).
-        len: usize,
-    },
-}
-
-fn reply(head: &[u8; REPLY_HEAD]) -> Result<Reply, LeaseError> {
-    let word = u16::from_le_bytes([head[1], head[2]]);
-    match head[0] {
-        0 if LockOwner(word).is_leased() => Ok(Reply::Granted(LockOwner(word))),
-        0 => Err(LeaseError::Protocol("granted an id that is not a lease id")),
-        1 => Ok(Reply::Refused {
-            len: usize::from(word).min(MAX_MSG),
-        }),
-        _ => Err(LeaseError::Protocol("unknown reply status")),
-    }
-}
+use rolex_kv::lease::wire::{self, REQUEST_HEAD};
+use rolex_kv::lease::{io_err, LeaseError};
 
 /// Options of a [`LeaseServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,11 +201,7 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
 }
 
 fn refuse(stream: &mut TcpStream, why: &str) {
-    let msg = &why.as_bytes()[..why.len().min(MAX_MSG)];
-    let mut out = vec![1u8];
-    out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
-    out.extend_from_slice(msg);
-    let _ = stream.write_all(&out);
+    let _ = stream.write_all(&wire::refused(why));
 }
 
 fn serve_one(s: &ServerShared, mut stream: TcpStream) {
@@ -327,7 +212,7 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
         refuse(&mut stream, "not a lease request");
         return;
     }
-    let len = match request_token_len(&head) {
+    let len = match wire::request_token_len(&head) {
         Ok(len) => len,
         Err(why) => {
             refuse(&mut stream, why);
@@ -346,8 +231,7 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
         refuse(&mut stream, "no lease id is free (65534 compute nodes)");
         return;
     };
-    let mut ok = vec![0u8];
-    ok.extend_from_slice(&id.to_le_bytes());
+    let ok = wire::granted(id);
     let registered = stream
         .try_clone()
         .map(|c| lock(&s.conns).insert(id, c))
@@ -415,86 +299,10 @@ fn keepalive(stream: &TcpStream) {
     }
 }
 
-/// The compute node's side: holds its lease (and so its [`LockOwner`] id)
-/// until dropped or the process ends.
-#[derive(Debug)]
-pub struct LeaseClient {
-    _stream: TcpStream,
-    owner: LockOwner,
-}
-
-impl LeaseClient {
-    /// Asks the lease server at `server` (`ADDR:PORT`) for a lease; every
-    /// step is bounded by `timeout`.
-    pub fn acquire(server: &str, token: &str, timeout: Duration) -> Result<Self, LeaseError> {
-        if token.len() > MAX_TOKEN {
-            return Err(LeaseError::Refused(format!(
-                "token longer than {MAX_TOKEN} bytes"
-            )));
-        }
-        let addrs: Vec<SocketAddr> = server
-            .to_socket_addrs()
-            .map_err(io_err(format!("resolving {server}")))?
-            .collect();
-        let mut last = None;
-        let mut stream = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, timeout) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some(mut stream) = stream else {
-            return Err(LeaseError::Io {
-                what: format!("connecting to the lease port {server}"),
-                source: last.unwrap_or_else(|| io::Error::other("no address")),
-            });
-        };
-        stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|_| stream.set_write_timeout(Some(timeout)))
-            .map_err(io_err("setting socket timeouts"))?;
-        let mut req = MAGIC.to_vec();
-        req.extend_from_slice(&(token.len() as u16).to_le_bytes());
-        req.extend_from_slice(token.as_bytes());
-        stream
-            .write_all(&req)
-            .map_err(io_err(format!("sending the lease request to {server}")))?;
-        let what = format!("reading the lease reply from {server}");
-        let mut status = [0u8; REPLY_HEAD];
-        stream
-            .read_exact(&mut status)
-            .map_err(io_err(what.clone()))?;
-        match reply(&status)? {
-            Reply::Granted(owner) => {
-                let _ = stream.set_read_timeout(None);
-                Ok(LeaseClient {
-                    _stream: stream,
-                    owner,
-                })
-            }
-            Reply::Refused { len } => {
-                let mut msg = vec![0u8; len];
-                stream.read_exact(&mut msg).map_err(io_err(what))?;
-                Err(LeaseError::Refused(
-                    String::from_utf8_lossy(&msg).into_owned(),
-                ))
-            }
-        }
-    }
-
-    /// The id this lease grants: the owner of this node's chain locks.
-    pub fn owner(&self) -> LockOwner {
-        self.owner
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rolex_kv::lease::LeaseClient;
     use std::sync::mpsc;
 
     fn quick(token: &str) -> LeaseConfig {
@@ -561,57 +369,6 @@ mod tests {
         let _ = s.read_to_end(&mut reply);
         assert_eq!(reply.first(), Some(&1), "a stranger gets a refusal");
         assert_eq!(srv.active(), 0);
-    }
-
-    #[test]
-    fn a_dead_address_fails_within_the_bound() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        drop(l);
-        let e = LeaseClient::acquire(&addr, "t", Duration::from_secs(2)).unwrap_err();
-        assert!(e.to_string().contains("connecting"), "{e}");
-        // A server that accepts and never answers: bounded by the timeout.
-        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = silent.local_addr().unwrap().to_string();
-        let e = LeaseClient::acquire(&addr, "t", Duration::from_millis(200)).unwrap_err();
-        assert!(e.to_string().contains("reading the lease reply"), "{e}");
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
-
-        /// Any bytes from a peer decode to an answer, never a panic, and
-        /// only well-formed headers are accepted.
-        #[test]
-        fn headers_from_peers_decode_or_are_refused(
-            req in proptest::array::uniform10(proptest::num::u8::ANY),
-            rep in proptest::array::uniform3(proptest::num::u8::ANY),
-            magic: bool,
-        ) {
-            let mut req = req;
-            if magic {
-                req[..8].copy_from_slice(MAGIC);
-            }
-            let announced = u16::from_le_bytes([req[8], req[9]]) as usize;
-            match request_token_len(&req) {
-                Ok(len) => {
-                    proptest::prop_assert_eq!(&req[..8], MAGIC);
-                    proptest::prop_assert_eq!(len, announced);
-                    proptest::prop_assert!(len <= MAX_TOKEN);
-                }
-                Err(_) => proptest::prop_assert!(&req[..8] != MAGIC || announced > MAX_TOKEN),
-            }
-            let word = LockOwner(u16::from_le_bytes([rep[1], rep[2]]));
-            match reply(&rep) {
-                Ok(Reply::Granted(o)) => {
-                    proptest::prop_assert!(rep[0] == 0 && o == word && o.is_leased())
-                }
-                Ok(Reply::Refused { len }) => {
-                    proptest::prop_assert!(rep[0] == 1 && len <= MAX_MSG)
-                }
-                Err(_) => proptest::prop_assert!(rep[0] > 1 || !word.is_leased()),
-            }
-        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use rolex_host::*;
+use rolex_engine::*;
 
 #[test]
 fn main_address_and_addresses_are_distinct_per_engine() {

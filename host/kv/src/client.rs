@@ -17,15 +17,15 @@ use rolex_core::layout::{LeafRegion, LeafRegionHeader, ModelRecord, Superblock, 
 use rolex_core::wire::{Access, MrDesc};
 use zerocopy::FromBytes;
 
-use super::cache::{Locator, ModelView};
-use super::error::{transfer, KvError};
-use super::memnode::PoolInfo;
-use super::session::KvSession;
-use super::stats::{KvStats, ModelBytes, OpStats, SessionCounters};
-use crate::batch::{BatchOp, Channel};
-use crate::engine::{EngineConfig, TransferEngine};
-use crate::error::TransferError;
-use crate::region::MrHandle;
+use crate::cache::{Locator, ModelView};
+use crate::error::{transfer, KvError};
+use crate::pool_info::PoolInfo;
+use crate::session::KvSession;
+use crate::stats::{KvStats, ModelBytes, OpStats, SessionCounters};
+use rolex_engine::batch::{BatchOp, Channel};
+use rolex_engine::engine::{EngineConfig, TransferEngine};
+use rolex_engine::MrHandle;
+use rolex_engine::TransferError;
 
 /// How a compute node connects.
 #[derive(Clone, Debug, PartialEq)]

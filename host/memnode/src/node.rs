@@ -31,9 +31,10 @@ use rolex_dpu::{
     Prepared, RetrainReport,
 };
 
-use super::error::{transfer, KvError};
-use crate::engine::{EngineConfig, TransferEngine};
-use crate::region::MrHandle;
+use rolex_engine::{EngineConfig, MrHandle, TransferEngine};
+use rolex_kv::PoolInfo;
+
+use crate::error::{transfer, MemoryNodeError};
 
 /// How to build a memory node.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,29 +100,6 @@ impl Default for MemoryNodeConfig {
             pool_file: None,
             log_capacity: 64 << 10,
         }
-    }
-}
-
-/// What a compute node needs to connect: the pool's descriptor and the
-/// layout version it was built with.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolInfo {
-    /// The registered pool (read, write and atomic rights).
-    pub desc: MrDesc,
-    /// The pool's layout version.
-    pub layout_version: u32,
-}
-
-#[cfg(feature = "libfabric")]
-impl PoolInfo {
-    /// The pool a memory node offers over the bootstrap connection (see
-    /// [`MemoryNode::offer`]): its first descriptor and its layout version;
-    /// `None` if the offer holds no descriptor.
-    pub fn from_offer(offer: &crate::domain::fabric::bootstrap::Offer) -> Option<Self> {
-        Some(PoolInfo {
-            desc: offer.descs.first()?.clone(),
-            layout_version: offer.layout_version,
-        })
     }
 }
 
@@ -200,20 +178,20 @@ impl HostPool {
 }
 
 /// Releases `owner`'s locks in every live model.
-fn release_locks(pool: &HostPool, owner: LockOwner) -> Result<u64, KvError> {
+fn release_locks(pool: &HostPool, owner: LockOwner) -> Result<u64, MemoryNodeError> {
     let sb = superblock_of(pool)?;
     Ok(rolex_dpu::release_locks_of(pool, &sb, owner)?)
 }
 
-fn superblock_of(pool: &HostPool) -> Result<Superblock, KvError> {
+fn superblock_of(pool: &HostPool) -> Result<Superblock, MemoryNodeError> {
     let mut sbb = [0u8; Superblock::SIZE as usize];
     pool.read(0, &mut sbb).map_err(AgentError::from)?;
     Ok(Superblock::read(&sbb)?)
 }
 
-fn mem_err(offset: u64, len: u64) -> impl Fn(crate::error::TransferError) -> MemError {
+fn mem_err(offset: u64, len: u64) -> impl Fn(rolex_engine::TransferError) -> MemError {
     move |e| match e {
-        crate::error::TransferError::RegionDeregistered => MemError::Unavailable,
+        rolex_engine::TransferError::RegionDeregistered => MemError::Unavailable,
         _ => MemError::OutOfBounds { offset, len },
     }
 }
@@ -295,8 +273,8 @@ unsafe impl Send for FileMapping {}
 unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
-    fn create(path: &Path, len: u64) -> Result<Self, KvError> {
-        let bad = |reason| KvError::BadConfig {
+    fn create(path: &Path, len: u64) -> Result<Self, MemoryNodeError> {
+        let bad = |reason| MemoryNodeError::BadConfig {
             field: "pool_file",
             reason,
         };
@@ -435,15 +413,15 @@ impl MemoryNode {
     /// Starts a memory node holding `pairs` (keys strictly increasing; may
     /// be empty): lays the pool out, registers it, bulk-loads it, and starts
     /// the retraining thread if configured.
-    pub fn start(cfg: MemoryNodeConfig, pairs: &[(u64, u64)]) -> Result<Self, KvError> {
+    pub fn start(cfg: MemoryNodeConfig, pairs: &[(u64, u64)]) -> Result<Self, MemoryNodeError> {
         if !(cfg.fill > 0.0 && cfg.fill <= 1.0) {
-            return Err(KvError::BadConfig {
+            return Err(MemoryNodeError::BadConfig {
                 field: "fill",
                 reason: "must be in (0, 1]",
             });
         }
         if !(cfg.spare_leaf_factor >= 0.0 && cfg.spare_leaf_factor.is_finite()) {
-            return Err(KvError::BadConfig {
+            return Err(MemoryNodeError::BadConfig {
                 field: "spare_leaf_factor",
                 reason: "must be finite and not negative",
             });
@@ -486,7 +464,7 @@ impl MemoryNode {
                 .alloc_mr(plan.pool_size(), access)
                 .map_err(transfer("registering the pool"))?,
             Some(path) => {
-                let bad = |reason| KvError::BadConfig {
+                let bad = |reason| MemoryNodeError::BadConfig {
                     field: "log_capacity",
                     reason,
                 };
@@ -546,7 +524,7 @@ impl MemoryNode {
                         s.pinned.store(pin_to_cores(cores), SeqCst);
                         retrain_loop(&s, park)
                     })
-                    .map_err(|_| KvError::BadConfig {
+                    .map_err(|_| MemoryNodeError::BadConfig {
                         field: "retraining_thread",
                         reason: "the thread could not be spawned",
                     })?,
@@ -586,8 +564,8 @@ impl MemoryNode {
 
     /// Asks an external agent serving a file-backed pool to stop after its
     /// current step (it publishes the stopped state when it has).
-    pub fn stop_external_agent(&self) -> Result<(), KvError> {
-        let (mr, _) = self.area.as_ref().ok_or(KvError::BadConfig {
+    pub fn stop_external_agent(&self) -> Result<(), MemoryNodeError> {
+        let (mr, _) = self.area.as_ref().ok_or(MemoryNodeError::BadConfig {
             field: "pool_file",
             reason: "the pool is not file-backed",
         })?;
@@ -623,8 +601,8 @@ impl MemoryNode {
     /// bootstrap connection: its engine's address, the pool's descriptor
     /// and the layout version ([`PoolInfo::from_offer`] turns it back).
     #[cfg(feature = "libfabric")]
-    pub fn offer(&self) -> crate::domain::fabric::bootstrap::Offer {
-        crate::domain::fabric::bootstrap::Offer {
+    pub fn offer(&self) -> rolex_engine::domain::fabric::bootstrap::Offer {
+        rolex_engine::domain::fabric::bootstrap::Offer {
             addr: self.engine.main_address(),
             descs: vec![self.desc.clone()],
             layout_version: LAYOUT_VERSION,
@@ -648,17 +626,20 @@ impl MemoryNode {
     }
 
     /// Releases every chain lock held by `owner`, a compute node whose
-    /// lease ended (see [`super::lease`]); returns how many. Never waits
+    /// lease ended (see [`crate::lease_server`]); returns how many. Never waits
     /// for the retraining agent (whose freeze may be the one waiting for
     /// those locks).
-    pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, KvError> {
+    pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, MemoryNodeError> {
         release_locks(&HostPool::new(self.mr.clone()), owner)
     }
 
     /// Releases every chain lock whose leased holder `dead` says is dead
     /// (a periodic sweep: "holds no lease now", for a dead node's operation
     /// that landed after both releases of its lease); returns how many.
-    pub fn release_locks_where(&self, dead: impl Fn(LockOwner) -> bool) -> Result<u64, KvError> {
+    pub fn release_locks_where(
+        &self,
+        dead: impl Fn(LockOwner) -> bool,
+    ) -> Result<u64, MemoryNodeError> {
         let pool = HostPool::new(self.mr.clone());
         let sb = superblock_of(&pool)?;
         Ok(rolex_dpu::release_locks_where(&pool, &sb, dead)?)
@@ -666,7 +647,7 @@ impl MemoryNode {
 
     /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
     /// keeps the pool's registration alive, so it may outlive the node.
-    pub fn lock_releaser(&self) -> Arc<super::lease::OnExpire> {
+    pub fn lock_releaser(&self) -> Arc<crate::lease_server::OnExpire> {
         let pool = HostPool::new(self.mr.clone());
         Arc::new(move |owner| release_locks(&pool, owner).map_err(|e| e.to_string()))
     }
@@ -719,30 +700,30 @@ impl MemoryNode {
 
     /// One step of the agent on the caller's thread: drain the CirQ and
     /// retrain the neediest due model.
-    pub fn poll_once(&self) -> Result<Option<RetrainReport>, KvError> {
+    pub fn poll_once(&self) -> Result<Option<RetrainReport>, MemoryNodeError> {
         Ok(self.agent().poll()?)
     }
 
     /// Retrains model `model` now, whatever its SLT count.
-    pub fn retrain_now(&self, model: u64) -> Result<RetrainReport, KvError> {
+    pub fn retrain_now(&self, model: u64) -> Result<RetrainReport, MemoryNodeError> {
         Ok(self.agent().retrain(model)?)
     }
 
     /// Retraining step 1 alone (walk and fit, nothing locked): with
     /// [`MemoryNode::install`], lets tests run compute-node operations
     /// between training and installation.
-    pub fn prepare(&self, model: u64) -> Result<Prepared, KvError> {
+    pub fn prepare(&self, model: u64) -> Result<Prepared, MemoryNodeError> {
         Ok(self.agent().prepare(model)?)
     }
 
     /// Retraining steps 2–6 for a prepared model: freeze, carry over the
     /// leaves created since [`MemoryNode::prepare`], switch, retire.
-    pub fn install(&self, prepared: Prepared) -> Result<RetrainReport, KvError> {
+    pub fn install(&self, prepared: Prepared) -> Result<RetrainReport, MemoryNodeError> {
         Ok(self.agent().install(prepared)?)
     }
 
     /// SLT slots model `model` has used.
-    pub fn slt_used(&self, model: u64) -> Result<u64, KvError> {
+    pub fn slt_used(&self, model: u64) -> Result<u64, MemoryNodeError> {
         Ok(self.agent().slt_used(model)?)
     }
 
@@ -840,7 +821,7 @@ mod tests {
         let offer = node.offer();
         assert_eq!(offer.addr, node.engine().main_address());
         assert_eq!(PoolInfo::from_offer(&offer), Some(node.pool()));
-        let empty = crate::domain::fabric::bootstrap::Offer {
+        let empty = rolex_engine::domain::fabric::bootstrap::Offer {
             descs: Vec::new(),
             ..offer
         };

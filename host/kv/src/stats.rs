@@ -3,11 +3,11 @@
 //! of design §8, beside the engine's own counters.
 //!
 //! Each session counts into its own relaxed atomics (no sharing on the data
-//! path); [`crate::kv::KvClient::stats`] sums every session's counters.
+//! path); [`crate::KvClient::stats`] sums every session's counters.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::counters::CounterSnapshot;
+use rolex_engine::counters::CounterSnapshot;
 
 /// The operation kinds counted apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

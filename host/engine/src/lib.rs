@@ -1,0 +1,44 @@
+//! `rolex-engine`: the transfer engine and its NIC domains.
+//!
+//! A portable point-to-point RDMA transfer engine after Perplexity's
+//! TransferEngine (design §4): memory registration, two-sided send/receive,
+//! one-sided single and paged writes with 32-bit immediates counted by an
+//! order-independent ImmCounter, peer groups with scatter and barrier,
+//! multi-NIC splitting, UVM watchers — plus one-sided reads and 8-byte
+//! atomics, and [`Channel`] doorbell batches for low-latency clients.
+//! It assumes only what RC and SRD both give: reliable, unordered delivery.
+//!
+//! - [`engine`]: the public API, [`TransferEngine`].
+//! - [`domain`]: the `Domain` / `Endpoint` traits and the backends
+//!   (`loopback`; `fabric` and `verbs` behind their features).
+//! - `group` (private): domain groups and their worker threads.
+//! - [`region`]: registered memory and [`MrHandle`].
+//! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
+//! - [`batch`]: [`Channel`] and [`BatchOp`].
+//! - [`watcher`]: UVM watchers, [`Watcher`].
+//! - [`counters`]: per-engine and per-domain counters.
+//! - [`error`]: every failure, [`TransferError`].
+#![deny(missing_docs)]
+
+pub mod batch;
+pub mod callback;
+pub mod counters;
+pub mod domain;
+pub mod engine;
+pub mod error;
+mod group;
+pub mod region;
+pub mod watcher;
+
+pub use batch::{BatchOp, Channel};
+pub use callback::{CompletionFlag, OnDone, OnValue};
+pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
+pub use domain::loopback::{LoopbackConfig, Unordered};
+pub use engine::{
+    mr_desc_from_bytes, net_addr_from_bytes, single_write_pieces, EngineConfig, Fabric,
+    PeerGroupHandle, TransferEngine, SPLIT_MIN,
+};
+pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
+pub use region::MrHandle;
+pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
+pub use watcher::Watcher;

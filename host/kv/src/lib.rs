@@ -1,0 +1,34 @@
+//! `rolex-kv`: the compute-node client of the learned key-value store
+//! (ROLEX, design §5) on the transfer engine. [`KvClient`] connects to a
+//! memory node's pool ([`PoolInfo`]) and caches its learned models; its
+//! per-thread [`KvSession`]s serve `get`, `insert`, `update`, `delete`,
+//! `scan` and `range` with one-sided verbs only. `u64` keys (every value,
+//! `u64::MAX` included) and `u64` values.
+//!
+//! This crate never links the memory node's agent (`rolex-dpu`): what a
+//! compute node shares with it (the learned model, the pool layouts) lives
+//! in `rolex-core`. The hosted memory node is `rolex-memnode`.
+//!
+//! - [`client`]: [`KvClient`], [`KvClientConfig`].
+//! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase).
+//! - `cache` (private): what a compute node caches.
+//! - [`pool_info`]: [`PoolInfo`], what a client connects to.
+//! - [`stats`]: [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
+//! - [`error`]: [`KvError`].
+//! - [`lease`]: [`lease::LeaseClient`] and the lease wire format: how a
+//!   memory node learns a compute node died and releases its locks.
+#![deny(missing_docs)]
+
+mod cache;
+pub mod client;
+pub mod error;
+pub mod lease;
+pub mod pool_info;
+pub mod session;
+pub mod stats;
+
+pub use client::{KvClient, KvClientConfig};
+pub use error::KvError;
+pub use pool_info::PoolInfo;
+pub use session::KvSession;
+pub use stats::{KvOp, KvStats, ModelBytes, OpStats};

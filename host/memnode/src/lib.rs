@@ -1,0 +1,24 @@
+//! `rolex-memnode`: the hosted memory node of the ROLEX store (design §5,
+//! §6): an engine of its own that registers the pool (in memory or in a
+//! shared file), bulk-loads it, and runs the `rolex-dpu` retraining agent
+//! on a thread that parks when idle; the lease server through which it
+//! learns that a compute node died and releases its locks.
+//!
+//! This is the only host crate that links the agent (`rolex-dpu`): compute
+//! nodes (`rolex-kv`) and the transfer engine (`rolex-engine`) never do.
+//!
+//! - [`node`]: [`MemoryNode`], [`MemoryNodeConfig`], [`HostPool`] (the
+//!   agent's view of a registered pool), [`MemoryNodeStats`].
+//! - [`lease_server`]: [`LeaseServer`], [`LeaseConfig`].
+//! - [`error`]: [`MemoryNodeError`].
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod lease_server;
+pub mod node;
+
+pub use error::MemoryNodeError;
+pub use lease_server::{LeaseConfig, LeaseServer, OnExpire};
+pub use node::{AgentActivity, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
+pub use rolex_dpu::{AgentError, AgentStats, Notice, Prepared, RetrainReport};
+pub use rolex_kv::PoolInfo;
