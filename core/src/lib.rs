@@ -6,7 +6,8 @@
 //! about threads, sockets, libfabric or ibverbs.
 //!
 //! - [`plr`]: optimal streaming piecewise-linear fit (exact integer geometry).
-//! - [`model`]: the model hierarchy, `locate` and leaf-range prediction.
+//! - [`model`]: the store's learned model: leaf fences, their cut into models,
+//!   training, prediction and its window, and the locator over the models.
 //! - [`entry`]: leaf-table entries (`lock | region | pointer | leaf`).
 //! - [`layout`]: everything that lives in the memory pool, as `zerocopy` types.
 //! - [`imm_counter`]: order-independent completion counting per immediate.
@@ -23,6 +24,4 @@ pub mod imm_counter;
 pub mod layout;
 pub mod model;
 pub mod plr;
-#[cfg(feature = "alloc")]
-pub mod train;
 pub mod wire;

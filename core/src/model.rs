@@ -1,144 +1,137 @@
-//! The learned model hierarchy: bottom-level PLR segments ("models"), the
-//! upper levels that locate them, leaf fences, and leaf-range prediction.
+//! The store's learned model, the only one: leaf fences, their cut into
+//! models, each model's fit, prediction and window, and the [`Locator`]
+//! over the models. Bulk loading and retraining (`rolex-dpu`), the client's
+//! lookups (`rolex-kv`) and `rolex plr` all call this code, so what the
+//! tests below and `core/tests/leaf_chains.rs` prove is what the store runs.
 //!
-//! # Label scheme (the project's choice)
+//! # Leaves and fences
 //!
-//! The training keys are cut by [`crate::plr`] into models with error bound
-//! `ε`. Inside model `m` keys are numbered by local position `p = 0..len`
-//! (the PLR's own labels). With `keys_per_leaf = K` (the training fill, at
-//! most the leaf's slot count) the key at local position `p` is stored in the
-//! model's leaf `p / K`; leaves are numbered per model, `0..ceil(len / K)`,
-//! so leaf boundaries never straddle two models.
+//! Sorted keys are loaded `K` to a leaf (the fill: `K ≤ L`, the leaf's
+//! slots). Training leaf `g` takes keys `gK .. (g+1)K`; its `fence_lo` is
+//! its first key, except leaf 0's, which is 0 ([`leaf_fences`]). Its
+//! `fence_hi` is one less than the next leaf's `fence_lo`, or `u64::MAX`
+//! for the last. The fences thus tile the whole key space: every `u64` key
+//! has exactly one owning training leaf, empty or not.
 //!
-//! # Fences
+//! # Models
 //!
-//! Every training leaf owns a fixed, **inclusive** key interval
-//! `[fence_lo, fence_hi]`: `fence_lo` is the training key at position
-//! `j · K` (0 for the very first leaf of model 0) and `fence_hi` is one less
-//! than the next leaf's `fence_lo` (the next leaf may belong to the next
-//! model), or `u64::MAX` for the last leaf of all. The fences tile the whole
-//! key space. A key belongs to the model whose key interval contains it
-//! (model 0 also owns everything below its first key) and to the leaf whose
-//! fences contain it; that chain is where it is stored, whatever happened
-//! since training.
+//! [`plan_models`] runs the PLR over all fences (leaf number as label) and
+//! cuts each piece into runs of at most `max_model_leaves` leaves, so one
+//! retraining never walks an unbounded number of leaves. Each run is a
+//! model: [`fit_model`] fits it afresh over its own fences, numbering its
+//! leaves from 0. A model owns the keys `[first fence, next model's first
+//! fence − 1]` (the first model also owns everything below, as its first
+//! fence is 0) and that range never changes: retraining refits a model
+//! over its own leaves, it never moves a boundary between models.
 //!
-//! # The leaf range and its bias δ = 1 position
+//! # Label scheme
 //!
-//! Let `x` lie in model `m` with training keys `k_0 < … < k_{n−1}` and let
-//! `i` be the position of its predecessor: `k_i ≤ x < k_{i+1}` (or
-//! `x ≥ k_{n−1}`, `i = n − 1`). By the fences, `x` lives in leaf `⌊i / K⌋`.
-//! (If `x < k_0`, which only happens in model 0, it lives in leaf 0.)
-//! `predict` is monotone and within `±ε` at training keys, so with
-//! `p = predict(x)`:
-//! - `p ≥ predict(k_i) ≥ i − ε`, hence `i ≤ p + ε`;
-//! - if `i < n − 1`: `p ≤ predict(k_{i+1}) ≤ i + 1 + ε`; if `i = n − 1`:
-//!   `p ≤ n − 1 = i` by the clamp; either way `i ≥ p − ε − 1`.
-//! - if `x < k_0`: the owning leaf is 0 and `p ≤ predict(k_0) ≤ ε`, so
-//!   `p − ε − 1 < 0` and the saturated range below starts at leaf 0.
+//! A model's training keys are the `fence_lo` of its training leaves, in
+//! leaf order, and the label of leaf `j`'s fence is `j` (label stride
+//! `S = 1`, stored in the record). Every training leaf has a fence, empty or
+//! not, so the fences are exactly the keys where ownership changes: a key
+//! `x` of the model is owned by leaf `j` iff `fence_j ≤ x < fence_{j+1}`,
+//! i.e. `j` is the label of `x`'s predecessor among the training keys.
+//! ε is therefore counted in leaves.
 //!
-//! Since `⌊· / K⌋` is monotone, the owning leaf lies in
-//! `[⌊(p − ε − 1) / K⌋, ⌊(p + ε) / K⌋]`, the lower end saturating at 0 and
-//! the upper end clamped to the model's last leaf. Compared with the ±ε of
-//! training keys the range is widened by one position on the low side only
-//! (δ = 1): a key between two training keys may be predicted up to one
-//! position beyond its predecessor. This is tighter than the paper's δ of a
-//! whole leaf span. `core/tests/leaf_chains.rs` checks it against a
-//! reference after random inserts, updates and deletes.
+//! Why fences and not every key with labels `j·S + r`: a leaf that is
+//! empty at training contributes no key under that scheme, and then a key
+//! later inserted into it can be predicted below its window; dropping empty
+//! leaves at retraining instead would have to grow a neighbour's fences,
+//! which breaks the invariant stale readers rely on (below). Fences have
+//! neither problem, retraining needs no leaf contents (only the leaf list,
+//! which the freeze makes stable), and the PLR needs no explicit labels.
+//!
+//! # The window: δ = 1 leaf
+//!
+//! Let `f` be the model's prediction ([`predict`]): monotone (slope ≥ 0 in
+//! every segment, and each segment's predictions are clamped to its own
+//! labels, which increase from segment to segment) and within `±ε` of `j`
+//! at `fence_j`. For `x` owned by leaf `j`, with `p = f(x)`:
+//! - `p ≥ f(fence_j) ≥ j − ε`, hence `j ≤ p + ε`;
+//! - if `j < n − 1`: `p ≤ f(fence_{j+1}) ≤ j + 1 + ε`; if `j = n − 1`:
+//!   `p ≤ n − 1 = j` by the clamp; either way `j ≥ p − ε − 1`.
+//!
+//! So the owner lies in `[p − ε − 1, p + ε]` clamped to `0 ..= n − 1`
+//! ([`window`]): `2ε + 2` leaves, one more than the `±ε` of the training
+//! keys, on the low side only (δ = 1 leaf). `|p − j| ≤ ε + 1` for every key,
+//! `≤ ε` for the fences themselves.
 //!
 //! # Upper levels
 //!
-//! Level 0 holds the models. Level `l + 1` is the same PLR fitted over the
-//! first keys of level `l`, with its own bound `upper_epsilon` (labels are
-//! again local positions; a segment's `i`-th label is entry `start + i` of
-//! the level below). `upper_epsilon` is separate from `epsilon` because it
-//! only sizes the window searched per level (`2 · upper_epsilon + 2`
-//! entries) and never widens a leaf range; setting both equal is fine.
-//! Fitting stops at a single root segment. Any two points fit a line, so
-//! every segment but a level's last spans at least two entries: each level
-//! is at most half the size of the one below (rounded up) and the hierarchy
-//! has O(log n) levels. [`Hierarchy::locate`] walks down from the
-//! root; at each level the same argument as above gives a window of
-//! `2 · upper_epsilon + 2` entries that contains the right one, found there
-//! by binary search.
-#![cfg(feature = "alloc")]
+//! The [`Locator`] finds the model of a key: the same PLR over the models'
+//! first keys (label: model number) with its own bound `upper_epsilon`,
+//! then over those segments' first keys, up to a single root segment. Any
+//! two points fit a line, so every segment but a level's last spans at
+//! least two entries and the levels shrink geometrically. Walking down from
+//! the root, the argument above gives a window of `2 · upper_epsilon + 2`
+//! entries per level that holds the entry sought, found there by binary
+//! search; the result is then checked against the first keys.
+//!
+//! # Stale models stay correct (DESIGN §5.2)
+//!
+//! Each training leaf owns the fixed, inclusive interval `[fence_lo,
+//! fence_hi]`, and its chain (the training leaf and its synonym leaves)
+//! holds exactly the keys of that interval. A full leaf splits B-link
+//! style: a new synonym leaf takes the upper part, the old leaf's
+//! `fence_hi` shrinks to just below it and links to it. So a chain's
+//! `fence_lo` never changes, a leaf's `fence_hi` only shrinks, and data
+//! never leaves its chain. A model not retrained since therefore still
+//! finds every key: the locator's model ranges are fixed, the window holds
+//! the training leaf by the fences (which are fixed), and that leaf's chain
+//! holds the key. *Every key present is found from a model not retrained
+//! since, after any sequence of inserts, updates, deletes and splits* —
+//! `core/tests/leaf_chains.rs` checks exactly this against a `BTreeMap`.
 
+#[cfg(feature = "alloc")]
 use alloc::vec::Vec;
 use core::fmt;
+use core::ops::Range;
 
-use crate::plr::{fit, PlrError, Segment, MAX_EPSILON};
+use crate::layout::{LayoutError, ModelSegment};
+use crate::plr::PlrError;
+#[cfg(feature = "alloc")]
+use crate::plr::{fit, Segment};
 
-/// Parameters of a hierarchy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HierarchyConfig {
-    /// Error bound of the bottom models, in key positions.
-    pub epsilon: u64,
-    /// Error bound of the upper levels, in entries of the level below.
-    pub upper_epsilon: u64,
-    /// Training keys per leaf (`K`, at most the leaf's slot count).
-    pub keys_per_leaf: u64,
-}
-
-/// Why a hierarchy could not be built.
+/// Why fences could not be cut or fitted, or a locator built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// The training keys (or the models' first keys) were rejected by the
-    /// PLR: unsorted, duplicate, or an error bound too large.
+    /// The PLR refused a model's fences (unsorted or duplicate at `index`
+    /// of the fences given, or ε too large).
     Plr(PlrError),
-    /// No keys (or no models): a hierarchy needs at least one model.
-    Empty,
+    /// A segment's parameters do not fit the pool's segment layout.
+    Layout(LayoutError),
     /// `keys_per_leaf` is 0.
     ZeroKeysPerLeaf,
-    /// Model `index` has no keys.
-    EmptyModel {
-        /// Index of the model.
-        index: usize,
-    },
-    /// Model `index` has a negative, infinite or NaN parameter, so its
-    /// predictions would not be monotone.
-    BadParameters {
-        /// Index of the model.
-        index: usize,
-    },
-    /// The leaf fence keys do not match the models: `expected` keys
-    /// (one per leaf) but `got`.
-    LeafCount {
-        /// Leaves the models imply.
-        expected: u64,
-        /// Fence keys supplied.
-        got: u64,
-    },
-    /// The models' lengths add up to more than `u64::MAX` keys.
-    TooManyKeys,
-    /// Leaf `leaf` (global number) has a fence key that is not above the
-    /// previous leaf's, or the first leaf of a model does not start at the
-    /// model's first key.
-    LeafOrder {
-        /// Global number of the offending leaf.
-        leaf: u64,
+    /// `max_model_leaves` is 0.
+    ZeroMaxModelLeaves,
+    /// A locator was asked for over no model.
+    NoModels,
+    /// The PLR refused an upper level of a locator. At level 0 (the
+    /// models' first keys) an `index` in the error is a model number.
+    Upper {
+        /// Level (0: over the models' first keys).
+        level: usize,
+        /// What the PLR said.
+        error: PlrError,
     },
 }
 
 impl fmt::Display for ModelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            ModelError::Plr(e) => write!(f, "PLR fit failed: {e}"),
-            ModelError::Empty => write!(f, "a hierarchy needs at least one key"),
-            ModelError::ZeroKeysPerLeaf => write!(f, "keys_per_leaf must be at least 1"),
-            ModelError::EmptyModel { index } => write!(f, "model {index} has no keys"),
-            ModelError::BadParameters { index } => write!(
-                f,
-                "model {index} has a negative or non-finite slope or intercept"
-            ),
-            ModelError::TooManyKeys => write!(f, "the models hold more than u64::MAX keys"),
-            ModelError::LeafCount { expected, got } => write!(
-                f,
-                "the models have {expected} leaves but {got} fence keys were given"
-            ),
-            ModelError::LeafOrder { leaf } => write!(
-                f,
-                "fence key of leaf {leaf} is out of order or does not start its model"
-            ),
+        match self {
+            Self::Plr(e) => write!(f, "PLR fit failed: {e}"),
+            Self::Layout(e) => write!(f, "model segment: {e}"),
+            Self::ZeroKeysPerLeaf => f.write_str("keys_per_leaf must be at least 1"),
+            Self::ZeroMaxModelLeaves => f.write_str("max_model_leaves must be at least 1"),
+            Self::NoModels => f.write_str("a locator needs at least one model"),
+            Self::Upper { level: 0, error } => {
+                write!(f, "the models' first keys cannot be indexed: {error}")
+            }
+            Self::Upper { level, error } => {
+                write!(f, "upper level {level} cannot be fitted: {error}")
+            }
         }
     }
 }
@@ -147,338 +140,296 @@ impl core::error::Error for ModelError {}
 
 impl From<PlrError> for ModelError {
     fn from(e: PlrError) -> Self {
-        ModelError::Plr(e)
+        Self::Plr(e)
     }
 }
 
-/// The leaves a key may live in: leaves `first_leaf..=last_leaf` of model
-/// `model` (numbers local to the model).
+impl From<LayoutError> for ModelError {
+    fn from(e: LayoutError) -> Self {
+        Self::Layout(e)
+    }
+}
+
+/// The training-leaf fences of sorted `keys` loaded `keys_per_leaf` to a
+/// leaf: every `keys_per_leaf`-th key, the first replaced by 0 so that the
+/// fences tile the key space (module docs). No keys give one empty leaf,
+/// `[0]`. The keys must be strictly increasing (not checked here; the PLR
+/// of [`plan_models`] refuses fences that are not).
+#[cfg(feature = "alloc")]
+pub fn leaf_fences(keys: &[u64], keys_per_leaf: u64) -> Result<Vec<u64>, ModelError> {
+    if keys_per_leaf == 0 {
+        return Err(ModelError::ZeroKeysPerLeaf);
+    }
+    let k = usize::try_from(keys_per_leaf).unwrap_or(usize::MAX);
+    let mut fences: Vec<u64> = keys.iter().step_by(k).copied().collect();
+    match fences.first_mut() {
+        Some(f) => *f = 0,
+        None => fences.push(0),
+    }
+    Ok(fences)
+}
+
+/// One model of a plan: a run of consecutive training leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeafRange {
-    /// The model that owns the key.
-    pub model: usize,
-    /// First candidate leaf (inclusive).
+pub struct ModelSpan {
+    /// Global number of its first training leaf.
     pub first_leaf: u64,
-    /// Last candidate leaf (inclusive).
-    pub last_leaf: u64,
+    /// Its training leaves (at least 1).
+    pub leaves: u64,
 }
 
-/// A trained model hierarchy with its leaf fences.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Hierarchy {
-    cfg: HierarchyConfig,
-    /// `levels[0]` are the models, the last level is the single root.
-    levels: Vec<Vec<Segment>>,
-    /// `starts[l][i]`: index in level `l − 1` of segment `i`'s label 0 (for
-    /// `l = 0`: the global position of model `i`'s first key). Prefix sums
-    /// of `len`, kept for lookups; a cache can rebuild them.
-    starts: Vec<Vec<u64>>,
-    /// `leaf_base[m]`: global number of model `m`'s leaf 0; one extra entry
-    /// at the end holds the total.
-    leaf_base: Vec<u64>,
-    /// The training key at each leaf's first position, in global leaf order.
-    leaf_keys: Vec<u64>,
-}
-
-impl Hierarchy {
-    /// Trains models over `keys` (strictly increasing, not empty) and the
-    /// upper levels over them.
-    pub fn train(keys: &[u64], cfg: HierarchyConfig) -> Result<Hierarchy, ModelError> {
-        check_config(&cfg)?;
-        let models = fit(keys, cfg.epsilon)?;
-        if models.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        let k = cfg.keys_per_leaf;
-        let mut leaf_keys = Vec::new();
-        let mut pos = 0usize;
-        for m in &models {
-            // Model lengths sum to keys.len(), so every index is in range.
-            let mut j = 0;
-            while j < m.len {
-                leaf_keys.push(keys[pos + j as usize]);
-                j = j.saturating_add(k);
-            }
-            pos += m.len as usize;
-        }
-        Self::build(models, leaf_keys, cfg)
+impl ModelSpan {
+    /// Global number of the first leaf after the model.
+    pub fn end(&self) -> u64 {
+        self.first_leaf + self.leaves
     }
 
-    /// Rebuilds a hierarchy from its models and the fence key of every leaf
-    /// (the training key at each leaf's first position, in model then leaf
-    /// order: `ceil(len / keys_per_leaf)` keys per model, the first equal to
-    /// the model's `first_key`), e.g. when a compute node caches models read
-    /// from the pool or the retraining agent replaces some of them. The
-    /// upper levels are fitted afresh.
-    ///
-    /// The parts are checked for shape (non-empty models, monotone
-    /// parameters, fence keys that match the models and increase), not
-    /// against the keys: the `±ε` bound of each model is the caller's
-    /// promise.
-    pub fn from_parts(
-        models: Vec<Segment>,
-        leaf_keys: Vec<u64>,
-        cfg: HierarchyConfig,
-    ) -> Result<Hierarchy, ModelError> {
-        check_config(&cfg)?;
-        if models.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        let mut expected = 0u64;
-        let mut total = 0u64;
-        for (index, m) in models.iter().enumerate() {
-            total = total.checked_add(m.len).ok_or(ModelError::TooManyKeys)?;
-            if m.len == 0 {
-                return Err(ModelError::EmptyModel { index });
-            }
-            if !(m.slope >= 0.0 && m.slope.is_finite() && m.intercept.is_finite()) {
-                return Err(ModelError::BadParameters { index });
-            }
-            expected = expected.saturating_add(leaves_for(m.len, cfg.keys_per_leaf));
-        }
-        if expected != leaf_keys.len() as u64 {
-            return Err(ModelError::LeafCount {
-                expected,
-                got: leaf_keys.len() as u64,
+    /// Its leaves as indices into the fence list it was planned from.
+    pub fn range(&self) -> Range<usize> {
+        self.first_leaf as usize..self.end() as usize
+    }
+}
+
+/// Cuts the training leaves with `fences` (strictly increasing) into
+/// models: the PLR's pieces at `epsilon` leaves, each cut into runs of at
+/// most `max_model_leaves` (module docs). The spans tile `0..fences.len()`
+/// in order; no fences give no models.
+#[cfg(feature = "alloc")]
+pub fn plan_models(
+    fences: &[u64],
+    epsilon: u64,
+    max_model_leaves: u64,
+) -> Result<Vec<ModelSpan>, ModelError> {
+    if max_model_leaves == 0 {
+        return Err(ModelError::ZeroMaxModelLeaves);
+    }
+    let mut spans = Vec::new();
+    let mut start = 0u64;
+    for piece in fit(fences, epsilon)? {
+        let end = start + piece.len;
+        let mut a = start;
+        while a < end {
+            let b = end.min(a.saturating_add(max_model_leaves));
+            spans.push(ModelSpan {
+                first_leaf: a,
+                leaves: b - a,
             });
+            a = b;
         }
-        let mut leaf = 0usize;
-        for m in &models {
-            if leaf_keys[leaf] != m.first_key || (leaf > 0 && leaf_keys[leaf - 1] >= m.first_key) {
-                return Err(ModelError::LeafOrder { leaf: leaf as u64 });
-            }
-            let n = leaves_for(m.len, cfg.keys_per_leaf) as usize;
-            for j in leaf + 1..leaf + n {
-                if leaf_keys[j - 1] >= leaf_keys[j] {
-                    return Err(ModelError::LeafOrder { leaf: j as u64 });
-                }
-            }
-            leaf += n;
-        }
-        Self::build(models, leaf_keys, cfg)
+        start = end;
     }
+    Ok(spans)
+}
 
-    /// Builds the upper levels over validated models and fences.
-    fn build(
-        models: Vec<Segment>,
-        leaf_keys: Vec<u64>,
-        cfg: HierarchyConfig,
-    ) -> Result<Hierarchy, ModelError> {
-        let mut leaf_base = Vec::with_capacity(models.len() + 1);
-        let mut total = 0u64;
-        for m in &models {
-            leaf_base.push(total);
-            total += leaves_for(m.len, cfg.keys_per_leaf);
+/// Fits the prediction segments of a model whose training leaves have the
+/// (strictly increasing) `fences`; segment bases are the model's leaf
+/// numbers, so `|predict(fences[j]) − j| ≤ epsilon`.
+#[cfg(feature = "alloc")]
+pub fn fit_model(fences: &[u64], epsilon: u64) -> Result<Vec<ModelSegment>, ModelError> {
+    let segments = fit(fences, epsilon)?;
+    let mut out = Vec::with_capacity(segments.len());
+    let mut base = 0u64;
+    for s in segments {
+        out.push(ModelSegment::new(
+            s.first_key,
+            base,
+            s.len,
+            s.slope,
+            s.intercept,
+        )?);
+        base += s.len;
+    }
+    Ok(out)
+}
+
+/// The leaf a model predicts for `key`: the segment that holds it (the last
+/// whose first key is `≤ key`, or the first) evaluated at `key`. Monotone
+/// in `key`; 0 for a model without segments.
+pub fn predict(segments: &[ModelSegment], key: u64) -> u64 {
+    let i = segments
+        .partition_point(|s| s.first_key() <= key)
+        .saturating_sub(1);
+    segments.get(i).map_or(0, |s| s.predict(key))
+}
+
+/// The window of training leaves `[lo, hi]` that holds the owner of `key`
+/// (module docs: `[p − ε − 1, p + ε]` clamped), for a model of `leaves`
+/// (at least 1) training leaves fitted at `epsilon`.
+pub fn window(segments: &[ModelSegment], epsilon: u64, leaves: u64, key: u64) -> (u64, u64) {
+    let p = predict(segments, key);
+    let last = leaves.saturating_sub(1);
+    let lo = p.saturating_sub(epsilon.saturating_add(1)).min(last);
+    let hi = p.saturating_add(epsilon).min(last);
+    (lo, hi)
+}
+
+/// Where [`owning_leaf`] found a key's training leaf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafLookup {
+    /// The training leaf (model-local number) whose fences hold the key.
+    pub leaf: u64,
+    /// Whether the model's window held it (else all fences were searched:
+    /// the model does not fit its fences, which the window proof excludes
+    /// for a model trained by [`fit_model`]).
+    pub in_window: bool,
+}
+
+/// The training leaf of a model (its `fences` and `segments`, fitted at
+/// `epsilon`) that owns `key`, a key of the model: a binary search of the
+/// fences in the [`window`], checked, or of all fences if the window missed.
+/// Empty `fences` (no model has them) give leaf 0, not in the window.
+pub fn owning_leaf(
+    segments: &[ModelSegment],
+    epsilon: u64,
+    fences: &[u64],
+    key: u64,
+) -> LeafLookup {
+    let n = fences.len() as u64;
+    if n == 0 {
+        return LeafLookup {
+            leaf: 0,
+            in_window: false,
+        };
+    }
+    let (lo, hi) = window(segments, epsilon, n, key);
+    let in_window =
+        fences[lo as usize] <= key && fences.get(hi as usize + 1).map_or(true, |&next| next > key);
+    let leaf = if in_window {
+        let w = &fences[lo as usize..=hi as usize];
+        lo + w.partition_point(|&f| f <= key).saturating_sub(1) as u64
+    } else {
+        fences.partition_point(|&f| f <= key).saturating_sub(1) as u64
+    };
+    LeafLookup { leaf, in_window }
+}
+
+/// Locates the model that owns a key: learned upper levels over the
+/// models' first keys, verified against those keys (module docs).
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug, PartialEq)]
+pub struct Locator {
+    firsts: Vec<u64>,
+    /// `levels[0]` indexes `firsts`, `levels[l + 1]` indexes `levels[l]`;
+    /// the last level is the single root.
+    levels: Vec<Vec<Segment>>,
+    /// `starts[l][i]`: the entry below that is label 0 of `levels[l][i]`.
+    starts: Vec<Vec<u64>>,
+    epsilon: u64,
+}
+
+#[cfg(feature = "alloc")]
+impl Locator {
+    /// Fits the upper levels over the models' `first_keys` (strictly
+    /// increasing, at least one) with error bound `epsilon` entries.
+    pub fn new(first_keys: Vec<u64>, epsilon: u64) -> Result<Self, ModelError> {
+        if first_keys.is_empty() {
+            return Err(ModelError::NoModels);
         }
-        leaf_base.push(total);
-
+        let upper = |level| move |error| ModelError::Upper { level, error };
         let mut levels = Vec::new();
         let mut starts = Vec::new();
-        let mut below = models;
+        let mut segs = fit(&first_keys, epsilon).map_err(upper(0))?;
         loop {
-            starts.push(prefix_starts(&below));
-            let done = below.len() == 1;
-            let firsts: Vec<u64> = if done {
-                Vec::new()
-            } else {
-                below.iter().map(|s| s.first_key).collect()
-            };
-            levels.push(below);
-            if done {
+            let mut acc = 0u64;
+            starts.push(
+                segs.iter()
+                    .map(|s| {
+                        let a = acc;
+                        acc += s.len;
+                        a
+                    })
+                    .collect(),
+            );
+            if segs.len() == 1 {
+                levels.push(segs);
                 break;
             }
-            // Each segment but the last spans ≥ 2 entries, so levels shrink.
-            below = fit(&firsts, cfg.upper_epsilon)?;
+            let firsts: Vec<u64> = segs.iter().map(|s| s.first_key).collect();
+            levels.push(segs);
+            segs = fit(&firsts, epsilon).map_err(upper(levels.len()))?;
         }
-        Ok(Hierarchy {
-            cfg,
+        Ok(Self {
+            firsts: first_keys,
             levels,
             starts,
-            leaf_base,
-            leaf_keys,
+            epsilon,
         })
     }
 
-    /// The configuration the hierarchy was built with.
-    pub fn config(&self) -> HierarchyConfig {
-        self.cfg
-    }
-
-    /// The bottom-level models, in key order.
-    pub fn models(&self) -> &[Segment] {
-        &self.levels[0]
-    }
-
-    /// Every level, models first and the single root last.
-    pub fn level_segments(&self) -> &[Vec<Segment>] {
-        &self.levels
-    }
-
-    /// Number of segments per level, models first, ending with 1 (the root).
-    pub fn levels(&self) -> impl Iterator<Item = usize> + '_ {
-        self.levels.iter().map(Vec::len)
-    }
-
-    /// Number of training keys.
-    pub fn keys(&self) -> u64 {
-        self.levels[0].iter().map(|m| m.len).sum()
-    }
-
-    /// Bytes of all segments at all levels as a cache holds them: 32 bytes
-    /// per segment (first key, length, slope, intercept). Leaf fence keys
-    /// (8 bytes per leaf, see [`Self::fence_bytes`]) and the per-level
-    /// prefix sums (derivable from the lengths) are not counted.
-    pub fn model_bytes(&self) -> usize {
-        let segments: usize = self.levels.iter().map(Vec::len).sum();
-        segments * core::mem::size_of::<Segment>()
-    }
-
-    /// Bytes of the leaf fence keys: 8 per training leaf.
-    pub fn fence_bytes(&self) -> usize {
-        self.leaf_keys.len() * core::mem::size_of::<u64>()
-    }
-
-    /// Index of the model that owns `key`: the last model whose first key is
-    /// `≤ key`, or 0 if there is none.
+    /// The model owning `key`: the last whose first key is `≤ key` (model 0
+    /// owns everything below). The learned walk is checked against the
+    /// first keys (two comparisons) and a binary search over them replaces
+    /// it if it was wrong, which the window proof excludes.
     pub fn locate(&self, key: u64) -> usize {
+        let idx = self.locate_learned(key);
+        let ok = (idx == 0 || self.firsts[idx] <= key)
+            && self.firsts.get(idx + 1).map_or(true, |&n| n > key);
+        if ok {
+            idx
+        } else {
+            self.firsts.partition_point(|&f| f <= key).saturating_sub(1)
+        }
+    }
+
+    /// The model the learned levels alone give for `key`, unchecked (what
+    /// [`Self::locate`] checks; tests and `rolex plr` hold it to the first
+    /// keys).
+    pub fn locate_learned(&self, key: u64) -> usize {
         let mut idx = 0usize;
-        let e = self.cfg.upper_epsilon;
-        for l in (1..self.levels.len()).rev() {
+        let e = self.epsilon;
+        for l in (0..self.levels.len()).rev() {
             let seg = &self.levels[l][idx];
             let start = self.starts[l][idx];
             let p = seg.predict(key);
-            // The entry sought is within [p − ε − 1, p + ε] of this segment's
-            // labels (module docs); `p ≤ len − 1` by the clamp.
-            let lo = start + p.saturating_sub(e.saturating_add(1));
-            let hi = start + p.saturating_add(e).min(seg.len - 1);
-            let window = &self.levels[l - 1][lo as usize..=hi as usize];
-            let below = window.partition_point(|s| s.first_key <= key);
-            idx = lo as usize + below.saturating_sub(1);
+            // The entry sought is within [p − ε − 1, p + ε] of this
+            // segment's labels (the window argument of the module docs).
+            let lo = (start + p.saturating_sub(e.saturating_add(1))) as usize;
+            let hi = (start + p.saturating_add(e).min(seg.len - 1)) as usize;
+            let k = if l == 0 {
+                self.firsts[lo..=hi].partition_point(|&f| f <= key)
+            } else {
+                self.levels[l - 1][lo..=hi].partition_point(|s| s.first_key <= key)
+            };
+            idx = lo + k.saturating_sub(1);
         }
         idx
     }
 
-    /// The model owning `key` and the leaves of that model its chain may be
-    /// (see the module docs for the bound).
-    pub fn predict(&self, key: u64) -> LeafRange {
-        let model = self.locate(key);
-        let m = &self.levels[0][model];
-        let p = m.predict(key);
-        let e = self.cfg.epsilon;
-        let k = self.cfg.keys_per_leaf;
-        let last = self.leaves_in(model).saturating_sub(1);
-        LeafRange {
-            model,
-            first_leaf: (p.saturating_sub(e.saturating_add(1)) / k).min(last),
-            last_leaf: (p.saturating_add(e) / k).min(last),
-        }
+    /// The models' first keys, in model order.
+    pub fn first_keys(&self) -> &[u64] {
+        &self.firsts
     }
 
-    /// Predicted global position of `key` among the training keys.
-    pub fn position(&self, key: u64) -> u64 {
-        let model = self.locate(key);
-        self.starts[0][model] + self.levels[0][model].predict(key)
+    /// The upper levels' error bound, in entries of the level below.
+    pub fn epsilon(&self) -> u64 {
+        self.epsilon
     }
 
-    /// Global position of model `model`'s first training key.
-    pub fn model_start(&self, model: usize) -> Option<u64> {
-        self.starts[0].get(model).copied()
+    /// Segments per level, from the one over the models' first keys to the
+    /// root (always 1).
+    pub fn levels(&self) -> impl Iterator<Item = usize> + '_ {
+        self.levels.iter().map(Vec::len)
     }
 
-    /// Number of training leaves of `model` (0 for a model that does not
-    /// exist).
-    pub fn leaves_in(&self, model: usize) -> u64 {
-        match (self.leaf_base.get(model), self.leaf_base.get(model + 1)) {
-            (Some(a), Some(b)) => b - a,
-            _ => 0,
-        }
+    /// Bytes of the learned segments, as the pool lays segments out
+    /// ([`ModelSegment::SIZE`] each).
+    pub fn learned_bytes(&self) -> u64 {
+        let segs: usize = self.levels.iter().map(Vec::len).sum();
+        segs as u64 * ModelSegment::SIZE
     }
 
-    /// The training key at each leaf's first position, in model then leaf
-    /// order: the fence keys [`Self::from_parts`] takes back.
-    pub fn leaf_keys(&self) -> &[u64] {
-        &self.leaf_keys
-    }
-
-    /// Total number of training leaves over all models.
-    pub fn total_leaves(&self) -> u64 {
-        self.leaf_keys.len() as u64
-    }
-
-    /// Inclusive fences `(fence_lo, fence_hi)` of leaf `leaf` of `model`,
-    /// or `None` if there is no such leaf.
-    pub fn fences(&self, model: usize, leaf: u64) -> Option<(u64, u64)> {
-        if leaf >= self.leaves_in(model) {
-            return None;
-        }
-        let g = (self.leaf_base[model] + leaf) as usize;
-        let lo = if g == 0 { 0 } else { self.leaf_keys[g] };
-        let hi = match self.leaf_keys.get(g + 1) {
-            Some(next) => next - 1,
-            None => u64::MAX,
-        };
-        Some((lo, hi))
-    }
-
-    /// The training leaf whose fences contain `key`, as `(model, leaf)`:
-    /// where `key` is stored, found from the fences alone (a writer can lock
-    /// this chain without reading first).
-    pub fn owning_leaf(&self, key: u64) -> (usize, u64) {
-        let g = self
-            .leaf_keys
-            .partition_point(|&k| k <= key)
-            .saturating_sub(1) as u64;
-        let model = self.leaf_base.partition_point(|&b| b <= g) - 1;
-        (model, g - self.leaf_base[model])
+    /// Bytes a cache holds for the locator: the learned segments and 8 per
+    /// model first key.
+    pub fn cached_bytes(&self) -> u64 {
+        self.learned_bytes() + self.firsts.len() as u64 * 8
     }
 }
 
-fn check_config(cfg: &HierarchyConfig) -> Result<(), ModelError> {
-    if cfg.keys_per_leaf == 0 {
-        return Err(ModelError::ZeroKeysPerLeaf);
-    }
-    for epsilon in [cfg.epsilon, cfg.upper_epsilon] {
-        if epsilon > MAX_EPSILON {
-            return Err(PlrError::EpsilonTooLarge {
-                epsilon,
-                max: MAX_EPSILON,
-            }
-            .into());
-        }
-    }
-    Ok(())
-}
-
-/// `ceil(len / k)` for `k ≥ 1`.
-fn leaves_for(len: u64, k: u64) -> u64 {
-    len / k + (len % k != 0) as u64
-}
-
-fn prefix_starts(level: &[Segment]) -> Vec<u64> {
-    let mut acc = 0u64;
-    level
-        .iter()
-        .map(|s| {
-            let start = acc;
-            acc += s.len;
-            start
-        })
-        .collect()
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "alloc"))]
 mod tests {
     use super::*;
+    use crate::plr::MAX_EPSILON;
     use proptest::prelude::*;
-    use std::vec;
-
-    fn cfg(epsilon: u64, upper_epsilon: u64, keys_per_leaf: u64) -> HierarchyConfig {
-        HierarchyConfig {
-            epsilon,
-            upper_epsilon,
-            keys_per_leaf,
-        }
-    }
 
     fn sorted_unique(mut v: Vec<u64>) -> Vec<u64> {
         v.sort_unstable();
@@ -486,227 +437,162 @@ mod tests {
         v
     }
 
-    fn keys_strategy() -> impl Strategy<Value = Vec<u64>> {
-        prop_oneof![
-            prop::collection::vec(any::<u64>(), 1..3000).prop_map(sorted_unique),
-            prop::collection::vec(0u64..5000, 1..3000).prop_map(sorted_unique),
-            // Quadratic growth: many models.
-            (1usize..3000).prop_map(|n| (0..n as u64).map(|i| i * i * 7).collect()),
-            prop::collection::vec((any::<u64>(), 1u64..200), 1..30).prop_map(|runs| {
-                let mut v = vec![0, u64::MAX];
-                for (base, n) in runs {
-                    v.extend((0..n).map(|j| base.saturating_add(j * j)));
-                }
-                sorted_unique(v)
-            }),
-        ]
-    }
-
-    fn probe_keys(keys: &[u64], extra: &[u64]) -> Vec<u64> {
-        let mut probes = vec![0, 1, u64::MAX, u64::MAX - 1];
-        for &k in keys {
-            probes.extend([k, k.wrapping_sub(1), k.wrapping_add(1)]);
-        }
-        probes.extend_from_slice(extra);
-        probes
-    }
-
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(96))]
+        #![proptest_config(ProptestConfig::with_cases(128))]
 
+        /// Every key between the fences lies in the window of its owner, at
+        /// most ε + 1 leaves from the prediction (ε at the fences), and
+        /// `owning_leaf` finds it there.
+        #[test]
+        fn owner_is_in_the_window(
+            mut fences in proptest::collection::btree_set(any::<u64>(), 1..300),
+            eps in 0u64..8,
+            probes in proptest::collection::vec(any::<u64>(), 1..50),
+        ) {
+            fences.insert(0);
+            let fences: Vec<u64> = fences.into_iter().collect();
+            let segs = fit_model(&fences, eps).unwrap();
+            for (j, &f) in fences.iter().enumerate() {
+                prop_assert!(predict(&segs, f).abs_diff(j as u64) <= eps);
+            }
+            for x in probes.into_iter().chain(fences.iter().copied()) {
+                let owner = fences.partition_point(|&f| f <= x) as u64 - 1;
+                let (lo, hi) = window(&segs, eps, fences.len() as u64, x);
+                prop_assert!(lo <= owner && owner <= hi, "x {} owner {} window {:?}", x, owner, (lo, hi));
+                prop_assert!(predict(&segs, x).abs_diff(owner) <= eps + 1);
+                prop_assert_eq!(
+                    owning_leaf(&segs, eps, &fences, x),
+                    LeafLookup { leaf: owner, in_window: true }
+                );
+            }
+        }
+
+        /// The plan tiles the leaves with spans of at most
+        /// `max_model_leaves`, cut only where the PLR cuts or the cap does,
+        /// and each model's fit keeps its own fences within ε.
+        #[test]
+        fn plan_tiles_the_leaves(
+            keys in proptest::collection::vec(any::<u64>(), 0..2000).prop_map(sorted_unique),
+            k in 1u64..20,
+            eps in 0u64..6,
+            max in 1u64..40,
+        ) {
+            let fences = leaf_fences(&keys, k).unwrap();
+            prop_assert_eq!(fences.len(), keys.len().div_ceil(k as usize).max(1));
+            let spans = plan_models(&fences, eps, max).unwrap();
+            let pieces = fit(&fences, eps).unwrap();
+            let mut piece_ends = Vec::new();
+            let mut end = 0;
+            for p in &pieces {
+                end += p.len;
+                piece_ends.push(end);
+            }
+            let mut next = 0;
+            for s in &spans {
+                prop_assert_eq!(s.first_leaf, next);
+                prop_assert!(s.leaves >= 1 && s.leaves <= max);
+                // A span ends at a piece end or is cut by the cap.
+                prop_assert!(s.leaves == max || piece_ends.contains(&s.end()));
+                let own = &fences[s.range()];
+                let segs = fit_model(own, eps).unwrap();
+                for (j, &f) in own.iter().enumerate() {
+                    prop_assert!(predict(&segs, f).abs_diff(j as u64) <= eps);
+                }
+                next = s.end();
+            }
+            prop_assert_eq!(next, fences.len() as u64);
+        }
+
+        /// The learned walk alone finds the last model whose first key is
+        /// `≤ key`, and the levels shrink to one root.
         #[test]
         fn locate_matches_binary_search(
-            keys in keys_strategy(),
-            extra in prop::collection::vec(any::<u64>(), 0..50),
-            eps in 0u64..8,
-            ueps in 0u64..4,
-            k in 1u64..9,
+            firsts in proptest::collection::vec(any::<u64>(), 1..3000).prop_map(sorted_unique),
+            extra in proptest::collection::vec(any::<u64>(), 0..50),
+            ueps in 0u64..6,
         ) {
-            let h = Hierarchy::train(&keys, cfg(eps, ueps, k)).unwrap();
-            let firsts: Vec<u64> = h.models().iter().map(|m| m.first_key).collect();
-            for key in probe_keys(&keys, &extra) {
-                let want = firsts.partition_point(|&f| f <= key).saturating_sub(1);
-                prop_assert_eq!(h.locate(key), want, "key {}", key);
+            let loc = Locator::new(firsts.clone(), ueps).unwrap();
+            let mut probes = vec![0, 1, u64::MAX, u64::MAX - 1];
+            for &f in &firsts {
+                probes.extend([f, f.wrapping_sub(1), f.wrapping_add(1)]);
             }
-            let sizes: Vec<usize> = h.levels().collect();
-            prop_assert_eq!(sizes[0], h.models().len());
+            probes.extend(extra);
+            for key in probes {
+                let want = firsts.partition_point(|&f| f <= key).saturating_sub(1);
+                prop_assert_eq!(loc.locate_learned(key), want, "key {}", key);
+                prop_assert_eq!(loc.locate(key), want);
+            }
+            let sizes: Vec<usize> = loc.levels().collect();
+            prop_assert!(sizes[0] <= firsts.len());
             prop_assert_eq!(*sizes.last().unwrap(), 1);
             prop_assert!(sizes.windows(2).all(|w| w[1] < w[0]));
         }
-
-        #[test]
-        fn training_keys_fall_in_their_leaf_range(
-            keys in keys_strategy(),
-            eps in 0u64..8,
-            ueps in 0u64..4,
-            k in 1u64..9,
-        ) {
-            let h = Hierarchy::train(&keys, cfg(eps, ueps, k)).unwrap();
-            let mut model = 0;
-            let mut local = 0u64;
-            for &key in &keys {
-                if local == h.models()[model].len {
-                    model += 1;
-                    local = 0;
-                }
-                let r = h.predict(key);
-                prop_assert_eq!(r.model, model);
-                let leaf = local / k;
-                prop_assert!(r.first_leaf <= leaf && leaf <= r.last_leaf);
-                prop_assert_eq!(h.owning_leaf(key), (model, leaf));
-                let (lo, hi) = h.fences(model, leaf).unwrap();
-                prop_assert!(lo <= key && key <= hi);
-                prop_assert!(h.position(key).abs_diff(h.model_start(model).unwrap() + local) <= eps);
-                local += 1;
-            }
-        }
-
-        #[test]
-        fn fences_tile_the_key_space(keys in keys_strategy(), k in 1u64..9) {
-            let h = Hierarchy::train(&keys, cfg(4, 2, k)).unwrap();
-            let mut next = 0u64;
-            let mut leaves = 0;
-            for m in 0..h.models().len() {
-                prop_assert_eq!(h.leaves_in(m), h.models()[m].len.div_ceil(k));
-                for j in 0..h.leaves_in(m) {
-                    let (lo, hi) = h.fences(m, j).unwrap();
-                    prop_assert_eq!(lo, next);
-                    prop_assert!(lo <= hi);
-                    next = hi.wrapping_add(1);
-                    leaves += 1;
-                }
-                prop_assert_eq!(h.fences(m, h.leaves_in(m)), None);
-            }
-            prop_assert_eq!(next, 0, "the last fence ends at u64::MAX");
-            prop_assert_eq!(h.total_leaves(), leaves);
-        }
-
-        #[test]
-        fn from_parts_round_trips(keys in keys_strategy(), k in 1u64..9) {
-            let c = cfg(3, 1, k);
-            let h = Hierarchy::train(&keys, c).unwrap();
-            let again = Hierarchy::from_parts(h.models().to_vec(), h.leaf_keys().to_vec(), c).unwrap();
-            prop_assert_eq!(again, h);
-        }
     }
 
     #[test]
-    fn single_key() {
-        let h = Hierarchy::train(&[42], cfg(0, 0, 4)).unwrap();
-        assert_eq!(h.levels().collect::<Vec<_>>(), vec![1]);
-        assert_eq!(h.model_bytes(), 32);
-        assert_eq!(h.fences(0, 0), Some((0, u64::MAX)));
-        for key in [0, 41, 42, 43, u64::MAX] {
-            assert_eq!(
-                h.predict(key),
-                LeafRange {
-                    model: 0,
-                    first_leaf: 0,
-                    last_leaf: 0
-                }
-            );
-        }
-        assert_eq!(h.leaves_in(1), 0);
-        assert_eq!(h.fences(1, 0), None);
+    fn fences_step_by_the_fill_from_zero() {
+        assert_eq!(leaf_fences(&[], 4).unwrap(), vec![0]);
+        assert_eq!(leaf_fences(&[7], 4).unwrap(), vec![0]);
+        let keys: Vec<u64> = (10..20).collect();
+        assert_eq!(leaf_fences(&keys, 3).unwrap(), vec![0, 13, 16, 19]);
+        assert_eq!(leaf_fences(&keys, u64::MAX).unwrap(), vec![0]);
+        assert_eq!(leaf_fences(&keys, 0), Err(ModelError::ZeroKeysPerLeaf));
     }
 
     #[test]
-    fn bad_input() {
-        let c = cfg(4, 4, 4);
-        assert_eq!(Hierarchy::train(&[], c), Err(ModelError::Empty));
+    fn bad_input_is_refused_with_its_context() {
         assert_eq!(
-            Hierarchy::train(&[1, 2], cfg(4, 4, 0)),
-            Err(ModelError::ZeroKeysPerLeaf)
+            plan_models(&[0, 1], 1, 0),
+            Err(ModelError::ZeroMaxModelLeaves)
         );
+        assert_eq!(plan_models(&[], 1, 4), Ok(Vec::new()));
         assert_eq!(
-            Hierarchy::train(&[3, 2], c),
-            Err(ModelError::Plr(PlrError::Unsorted {
-                index: 1,
-                prev: 3,
-                key: 2
-            }))
-        );
-        assert_eq!(
-            Hierarchy::train(&[2, 2], c),
-            Err(ModelError::Plr(PlrError::Duplicate { index: 1, key: 2 }))
+            plan_models(&[0, 5, 5], 1, 4),
+            Err(ModelError::Plr(PlrError::Duplicate { index: 2, key: 5 }))
         );
         assert!(matches!(
-            Hierarchy::train(&[1], cfg(4, MAX_EPSILON + 1, 4)),
+            fit_model(&[0, 1], MAX_EPSILON + 1),
             Err(ModelError::Plr(PlrError::EpsilonTooLarge { .. }))
         ));
+        assert_eq!(Locator::new(Vec::new(), 2), Err(ModelError::NoModels));
+        assert_eq!(
+            Locator::new(vec![0, 9, 4], 2),
+            Err(ModelError::Upper {
+                level: 0,
+                error: PlrError::Unsorted {
+                    index: 2,
+                    prev: 9,
+                    key: 4
+                }
+            })
+        );
     }
 
     #[test]
-    fn from_parts_rejects_inconsistent_parts() {
-        let keys: Vec<u64> = (0..200u64).map(|i| i * i).collect();
-        let c = cfg(2, 1, 4);
-        let h = Hierarchy::train(&keys, c).unwrap();
-        let models = h.models().to_vec();
-        assert!(models.len() > 2);
-        let fences = h.leaf_keys().to_vec();
-
-        assert_eq!(
-            Hierarchy::from_parts(Vec::new(), Vec::new(), c),
-            Err(ModelError::Empty)
-        );
-        let mut short = fences.clone();
-        short.pop();
-        assert!(matches!(
-            Hierarchy::from_parts(models.clone(), short, c),
-            Err(ModelError::LeafCount { .. })
-        ));
-        let mut bad = models.clone();
-        bad[1].slope = -1.0;
-        assert_eq!(
-            Hierarchy::from_parts(bad, fences.clone(), c),
-            Err(ModelError::BadParameters { index: 1 })
-        );
-        let mut bad = models.clone();
-        bad[2].intercept = f64::NAN;
-        assert_eq!(
-            Hierarchy::from_parts(bad, fences.clone(), c),
-            Err(ModelError::BadParameters { index: 2 })
-        );
-        let mut bad = models.clone();
-        bad[1].len = u64::MAX;
-        assert_eq!(
-            Hierarchy::from_parts(bad, fences.clone(), c),
-            Err(ModelError::TooManyKeys)
-        );
-        let mut bad = models.clone();
-        bad[0].len = 0;
-        assert_eq!(
-            Hierarchy::from_parts(bad, fences.clone(), c),
-            Err(ModelError::EmptyModel { index: 0 })
-        );
-        let mut swapped = fences.clone();
-        swapped.swap(1, 2);
-        assert!(matches!(
-            Hierarchy::from_parts(models.clone(), swapped, c),
-            Err(ModelError::LeafOrder { .. })
-        ));
-        // Models whose first keys are not increasing.
-        let mut bad = models.clone();
-        bad.swap(0, 1);
-        assert!(Hierarchy::from_parts(bad, fences, c).is_err());
+    fn one_model_has_a_root() {
+        let loc = Locator::new(vec![0], 4).unwrap();
+        assert_eq!(loc.levels().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(loc.locate(0), 0);
+        assert_eq!(loc.locate(u64::MAX), 0);
+        assert_eq!(loc.learned_bytes(), ModelSegment::SIZE);
+        assert_eq!(loc.cached_bytes(), ModelSegment::SIZE + 8);
     }
 
     #[test]
-    fn deep_hierarchy_with_zero_upper_epsilon() {
-        // Quadratic keys with ε = 0 give many models; ε_upper = 0 many levels.
-        let keys: Vec<u64> = (0..20_000u64).map(|i| i * i * 3 + i).collect();
-        let h = Hierarchy::train(&keys, cfg(0, 0, 8)).unwrap();
-        let sizes: Vec<usize> = h.levels().collect();
-        assert!(sizes.len() >= 4, "{sizes:?}");
-        let firsts: Vec<u64> = h.models().iter().map(|m| m.first_key).collect();
+    fn deep_locator_with_zero_epsilon() {
+        // Quadratic first keys with ε = 0 give many levels.
+        let firsts: Vec<u64> = (0..20_000u64).map(|i| i * i * 3 + i).collect();
+        let loc = Locator::new(firsts.clone(), 0).unwrap();
+        let sizes: Vec<usize> = loc.levels().collect();
+        assert!(sizes.len() >= 3, "{sizes:?}");
         for (i, &f) in firsts.iter().enumerate() {
-            assert_eq!(h.locate(f), i);
-            assert_eq!(h.locate(f.saturating_sub(1)), i.saturating_sub(1));
-            assert_eq!(h.locate(f + 1), i);
+            assert_eq!(loc.locate_learned(f), i);
+            assert_eq!(loc.locate_learned(f.saturating_sub(1)), i.saturating_sub(1));
+            assert_eq!(loc.locate_learned(f + 1), i);
         }
         assert_eq!(
-            h.model_bytes(),
-            sizes.iter().sum::<usize>() * core::mem::size_of::<Segment>()
+            loc.learned_bytes(),
+            sizes.iter().sum::<usize>() as u64 * ModelSegment::SIZE
         );
     }
 }

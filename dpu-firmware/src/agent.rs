@@ -4,7 +4,8 @@
 //! One retraining of model `m` (record `R`, directory word `D[m] = R`):
 //!
 //! 1. **Prepare** (nothing locked): walk `R`'s chains in key order and fit
-//!    new segments over the leaves' fences ([`crate::train`]).
+//!    new segments over the leaves' fences ([`rolex_core::model::fit_model`],
+//!    the scheme bulk loading used and clients predict with).
 //! 2. **Freeze**: set `FROZEN` in `R`'s state word, then lock every LT
 //!    entry of `R` by `CAS`, waiting for writers that hold one. From here on
 //!    no compute node changes a leaf of `m`: writers whose lock `CAS` fails
@@ -47,13 +48,13 @@ use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
 };
+use rolex_core::model::fit_model;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{AgentError, Inconsistency};
 use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
-use rolex_core::train::fit_model;
 
 /// How the agent decides what to retrain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

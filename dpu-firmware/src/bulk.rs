@@ -3,10 +3,9 @@
 //! The keys are cut into leaves of `keys_per_leaf` keys (the fill factor);
 //! the leaves' fences tile the whole key space (`fence_lo` of leaf 0 is 0,
 //! `fence_hi` of the last is `u64::MAX`, so every `u64` key has an owner).
-//! The PLR over the fences (see [`crate::train`]) cuts the leaves into
-//! models; a model longer than `max_model_leaves` is split into several
-//! (each refitted), so one retraining never has to walk an unbounded
-//! number of leaves. Each model is one directory slot whose key range
+//! Fences, the cut into models (PLR pieces of at most `max_model_leaves`
+//! leaves) and each model's fit are [`rolex_core::model`]'s, the code the
+//! clients predict with. Each model is one directory slot whose key range
 //! `[first fence, next model's first fence − 1]` never changes afterwards.
 //!
 //! Invariant of a written pool: the superblock passes its check, every
@@ -23,12 +22,11 @@ use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment, PoolParams,
     Slot, Superblock,
 };
-use rolex_core::plr::fit;
+use rolex_core::model::{fit_model, leaf_fences, plan_models, ModelSpan};
 use zerocopy::IntoBytes;
 
 use crate::error::AgentError;
 use crate::memory::PoolMemory;
-use rolex_core::train::fit_model;
 
 /// How to lay a pool out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +37,7 @@ pub struct BulkConfig {
     pub leaf_slots: u32,
     /// Keys per leaf at load (`1..=leaf_slots`): the fill factor times `L`.
     pub keys_per_leaf: u32,
-    /// The models' error bound, in leaves (see [`crate::train`]).
+    /// The models' error bound, in leaves (see [`rolex_core::model`]).
     pub epsilon: u64,
     /// Most training leaves a bulk-loaded model may have (at least 1).
     pub max_model_leaves: u64,
@@ -53,10 +51,8 @@ pub struct BulkConfig {
 /// One model of the plan.
 #[derive(Clone, Debug)]
 struct PlannedModel {
-    /// Global number of its first leaf.
-    first_leaf: u64,
     /// Its training leaves.
-    leaves: u64,
+    span: ModelSpan,
     /// Its segments.
     segments: Vec<ModelSegment>,
     /// Pool offset of its record.
@@ -96,31 +92,15 @@ impl BulkPlan {
         }
         let k = cfg.keys_per_leaf as usize;
         // Leaf i holds keys [iK, (i+1)K); leaf 0 also owns everything below.
-        let mut fences: Vec<u64> = keys.iter().step_by(k).copied().collect();
-        match fences.first_mut() {
-            Some(f) => *f = 0,
-            None => fences.push(0),
-        }
-        // Models: PLR pieces of the fences, cut to at most max_model_leaves.
-        let mut cuts = Vec::new();
-        let mut start = 0u64;
-        for s in fit(&fences, cfg.epsilon)? {
-            let end = start + s.len;
-            let mut a = start;
-            while a < end {
-                let b = end.min(a.saturating_add(cfg.max_model_leaves));
-                cuts.push((a, b));
-                a = b;
-            }
-            start = end;
-        }
-        let upper_len = cuts.len() as u64 * 8;
+        let fences = leaf_fences(keys, cfg.keys_per_leaf.into())?;
+        let spans = plan_models(&fences, cfg.epsilon, cfg.max_model_leaves)?;
+        let upper_len = spans.len() as u64 * 8;
         let mut record_bytes = 0u64;
-        let mut segs = Vec::with_capacity(cuts.len());
-        for &(a, b) in &cuts {
-            let s = fit_model(&fences[a as usize..b as usize], cfg.epsilon)?;
+        let mut segs = Vec::with_capacity(spans.len());
+        for span in &spans {
+            let s = fit_model(&fences[span.range()], cfg.epsilon)?;
             record_bytes = record_bytes
-                .checked_add(ModelRecord::size_for(b - a, s.len() as u64)?)
+                .checked_add(ModelRecord::size_for(span.leaves, s.len() as u64)?)
                 .ok_or(AgentError::BadConfig {
                     field: "model_region_spare",
                     value: cfg.model_region_spare,
@@ -128,7 +108,7 @@ impl BulkPlan {
             segs.push(s);
         }
         let leaf_count = fences.len() as u64;
-        let model_count = cuts.len() as u64;
+        let model_count = spans.len() as u64;
         let too_big = AgentError::BadConfig {
             field: "model_region_spare",
             value: cfg.model_region_spare,
@@ -156,33 +136,32 @@ impl BulkPlan {
         sb.set_upper_levels(sb.model_region_offset(), upper_len);
         sb.check()?;
         let mut at = sb.model_region_offset() + upper_len;
-        let mut models = Vec::with_capacity(cuts.len());
-        for (m, (&(a, b), segments)) in cuts.iter().zip(segs).enumerate() {
-            let key_hi = match fences.get(b as usize) {
+        let mut models = Vec::with_capacity(spans.len());
+        for (m, (&span, segments)) in spans.iter().zip(segs).enumerate() {
+            let key_hi = match fences.get(span.end() as usize) {
                 Some(next) => next - 1,
                 None => u64::MAX,
             };
-            let first_key_pos = (a as usize).saturating_mul(k);
-            let last_key_pos = ((b as usize).saturating_mul(k)).min(keys.len());
+            let first_key_pos = (span.first_leaf as usize).saturating_mul(k);
+            let last_key_pos = ((span.end() as usize).saturating_mul(k)).min(keys.len());
             let record = ModelRecord::new(
                 at,
                 &ModelRecordParams {
                     model_id: m as u64,
-                    first_key: fences[a as usize],
+                    first_key: fences[span.first_leaf as usize],
                     key_hi,
                     label_stride: 1,
                     segment_count: segments.len() as u64,
                     train_keys: last_key_pos.saturating_sub(first_key_pos) as u64,
-                    leaf_count: b - a,
+                    leaf_count: span.leaves,
                     epsilon: cfg.epsilon,
                     generation: 0,
                 },
             )?;
             record.check(at, &sb)?;
-            let size = ModelRecord::size_for(b - a, segments.len() as u64)?;
+            let size = ModelRecord::size_for(span.leaves, segments.len() as u64)?;
             models.push(PlannedModel {
-                first_leaf: a,
-                leaves: b - a,
+                span,
                 segments,
                 at,
                 record,
@@ -257,10 +236,9 @@ impl BulkPlan {
         for (i, m) in self.models.iter().enumerate() {
             let r = &m.record;
             mem.write(m.at, r.as_bytes())?;
-            let mut lt = Vec::with_capacity(m.leaves as usize * 8);
-            let mut fences = Vec::with_capacity(m.leaves as usize * 8);
-            for j in 0..m.leaves {
-                let g = m.first_leaf + j;
+            let mut lt = Vec::with_capacity(m.span.leaves as usize * 8);
+            let mut fences = Vec::with_capacity(m.span.leaves as usize * 8);
+            for g in m.span.first_leaf..m.span.end() {
                 lt.extend_from_slice(&LtEntry::new(id, 0, g)?.raw().to_le_bytes());
                 fences.extend_from_slice(&self.fences[g as usize].to_le_bytes());
             }

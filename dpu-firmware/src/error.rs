@@ -5,8 +5,7 @@ use core::fmt;
 
 use rolex_core::entry::EntryError;
 use rolex_core::layout::{CirqError, LayoutError, LeafError};
-use rolex_core::plr::PlrError;
-use rolex_core::train::FitError;
+use rolex_core::model::ModelError;
 
 use crate::memory::MemError;
 
@@ -56,8 +55,9 @@ impl fmt::Display for Inconsistency {
 pub enum AgentError {
     /// The pool memory refused an access.
     Mem(MemError),
-    /// A model could not be fitted over its fences.
-    Fit(FitError),
+    /// Fences could not be cut into models, or a model fitted over its
+    /// fences.
+    Model(ModelError),
     /// A pool layout is malformed or does not fit.
     Layout(LayoutError),
     /// A leaf stayed invalid after every retry.
@@ -69,8 +69,6 @@ pub enum AgentError {
     },
     /// An entry field does not fit.
     Entry(EntryError),
-    /// The PLR rejected the training keys.
-    Plr(PlrError),
     /// The retraining queue is malformed.
     Cirq(CirqError),
     /// Bulk-load keys are not strictly increasing at `index`.
@@ -110,11 +108,10 @@ impl fmt::Display for AgentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::Mem(e) => write!(f, "pool memory: {e}"),
-            Self::Fit(e) => write!(f, "{e}"),
+            Self::Model(e) => write!(f, "training: {e}"),
             Self::Layout(e) => write!(f, "pool layout: {e}"),
             Self::Leaf { leaf, error } => write!(f, "leaf {leaf}: {error}"),
             Self::Entry(e) => write!(f, "entry: {e}"),
-            Self::Plr(e) => write!(f, "training: {e}"),
             Self::Cirq(e) => write!(f, "retraining queue: {e}"),
             Self::UnsortedKeys { index } => {
                 write!(f, "bulk-load key {index} is not above the key before it")
@@ -150,15 +147,9 @@ impl From<EntryError> for AgentError {
     }
 }
 
-impl From<PlrError> for AgentError {
-    fn from(e: PlrError) -> Self {
-        Self::Plr(e)
-    }
-}
-
-impl From<FitError> for AgentError {
-    fn from(e: FitError) -> Self {
-        Self::Fit(e)
+impl From<ModelError> for AgentError {
+    fn from(e: ModelError) -> Self {
+        Self::Model(e)
     }
 }
 

@@ -11,8 +11,8 @@
 //! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
 //!
 //! - [`memory`] — [`PoolMemory`] and [`MemError`].
-//! - [`train`] — fitting a model's prediction segments over its leaf fences.
-//! - [`bulk`] — laying out and bulk-loading a fresh pool.
+//! - [`bulk`] — laying out and bulk-loading a fresh pool (fences, models and
+//!   their fit are `rolex_core::model`'s, as the clients' prediction).
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
 //! - [`agent`] — the retraining service, [`Agent`].
 //! - [`histogram`] — [`Histogram`], the freeze-time histogram.

@@ -25,8 +25,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Train the learned model hierarchy (optimal PLR) on a key set and report
-    /// segments, levels, the measured maximum error and training speed.
+    /// Train the store's learned model (optimal PLR over leaf fences) on a key
+    /// set and report segments, levels, the measured maximum error (in
+    /// leaves) and training speed.
     Plr(plr::PlrArgs),
     /// Benchmark the transfer engine: bandwidth, operation rate and latency,
     /// beside memcpy of the same size measured in the same run.

@@ -32,7 +32,11 @@ fn json_line_has_every_promised_field_and_error_within_epsilon() {
     let levels = v["levels"].as_array().unwrap();
     assert_eq!(levels.first().unwrap(), &v["segments"]);
     assert_eq!(levels.last().unwrap(), 1);
-    assert!(v["max_error"].as_u64().unwrap() <= 8);
+    // ε and `max_error` are in leaves. The models bound |predict − leaf| by
+    // ε at the fences they are trained on; a key between two fences may be
+    // predicted up to one leaf further (the δ = 1 window of
+    // `rolex_core::model`), so ε + 1 is what the help promises.
+    assert!(v["max_error"].as_u64().unwrap() <= 8 + 1);
     assert!(v["model_bytes"].as_u64().unwrap() > 0);
     assert!(v["train_ns_per_key"].as_f64().unwrap() > 0.0);
 }

@@ -1,6 +1,6 @@
-//! What a compute node caches: the upper levels that locate a model, and
-//! per model its record, segments, LT, fences and the synonym chains it has
-//! learned.
+//! What a compute node caches per model: its record, segments, LT, fences
+//! and the synonym chains it has learned (the upper levels that locate a
+//! model are `rolex_core::model::Locator`).
 //!
 //! The cache is advisory for everything but the fences' *ownership*: a
 //! model's key range and its training leaves' `fence_lo` never change for
@@ -16,89 +16,7 @@ use std::sync::RwLock;
 
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, Superblock};
-use rolex_core::plr::{fit, Segment};
-use rolex_core::train::window;
-
-/// Locates the model that owns a key: learned upper levels over the models'
-/// first keys, verified against those keys.
-#[derive(Clone, Debug)]
-pub(crate) struct Locator {
-    firsts: Vec<u64>,
-    /// `levels[0]` indexes `firsts`; the last level is a single root.
-    levels: Vec<Vec<Segment>>,
-    starts: Vec<Vec<u64>>,
-    epsilon: u64,
-}
-
-impl Locator {
-    pub(crate) fn new(firsts: Vec<u64>, epsilon: u64) -> Result<Self, KvErrorLite> {
-        let mut levels = Vec::new();
-        let mut starts = Vec::new();
-        let mut below: Vec<u64> = firsts.clone();
-        while below.len() > 1 {
-            let segs = fit(&below, epsilon).map_err(|_| KvErrorLite)?;
-            let mut acc = 0u64;
-            starts.push(
-                segs.iter()
-                    .map(|s| {
-                        let a = acc;
-                        acc += s.len;
-                        a
-                    })
-                    .collect(),
-            );
-            below = segs.iter().map(|s| s.first_key).collect();
-            levels.push(segs);
-        }
-        Ok(Self {
-            firsts,
-            levels,
-            starts,
-            epsilon,
-        })
-    }
-
-    /// The model owning `key`: the last whose first key is `≤ key` (model 0
-    /// owns everything below).
-    pub(crate) fn locate(&self, key: u64) -> usize {
-        let mut idx = 0usize;
-        let e = self.epsilon;
-        for l in (0..self.levels.len()).rev() {
-            let seg = &self.levels[l][idx];
-            let start = self.starts[l][idx];
-            let p = seg.predict(key);
-            // The entry sought is within [p − ε − 1, p + ε] of this
-            // segment's labels (the δ = 1 argument of `rolex_core::model`).
-            let lo = (start + p.saturating_sub(e.saturating_add(1))) as usize;
-            let hi = (start + p.saturating_add(e).min(seg.len - 1)) as usize;
-            let k = if l == 0 {
-                self.firsts[lo..=hi].partition_point(|&f| f <= key)
-            } else {
-                self.levels[l - 1][lo..=hi].partition_point(|s| s.first_key <= key)
-            };
-            idx = lo + k.saturating_sub(1);
-        }
-        // The windows are proven, but a wrong model would cost a refresh
-        // loop, so check against the first keys (two comparisons).
-        let ok = (idx == 0 || self.firsts[idx] <= key)
-            && self.firsts.get(idx + 1).map_or(true, |&n| n > key);
-        if ok {
-            idx
-        } else {
-            self.firsts.partition_point(|&f| f <= key).saturating_sub(1)
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> (u64, u64) {
-        let segs: usize = self.levels.iter().map(Vec::len).sum();
-        let learned = segs as u64 * ModelSegment::SIZE;
-        (learned + self.firsts.len() as u64 * 8, learned)
-    }
-}
-
-/// The locator could not be built (the first keys are not increasing).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct KvErrorLite;
+use rolex_core::model::owning_leaf;
 
 /// One model as cached (see the module docs).
 #[derive(Debug)]
@@ -187,22 +105,8 @@ impl ModelView {
     /// The training leaf that owns `key` (a key of this model), and whether
     /// the model's window held it.
     pub(crate) fn owner(&self, key: u64) -> (u64, bool) {
-        let n = self.fences.len() as u64;
-        let (lo, hi) = window(&self.segments, self.record.epsilon(), n, key);
-        let in_window = self.fences[lo as usize] <= key
-            && (hi + 1 == n || self.fences[(hi + 1) as usize] > key);
-        if in_window {
-            let w = &self.fences[lo as usize..=hi as usize];
-            (
-                lo + w.partition_point(|&f| f <= key).saturating_sub(1) as u64,
-                true,
-            )
-        } else {
-            (
-                self.fences.partition_point(|&f| f <= key).saturating_sub(1) as u64,
-                false,
-            )
-        }
+        let l = owning_leaf(&self.segments, self.record.epsilon(), &self.fences, key);
+        (l.leaf, l.in_window)
     }
 
     /// Training leaf `j`'s address from the cached LT.

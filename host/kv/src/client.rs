@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::{LeafRegion, LeafRegionHeader, ModelRecord, Superblock, LAYOUT_VERSION};
+use rolex_core::model::Locator;
 use rolex_core::wire::{Access, MrDesc};
 use zerocopy::FromBytes;
 
-use crate::cache::{Locator, ModelView};
+use crate::cache::ModelView;
 use crate::error::{transfer, KvError};
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
@@ -176,17 +177,14 @@ impl KvClient {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
-        if firsts.first() != Some(&0) || firsts.windows(2).any(|w| w[0] >= w[1]) {
+        if firsts.first() != Some(&0) {
             return Err(KvError::Inconsistent {
-                what: "model first keys are not increasing from 0",
+                what: "the first model's first key is not 0",
                 model: 0,
             });
         }
-        let locator =
-            Locator::new(firsts, cfg.upper_epsilon).map_err(|_| KvError::Inconsistent {
-                what: "model first keys cannot be fitted",
-                model: 0,
-            })?;
+        // Refuses first keys that do not increase, naming the model.
+        let locator = Locator::new(firsts, cfg.upper_epsilon).map_err(KvError::Locator)?;
         let mut views = Vec::with_capacity(models as usize);
         for m in 0..models {
             views.push(RwLock::new(Arc::new(fetch_model(&mut io, desc, &sb, m)?)));
@@ -233,7 +231,8 @@ impl KvClient {
 
     /// Bytes the client caches (see [`ModelBytes`]).
     pub fn model_bytes(&self) -> ModelBytes {
-        let (mut total, mut learned) = self.shared.locator.bytes();
+        let locator = &self.shared.locator;
+        let (mut total, mut learned) = (locator.cached_bytes(), locator.learned_bytes());
         for m in 0..self.shared.models.len() {
             let (t, l) = self.shared.view(m).bytes();
             total += t;

@@ -4,6 +4,7 @@
 use core::fmt;
 
 use rolex_core::layout::LayoutError;
+use rolex_core::model::ModelError;
 
 use rolex_engine::TransferError;
 
@@ -63,6 +64,10 @@ pub enum KvError {
         /// Attempts made.
         attempts: u64,
     },
+    /// The models' first keys (the pool's upper blob) cannot be indexed:
+    /// they do not increase (the error names the model) or the upper
+    /// levels' bound is too large.
+    Locator(ModelError),
     /// The pool holds something the protocol never produces.
     Inconsistent {
         /// What.
@@ -94,6 +99,7 @@ impl fmt::Display for KvError {
             Self::TooManyRetries { op, attempts } => {
                 write!(f, "{op} gave up after {attempts} attempts")
             }
+            Self::Locator(e) => write!(f, "model locator: {e}"),
             Self::Inconsistent { what, model } => write!(f, "model {model}: {what}"),
         }
     }

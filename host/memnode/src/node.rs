@@ -48,7 +48,7 @@ pub struct MemoryNodeConfig {
     pub fill: f64,
     /// Error bound of the models, in key positions; the models are trained
     /// over leaf fences, so their bound is `ceil(epsilon / keys_per_leaf)`
-    /// leaves (see `rolex_dpu::train`).
+    /// leaves (see `rolex_core::model`).
     pub epsilon: u64,
     /// Most training leaves a bulk-loaded model has.
     pub max_model_leaves: u64,
