@@ -1115,3 +1115,37 @@ impl Domain for LibfabricDomain {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libfabric_sys::fi_version_of;
+
+    #[test]
+    fn only_efa_from_api_1_18_refuses_shared_memory() {
+        assert!(wants_nic_only("efa", fi_version_of(1, 18)));
+        assert!(wants_nic_only("efa", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("efa", fi_version_of(1, 17)));
+        assert!(!wants_nic_only("tcp;ofi_rxm", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("shm", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("verbs;ofi_rxm", fi_version_of(2, 0)));
+    }
+
+    #[test]
+    fn negotiated_prints_on_one_line() {
+        let n = Negotiated {
+            library: "libfabric.so.1".into(),
+            library_version: fi_version_of(2, 1),
+            api_version: fi_version_of(2, 1),
+            provider: "efa".into(),
+            msg_order: 0x12,
+            mr_mode: 0x2f0,
+            shared_memory_off: true,
+        };
+        assert_eq!(
+            n.to_string(),
+            "libfabric 2.1 (libfabric.so.1), API 2.1, provider efa, msg_order 0x12, \
+             mr_mode 0x2f0, shared memory off"
+        );
+    }
+}
