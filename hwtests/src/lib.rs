@@ -11,7 +11,6 @@
 //! 8-byte atomics atomic against each other; immediates after data.
 
 use std::fmt;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -178,18 +177,6 @@ pub enum Candidate {
     },
 }
 
-fn libfabric_installed() -> bool {
-    [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/lib",
-    ]
-    .iter()
-    .any(|d| Path::new(d).join("libfabric.so.1").exists())
-}
-
 fn rdma_devices() -> Vec<String> {
     std::fs::read_dir("/sys/class/infiniband")
         .map(|it| {
@@ -281,14 +268,13 @@ pub fn fabrics() -> Vec<Candidate> {
     ];
     for &(provider, node) in PROVIDERS {
         let f = Libfabric { provider, node };
-        if !libfabric_installed() {
-            v.push(Candidate::Skipped {
-                name: f.name(),
-                reason: "libfabric is not installed".into(),
-            });
-            continue;
-        }
         match probe(provider, node) {
+            // The library is loaded at run time; without it every provider
+            // is skipped with the loader's advice.
+            Err(TransferError::LibfabricLoad(e)) => v.push(Candidate::Skipped {
+                name: f.name(),
+                reason: e.to_string(),
+            }),
             // Known gap: on libfabric 1.17's `sockets` some writes with
             // immediates never complete when many are in flight across
             // two NICs per engine (the operation times out). Opt in with

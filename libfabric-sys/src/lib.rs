@@ -1,44 +1,26 @@
-//! Raw bindings to the system libfabric, generated at build time from its
-//! headers (found by pkg-config; 1.17, Debian 12's, or newer).
+//! Raw bindings to libfabric (1.17, Debian 12's, and newer), loaded at run
+//! time: the project builds without libfabric, its headers, a C compiler
+//! or pkg-config, and only the libfabric domain needs the library, when it
+//! opens.
 //!
-//! libfabric implements most of its API (`fi_domain`, `fi_write`,
-//! `fi_cq_read`, …) as `static inline` functions over per-object operation
-//! tables; those are reached through the `rfi_*` functions of a C shim
-//! compiled into this crate, each forwarding to the inline of the same name.
-//! The real symbols (`fi_getinfo`, `fi_fabric`, `fi_strerror`, …) are bound
-//! directly. Constants bindgen cannot evaluate from macros are the `rfi_*`
-//! statics ([`rfi_addr_unspec`], [`rfi_eagain`], [`rfi_eavail`]).
+//! - [`abi`]: the subset of libfabric's ABI the domain uses, declared by
+//!   hand (structs, operation tables, constants); `tests/abi.rs` checks
+//!   every declared size and offset against the installed headers.
+//! - [`load`]: [`lib`] `dlopen`s `libfabric.so.1` (or `ROLEX_LIBFABRIC`)
+//!   once and resolves the real symbols (`fi_getinfo`, `fi_fabric`, ...);
+//!   a missing library is a [`LoadError`] saying how to install it.
+//! - [`ops`]: libfabric's `static inline` calls (`fi_domain`, `fi_write`,
+//!   `fi_cq_read`, ...), which go through the objects' operation tables,
+//!   written in Rust.
 //!
-//! Everything here is `unsafe` and unchecked; the safe wrapper lives in the
-//! host crate's libfabric domain.
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
-#![allow(missing_docs, clippy::all)]
+//! Everything that touches libfabric objects is `unsafe` and unchecked;
+//! the safe wrapper is the host crate's libfabric domain.
+#![deny(missing_docs)]
 
-include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+pub mod abi;
+pub mod load;
+pub mod ops;
 
-/// `FI_VERSION(major, minor)`: the API version asked of `fi_getinfo`.
-pub const fn fi_version_of(major: u32, minor: u32) -> u32 {
-    (major << 16) | minor
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn links_and_reports_a_version_of_at_least_1_17() {
-        // SAFETY: `fi_version` takes no arguments and only returns a number.
-        let v = unsafe { fi_version() };
-        assert!(v >= fi_version_of(1, 17), "libfabric version {v:#x}");
-    }
-
-    #[test]
-    fn strerror_of_eagain_is_text() {
-        // SAFETY: reading an immutable exported constant.
-        let eagain = unsafe { rfi_eagain };
-        // SAFETY: `fi_strerror` returns a static NUL-terminated string for
-        // any error number.
-        let s = unsafe { std::ffi::CStr::from_ptr(fi_strerror(eagain)) };
-        assert!(!s.to_bytes().is_empty());
-    }
-}
+pub use abi::*;
+pub use load::{lib, Lib, LoadError, DEFAULT_LIBRARY, LIBRARY_ENV, MIN_VERSION};
+pub use ops::*;

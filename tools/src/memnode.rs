@@ -447,6 +447,10 @@ fn serve(
     drop(keys);
     let node_ = MemoryNode::start(cfg, &pairs)?;
     drop(pairs);
+    // On stderr: the first stdout line is the banner clients wait for.
+    if let Some(n) = node_.engine().libfabric() {
+        eprintln!("memory node: {n}");
+    }
     // Leases on the bootstrap's address, any port: a compute process that
     // dies holding chain locks has them released (`kv::lease`).
     let lease_host = listen

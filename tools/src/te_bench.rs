@@ -221,7 +221,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         // Bulk transfers: relaxed ordering, as the source does.
         FabricArg::Verbs(device) => verbs_fabric(device.clone(), &args.verbs, true)?,
     };
-    Ok(TransferEngine::new(EngineConfig {
+    let e = TransferEngine::new(EngineConfig {
         nics_per_group: args.nics,
         fabric,
         // Pinning picks CPUs round-robin within one process: the two
@@ -229,7 +229,14 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         // their worker on the first CPU.
         pin_workers: args.fabric == FabricArg::Loopback,
         ..EngineConfig::default()
-    })?)
+    })?;
+    // Once per process (a local run opens several engines), on stderr:
+    // stdout carries the banner or the (JSON) result.
+    static SHOWN: std::sync::Once = std::sync::Once::new();
+    if let Some(n) = e.libfabric() {
+        SHOWN.call_once(|| eprintln!("te-bench: {n}"));
+    }
+    Ok(e)
 }
 
 /// `--serve`: offers one region to clients until the process is stopped.

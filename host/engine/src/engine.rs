@@ -357,6 +357,17 @@ impl TransferEngine {
             .all(|g| g.domains.iter().all(|d| d.ordered()))
     }
 
+    /// What the first NIC negotiated with libfabric (library and API
+    /// versions, provider, ordering, registration mode); `None` on other
+    /// backends. Every NIC of an engine opens with the same configuration.
+    #[cfg(feature = "libfabric")]
+    pub fn libfabric(&self) -> Option<crate::domain::fabric::Negotiated> {
+        match &self.shared.groups[0].domains[0] {
+            AnyDomain::Libfabric(d) => Some(d.negotiated().clone()),
+            _ => None,
+        }
+    }
+
     fn group(&self, group: usize) -> Result<&GroupShared, TransferError> {
         self.shared
             .groups

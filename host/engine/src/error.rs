@@ -272,6 +272,10 @@ pub enum TransferError {
         /// `fi_strerror`'s text for it.
         text: String,
     },
+    /// libfabric could not be loaded (absent, too old, or not libfabric);
+    /// the text says how to install it or point `ROLEX_LIBFABRIC` at it.
+    #[cfg(feature = "libfabric")]
+    LibfabricLoad(libfabric_sys::LoadError),
     /// A libibverbs call failed (device, queue pair, registration, post).
     Verbs {
         /// The C call, e.g. `ibv_reg_mr`.
@@ -380,6 +384,8 @@ impl fmt::Display for TransferError {
             Libfabric { call, errno, text } => {
                 write!(f, "libfabric call {call} failed: {text} (error {errno})")
             }
+            #[cfg(feature = "libfabric")]
+            LibfabricLoad(e) => write!(f, "{e}"),
             Verbs { call, errno } => {
                 // io::Error's text already ends with "(os error N)".
                 write!(
@@ -423,6 +429,8 @@ impl std::error::Error for TransferError {
         match self {
             TransferError::Malformed { error, .. } => Some(error),
             TransferError::Config(e) => Some(e),
+            #[cfg(feature = "libfabric")]
+            TransferError::LibfabricLoad(e) => Some(e),
             _ => None,
         }
     }

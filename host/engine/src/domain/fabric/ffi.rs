@@ -13,11 +13,15 @@
 //!   successful post and taken back exactly once, from its completion or
 //!   after the endpoint is closed;
 //! - every failing call becomes a [`FiError`] naming the call, with
-//!   `fi_strerror`'s text.
+//!   `fi_strerror`'s text;
+//! - libfabric is loaded at run time (`libfabric_sys::lib`): an [`Info`]
+//!   holds the loaded library, and every other object is reached from one
+//!   (`fi_getinfo` → `fi_fabric` → the objects' operation tables), so no
+//!   call here can run without the library.
 
 use std::ffi::{CStr, CString};
 use std::mem::ManuallyDrop;
-use std::ptr::{self, NonNull};
+use std::ptr::{self, addr_of_mut, NonNull};
 use std::sync::Arc;
 
 use libfabric_sys as sys;
@@ -43,26 +47,21 @@ impl FiError {
     }
 }
 
-/// `fi_strerror(errno)` as an owned string.
+/// `fi_strerror(errno)` as an owned string. An error number only exists
+/// once a call into the loaded library failed, so the library is there.
 pub(crate) fn strerror(errno: i32) -> String {
-    // SAFETY: `fi_strerror` returns a pointer to a static NUL-terminated
-    // string for any error number (an "Unknown error" text for unknown ones).
-    let p = unsafe { sys::fi_strerror(errno) };
-    if p.is_null() {
-        return format!("error {errno}");
+    match sys::lib() {
+        Ok(lib) => lib.strerror(errno),
+        Err(_) => format!("error {errno}"),
     }
-    // SAFETY: non-null, NUL-terminated, static (see above).
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn eagain() -> i32 {
-    // SAFETY: reading an immutable constant exported by the shim.
-    unsafe { sys::rfi_eagain }
+    sys::FI_EAGAIN
 }
 
 fn eavail() -> i32 {
-    // SAFETY: as above.
-    unsafe { sys::rfi_eavail }
+    sys::FI_EAVAIL
 }
 
 /// Turns a libfabric return code (negative error number on failure) into a
@@ -92,6 +91,8 @@ pub(crate) struct Hints<'a> {
 #[derive(Clone, Debug)]
 pub(crate) struct Granted {
     pub(crate) provider: String,
+    /// The API version `fi_getinfo` was asked for.
+    pub(crate) api_version: u32,
     pub(crate) mr_mode: u64,
     pub(crate) mr_key_size: usize,
     pub(crate) msg_order: u64,
@@ -104,24 +105,30 @@ pub(crate) struct Granted {
     pub(crate) shared_memory: bool,
 }
 
-/// An `fi_info` list from `fi_getinfo`; only its first entry is used.
-pub(crate) struct Info(NonNull<sys::fi_info>);
+/// An `fi_info` list from `fi_getinfo` of `lib`; only its first entry is
+/// used.
+pub(crate) struct Info {
+    list: NonNull<sys::fi_info>,
+    lib: &'static sys::Lib,
+    api_version: u32,
+}
 
 impl Drop for Info {
     fn drop(&mut self) {
-        // SAFETY: the list came from `fi_getinfo` and is freed only here.
-        unsafe { sys::fi_freeinfo(self.0.as_ptr()) }
+        // SAFETY: the list came from this library's `fi_getinfo` (or
+        // `fi_allocinfo`) and is freed only here.
+        unsafe { self.lib.fi_freeinfo(self.list.as_ptr()) }
     }
 }
 
-/// The API version asked for: 1.17 (Debian 12's), which newer libraries
-/// also serve.
-const API_VERSION: u32 = sys::fi_version_of(1, 17);
-
 impl Info {
     /// `fi_getinfo` for an RDM endpoint with messages, RMA, atomics and
-    /// remote CQ data on `hints.provider`.
-    pub(crate) fn get(h: &Hints<'_>) -> Result<Info, FiError> {
+    /// remote CQ data on `hints.provider`, at the highest API version the
+    /// library serves (its `fi_version()`, 1.17 at least; EFA uses the
+    /// device's RDMA only from 1.18). Every field read is one 1.17 has at
+    /// the same place, so the same code serves every version.
+    pub(crate) fn get(lib: &'static sys::Lib, h: &Hints<'_>) -> Result<Info, FiError> {
+        let api_version = lib.version();
         let cstr = |s: &str, call| {
             CString::new(s).map_err(|_| FiError {
                 call,
@@ -134,19 +141,27 @@ impl Info {
             .service
             .map(|s| cstr(s, "fi_getinfo (service)"))
             .transpose()?;
-        // SAFETY: `fi_allocinfo` returns a zeroed `fi_info` with allocated
-        // attribute structs, or null.
-        let hints = NonNull::new(unsafe { sys::rfi_allocinfo() }).ok_or(FiError {
+        let hints = NonNull::new(lib.fi_allocinfo()).ok_or(FiError {
             call: "fi_allocinfo",
             errno: libc::ENOMEM,
         })?;
-        let hints = Info(hints);
-        let hp = hints.0.as_ptr();
+        let hints = Info {
+            list: hints,
+            lib,
+            api_version,
+        };
+        let hp = hints.list.as_ptr();
+        // The MR mode bits lie below bit 31, so they fit the C `int`.
+        let mr_mode = (sys::FI_MR_LOCAL
+            | sys::FI_MR_VIRT_ADDR
+            | sys::FI_MR_ALLOCATED
+            | sys::FI_MR_PROV_KEY
+            | sys::FI_MR_ENDPOINT) as libc::c_int;
         // SAFETY: `hp` and its attribute pointers were allocated by
         // `fi_allocinfo`; `prov_name` must be malloc'ed because
         // `fi_freeinfo` frees it, hence `strdup`.
         unsafe {
-            (*hp).caps = (sys::FI_MSG
+            (*hp).caps = sys::FI_MSG
                 | sys::FI_RMA
                 | sys::FI_ATOMIC
                 | sys::FI_READ
@@ -154,17 +169,13 @@ impl Info {
                 | sys::FI_SEND
                 | sys::FI_RECV
                 | sys::FI_REMOTE_READ
-                | sys::FI_REMOTE_WRITE) as u64;
+                | sys::FI_REMOTE_WRITE;
             (*hp).mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
-            (*(*hp).ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
-            (*(*hp).domain_attr).mr_mode = (sys::FI_MR_LOCAL
-                | sys::FI_MR_VIRT_ADDR
-                | sys::FI_MR_ALLOCATED
-                | sys::FI_MR_PROV_KEY
-                | sys::FI_MR_ENDPOINT) as i32;
-            (*(*hp).domain_attr).threading = sys::fi_threading_FI_THREAD_SAFE;
+            (*(*hp).ep_attr).type_ = sys::FI_EP_RDM;
+            (*(*hp).domain_attr).mr_mode = mr_mode;
+            (*(*hp).domain_attr).threading = sys::FI_THREAD_SAFE;
             if h.delivery_complete {
-                (*(*hp).tx_attr).op_flags = sys::FI_DELIVERY_COMPLETE as u64;
+                (*(*hp).tx_attr).op_flags = sys::FI_DELIVERY_COMPLETE;
             }
             (*(*hp).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
         }
@@ -172,8 +183,8 @@ impl Info {
         // SAFETY: all pointers are valid for the call; `out` receives a list
         // we own (freed by `Info::drop`).
         let rc = unsafe {
-            sys::fi_getinfo(
-                API_VERSION,
+            lib.fi_getinfo(
+                api_version,
                 node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
                 service.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
                 0,
@@ -182,14 +193,24 @@ impl Info {
             )
         };
         check("fi_getinfo", rc as isize)?;
-        NonNull::new(out).map(Info).ok_or(FiError {
+        let list = NonNull::new(out).ok_or(FiError {
             call: "fi_getinfo (no matching provider)",
             errno: libc::ENODATA,
+        })?;
+        Ok(Info {
+            list,
+            lib,
+            api_version,
         })
     }
 
+    /// The library the list came from.
+    pub(crate) fn lib(&self) -> &'static sys::Lib {
+        self.lib
+    }
+
     pub(crate) fn granted(&self) -> Granted {
-        let p = self.0.as_ptr();
+        let p = self.list.as_ptr();
         // SAFETY: a non-null `fi_info` from `fi_getinfo` has non-null
         // attribute structs and a NUL-terminated provider name.
         unsafe {
@@ -202,11 +223,12 @@ impl Info {
             };
             Granted {
                 provider,
-                mr_mode: d.mr_mode as u32 as u64,
+                api_version: self.api_version,
+                mr_mode: u64::from(d.mr_mode as u32),
                 mr_key_size: d.mr_key_size,
                 msg_order: (*(*p).tx_attr).msg_order,
-                manual_progress: d.data_progress == sys::fi_progress_FI_PROGRESS_MANUAL,
-                delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE as u64 != 0,
+                manual_progress: d.data_progress == sys::FI_PROGRESS_MANUAL,
+                delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE != 0,
                 shared_memory: (*(*p).ep_attr).protocol == sys::FI_PROTO_SHM,
             }
         }
@@ -217,7 +239,7 @@ impl Info {
     /// for delivery completion one by one (see [`Post::Write`]).
     pub(crate) fn clear_tx_op_flags(&mut self) {
         // SAFETY: a valid `fi_info` we own, with a non-null `tx_attr`.
-        unsafe { (*(*self.0.as_ptr()).tx_attr).op_flags = 0 }
+        unsafe { (*(*self.list.as_ptr()).tx_attr).op_flags = 0 }
     }
 }
 
@@ -241,7 +263,7 @@ macro_rules! closes {
                 // SAFETY: the handle is open and owned by `self`; nothing
                 // uses it after this (children were closed first, see the
                 // module docs). A failure cannot be acted on in drop.
-                let _ = unsafe { sys::rfi_close(&mut (*self.0.as_ptr()).$field) };
+                let _ = unsafe { sys::fi_close(addr_of_mut!((*self.0.as_ptr()).$field)) };
             }
         }
         // SAFETY: the domain is opened with FI_THREAD_SAFE, so libfabric
@@ -279,11 +301,20 @@ fn open<T>(call: &'static str, f: impl FnOnce(*mut *mut T) -> i32) -> Result<Non
 
 impl Fabric {
     pub(crate) fn open(info: &Info) -> Result<Fabric, FiError> {
-        // SAFETY: `fabric_attr` of a valid info; the out-pointer is valid.
+        // SAFETY: `fabric_attr` of a valid info of the same library; the
+        // out-pointer is valid.
         open("fi_fabric", |p| unsafe {
-            sys::fi_fabric((*info.0.as_ptr()).fabric_attr, p, ptr::null_mut())
+            info.lib
+                .fi_fabric((*info.list.as_ptr()).fabric_attr, p, ptr::null_mut())
         })
         .map(Fabric)
+    }
+
+    /// The API version the fabric was opened with (what `fi_getinfo` was
+    /// asked for, as the library recorded it).
+    pub(crate) fn api_version(&self) -> u32 {
+        // SAFETY: an open fabric; `api_version` is a plain field of it.
+        unsafe { (*self.0.as_ptr()).api_version }
     }
 }
 
@@ -291,7 +322,7 @@ impl DomainH {
     pub(crate) fn open(fabric: &Fabric, info: &Info) -> Result<DomainH, FiError> {
         // SAFETY: valid fabric and info; the out-pointer is valid.
         open("fi_domain", |p| unsafe {
-            sys::rfi_domain(fabric.0.as_ptr(), info.0.as_ptr(), p, ptr::null_mut())
+            sys::fi_domain(fabric.0.as_ptr(), info.list.as_ptr(), p, ptr::null_mut())
         })
         .map(DomainH)
     }
@@ -306,7 +337,7 @@ impl DomainH {
         // SAFETY: registration only records the range; the provider touches
         // it later, while the owner keeps it alive (see above).
         open("fi_mr_reg", |p| unsafe {
-            sys::rfi_mr_reg(
+            sys::fi_mr_reg(
                 self.0.as_ptr(),
                 addr as *const libc::c_void,
                 len as usize,
@@ -327,19 +358,20 @@ impl Cq {
     /// file descriptor as its wait object (`FI_WAIT_FD`, see
     /// [`Cq::wait_fd`]).
     pub(crate) fn open(dom: &DomainH, size: usize, wait_fd: bool) -> Result<Cq, FiError> {
-        let mut attr = sys::fi_cq_attr {
+        let mut attr = sys::Padded::new(sys::fi_cq_attr {
             size,
-            format: sys::fi_cq_format_FI_CQ_FORMAT_DATA,
+            format: sys::FI_CQ_FORMAT_DATA,
             wait_obj: if wait_fd {
-                sys::fi_wait_obj_FI_WAIT_FD
+                sys::FI_WAIT_FD
             } else {
-                sys::fi_wait_obj_FI_WAIT_NONE
+                sys::FI_WAIT_NONE
             },
             ..Default::default()
-        };
-        // SAFETY: valid domain and attribute struct; valid out-pointer.
+        });
+        // SAFETY: valid domain and attribute struct (padded for fields a
+        // newer API version appends); valid out-pointer.
         open("fi_cq_open", |p| unsafe {
-            sys::rfi_cq_open(dom.0.as_ptr(), &mut attr, p, ptr::null_mut())
+            sys::fi_cq_open(dom.0.as_ptr(), attr.as_mut_ptr(), p, ptr::null_mut())
         })
         .map(Cq)
     }
@@ -354,9 +386,9 @@ impl Cq {
         // SAFETY: an open queue; for an FD wait object `FI_GETWAIT` writes
         // one `int` to `arg`.
         let rc = unsafe {
-            sys::rfi_control(
-                &mut (*self.0.as_ptr()).fid,
-                sys::FI_GETWAIT as libc::c_int,
+            sys::fi_control(
+                addr_of_mut!((*self.0.as_ptr()).fid),
+                sys::FI_GETWAIT,
                 &mut fd as *mut libc::c_int as *mut libc::c_void,
             )
         };
@@ -399,10 +431,10 @@ impl TryWait {
     pub(crate) unsafe fn may_block(&self) -> Result<bool, FiError> {
         let mut fids = [
             // SAFETY: the queue is open (the caller's contract).
-            unsafe { &mut (*self.cq.as_ptr()).fid as *mut sys::fid },
+            unsafe { addr_of_mut!((*self.cq.as_ptr()).fid) },
         ];
         // SAFETY: an open fabric and an array of one open fid.
-        let rc = unsafe { sys::rfi_trywait(self.fabric.as_ptr(), fids.as_mut_ptr(), 1) };
+        let rc = unsafe { sys::fi_trywait(self.fabric.as_ptr(), fids.as_mut_ptr(), 1) };
         if rc == -eagain() {
             return Ok(false);
         }
@@ -412,13 +444,14 @@ impl TryWait {
 
 impl Av {
     pub(crate) fn open(dom: &DomainH) -> Result<Av, FiError> {
-        let mut attr = sys::fi_av_attr {
-            type_: sys::fi_av_type_FI_AV_TABLE,
+        let mut attr = sys::Padded::new(sys::fi_av_attr {
+            type_: sys::FI_AV_TABLE,
             ..Default::default()
-        };
-        // SAFETY: valid domain and attribute struct; valid out-pointer.
+        });
+        // SAFETY: valid domain and attribute struct (padded as for the
+        // queue's); valid out-pointer.
         open("fi_av_open", |p| unsafe {
-            sys::rfi_av_open(dom.0.as_ptr(), &mut attr, p, ptr::null_mut())
+            sys::fi_av_open(dom.0.as_ptr(), attr.as_mut_ptr(), p, ptr::null_mut())
         })
         .map(Av)
     }
@@ -437,7 +470,7 @@ impl Av {
         // SAFETY: `buf` is readable for more bytes than any provider's
         // address; `out` receives one `fi_addr_t`.
         let n = unsafe {
-            sys::rfi_av_insert(
+            sys::fi_av_insert(
                 self.0.as_ptr(),
                 buf.as_ptr() as *const libc::c_void,
                 1,
@@ -458,29 +491,64 @@ pub(crate) const MAX_ADDR: usize = 256;
 
 impl Ep {
     /// Opens an endpoint, binds `cq` (transmit and receive) and `av`, and
-    /// enables it.
-    pub(crate) fn open(dom: &DomainH, info: &Info, cq: &Cq, av: &Av) -> Result<Ep, FiError> {
+    /// enables it. With `nic_only` it first asks the provider to reach
+    /// peers on the same host through the NIC too, not shared memory
+    /// ([`Ep::forbid_shared_memory`]); the `bool` says whether the
+    /// provider agreed.
+    pub(crate) fn open(
+        dom: &DomainH,
+        info: &Info,
+        cq: &Cq,
+        av: &Av,
+        nic_only: bool,
+    ) -> Result<(Ep, bool), FiError> {
         // SAFETY: valid domain and info; valid out-pointer.
         let ep = Ep(open("fi_endpoint", |p| unsafe {
-            sys::rfi_endpoint(dom.0.as_ptr(), info.0.as_ptr(), p, ptr::null_mut())
+            sys::fi_endpoint(dom.0.as_ptr(), info.list.as_ptr(), p, ptr::null_mut())
         })?);
+        let forbidden = nic_only && ep.forbid_shared_memory()?;
         // SAFETY: `ep`, `cq` and `av` are open objects of the same domain.
         unsafe {
             check(
                 "fi_ep_bind (cq)",
-                sys::rfi_ep_bind(
+                sys::fi_ep_bind(
                     ep.0.as_ptr(),
-                    &mut (*cq.0.as_ptr()).fid,
-                    (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+                    addr_of_mut!((*cq.0.as_ptr()).fid),
+                    sys::FI_TRANSMIT | sys::FI_RECV,
                 ) as isize,
             )?;
             check(
                 "fi_ep_bind (av)",
-                sys::rfi_ep_bind(ep.0.as_ptr(), &mut (*av.0.as_ptr()).fid, 0) as isize,
+                sys::fi_ep_bind(ep.0.as_ptr(), addr_of_mut!((*av.0.as_ptr()).fid), 0) as isize,
             )?;
-            check("fi_enable", sys::rfi_enable(ep.0.as_ptr()) as isize)?;
+            check("fi_enable", sys::fi_enable(ep.0.as_ptr()) as isize)?;
         }
-        Ok(ep)
+        Ok((ep, forbidden))
+    }
+
+    /// `fi_setopt(FI_OPT_SHARED_MEMORY_PERMITTED, false)` on an endpoint
+    /// not yet enabled (API 1.18 and newer): same-host peers are then
+    /// reached through the NIC, as remote ones are (EFA otherwise hands
+    /// them to its `shm` peer provider). `Ok(false)` where the provider
+    /// has no such option (`-FI_ENOPROTOOPT`, or no `setopt` at all).
+    fn forbid_shared_memory(&self) -> Result<bool, FiError> {
+        let permitted = false;
+        // SAFETY: an open endpoint not yet enabled; the option's value is
+        // a C `bool`, which Rust's `bool` matches in size and values.
+        let rc = unsafe {
+            sys::fi_setopt(
+                addr_of_mut!((*self.0.as_ptr()).fid),
+                sys::FI_OPT_ENDPOINT,
+                sys::FI_OPT_SHARED_MEMORY_PERMITTED,
+                &permitted as *const bool as *const libc::c_void,
+                std::mem::size_of::<bool>(),
+            )
+        };
+        match rc {
+            0 => Ok(true),
+            rc if rc == -sys::FI_ENOPROTOOPT || rc == -sys::FI_ENOSYS => Ok(false),
+            rc => check("fi_setopt (FI_OPT_SHARED_MEMORY_PERMITTED)", rc as isize).map(|_| true),
+        }
     }
 
     /// The endpoint's raw address (`fi_getname`).
@@ -490,8 +558,8 @@ impl Ep {
         // SAFETY: `buf` is writable for `len` bytes; `len` is updated with
         // the address length.
         let rc = unsafe {
-            sys::rfi_getname(
-                &mut (*self.0.as_ptr()).fid,
+            sys::fi_getname(
+                addr_of_mut!((*self.0.as_ptr()).fid),
                 buf.as_mut_ptr() as *mut libc::c_void,
                 &mut len,
             )
@@ -505,12 +573,12 @@ impl Ep {
 impl Mr {
     pub(crate) fn key(&self) -> u64 {
         // SAFETY: an open memory region.
-        unsafe { sys::rfi_mr_key(self.0.as_ptr()) }
+        unsafe { sys::fi_mr_key(self.0.as_ptr()) }
     }
 
     pub(crate) fn desc(&self) -> *mut libc::c_void {
         // SAFETY: an open memory region.
-        unsafe { sys::rfi_mr_desc(self.0.as_ptr()) }
+        unsafe { sys::fi_mr_desc(self.0.as_ptr()) }
     }
 
     /// `fi_mr_bind` to the endpoint and `fi_mr_enable` (FI_MR_ENDPOINT).
@@ -519,9 +587,9 @@ impl Mr {
         unsafe {
             check(
                 "fi_mr_bind",
-                sys::rfi_mr_bind(self.0.as_ptr(), &mut (*ep.0.as_ptr()).fid, 0) as isize,
+                sys::fi_mr_bind(self.0.as_ptr(), addr_of_mut!((*ep.0.as_ptr()).fid), 0) as isize,
             )?;
-            check("fi_mr_enable", sys::rfi_mr_enable(self.0.as_ptr()) as isize)?;
+            check("fi_mr_enable", sys::fi_mr_enable(self.0.as_ptr()) as isize)?;
         }
         Ok(())
     }
@@ -707,28 +775,38 @@ impl Ep {
                     };
                     match imm {
                         _ if deliver => {
-                            let mut flags = (sys::FI_DELIVERY_COMPLETE | sys::FI_COMPLETION) as u64;
+                            let mut flags = sys::FI_DELIVERY_COMPLETE | sys::FI_COMPLETION;
                             if imm.is_some() {
-                                flags |= sys::FI_REMOTE_CQ_DATA as u64;
+                                flags |= sys::FI_REMOTE_CQ_DATA;
                             }
-                            (
-                                sys::rfi_writemsg1(
-                                    ep,
-                                    buf,
-                                    len as usize,
-                                    desc,
-                                    imm.map_or(0, u64::from),
-                                    to.fi_addr,
-                                    to.addr,
-                                    to.key,
-                                    c,
-                                    flags,
-                                ),
-                                "fi_writemsg",
-                            )
+                            // One contiguous buffer (none when `len` is 0)
+                            // to one remote range; the message structs are
+                            // read during the call only.
+                            let mut desc = desc;
+                            let iov = libc::iovec {
+                                iov_base: buf as *mut libc::c_void,
+                                iov_len: len as usize,
+                            };
+                            let rma = sys::fi_rma_iov {
+                                addr: to.addr,
+                                len: len as usize,
+                                key: to.key,
+                            };
+                            let some = len != 0;
+                            let msg = sys::fi_msg_rma {
+                                msg_iov: if some { &iov } else { ptr::null() },
+                                desc: if some { &mut desc } else { ptr::null_mut() },
+                                iov_count: usize::from(some),
+                                addr: to.fi_addr,
+                                rma_iov: &rma,
+                                rma_iov_count: 1,
+                                context: c,
+                                data: imm.map_or(0, u64::from),
+                            };
+                            (sys::fi_writemsg(ep, &msg, flags), "fi_writemsg")
                         }
                         Some(d) => (
-                            sys::rfi_writedata(
+                            sys::fi_writedata(
                                 ep,
                                 buf,
                                 len as usize,
@@ -742,7 +820,7 @@ impl Ep {
                             "fi_writedata",
                         ),
                         None => (
-                            sys::rfi_write(
+                            sys::fi_write(
                                 ep,
                                 buf,
                                 len as usize,
@@ -763,7 +841,7 @@ impl Ep {
                     from,
                 } => match ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) {
                     Some(a) => (
-                        sys::rfi_read(
+                        sys::fi_read(
                             ep,
                             a as *mut libc::c_void,
                             len as usize,
@@ -781,7 +859,7 @@ impl Ep {
                     let desc = desc as *mut libc::c_void;
                     let w = ctx.words.as_mut_ptr();
                     (
-                        sys::rfi_compare_atomic(
+                        sys::fi_compare_atomic(
                             ep,
                             w as *const libc::c_void,
                             1,
@@ -793,8 +871,8 @@ impl Ep {
                             to.fi_addr,
                             to.addr,
                             to.key,
-                            sys::fi_datatype_FI_UINT64,
-                            sys::fi_op_FI_CSWAP,
+                            sys::FI_UINT64,
+                            sys::FI_CSWAP,
                             c,
                         ),
                         "fi_compare_atomic",
@@ -804,7 +882,7 @@ impl Ep {
                     let desc = desc as *mut libc::c_void;
                     let w = ctx.words.as_mut_ptr();
                     (
-                        sys::rfi_fetch_atomic(
+                        sys::fi_fetch_atomic(
                             ep,
                             w as *const libc::c_void,
                             1,
@@ -814,15 +892,15 @@ impl Ep {
                             to.fi_addr,
                             to.addr,
                             to.key,
-                            sys::fi_datatype_FI_UINT64,
-                            sys::fi_op_FI_SUM,
+                            sys::FI_UINT64,
+                            sys::FI_SUM,
                             c,
                         ),
                         "fi_fetch_atomic",
                     )
                 }
                 Post::Send { desc, fi_addr } => (
-                    sys::rfi_send(
+                    sys::fi_send(
                         ep,
                         ctx.bytes.as_ptr() as *const libc::c_void,
                         ctx.bytes.len(),
@@ -834,12 +912,12 @@ impl Ep {
                 ),
                 Post::Recv { desc } => match &mut ctx.kind {
                     CtxKind::Recv(Some(b)) => (
-                        sys::rfi_recv(
+                        sys::fi_recv(
                             ep,
                             b.data.as_mut_ptr() as *mut libc::c_void,
                             b.data.len(),
                             desc as *mut libc::c_void,
-                            sys::rfi_addr_unspec,
+                            sys::FI_ADDR_UNSPEC,
                             c,
                         ),
                         "fi_recv",
@@ -882,13 +960,13 @@ impl Cq {
     /// Reads up to `max` completions (error entries included) into `out`;
     /// returns how many. Reading drives the provider's progress.
     pub(crate) fn read(&self, out: &mut Vec<CqEvent>, max: usize) -> Result<usize, FiError> {
-        let mut entries: [sys::fi_cq_data_entry; 16] = Default::default();
+        let mut entries = [sys::fi_cq_data_entry::default(); 16];
         let mut total = 0;
         while total < max {
             // SAFETY: `entries` is writable for 16 data-format entries,
             // the format the queue was opened with.
             let n = unsafe {
-                sys::rfi_cq_read(
+                sys::fi_cq_read(
                     self.0.as_ptr(),
                     entries.as_mut_ptr() as *mut libc::c_void,
                     entries.len(),
@@ -898,12 +976,14 @@ impl Cq {
                 break;
             }
             if n == -(eavail() as isize) {
-                let mut err = sys::fi_cq_err_entry::default();
-                // SAFETY: `err` is a writable error entry.
-                let r = unsafe { sys::rfi_cq_readerr(self.0.as_ptr(), &mut err, 0) };
+                let mut buf = sys::Padded::new(sys::fi_cq_err_entry::default());
+                // SAFETY: `buf` is a writable error entry with room for the
+                // fields newer API versions append.
+                let r = unsafe { sys::fi_cq_readerr(self.0.as_ptr(), buf.as_mut_ptr(), 0) };
                 check("fi_cq_readerr", r)?;
+                let err = &buf.value;
                 let errno = if err.err == 0 { libc::EIO } else { err.err };
-                if !err.op_context.is_null() && err.flags & sys::FI_REMOTE_CQ_DATA as u64 == 0 {
+                if !err.op_context.is_null() && err.flags & sys::FI_REMOTE_CQ_DATA == 0 {
                     // SAFETY: a non-null context in an error entry of a
                     // local operation is one of ours (from `Ep::post`), and
                     // its completion has now been read.
@@ -919,8 +999,8 @@ impl Cq {
             }
             let n = check("fi_cq_read", n)?;
             for e in &entries[..n] {
-                let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA as u64 != 0;
-                let recv = e.flags & sys::FI_RECV as u64 != 0;
+                let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
+                let recv = e.flags & sys::FI_RECV != 0;
                 if remote_data && !recv {
                     out.push(CqEvent::RemoteData(e.data));
                 } else if !e.op_context.is_null() {

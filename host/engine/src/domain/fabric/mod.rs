@@ -13,6 +13,13 @@
 //!   software providers do not enforce protection (§7), so every check an
 //!   initiator can make is made here or in the engine, never left to them.
 //!   With provider keys (hardware) the NIC checks.
+//! - libfabric is loaded when the first NIC opens (`libfabric_sys::lib`);
+//!   without it opening fails with [`TransferError::LibfabricLoad`], which
+//!   says how to install it. `fi_getinfo` is asked for the highest API
+//!   version the library serves, and what was negotiated is kept
+//!   ([`LibfabricDomain::negotiated`]). On `efa` with API 1.18 or newer
+//!   the endpoint refuses shared memory, so same-host peers go through
+//!   the NIC like remote ones.
 //! - Ordering ([`Domain::ordered`]) is read from the provider's
 //!   `tx_attr->msg_order` at start-up: ordered when it grants
 //!   read-after-write and write-after-write, never by provider name.
@@ -145,13 +152,14 @@ impl LibfabricConfig {
 /// `node`; the error says why not.
 pub fn probe(provider: &str, node: Option<&str>) -> Result<(), TransferError> {
     let cfg = LibfabricConfig::new(provider, node);
-    get_info(&cfg).map(|_| ()).map_err(fi_err)
+    get_info(&cfg).map(|_| ())
 }
 
-/// `fi_getinfo` for `cfg`, asking for delivery completion first and, where
-/// the provider cannot give it, again without (see
-/// [`LibfabricDomain::delivery_complete`]).
-fn get_info(cfg: &LibfabricConfig) -> Result<Info, FiError> {
+/// `fi_getinfo` for `cfg` (loading libfabric first), asking for delivery
+/// completion first and, where the provider cannot give it, again without
+/// (see [`LibfabricDomain::delivery_complete`]).
+fn get_info(cfg: &LibfabricConfig) -> Result<Info, TransferError> {
+    let lib = libfabric_sys::lib().map_err(TransferError::LibfabricLoad)?;
     let prov = cfg.provider_string();
     let hints = |delivery_complete| ffi::Hints {
         provider: &prov,
@@ -159,7 +167,70 @@ fn get_info(cfg: &LibfabricConfig) -> Result<Info, FiError> {
         service: None,
         delivery_complete,
     };
-    Info::get(&hints(true)).or_else(|_| Info::get(&hints(false)))
+    Info::get(lib, &hints(true))
+        .or_else(|_| Info::get(lib, &hints(false)))
+        .map_err(fi_err)
+}
+
+/// What a libfabric NIC negotiated when it opened, for tools to print
+/// (`Display` gives one line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    /// The library file loaded (`libfabric.so.1`, or `ROLEX_LIBFABRIC`).
+    pub library: String,
+    /// The library's version (`fi_version()`, encoded as `FI_VERSION`).
+    pub library_version: u32,
+    /// The API version the fabric was opened with (`FI_VERSION`).
+    pub api_version: u32,
+    /// The provider chosen (e.g. `tcp;ofi_rxm`).
+    pub provider: String,
+    /// The provider's transmit ordering (`tx_attr->msg_order`, `FI_ORDER_*`
+    /// bits).
+    pub msg_order: u64,
+    /// The memory-registration mode (`domain_attr->mr_mode`, `FI_MR_*`
+    /// bits).
+    pub mr_mode: u64,
+    /// Shared memory was refused (`FI_OPT_SHARED_MEMORY_PERMITTED` off and
+    /// the provider agreed): same-host peers go through the NIC.
+    pub shared_memory_off: bool,
+}
+
+/// `FI_VERSION`-encoded `v` as `major.minor`.
+fn version_text(v: u32) -> String {
+    format!(
+        "{}.{}",
+        libfabric_sys::fi_major(v),
+        libfabric_sys::fi_minor(v)
+    )
+}
+
+impl std::fmt::Display for Negotiated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "libfabric {} ({}), API {}, provider {}, msg_order {:#x}, mr_mode {:#x}",
+            version_text(self.library_version),
+            self.library,
+            version_text(self.api_version),
+            self.provider,
+            self.msg_order,
+            self.mr_mode
+        )?;
+        if self.shared_memory_off {
+            f.write_str(", shared memory off")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a NIC of `provider` at `api_version` should refuse shared
+/// memory: on `efa` from API 1.18 (the option's first version), so that
+/// peers on the same host are reached through the device like remote ones
+/// (the engine treats every NIC as one NIC; EFA would otherwise hand them
+/// to its `shm` peer provider). The software providers have no NIC path
+/// to prefer.
+fn wants_nic_only(provider: &str, api_version: u32) -> bool {
+    provider.split(';').next() == Some("efa") && api_version >= libfabric_sys::fi_version_of(1, 18)
 }
 
 pub(crate) fn fi_err(e: FiError) -> TransferError {
@@ -334,13 +405,13 @@ static SHM_PARKING: Mutex<ShmParking> = Mutex::new(ShmParking {
 /// One libfabric NIC of an engine.
 pub struct LibfabricDomain {
     inner: Arc<Inner>,
-    provider: String,
+    negotiated: Negotiated,
 }
 
 impl std::fmt::Debug for LibfabricDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LibfabricDomain")
-            .field("provider", &self.provider)
+            .field("provider", &self.negotiated.provider)
             .field("addr", &self.inner.addr)
             .finish()
     }
@@ -359,17 +430,17 @@ pub fn open_host(
 impl LibfabricDomain {
     /// Opens one NIC.
     pub fn open(cfg: &LibfabricConfig) -> Result<LibfabricDomain, TransferError> {
-        let mut info = get_info(cfg).map_err(fi_err)?;
+        let mut info = get_info(cfg)?;
         let g = info.granted();
         info.clear_tx_op_flags();
-        let virt = g.mr_mode & u64::from(libfabric_sys::FI_MR_VIRT_ADDR) != 0;
-        let prov_key = g.mr_mode & u64::from(libfabric_sys::FI_MR_PROV_KEY) != 0;
+        let virt = g.mr_mode & libfabric_sys::FI_MR_VIRT_ADDR != 0;
+        let prov_key = g.mr_mode & libfabric_sys::FI_MR_PROV_KEY != 0;
         let unsupported = |why| TransferError::UnsupportedMrMode {
             provider: g.provider.clone(),
             mr_mode: g.mr_mode,
             why,
         };
-        if g.mr_mode & u64::from(libfabric_sys::FI_MR_RAW) != 0 {
+        if g.mr_mode & libfabric_sys::FI_MR_RAW != 0 {
             return Err(unsupported("raw keys (FI_MR_RAW) are not supported"));
         }
         let scheme = match (virt, prov_key) {
@@ -383,7 +454,7 @@ impl LibfabricDomain {
             }
             _ => return Err(unsupported("application keys shorter than 8 bytes")),
         };
-        let order = u64::from(libfabric_sys::FI_ORDER_RAW | libfabric_sys::FI_ORDER_WAW);
+        let order = libfabric_sys::FI_ORDER_RAW | libfabric_sys::FI_ORDER_WAW;
         let ordered = g.msg_order & order == order;
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
@@ -394,7 +465,17 @@ impl LibfabricDomain {
             Err(e) => return Err(fi_err(e)),
         };
         let av = Av::open(&dom).map_err(fi_err)?;
-        let ep = Ep::open(&dom, &info, &cq, &av).map_err(fi_err)?;
+        let nic_only = wants_nic_only(&g.provider, g.api_version);
+        let (ep, shared_memory_off) = Ep::open(&dom, &info, &cq, &av, nic_only).map_err(fi_err)?;
+        let negotiated = Negotiated {
+            library: info.lib().path().to_string(),
+            library_version: info.lib().version(),
+            api_version: fabric.api_version(),
+            provider: g.provider.clone(),
+            msg_order: g.msg_order,
+            mr_mode: g.mr_mode,
+            shared_memory_off,
+        };
         // Read after the endpoint is bound: the provider adds its sockets
         // and connection events to the queue's wait set then.
         let wait_fd = if wait_fd { cq.wait_fd().ok() } else { None };
@@ -432,8 +513,8 @@ impl LibfabricDomain {
             _info: info,
             addr,
             scheme,
-            mr_local: g.mr_mode & u64::from(libfabric_sys::FI_MR_LOCAL) != 0,
-            mr_endpoint: g.mr_mode & u64::from(libfabric_sys::FI_MR_ENDPOINT) != 0,
+            mr_local: g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0,
+            mr_endpoint: g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0,
             ordered,
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
@@ -455,15 +536,18 @@ impl LibfabricDomain {
                 }
             }
         }
-        Ok(LibfabricDomain {
-            provider: g.provider.clone(),
-            inner,
-        })
+        Ok(LibfabricDomain { inner, negotiated })
     }
 
     /// The provider libfabric chose (e.g. `tcp;ofi_rxm`).
     pub fn provider(&self) -> &str {
-        &self.provider
+        &self.negotiated.provider
+    }
+
+    /// What this NIC negotiated: library and API versions, provider,
+    /// ordering, registration mode.
+    pub fn negotiated(&self) -> &Negotiated {
+        &self.negotiated
     }
 
     /// Whether the provider needs its queue read to move data (manual
@@ -529,12 +613,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn access_flags(a: Access) -> u64 {
     use libfabric_sys as s;
-    let mut f = u64::from(s::FI_READ | s::FI_WRITE | s::FI_SEND | s::FI_RECV);
+    let mut f = s::FI_READ | s::FI_WRITE | s::FI_SEND | s::FI_RECV;
     if a.contains(Access::REMOTE_READ) {
-        f |= u64::from(s::FI_REMOTE_READ);
+        f |= s::FI_REMOTE_READ;
     }
     if a.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) {
-        f |= u64::from(s::FI_REMOTE_WRITE);
+        f |= s::FI_REMOTE_WRITE;
     }
     f
 }
@@ -893,7 +977,7 @@ impl Domain for LibfabricDomain {
                 MrScheme::VirtApp => keys::virt_key(inner.next_key.fetch_add(1, Relaxed)),
                 MrScheme::OffsetApp => {
                     keys::offset_key(region.addr()).ok_or(TransferError::UnsupportedMrMode {
-                        provider: self.provider.clone(),
+                        provider: self.negotiated.provider.clone(),
                         mr_mode: 0,
                         why: "region address above 2^48 cannot be carried in the key",
                     })?
@@ -910,7 +994,7 @@ impl Domain for LibfabricDomain {
                 }
                 // A key in use: try the next one (application keys).
                 Err(e)
-                    if e.errno == libfabric_sys::FI_ENOKEY as i32
+                    if e.errno == libfabric_sys::FI_ENOKEY
                         && inner.scheme == MrScheme::VirtApp
                         && attempts < 8 =>
                 {
@@ -1029,5 +1113,39 @@ impl Domain for LibfabricDomain {
                 drop(lock(&inner.closing).take());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libfabric_sys::fi_version_of;
+
+    #[test]
+    fn only_efa_from_api_1_18_refuses_shared_memory() {
+        assert!(wants_nic_only("efa", fi_version_of(1, 18)));
+        assert!(wants_nic_only("efa", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("efa", fi_version_of(1, 17)));
+        assert!(!wants_nic_only("tcp;ofi_rxm", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("shm", fi_version_of(2, 0)));
+        assert!(!wants_nic_only("verbs;ofi_rxm", fi_version_of(2, 0)));
+    }
+
+    #[test]
+    fn negotiated_prints_on_one_line() {
+        let n = Negotiated {
+            library: "libfabric.so.1".into(),
+            library_version: fi_version_of(2, 1),
+            api_version: fi_version_of(2, 1),
+            provider: "efa".into(),
+            msg_order: 0x12,
+            mr_mode: 0x2f0,
+            shared_memory_off: true,
+        };
+        assert_eq!(
+            n.to_string(),
+            "libfabric 2.1 (libfabric.so.1), API 2.1, provider efa, msg_order 0x12, \
+             mr_mode 0x2f0, shared memory off"
+        );
     }
 }
