@@ -171,8 +171,19 @@ fn the_retraining_thread_retrains_on_its_own() {
     let mut s = client.session().unwrap();
     let mut model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
     let mut i = 0u64;
-    // Insert until the thread has retrained a few times (bounded).
-    while node.stats().agent.retrains < 5 && i < 200_000 {
+    // Insert until the thread has retrained a few times, at most 100
+    // inserts ahead of it: a starved thread (a loaded machine) must not let
+    // the inserts use up the leaf region before it catches up.
+    let pace = std::time::Instant::now();
+    while node.stats().agent.retrains < 5 {
+        while i >= (node.stats().agent.retrains + 1) * 100 {
+            assert!(
+                pace.elapsed() < std::time::Duration::from_secs(120),
+                "the retraining thread never caught up ({} retrains)",
+                node.stats().agent.retrains
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let k = (i * 2_654_435_761) % (32 << 20);
         s.insert(k, i).unwrap();
         model.insert(k, i);
