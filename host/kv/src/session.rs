@@ -54,8 +54,9 @@ use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, ModelRecord, ModelState};
 
 use crate::cache::ModelView;
-use crate::client::{fetch_model, ClientShared, Io, Op};
+use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
+use crate::io::{Io, Op};
 use crate::stats::{KvOp, SessionCounters};
 use rolex_engine::callback::{CompletionFlag, OnValue};
 
