@@ -10,7 +10,8 @@
 //! [`Agent`] over a registered region and parks when idle) lives in
 //! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
 //!
-//! - [`memory`] — [`PoolMemory`] and [`MemError`].
+//! - [`memory`] — [`PoolMemory`], [`MemError`] and [`SharedBytes`], the
+//!   checked access every pool over an address range makes.
 //! - [`train`] — fitting a model's prediction segments over its leaf fences.
 //! - [`bulk`] — laying out and bulk-loading a fresh pool.
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
@@ -35,7 +36,7 @@ pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport}
 pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency};
 pub use histogram::Histogram;
-pub use memory::{MemError, PoolMemory};
+pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};
 
 /// The pool layout version this agent understands (the superblock's).
