@@ -214,13 +214,13 @@ impl<M: PoolMemory> Agent<M> {
         mem.read(0, &mut head)?;
         let sb = Superblock::read(&head)?;
         let region_end = sb.model_region_offset() + sb.model_region_len();
-        let mut lrh = [0u8; 16];
+        let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
         mem.read(sb.leaf_region_offset(), &mut lrh)?;
         let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
             AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
                 part: rolex_core::layout::Part::LeafRegion,
                 needed: LeafRegionHeader::SIZE,
-                found: 0,
+                found: lrh.len() as u64,
             })
         })?;
         let region = header.check(&sb.leaf_region()?)?;
