@@ -19,6 +19,8 @@ use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, Superblock};
 use rolex_core::plr::{fit, Segment};
 use rolex_core::train::window;
 
+use crate::error::KvError;
+
 /// Locates the model that owns a key: learned upper levels over the models'
 /// first keys, verified against those keys.
 #[derive(Clone, Debug)]
@@ -31,12 +33,17 @@ pub(crate) struct Locator {
 }
 
 impl Locator {
-    pub(crate) fn new(firsts: Vec<u64>, epsilon: u64) -> Result<Self, KvErrorLite> {
+    /// Fits the upper levels over `firsts` (every model's first key, in
+    /// model order) with error bound `epsilon`.
+    pub(crate) fn new(firsts: Vec<u64>, epsilon: u64) -> Result<Self, KvError> {
         let mut levels = Vec::new();
         let mut starts = Vec::new();
         let mut below: Vec<u64> = firsts.clone();
         while below.len() > 1 {
-            let segs = fit(&below, epsilon).map_err(|_| KvErrorLite)?;
+            let segs = fit(&below, epsilon).map_err(|error| KvError::UpperLevels {
+                level: levels.len(),
+                error,
+            })?;
             let mut acc = 0u64;
             starts.push(
                 segs.iter()
@@ -95,10 +102,6 @@ impl Locator {
         (learned + self.firsts.len() as u64 * 8, learned)
     }
 }
-
-/// The locator could not be built (the first keys are not increasing).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct KvErrorLite;
 
 /// One model as cached (see the module docs).
 #[derive(Debug)]

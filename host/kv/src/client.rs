@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
-use rolex_core::layout::{LeafRegion, LeafRegionHeader, ModelRecord, Superblock, LAYOUT_VERSION};
+use rolex_core::layout::{
+    LayoutError, LeafRegion, LeafRegionHeader, ModelRecord, Part, Superblock, LAYOUT_VERSION,
+};
 use rolex_core::wire::MrDesc;
 use zerocopy::FromBytes;
 
 use crate::cache::{Locator, ModelView};
-use crate::error::{transfer, KvError};
+use crate::error::{check_first_keys, transfer, KvError};
 use crate::io::Io;
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
@@ -140,9 +142,9 @@ impl KvClient {
         }
         let sb = Superblock::read(&head)?;
         if sb.pool_size() > desc.len {
-            return Err(KvError::Inconsistent {
-                what: "the superblock describes a pool larger than the registered region",
-                model: 0,
+            return Err(KvError::PoolTooSmall {
+                described: sb.pool_size(),
+                registered: desc.len,
             });
         }
         let lrh = io.read_bytes(
@@ -152,16 +154,17 @@ impl KvClient {
             "reading the leaf-region header",
         )?;
         let header =
-            LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| KvError::Inconsistent {
-                what: "leaf-region header unreadable",
-                model: 0,
+            LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| LayoutError::TooShort {
+                part: Part::LeafRegion,
+                needed: LeafRegionHeader::SIZE,
+                found: lrh.len() as u64,
             })?;
         let region = header.check(&sb.leaf_region()?)?;
         let models = sb.model_count();
         if models == 0 || sb.upper_len() != models * 8 {
-            return Err(KvError::Inconsistent {
-                what: "the upper blob does not hold one first key per model",
-                model: 0,
+            return Err(KvError::UpperBlob {
+                models,
+                bytes: sb.upper_len(),
             });
         }
         let blob = io.read_bytes(
@@ -174,17 +177,8 @@ impl KvClient {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
-        if firsts.first() != Some(&0) || firsts.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(KvError::Inconsistent {
-                what: "model first keys are not increasing from 0",
-                model: 0,
-            });
-        }
-        let locator =
-            Locator::new(firsts, cfg.upper_epsilon).map_err(|_| KvError::Inconsistent {
-                what: "model first keys cannot be fitted",
-                model: 0,
-            })?;
+        check_first_keys(&firsts)?;
+        let locator = Locator::new(firsts, cfg.upper_epsilon)?;
         let mut views = Vec::with_capacity(models as usize);
         for m in 0..models {
             views.push(RwLock::new(Arc::new(fetch_model(&mut io, desc, &sb, m)?)));

@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{
-    CirqError, CirqHeader, EditError, Leaf, LeafRegion, ModelRecord, ModelState, Slot,
+    CirqError, CirqHeader, EditError, Leaf, LeafError, LeafRegion, ModelRecord, ModelState, Slot,
 };
 use rolex_core::wire::MrDesc;
 
@@ -170,7 +170,7 @@ impl Halves {
     /// with the new pair, cut in two at the middle key.
     fn cut(s: &SplitInput<'_>, claim: Claim, leaf_size: u64) -> Result<Self, KvError> {
         let model = s.at.m as u64;
-        let x = Leaf::from_bytes(&s.owner.bytes).map_err(|_| wrong_leaf_size(model))?;
+        let x = Leaf::from_bytes(&s.owner.bytes).map_err(bad_leaf(model, s.owner.addr))?;
         let (x_lo, x_hi, x_next) = (x.fence_lo(), x.fence_hi(), x.next());
         let mut entries: Vec<Slot> = match x.validate() {
             Ok(v) => v.entries().to_vec(),
@@ -186,13 +186,13 @@ impl Halves {
         };
         let b_link = LtEntry::for_leaf(claim.leaf).with_pointer(claim.slot);
         let mut a = s.owner.bytes.clone();
-        let al = Leaf::from_bytes_mut(&mut a).map_err(|_| wrong_leaf_size(model))?;
+        let al = Leaf::from_bytes_mut(&mut a).map_err(bad_leaf(model, s.owner.addr))?;
         al.init(x_lo, mid_key - 1).map_err(inconsistent)?;
         al.set_entries(&entries[..mid]).map_err(inconsistent)?;
         al.set_next(b_link).map_err(inconsistent)?;
         al.seal();
         let mut b = vec![0u8; leaf_size as usize];
-        let bl = Leaf::from_bytes_mut(&mut b).map_err(|_| wrong_leaf_size(model))?;
+        let bl = Leaf::from_bytes_mut(&mut b).map_err(bad_leaf(model, claim.leaf))?;
         bl.init(mid_key, x_hi).map_err(inconsistent)?;
         bl.set_entries(&entries[mid..]).map_err(inconsistent)?;
         bl.set_next(x_next).map_err(inconsistent)?;
@@ -545,9 +545,11 @@ impl KvSession {
         })
     }
 
-    /// The chase from `start` (SLT slot `slot`) to the owner of `key`.
+    /// The chase from `start` (SLT slot `slot`) to the owner of `key`, in a
+    /// chain of model `model`.
     fn chase(
         &mut self,
+        model: u64,
         key: u64,
         start: LeafAddr,
         slot: u8,
@@ -557,10 +559,7 @@ impl KvSession {
         let mut path = Vec::new();
         for _ in 0..MAX_HOPS {
             let bytes = self.leaf(addr, batch)?;
-            let leaf = Leaf::from_bytes(&bytes).map_err(|_| KvError::Inconsistent {
-                what: "leaf size",
-                model: 0,
-            })?;
+            let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(model, addr))?;
             if key < leaf.fence_lo() {
                 return Ok(Chase::Stale);
             }
@@ -616,7 +615,7 @@ impl KvSession {
                 self.refresh(m)?;
                 continue;
             }
-            match self.chase(key, self.chain[0], 0, &batch)? {
+            match self.chase(m as u64, key, self.chain[0], 0, &batch)? {
                 Chase::Owner(owner) => {
                     self.learn(&view, j, &owner.path, owner.addr);
                     return Ok(lookup(&owner.bytes, key));
@@ -796,7 +795,7 @@ impl KvSession {
         batch: &[(LeafAddr, u64)],
     ) -> Result<Edit, KvError> {
         let model = at.m as u64;
-        let mut owner = match self.chase(key, self.chain[0], 0, batch)? {
+        let mut owner = match self.chase(model, key, self.chain[0], 0, batch)? {
             Chase::Owner(owner) => owner,
             Chase::Stale => {
                 return Err(KvError::Inconsistent {
@@ -807,7 +806,7 @@ impl KvSession {
         };
         self.learn(&at.view, at.j, &owner.path, owner.addr);
         let leaf_off = self.shared.region.leaf_offset(owner.addr)?;
-        let leaf = Leaf::from_bytes_mut(&mut owner.bytes).map_err(|_| wrong_leaf_size(model))?;
+        let leaf = Leaf::from_bytes_mut(&mut owner.bytes).map_err(bad_leaf(model, owner.addr))?;
         let old = match kind {
             Kind::Update(v) => match leaf.validate().ok().and_then(|l| l.get(key)) {
                 None => None,
@@ -1105,12 +1104,12 @@ impl KvSession {
             let mut jj = j;
             let mut start = view.training_leaf(jj);
             loop {
-                let (bytes, next) = match self.chase(cursor, start, 0, &batch)? {
-                    Chase::Owner(Owner { bytes, .. }) => {
+                let (addr, bytes, next) = match self.chase(m as u64, cursor, start, 0, &batch)? {
+                    Chase::Owner(Owner { addr, bytes, .. }) => {
                         let next = Leaf::from_bytes(&bytes)
                             .map(|l| l.next())
                             .unwrap_or_default();
-                        (bytes, next)
+                        (addr, bytes, next)
                     }
                     Chase::Stale => {
                         attempt += 1;
@@ -1120,10 +1119,7 @@ impl KvSession {
                         continue 'batch;
                     }
                 };
-                let leaf = Leaf::from_bytes(&bytes).map_err(|_| KvError::Inconsistent {
-                    what: "leaf size",
-                    model: m as u64,
-                })?;
+                let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(m as u64, addr))?;
                 let fence_hi = leaf.fence_hi();
                 if let Ok(v) = leaf.validate() {
                     for s in v.entries() {
@@ -1223,12 +1219,10 @@ impl Drop for ChainLock {
     }
 }
 
-/// The error of a leaf buffer that is not one leaf long (model `model`).
-fn wrong_leaf_size(model: u64) -> KvError {
-    KvError::Inconsistent {
-        what: "leaf size",
-        model,
-    }
+/// The error of leaf `leaf`'s bytes, met in a chain of model `model`, not
+/// being a leaf of this pool.
+fn bad_leaf(model: u64, leaf: LeafAddr) -> impl Fn(LeafError) -> KvError {
+    move |error| KvError::Leaf { model, leaf, error }
 }
 
 fn valid(bytes: &[u8]) -> bool {
