@@ -8,11 +8,12 @@
 //! record beside the old one, and installs it with one 8-byte write of the
 //! model's directory word. A hosted driver (a thread that owns an
 //! [`Agent`] over a registered region and parks when idle) lives in
-//! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
+//! `rolex-memnode` (`MemoryNode`), so this crate stays freestanding.
 //!
 //! - [`memory`] — [`PoolMemory`], [`MemError`] and [`SharedBytes`], the
 //!   checked access every pool over an address range makes.
-//! - [`train`] — fitting a model's prediction segments over its leaf fences.
+//! - fitting a model's prediction segments over its leaf fences is
+//!   [`rolex_core::train`], shared with the compute nodes.
 //! - [`bulk`] — laying out and bulk-loading a fresh pool.
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
 //! - [`agent`] — the retraining service, [`Agent`].
