@@ -75,15 +75,23 @@ pub enum PlrError {
         key: u64,
     },
     /// A caller-provided hull store of `capacity` points is too small for
-    /// the current segment, even after dropping its dead prefix.
+    /// the current segment, even after dropping its dead prefix, when `key`
+    /// at stream position `index` was pushed (it was not accepted).
     HullFull {
         /// Capacity of the store that overflowed.
         capacity: usize,
+        /// Position of the key that did not fit (0-based).
+        index: u64,
+        /// The key that did not fit.
+        key: u64,
     },
-    /// A caller-provided output slice of `capacity` segments is full.
+    /// A caller-provided output slice of `capacity` segments is full: the
+    /// segment starting at `first_key` has no slot.
     OutputFull {
         /// Capacity of the output slice.
         capacity: usize,
+        /// First key of the segment that found no slot.
+        first_key: u64,
     },
     /// The requested error bound exceeds [`MAX_EPSILON`].
     EpsilonTooLarge {
@@ -104,13 +112,21 @@ impl fmt::Display for PlrError {
             PlrError::Duplicate { index, key } => {
                 write!(f, "key {key} at index {index} repeats the previous key")
             }
-            PlrError::HullFull { capacity } => write!(
+            PlrError::HullFull {
+                capacity,
+                index,
+                key,
+            } => write!(
                 f,
-                "PLR hull store of {capacity} points is too small for this segment"
+                "PLR hull store of {capacity} points is too small for the segment reaching key {key} at index {index}"
             ),
-            PlrError::OutputFull { capacity } => {
-                write!(f, "output slice of {capacity} segments is full")
-            }
+            PlrError::OutputFull {
+                capacity,
+                first_key,
+            } => write!(
+                f,
+                "output slice of {capacity} segments is full: no slot for the segment starting at key {first_key}"
+            ),
             PlrError::EpsilonTooLarge { epsilon, max } => {
                 write!(f, "epsilon {epsilon} exceeds the maximum {max}")
             }
@@ -345,16 +361,34 @@ fn line_at(a: Point, b: Point, x0: u64) -> (f64, f64) {
     (s.dy as f64 / den, num as f64 / den)
 }
 
+/// A hull store of `capacity` points overflowed; [`PlrFitter::push`] names
+/// the key that caused it ([`PlrError::HullFull`]).
+#[derive(Clone, Copy, Debug)]
+struct HullOverflow {
+    capacity: usize,
+}
+
+impl HullOverflow {
+    /// The error of `key`, at stream position `index`, not fitting.
+    fn at(self, index: u64, key: u64) -> PlrError {
+        PlrError::HullFull {
+            capacity: self.capacity,
+            index,
+            key,
+        }
+    }
+}
+
 /// Appends `p` to a hull whose live points start at `*start`, dropping the
 /// dead prefix first when the store is full or the prefix has grown large.
 #[inline]
-fn push_live<S: HullStore>(store: &mut S, start: &mut usize, p: Point) -> Result<(), PlrError> {
+fn push_live<S: HullStore>(store: &mut S, start: &mut usize, p: Point) -> Result<(), HullOverflow> {
     let len = store.points().len();
     if len >= store.capacity() || (*start >= COMPACT_MIN_DEAD && *start * 2 >= len) {
         store.drop_front(*start);
         *start = 0;
     }
-    store.try_push(p).map_err(|_| PlrError::HullFull {
+    store.try_push(p).map_err(|_| HullOverflow {
         capacity: store.capacity(),
     })
 }
@@ -451,21 +485,22 @@ impl<S: HullStore> PlrFitter<S> {
                 }
             });
         }
+        let index = self.seen;
+        let full = move |o: HullOverflow| o.at(index, key);
         if self.n >= 2 && self.n < MAX_SEGMENT_LEN {
-            if self.extend(key)? {
+            if self.extend(key).map_err(full)? {
                 self.accept(key);
                 return Ok(None);
             }
         } else if self.n == 1 {
-            self.second(key)?;
+            self.second(key).map_err(full)?;
             self.accept(key);
             return Ok(None);
         }
         // Open a new segment with `key`, closing the current one (if any).
         if self.upper.capacity() == 0 || self.lower.capacity() == 0 {
-            return Err(PlrError::HullFull {
-                capacity: self.upper.capacity().min(self.lower.capacity()),
-            });
+            let capacity = self.upper.capacity().min(self.lower.capacity());
+            return Err(full(HullOverflow { capacity }));
         }
         let closed = (self.n > 0).then(|| self.segment());
         self.start(key);
@@ -516,10 +551,10 @@ impl<S: HullStore> PlrFitter<S> {
     }
 
     /// The second key of a segment always fits: any two points lie on a line.
-    fn second(&mut self, key: u64) -> Result<(), PlrError> {
-        for cap in [self.upper.capacity(), self.lower.capacity()] {
-            if cap < 2 {
-                return Err(PlrError::HullFull { capacity: cap });
+    fn second(&mut self, key: u64) -> Result<(), HullOverflow> {
+        for capacity in [self.upper.capacity(), self.lower.capacity()] {
+            if capacity < 2 {
+                return Err(HullOverflow { capacity });
             }
         }
         let u = Point {
@@ -542,7 +577,7 @@ impl<S: HullStore> PlrFitter<S> {
     /// Tries to add `key` as the `n`-th point (n ≥ 2) of the open segment.
     /// `Ok(false)`: it does not fit and nothing changed.
     #[inline]
-    fn extend(&mut self, key: u64) -> Result<bool, PlrError> {
+    fn extend(&mut self, key: u64) -> Result<bool, HullOverflow> {
         let y = self.n as i64;
         let u = Point {
             x: key,
@@ -626,12 +661,12 @@ impl<S: HullStore> PlrFitter<S> {
             }
         }
         if tighten_max && upper_end + 1 - upper_start > self.upper.capacity() {
-            return Err(PlrError::HullFull {
+            return Err(HullOverflow {
                 capacity: self.upper.capacity(),
             });
         }
         if tighten_min && lower_end + 1 - lower_start > self.lower.capacity() {
-            return Err(PlrError::HullFull {
+            return Err(HullOverflow {
                 capacity: self.lower.capacity(),
             });
         }
@@ -713,7 +748,10 @@ pub fn fit_into(
     let capacity = out.len();
     let mut slots = out.iter_mut();
     fit_each(keys, epsilon, upper, lower, |seg| {
-        let slot = slots.next().ok_or(PlrError::OutputFull { capacity })?;
+        let slot = slots.next().ok_or(PlrError::OutputFull {
+            capacity,
+            first_key: seg.first_key,
+        })?;
         *slot = seg;
         Ok(())
     })
@@ -923,7 +961,10 @@ mod tests {
             let mut out = vec![Segment::default(); keys.len()];
             match fit_into(&keys, eps, &mut up, &mut lo, &mut out) {
                 Ok(n) => prop_assert_eq!(&out[..n], &want[..]),
-                Err(PlrError::HullFull { capacity }) => prop_assert_eq!(capacity, 64),
+                Err(PlrError::HullFull { capacity, index, key }) => {
+                    prop_assert_eq!(capacity, 64);
+                    prop_assert_eq!(keys[index as usize], key);
+                }
                 Err(e) => prop_assert!(false, "unexpected {}", e),
             }
         }
@@ -1001,6 +1042,34 @@ mod tests {
     }
 
     #[test]
+    fn errors_name_the_key_and_its_index() {
+        let text = |e: PlrError| {
+            use core::fmt::Write;
+            let mut s = std::string::String::new();
+            write!(s, "{e}").unwrap();
+            s
+        };
+        let unsorted = fit(&[1, 5, 3], 2).unwrap_err();
+        assert_eq!(
+            text(unsorted),
+            "key 3 at index 2 is smaller than the previous key 5"
+        );
+        let duplicate = fit(&[1, 5, 5], 2).unwrap_err();
+        assert_eq!(text(duplicate), "key 5 at index 2 repeats the previous key");
+        let full = PlrError::HullFull {
+            capacity: 3,
+            index: 7,
+            key: 42,
+        };
+        assert!(text(full).contains("key 42 at index 7"), "{}", text(full));
+        let out = PlrError::OutputFull {
+            capacity: 2,
+            first_key: 9,
+        };
+        assert!(text(out).contains("starting at key 9"), "{}", text(out));
+    }
+
+    #[test]
     fn rejects_huge_epsilon() {
         assert!(fit(&[1], MAX_EPSILON).is_ok());
         assert_eq!(
@@ -1033,10 +1102,17 @@ mod tests {
                     assert_eq!(&out[..n], &want[..]);
                     smallest_ok.get_or_insert(cap);
                 }
-                Err(e) => {
-                    assert_eq!(e, PlrError::HullFull { capacity: cap });
+                Err(PlrError::HullFull {
+                    capacity,
+                    index,
+                    key,
+                }) => {
+                    assert_eq!(capacity, cap);
+                    // The error names the key that did not fit, where it was.
+                    assert_eq!(keys[index as usize], key);
                     assert!(smallest_ok.is_none(), "fails at {cap} after succeeding");
                 }
+                Err(e) => panic!("unexpected {e}"),
             }
         }
         let smallest_ok = smallest_ok.unwrap();
@@ -1050,7 +1126,10 @@ mod tests {
         assert_eq!(&out[..n], &want[..]);
         assert_eq!(
             fit_into(&keys, 8, &mut up, &mut lo, &mut out[..n - 1]),
-            Err(PlrError::OutputFull { capacity: n - 1 })
+            Err(PlrError::OutputFull {
+                capacity: n - 1,
+                first_key: want[n - 1].first_key
+            })
         );
     }
 
@@ -1066,7 +1145,14 @@ mod tests {
             match f.push(k) {
                 Ok(_) => accepted += 1,
                 Err(e) => {
-                    assert_eq!(e, PlrError::HullFull { capacity: 3 });
+                    assert_eq!(
+                        e,
+                        PlrError::HullFull {
+                            capacity: 3,
+                            index: accepted as u64,
+                            key: k
+                        }
+                    );
                     // The same key fails again the same way.
                     assert_eq!(f.push(k), Err(e));
                     break;

@@ -29,6 +29,11 @@
 //!    never wait: a reader with a stale model that meets a cleared link
 //!    before its key sees that the key is not covered and refreshes.
 //!
+//! Each step is one method, called in this order: `prepare` (1), `freeze`
+//! (2), `rewalk` and `segments_for` (3), `build_record` (4), `switch` (5),
+//! `clear_links` and `unlock_record` (6); `install` runs 2–6 and `thaw`s
+//! the old record when one of 3–6 fails.
+//!
 //! Data never moves and no leaf's fences change, so every invariant the
 //! readers rely on (a leaf's `fence_lo` never changes, its `fence_hi` only
 //! shrinks, and following `next` links from the leaf whose `fence_lo ≤ k`
@@ -210,13 +215,13 @@ impl<M: PoolMemory> Agent<M> {
         mem.read(0, &mut head)?;
         let sb = Superblock::read(&head)?;
         let region_end = sb.model_region_offset() + sb.model_region_len();
-        let mut lrh = [0u8; 16];
+        let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
         mem.read(sb.leaf_region_offset(), &mut lrh)?;
         let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
             AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
                 part: rolex_core::layout::Part::LeafRegion,
                 needed: LeafRegionHeader::SIZE,
-                found: 0,
+                found: lrh.len() as u64,
             })
         })?;
         let region = header.check(&sb.leaf_region()?)?;
@@ -443,6 +448,32 @@ impl<M: PoolMemory> Agent<M> {
         }
 
         let t0 = self.mem.now_ns();
+        let frozen = self.freeze(&r, at, state)?;
+        self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
+        match self.build_and_switch(&r, at, state, &p) {
+            Ok(mut report) => {
+                let t1 = self.mem.now_ns();
+                report.freeze_ns = t1.saturating_sub(t0);
+                self.count(&report);
+                Ok(report)
+            }
+            Err(e) => {
+                self.thaw(frozen)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Step 2: sets `FROZEN` in the state word of record `r` (at `at`, in
+    /// state `state`), then locks every LT entry of `r` for the agent,
+    /// waiting for writers that hold one. Returns what [`Self::thaw`] needs
+    /// to undo it.
+    fn freeze(
+        &mut self,
+        r: &ModelRecord,
+        at: u64,
+        state: ModelState,
+    ) -> Result<Frozen, AgentError> {
         let state_at = at + ModelRecord::STATE_OFFSET;
         self.mem.store(state_at, state.frozen().raw())?;
         let mut locked = Vec::with_capacity(r.leaf_count() as usize);
@@ -464,33 +495,42 @@ impl<M: PoolMemory> Agent<M> {
                 self.mem.relax(attempt);
             }
         }
-        self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
-        match self.build_and_switch(&r, at, state, &p) {
-            Ok(mut report) => {
-                let t1 = self.mem.now_ns();
-                report.freeze_ns = t1.saturating_sub(t0);
-                let s = &mut self.stats;
-                s.retrains += 1;
-                s.keys_retrained += report.keys;
-                s.leaves_retrained += report.leaves;
-                s.synonyms_absorbed += report.synonyms_absorbed;
-                s.freeze_ns_total += report.freeze_ns;
-                s.freeze_ns_max = s.freeze_ns_max.max(report.freeze_ns);
-                s.freeze_hist.record(report.freeze_ns);
-                s.model_region_used = self.next_free - self.sb.model_region_offset();
-                Ok(report)
-            }
-            Err(e) => {
-                // Thaw: nothing of the new record became visible.
-                for (off, v) in locked {
-                    self.mem.store(off, v.raw())?;
-                }
-                self.mem.store(state_at, state.raw())?;
-                Err(e)
-            }
-        }
+        Ok(Frozen {
+            state_at,
+            state,
+            locked,
+        })
     }
 
+    /// Undoes [`Self::freeze`] after a failed step 3–6: the old entries and
+    /// state word back. Before the switch (step 5) nothing of the new record
+    /// became visible. A failure in step 6 (clearing links, unlocking: only
+    /// an inconsistent pool or a failing memory makes one) thaws the old
+    /// record too, although the directory already names the new one.
+    fn thaw(&mut self, frozen: Frozen) -> Result<(), AgentError> {
+        for (off, v) in frozen.locked {
+            self.mem.store(off, v.raw())?;
+        }
+        self.mem.store(frozen.state_at, frozen.state.raw())?;
+        Ok(())
+    }
+
+    /// Adds a finished retraining to the statistics.
+    fn count(&mut self, report: &RetrainReport) {
+        let s = &mut self.stats;
+        s.retrains += 1;
+        s.keys_retrained += report.keys;
+        s.leaves_retrained += report.leaves;
+        s.synonyms_absorbed += report.synonyms_absorbed;
+        s.freeze_ns_total += report.freeze_ns;
+        s.freeze_ns_max = s.freeze_ns_max.max(report.freeze_ns);
+        s.freeze_hist.record(report.freeze_ns);
+        s.model_region_used = self.next_free - self.sb.model_region_offset();
+    }
+
+    /// Steps 3–6 under the freeze of record `r` (at `at`, state `state`
+    /// before the freeze), as prepared in `p`; `freeze_ns` of the report is
+    /// left to the caller.
     fn build_and_switch(
         &mut self,
         r: &ModelRecord,
@@ -499,14 +539,38 @@ impl<M: PoolMemory> Agent<M> {
         p: &Prepared,
     ) -> Result<RetrainReport, AgentError> {
         let model_id = r.model_id();
-        // Under the freeze only splits changed the leaf list, and a split
-        // always rewrites the split leaf's `next` to a leaf number never
-        // used before; so a prepared leaf whose `next` word is unchanged is
-        // unchanged in everything the new record needs (its fences and
-        // links). Data never moves, so the prepared leaves appear in the
-        // same order in this walk, with new leaves between them: a cursor
-        // into the prepared list (no map to build under the freeze) finds
-        // each, and only split or new leaves are read in full.
+        let leaves = self.rewalk(r, p)?;
+        let segments = self.segments_for(r, p, &leaves)?;
+        let built = self.build_record(r, state, &leaves, &segments)?;
+        self.switch(model_id, at, state, &built)?;
+        self.clear_links(model_id, &leaves)?;
+        self.unlock_record(&built, &leaves)?;
+        let n = leaves.len() as u64;
+        Ok(RetrainReport {
+            model_id,
+            old_record: at,
+            new_record: built.at,
+            leaves: n,
+            synonyms_absorbed: n.saturating_sub(r.leaf_count()),
+            keys: built.keys,
+            segments: segments.len() as u64,
+            freeze_ns: 0,
+        })
+    }
+
+    /// Step 3: the chains of the frozen record `r` again, now stable, in
+    /// key order, and checked to tile the model's key range.
+    ///
+    /// Under the freeze only splits changed the leaf list, and a split
+    /// always rewrites the split leaf's `next` to a leaf number never used
+    /// before; so a prepared leaf whose `next` word is unchanged is
+    /// unchanged in everything the new record needs (its fences and links).
+    /// Data never moves, so the prepared leaves appear in the same order in
+    /// this walk, with new leaves between them: a cursor into the prepared
+    /// list (no map to build under the freeze) finds each, and only split
+    /// or new leaves are read in full.
+    fn rewalk(&mut self, r: &ModelRecord, p: &Prepared) -> Result<Vec<LeafInfo>, AgentError> {
+        let model_id = r.model_id();
         let mut leaves = Vec::with_capacity(p.leaves.len() + 16);
         let mut cursor = 0usize;
         for j in 0..r.leaf_count() {
@@ -543,23 +607,47 @@ impl<M: PoolMemory> Agent<M> {
             }
         }
         check_tiling(r, &leaves)?;
+        Ok(leaves)
+    }
+
+    /// Step 3's refit: the prepared segments if the re-walk found the
+    /// prepared leaves exactly (and the unlocked fit was usable), else a
+    /// new fit over `leaves`' fences.
+    fn segments_for(
+        &mut self,
+        r: &ModelRecord,
+        p: &Prepared,
+        leaves: &[LeafInfo],
+    ) -> Result<Vec<ModelSegment>, AgentError> {
         let same = !p.segments.is_empty()
             && leaves.len() == p.leaves.len()
             && leaves.iter().zip(&p.leaves).all(|(a, b)| a.addr == b.addr);
+        if same {
+            return Ok(p.segments.clone());
+        }
+        self.stats.refits += 1;
         let fences: Vec<u64> = leaves.iter().map(|l| l.fence_lo).collect();
-        let segments = if same {
-            p.segments.clone()
-        } else {
-            self.stats.refits += 1;
-            fit_model(&fences, r.epsilon())?
-        };
+        Ok(fit_model(&fences, r.epsilon())?)
+    }
+
+    /// Step 4: writes the new record beside `r` at the model region's next
+    /// free byte — LT = every leaf of `leaves` in key order, *locked* by
+    /// the agent; fences = their `fence_lo`; an empty SLT; `segments` —
+    /// and moves the free byte past it. Nothing points at it yet.
+    fn build_record(
+        &mut self,
+        r: &ModelRecord,
+        state: ModelState,
+        leaves: &[LeafInfo],
+        segments: &[ModelSegment],
+    ) -> Result<Built, AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
         let new_at = self.next_free;
         let nr = ModelRecord::new(
             new_at,
             &ModelRecordParams {
-                model_id,
+                model_id: r.model_id(),
                 first_key: r.first_key(),
                 key_hi: r.key_hi(),
                 label_stride: 1,
@@ -572,10 +660,9 @@ impl<M: PoolMemory> Agent<M> {
         )?;
         nr.check(new_at, &self.sb)?;
         let size = ModelRecord::size_for(n, segments.len() as u64)?;
-        // Build the record: LT entries start locked (step 6 unlocks them).
         let mut lt = Vec::with_capacity(leaves.len() * 8);
         let mut fb = Vec::with_capacity(leaves.len() * 8);
-        for l in &leaves {
+        for l in leaves {
             lt.extend_from_slice(
                 &LtEntry::for_leaf(l.addr)
                     .locked_by(LockOwner::AGENT)
@@ -585,7 +672,7 @@ impl<M: PoolMemory> Agent<M> {
             fb.extend_from_slice(&l.fence_lo.to_le_bytes());
         }
         let mut sg = Vec::with_capacity(segments.len() * ModelSegment::SIZE as usize);
-        for s in &segments {
+        for s in segments {
             sg.extend_from_slice(s.as_bytes());
         }
         self.mem.write(new_at, nr.as_bytes())?;
@@ -595,16 +682,38 @@ impl<M: PoolMemory> Agent<M> {
             .write(nr.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
         self.mem.write(nr.segments_offset(), &sg)?;
         self.next_free += size;
-        // The switch: one 8-byte write. Then retire the old record.
+        Ok(Built {
+            at: new_at,
+            record: nr,
+            keys,
+        })
+    }
+
+    /// Step 5: the switch — model `model_id`'s directory word to the new
+    /// record (one 8-byte write) — then the old record at `at` retired
+    /// with a forward pointer to it (its LT entries stay locked forever).
+    fn switch(
+        &mut self,
+        model_id: u64,
+        at: u64,
+        state: ModelState,
+        built: &Built,
+    ) -> Result<(), AgentError> {
         self.mem
-            .store(self.sb.directory_entry_offset(model_id)?, new_at)?;
+            .store(self.sb.directory_entry_offset(model_id)?, built.at)?;
         self.mem.store(
             at + ModelRecord::STATE_OFFSET,
-            state.frozen().retired(new_at)?.raw(),
+            state.frozen().retired(built.at)?.raw(),
         )?;
-        self.records[model_id as usize] = new_at;
-        self.slts[model_id as usize] = nr.slt_offset();
-        // Clear the chain links: every leaf is a training leaf now.
+        self.records[model_id as usize] = built.at;
+        self.slts[model_id as usize] = built.record.slt_offset();
+        Ok(())
+    }
+
+    /// Step 6, first half: clears the `next` link of every leaf of the new
+    /// record that had one (each is a training leaf with an empty chain
+    /// now), re-sealed.
+    fn clear_links(&mut self, model_id: u64, leaves: &[LeafInfo]) -> Result<(), AgentError> {
         for l in leaves.iter().filter(|l| l.next.raw() != 0) {
             let off = self.region.leaf_offset(l.addr)?;
             read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
@@ -620,23 +729,38 @@ impl<M: PoolMemory> Agent<M> {
             leaf.seal();
             self.mem.write(off, &self.buf)?;
         }
+        Ok(())
+    }
+
+    /// Step 6, second half: unlocks the new record's LT entries (writers
+    /// on the new model stop backing off).
+    fn unlock_record(&self, built: &Built, leaves: &[LeafInfo]) -> Result<(), AgentError> {
         for (j, l) in leaves.iter().enumerate() {
             self.mem.store(
-                nr.lt_entry_offset(j as u64)?,
+                built.record.lt_entry_offset(j as u64)?,
                 LtEntry::for_leaf(l.addr).raw(),
             )?;
         }
-        Ok(RetrainReport {
-            model_id,
-            old_record: at,
-            new_record: new_at,
-            leaves: n,
-            synonyms_absorbed: n.saturating_sub(r.leaf_count()),
-            keys,
-            segments: segments.len() as u64,
-            freeze_ns: 0,
-        })
+        Ok(())
     }
+}
+
+/// What [`Agent::freeze`] changed: the old record's state word (at
+/// `state_at`, `state` before) and each LT entry it locked, with the word
+/// it held.
+struct Frozen {
+    state_at: u64,
+    state: ModelState,
+    locked: Vec<(u64, LtEntry)>,
+}
+
+/// A record built beside the old one (step 4), not yet switched in.
+struct Built {
+    /// Its pool offset.
+    at: u64,
+    record: ModelRecord,
+    /// Keys its leaves hold.
+    keys: u64,
 }
 
 #[cfg(test)]

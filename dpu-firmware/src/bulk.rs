@@ -88,6 +88,8 @@ impl BulkPlan {
         if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
             return Err(AgentError::UnsortedKeys {
                 index: i as u64 + 1,
+                key: keys[i + 1],
+                prev: keys[i],
             });
         }
         let k = cfg.keys_per_leaf as usize;
@@ -343,7 +345,15 @@ mod tests {
     fn bad_input_is_refused() {
         assert_eq!(
             BulkPlan::new(&cfg(), &[1, 5, 5]).unwrap_err(),
-            AgentError::UnsortedKeys { index: 2 }
+            AgentError::UnsortedKeys {
+                index: 2,
+                key: 5,
+                prev: 5
+            }
+        );
+        assert_eq!(
+            BulkPlan::new(&cfg(), &[1, 7, 3]).unwrap_err().to_string(),
+            "bulk-load key 3 at index 2 is not above the key before it, 7"
         );
         let mut c = cfg();
         c.keys_per_leaf = 9;

@@ -71,10 +71,15 @@ pub enum AgentError {
     Entry(EntryError),
     /// The retraining queue is malformed.
     Cirq(CirqError),
-    /// Bulk-load keys are not strictly increasing at `index`.
+    /// Bulk-load keys are not strictly increasing at `index`: `key` is not
+    /// above `prev`, the key before it.
     UnsortedKeys {
         /// Index of the first offending key.
         index: u64,
+        /// The offending key.
+        key: u64,
+        /// The key before it.
+        prev: u64,
     },
     /// A bulk-load parameter is out of range.
     BadConfig {
@@ -113,9 +118,10 @@ impl fmt::Display for AgentError {
             Self::Leaf { leaf, error } => write!(f, "leaf {leaf}: {error}"),
             Self::Entry(e) => write!(f, "entry: {e}"),
             Self::Cirq(e) => write!(f, "retraining queue: {e}"),
-            Self::UnsortedKeys { index } => {
-                write!(f, "bulk-load key {index} is not above the key before it")
-            }
+            Self::UnsortedKeys { index, key, prev } => write!(
+                f,
+                "bulk-load key {key} at index {index} is not above the key before it, {prev}"
+            ),
             Self::BadConfig { field, value } => write!(f, "invalid {field}: {value}"),
             Self::ModelRegionFull { needed, left } => write!(
                 f,

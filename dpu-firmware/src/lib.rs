@@ -8,9 +8,10 @@
 //! record beside the old one, and installs it with one 8-byte write of the
 //! model's directory word. A hosted driver (a thread that owns an
 //! [`Agent`] over a registered region and parks when idle) lives in
-//! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
+//! `rolex-memnode` (`MemoryNode`), so this crate stays freestanding.
 //!
-//! - [`memory`] — [`PoolMemory`] and [`MemError`].
+//! - [`memory`] — [`PoolMemory`], [`MemError`] and [`SharedBytes`], the
+//!   checked access every pool over an address range makes.
 //! - [`bulk`] — laying out and bulk-loading a fresh pool (fences, models and
 //!   their fit are `rolex_core::model`'s, as the clients' prediction).
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
@@ -35,7 +36,7 @@ pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport}
 pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency};
 pub use histogram::Histogram;
-pub use memory::{MemError, PoolMemory};
+pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};
 
 /// The pool layout version this agent understands (the superblock's).

@@ -8,8 +8,16 @@
 //! and `faa` are atomic with respect to each other and to remote atomics on
 //! the same aligned word; `read` and `write` are plain copies that may race
 //! with remote one-sided operations (leaves are validated by checksum).
+//!
+//! [`SharedBytes`] is that contract over a base pointer and a length,
+//! written once: the bounds check, the alignment check and the `AtomicU64`
+//! on the word. Every implementation whose memory is a plain address range
+//! (the hosted pool over a registered region, the firmware image's mapped
+//! window, the tests' word array) makes its atomics through it.
 
 use core::fmt;
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 /// An access the memory refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +80,135 @@ pub trait PoolMemory {
     fn now_ns(&self) -> u64;
 }
 
+/// A byte range other parties read and write at any time (compute nodes
+/// through a NIC, a host process): bounds-checked copies and 8-byte atomics
+/// on aligned words, the access [`PoolMemory`] promises, over a base pointer
+/// and a length.
+///
+/// Every access is checked before memory is touched: a range that is not
+/// inside `[0, len)` is refused with [`MemError::OutOfBounds`], an atomic
+/// on a word whose address is not 8-byte aligned with
+/// [`MemError::Misaligned`]. Cheap to make (two words): an implementation
+/// that owns its memory through a handle may build one per access.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedBytes<'a> {
+    base: *mut u8,
+    len: u64,
+    /// The range is valid for `'a` (`new`'s contract).
+    valid: PhantomData<&'a [AtomicU64]>,
+}
+
+// SAFETY: `SharedBytes` names memory that is, by design (`new`'s contract),
+// accessed from anywhere — other threads, processes, NICs — with atomics
+// for words and copies for bytes; which thread holds the pointer changes
+// nothing about that, and `&SharedBytes` gives no access that another
+// party could not make at the same time anyway.
+unsafe impl Send for SharedBytes<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for SharedBytes<'_> {}
+
+impl<'a> SharedBytes<'a> {
+    /// The `len` bytes at `base`.
+    ///
+    /// # Safety
+    /// `[base, base + len)` must be valid for reads and writes, and stay
+    /// allocated and unmoved, for `'a`. Others may access it concurrently only with atomics on its
+    /// aligned words or with copies (as a NIC does); no Rust reference to
+    /// it may be alive while it is accessed through this value.
+    pub const unsafe fn new(base: *mut u8, len: u64) -> Self {
+        Self {
+            base,
+            len,
+            valid: PhantomData,
+        }
+    }
+
+    /// Bytes of the range.
+    pub const fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `offset` as an index, if `[offset, offset + len)` is inside.
+    fn check(&self, offset: u64, len: u64) -> Result<usize, MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(offset as usize),
+            _ => Err(MemError::OutOfBounds { offset, len }),
+        }
+    }
+
+    /// The aligned word at `offset`.
+    fn word(&self, offset: u64) -> Result<&'a AtomicU64, MemError> {
+        let at = self.check(offset, 8)?;
+        let p = self.base.wrapping_add(at);
+        if (p as usize) % 8 != 0 {
+            return Err(MemError::Misaligned { offset });
+        }
+        // SAFETY: `[p, p + 8)` is inside the range (checked above), which is
+        // valid for `'a` (`new`'s contract), and 8-byte aligned.
+        // `AtomicU64` has the size and alignment of `u64` and every bit
+        // pattern is valid. Other parties access these words with atomics
+        // too (a NIC's CAS/FAA, the loopback NIC's `AtomicU64`), so this is
+        // the shared-memory protocol the pool is built on.
+        Ok(unsafe { &*(p as *const AtomicU64) })
+    }
+
+    /// Copies the bytes at `offset` into `buf`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let at = self.check(offset, buf.len() as u64)?;
+        // SAFETY: the source range is inside the range (checked above) and
+        // `buf` is a distinct Rust buffer, so they cannot overlap. Other
+        // parties may write the source meanwhile (like DMA): the copy may
+        // then be torn, which every reader of leaves detects by checksum;
+        // no Rust reference to the range exists (`new`'s contract).
+        unsafe { core::ptr::copy_nonoverlapping(self.base.add(at), buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// Copies `buf` into the range at `offset`.
+    pub fn write(&self, offset: u64, buf: &[u8]) -> Result<(), MemError> {
+        let at = self.check(offset, buf.len() as u64)?;
+        // SAFETY: as for `read`, with source and destination swapped; the
+        // range is writable (`new`'s contract).
+        unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), self.base.add(at), buf.len()) };
+        Ok(())
+    }
+
+    /// Atomically loads the aligned word at `offset`.
+    pub fn load(&self, offset: u64) -> Result<u64, MemError> {
+        Ok(self.word(offset)?.load(SeqCst))
+    }
+
+    /// Atomically stores the aligned word at `offset`.
+    pub fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
+        self.word(offset)?.store(value, SeqCst);
+        Ok(())
+    }
+
+    /// Compare-and-swap on the aligned word at `offset`; returns the old
+    /// value (the swap happened iff it equals `expected`).
+    pub fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        Ok(
+            match self
+                .word(offset)?
+                .compare_exchange(expected, new, SeqCst, SeqCst)
+            {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Fetch-and-add (wrapping) on the aligned word at `offset`; returns
+    /// the old value.
+    pub fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
+        Ok(self.word(offset)?.fetch_add(add, SeqCst))
+    }
+}
+
 /// A shared reference to a pool is a pool (several parties — the agent and
 /// a test, or two agents' phases — may hold one).
 impl<M: PoolMemory + ?Sized> PoolMemory for &M {
@@ -107,10 +244,10 @@ impl<M: PoolMemory + ?Sized> PoolMemory for &M {
 #[cfg(test)]
 pub(crate) mod testing {
     //! A word-array pool for unit tests: every access goes through
-    //! `AtomicU64`, so tests may race threads against it.
+    //! `AtomicU64` (words through [`SharedBytes`], bytes word by word), so
+    //! tests may race threads against it.
     use super::*;
     use alloc::vec::Vec;
-    use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
     pub(crate) struct VecPool {
         words: Vec<AtomicU64>,
@@ -125,18 +262,18 @@ pub(crate) mod testing {
         }
 
         fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
-            match offset.checked_add(len) {
-                Some(end) if end <= self.size() => Ok(()),
-                _ => Err(MemError::OutOfBounds { offset, len }),
-            }
+            self.words().check(offset, len).map(|_| ())
         }
 
-        fn word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
-            self.check(offset, 8)?;
-            if offset % 8 != 0 {
-                return Err(MemError::Misaligned { offset });
-            }
-            Ok(&self.words[(offset / 8) as usize])
+        /// The words as shared bytes, for the checked atomics.
+        fn words(&self) -> SharedBytes<'_> {
+            // SAFETY: `self.words` is allocated, `8 * len` bytes, aligned to
+            // 8 and never moved while `self` is borrowed; every access
+            // through it is atomic on a word (`AtomicU64` is interior
+            // mutable, so writing through a pointer from `&self` is allowed),
+            // and the byte copies of this pool go word by word through the
+            // same atomics, so nothing races non-atomically.
+            unsafe { SharedBytes::new(self.words.as_ptr() as *mut u8, self.size()) }
         }
     }
 
@@ -165,24 +302,16 @@ pub(crate) mod testing {
             Ok(())
         }
         fn load(&self, offset: u64) -> Result<u64, MemError> {
-            Ok(self.word(offset)?.load(SeqCst))
+            self.words().load(offset)
         }
         fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
-            self.word(offset)?.store(value, SeqCst);
-            Ok(())
+            self.words().store(offset, value)
         }
         fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-            Ok(
-                match self
-                    .word(offset)?
-                    .compare_exchange(expected, new, SeqCst, SeqCst)
-                {
-                    Ok(v) | Err(v) => v,
-                },
-            )
+            self.words().cas(offset, expected, new)
         }
         fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-            Ok(self.word(offset)?.fetch_add(add, SeqCst))
+            self.words().faa(offset, add)
         }
         fn relax(&self, _attempt: u32) {
             std::thread::yield_now();
@@ -190,5 +319,46 @@ pub(crate) mod testing {
         fn now_ns(&self) -> u64 {
             0
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    #[test]
+    fn shared_bytes_checks_bounds_and_alignment_before_touching_memory() {
+        let mut words = vec![0u64; 4];
+        // SAFETY: `words` is 32 bytes, 8-aligned, outlives `m`, and is only
+        // accessed through `m` meanwhile.
+        let m = unsafe { SharedBytes::new(words.as_mut_ptr().cast(), 32) };
+        assert_eq!(m.len(), 32);
+        assert_eq!(m.faa(8, 5), Ok(0));
+        assert_eq!(m.cas(8, 5, 7), Ok(5));
+        assert_eq!(m.cas(8, 5, 9), Ok(7));
+        m.store(24, u64::MAX).unwrap();
+        assert_eq!(m.load(24), Ok(u64::MAX));
+        m.write(3, &[1, 2]).unwrap();
+        let mut b = [0u8; 2];
+        m.read(3, &mut b).unwrap();
+        assert_eq!(b, [1, 2]);
+        assert_eq!(
+            m.load(32),
+            Err(MemError::OutOfBounds { offset: 32, len: 8 })
+        );
+        assert_eq!(
+            m.faa(u64::MAX - 3, 1),
+            Err(MemError::OutOfBounds {
+                offset: u64::MAX - 3,
+                len: 8
+            })
+        );
+        assert_eq!(m.cas(4, 0, 1), Err(MemError::Misaligned { offset: 4 }));
+        assert_eq!(
+            m.write(31, &[0, 0]),
+            Err(MemError::OutOfBounds { offset: 31, len: 2 })
+        );
+        assert_eq!(words[1], 7);
     }
 }

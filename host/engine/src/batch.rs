@@ -18,9 +18,9 @@ use rolex_core::wire::{Access, MrDesc};
 
 use crate::counters::Counters;
 use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Progress, WorkOp, WorkRequest};
-use crate::engine::{remote, EngineShared};
 use crate::error::{OpKind, TransferError};
 use crate::region::MrHandle;
+use crate::shared::{remote, EngineShared};
 
 /// One operation of a doorbell batch.
 #[derive(Clone, Copy, Debug)]

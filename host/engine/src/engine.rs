@@ -18,23 +18,23 @@
 //! single write, the number of pages for paged writes, the number of
 //! destinations aimed at it for a scatter, and 1 for a barrier.
 
-use std::collections::HashSet;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rolex_core::imm_counter::{ImmCounter, ImmCounterMap, ImmError};
+use rolex_core::imm_counter::{ImmCounter, ImmError};
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
 
 use crate::batch::Channel;
-use crate::callback::{CallbackQueue, CallbackThread, Notify, OnDone, OnValue};
+use crate::callback::{CallbackThread, Notify, OnDone, OnValue};
 use crate::counters::{Counters, DomainCounters, EngineCounters};
 use crate::domain::loopback::{self, LoopbackConfig};
 use crate::domain::{AnyDomain, Domain, Local, RecvBuffer, Remote, WorkOp};
-use crate::error::{ConfigError, OpKind, ProtectionCheck, TransferError};
-use crate::group::{GroupShared, Request, Worker};
+use crate::error::{ConfigError, OpKind, TransferError};
+use crate::group::Worker;
 use crate::region::{MrHandle, Region};
+use crate::shared::{remote, EngineShared, GroupShared, Registered, Request};
 use crate::watcher::{Watcher, WatcherSet};
 
 /// Smallest piece a single write is split into across NICs.
@@ -129,98 +129,6 @@ impl PeerGroupHandle {
     }
 }
 
-struct Registered {
-    region: Arc<Region>,
-    rkeys: Vec<u64>,
-}
-
-/// What the API, the workers and the client channels share.
-pub(crate) struct EngineShared {
-    pub(crate) id: u64,
-    pub(crate) groups: Vec<GroupShared>,
-    pub(crate) imm: Mutex<ImmCounterMap<Notify>>,
-    pub(crate) cbq: CallbackQueue,
-    pub(crate) counters: Counters,
-    pub(crate) shutdown: AtomicBool,
-    pub(crate) max_transfer: u64,
-    regions: Mutex<Vec<Registered>>,
-    peer_groups: RwLock<Vec<HashSet<NetAddr>>>,
-    next_nic: AtomicUsize,
-}
-
-impl EngineShared {
-    pub(crate) fn check_len(&self, op: OpKind, len: u64) -> Result<(), TransferError> {
-        if len == 0 {
-            return Err(TransferError::ZeroLength { op });
-        }
-        if len > self.max_transfer {
-            return Err(TransferError::TooLarge {
-                op,
-                len,
-                max: self.max_transfer,
-            });
-        }
-        Ok(())
-    }
-
-    /// A local range of one of this engine's regions.
-    pub(crate) fn local(
-        &self,
-        mr: &MrHandle,
-        offset: u64,
-        len: u64,
-    ) -> Result<Local, TransferError> {
-        if mr.region.engine() != self.id {
-            return Err(TransferError::ForeignRegion);
-        }
-        mr.region.check(offset, len)?;
-        Ok(Local {
-            region: mr.region.clone(),
-            offset,
-        })
-    }
-
-    /// Fails the notification (counted as an error).
-    pub(crate) fn fail(&self, notify: Notify, err: TransferError) {
-        Counters::bump(&self.counters.errors, 1);
-        notify.fire(Err(err), &self.cbq);
-    }
-
-    fn nic(&self) -> usize {
-        self.next_nic.fetch_add(1, Relaxed)
-    }
-}
-
-/// The check of a remote range against the peer's descriptor, made before
-/// posting (software providers do not enforce protection, design §7):
-/// the `(addr, rkey)` of NIC `nic mod count` and the absolute address.
-pub(crate) fn remote(
-    desc: &MrDesc,
-    nic: usize,
-    offset: u64,
-    len: u64,
-    right: Access,
-) -> Result<Remote, TransferError> {
-    let (peer, rkey) = *desc
-        .nics
-        .get(nic % desc.nics.len().max(1))
-        .ok_or(TransferError::NoNics)?;
-    let fail = |check| TransferError::Protection { peer, rkey, check };
-    if !desc.access.contains(right) {
-        return Err(fail(ProtectionCheck::MissingRight(right)));
-    }
-    let addr = desc
-        .checked_addr(offset, len)
-        .ok_or(fail(ProtectionCheck::OutOfBounds {
-            addr: desc.ptr.wrapping_add(offset),
-            len,
-        }))?;
-    if right == Access::REMOTE_ATOMIC && addr % 8 != 0 {
-        return Err(fail(ProtectionCheck::Misaligned { addr }));
-    }
-    Ok(Remote { peer, rkey, addr })
-}
-
 /// A transfer engine: one host's NICs, grouped, with their workers, the
 /// callback thread and the watcher thread (see the module docs).
 ///
@@ -289,18 +197,12 @@ impl TransferEngine {
                 return Err(TransferError::ThreadSpawn { thread: "callback" });
             }
         };
-        let shared = Arc::new(EngineShared {
+        let shared = Arc::new(EngineShared::new(
             id,
             groups,
-            imm: Mutex::new(ImmCounterMap::new()),
-            cbq: callback.queue(),
-            counters: Counters::default(),
-            shutdown: AtomicBool::new(false),
-            max_transfer: config.max_transfer,
-            regions: Mutex::new(Vec::new()),
-            peer_groups: RwLock::new(Vec::new()),
-            next_nic: AtomicUsize::new(0),
-        });
+            callback.queue(),
+            config.max_transfer,
+        ));
         let mut engine = TransferEngine {
             shared: shared.clone(),
             workers: Vec::new(),

@@ -1,6 +1,8 @@
-//! Domain groups and their worker threads.
+//! The worker thread of each domain group.
 //!
-//! A group is 1 to 4 domains (NICs) served by one worker thread. The
+//! A group is 1 to 4 domains (NICs) served by one worker thread; the state
+//! the worker shares with the API ([`GroupShared`], its request queue) is
+//! in `shared`. The
 //! worker takes requests from a lock-free queue, posts their work requests
 //! as one doorbell per domain per round, polls completions, aggregates the
 //! pieces of each transfer into one notification, and turns arrivals
@@ -13,59 +15,17 @@
 //! wait on modelled time it sleeps until the earliest of them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock};
-use std::thread::{self, Thread};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::SegQueue;
 use rolex_core::imm_counter::ImmCounter;
 
 use crate::callback::{Job, Notify};
 use crate::counters::Counters;
-use crate::domain::{
-    AnyDomain, AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, WorkOp, WorkRequest,
-};
-use crate::engine::EngineShared;
+use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, WorkRequest};
 use crate::error::TransferError;
-
-/// One transfer handed to a worker: its work requests (domain index, op)
-/// and how to notify when all have completed.
-pub(crate) struct Request {
-    pub(crate) ops: Vec<(usize, WorkOp)>,
-    pub(crate) notify: Notify,
-}
-
-/// What the engine and the worker of one group share.
-pub(crate) struct GroupShared {
-    pub(crate) domains: Vec<AnyDomain>,
-    pub(crate) queue: SegQueue<Request>,
-    pub(crate) waker: OnceLock<Thread>,
-    /// Client channels opened on this group, for round-robin NIC choice.
-    pub(crate) channels: AtomicUsize,
-}
-
-impl GroupShared {
-    pub(crate) fn new(domains: Vec<AnyDomain>) -> Self {
-        GroupShared {
-            domains,
-            queue: SegQueue::new(),
-            waker: OnceLock::new(),
-            channels: AtomicUsize::new(0),
-        }
-    }
-
-    pub(crate) fn push(&self, req: Request) {
-        self.queue.push(req);
-        self.wake();
-    }
-
-    pub(crate) fn wake(&self) {
-        // Cheap when the worker is awake: `unpark` only leaves a token.
-        if let Some(t) = self.waker.get() {
-            t.unpark();
-        }
-    }
-}
+use crate::shared::{EngineShared, GroupShared, Request};
 
 /// A transfer in flight: pieces left, first error, value (atomics).
 struct Transfer {

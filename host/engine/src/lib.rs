@@ -11,7 +11,9 @@
 //! - [`engine`]: the public API, [`TransferEngine`].
 //! - [`domain`]: the `Domain` / `Endpoint` traits and the backends
 //!   (`loopback`; `fabric` and `verbs` behind their features).
-//! - `group` (private): domain groups and their worker threads.
+//! - `shared` (private): the state the API, the group workers and the
+//!   channels share, and the check of remote ranges; it imports none of them.
+//! - `group` (private): the worker thread of each domain group.
 //! - [`region`]: registered memory and [`MrHandle`].
 //! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
@@ -28,6 +30,7 @@ pub mod engine;
 pub mod error;
 mod group;
 pub mod region;
+mod shared;
 pub mod watcher;
 
 pub use batch::{BatchOp, Channel};

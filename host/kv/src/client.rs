@@ -1,6 +1,6 @@
 //! [`KvClient`]: a compute node of the store — its own engine, the cached
-//! hierarchy and models shared by every thread of the process — and the
-//! I/O layer its sessions post doorbell batches through.
+//! hierarchy and models shared by every thread of the process. Its reads
+//! go through the I/O layer in `io` (doorbell batches), as its sessions' do.
 //!
 //! Connecting reads, with one-sided READs only: the superblock (checked,
 //! including its layout version), the leaf-region header, the upper blob
@@ -13,20 +13,20 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
-use rolex_core::layout::{LeafRegion, LeafRegionHeader, ModelRecord, Superblock, LAYOUT_VERSION};
+use rolex_core::layout::{
+    LayoutError, LeafRegion, LeafRegionHeader, ModelRecord, Part, Superblock, LAYOUT_VERSION,
+};
 use rolex_core::model::Locator;
-use rolex_core::wire::{Access, MrDesc};
+use rolex_core::wire::MrDesc;
 use zerocopy::FromBytes;
 
 use crate::cache::ModelView;
-use crate::error::{transfer, KvError};
+use crate::error::{check_first_keys, transfer, KvError};
+use crate::io::Io;
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
-use crate::stats::{KvStats, ModelBytes, OpStats, SessionCounters};
-use rolex_engine::batch::{BatchOp, Channel};
+use crate::stats::{KvStats, ModelBytes, SessionCounters};
 use rolex_engine::engine::{EngineConfig, TransferEngine};
-use rolex_engine::MrHandle;
-use rolex_engine::TransferError;
 
 /// How a compute node connects.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,9 +143,9 @@ impl KvClient {
         }
         let sb = Superblock::read(&head)?;
         if sb.pool_size() > desc.len {
-            return Err(KvError::Inconsistent {
-                what: "the superblock describes a pool larger than the registered region",
-                model: 0,
+            return Err(KvError::PoolTooSmall {
+                described: sb.pool_size(),
+                registered: desc.len,
             });
         }
         let lrh = io.read_bytes(
@@ -155,16 +155,17 @@ impl KvClient {
             "reading the leaf-region header",
         )?;
         let header =
-            LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| KvError::Inconsistent {
-                what: "leaf-region header unreadable",
-                model: 0,
+            LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| LayoutError::TooShort {
+                part: Part::LeafRegion,
+                needed: LeafRegionHeader::SIZE,
+                found: lrh.len() as u64,
             })?;
         let region = header.check(&sb.leaf_region()?)?;
         let models = sb.model_count();
         if models == 0 || sb.upper_len() != models * 8 {
-            return Err(KvError::Inconsistent {
-                what: "the upper blob does not hold one first key per model",
-                model: 0,
+            return Err(KvError::UpperBlob {
+                models,
+                bytes: sb.upper_len(),
             });
         }
         let blob = io.read_bytes(
@@ -177,12 +178,7 @@ impl KvClient {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
-        if firsts.first() != Some(&0) {
-            return Err(KvError::Inconsistent {
-                what: "the first model's first key is not 0",
-                model: 0,
-            });
-        }
+        check_first_keys(&firsts)?;
         // Refuses first keys that do not increase, naming the model.
         let locator = Locator::new(firsts, cfg.upper_epsilon).map_err(KvError::Locator)?;
         let mut views = Vec::with_capacity(models as usize);
@@ -290,192 +286,4 @@ pub(crate) fn fetch_model(
         what: "the directory keeps naming a retired record",
         model: m,
     })
-}
-
-/// One operation of a doorbell batch, by pool and local offsets.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Op {
-    /// READ `len` pool bytes at `remote` into the read buffer at `local`.
-    Read { remote: u64, local: u64, len: u64 },
-    /// WRITE `len` bytes of the write buffer at `local` to the pool.
-    Write { remote: u64, local: u64, len: u64 },
-    /// CAS on the pool word at `remote`.
-    Cas {
-        remote: u64,
-        expected: u64,
-        new: u64,
-    },
-    /// FAA on the pool word at `remote`.
-    Faa { remote: u64, add: u64 },
-}
-
-/// A session's queue pair and registered buffers, counting what it posts.
-pub(crate) struct Io {
-    ch: Channel,
-    rbuf: MrHandle,
-    wbuf: MrHandle,
-    results: Vec<Result<u64, TransferError>>,
-    values: Vec<u64>,
-    /// What the current operation has cost so far.
-    pub(crate) cur: OpStats,
-}
-
-impl Io {
-    pub(crate) fn new(engine: &TransferEngine, cap: u64) -> Result<Self, KvError> {
-        let ch = engine.channel().map_err(transfer("opening a channel"))?;
-        let (rbuf, _) = engine
-            .alloc_mr(cap, Access::LOCAL_WRITE)
-            .map_err(transfer("registering a session buffer"))?;
-        let (wbuf, _) = engine
-            .alloc_mr(cap, Access::LOCAL_WRITE)
-            .map_err(transfer("registering a session buffer"))?;
-        Ok(Self {
-            ch,
-            rbuf,
-            wbuf,
-            results: Vec::new(),
-            values: Vec::new(),
-            cur: OpStats::default(),
-        })
-    }
-
-    /// Bytes the read buffer holds.
-    pub(crate) fn read_cap(&self) -> u64 {
-        self.rbuf.len()
-    }
-
-    /// Posts `ops` as one doorbell batch and waits: one dependent round
-    /// trip. Returns each op's value (old word of an atomic, else 0).
-    pub(crate) fn run(
-        &mut self,
-        pool: &MrDesc,
-        ops: &[Op],
-        during: &'static str,
-    ) -> Result<&[u64], KvError> {
-        let mut batch = Vec::with_capacity(ops.len());
-        for op in ops {
-            batch.push(match *op {
-                Op::Read { remote, local, len } => {
-                    self.cur.bytes_read += len;
-                    BatchOp::Read {
-                        dst: &self.rbuf,
-                        dst_offset: local,
-                        src: pool,
-                        src_offset: remote,
-                        len,
-                    }
-                }
-                Op::Write { remote, local, len } => {
-                    self.cur.bytes_written += len;
-                    BatchOp::Write {
-                        src: &self.wbuf,
-                        src_offset: local,
-                        dst: pool,
-                        dst_offset: remote,
-                        len,
-                        imm: None,
-                    }
-                }
-                Op::Cas {
-                    remote,
-                    expected,
-                    new,
-                } => {
-                    self.cur.atomics += 1;
-                    BatchOp::Cas {
-                        dst: pool,
-                        offset: remote,
-                        expected,
-                        new,
-                    }
-                }
-                Op::Faa { remote, add } => {
-                    self.cur.atomics += 1;
-                    BatchOp::Faa {
-                        dst: pool,
-                        offset: remote,
-                        add,
-                    }
-                }
-            });
-        }
-        self.cur.rtts += 1;
-        self.ch
-            .run(&batch, &mut self.results)
-            .map_err(transfer(during))?;
-        self.values.clear();
-        for r in self.results.drain(..) {
-            self.values.push(r.map_err(transfer(during))?);
-        }
-        Ok(&self.values)
-    }
-
-    /// Copies read-buffer bytes `[local, local + out.len())` into `out`.
-    pub(crate) fn local(&self, local: u64, out: &mut [u8]) -> Result<(), KvError> {
-        self.rbuf
-            .read(local, out)
-            .map_err(transfer("reading a session buffer"))
-    }
-
-    /// The little-endian word at `local` in the read buffer.
-    pub(crate) fn local_u64(&self, local: u64) -> Result<u64, KvError> {
-        let mut b = [0u8; 8];
-        self.local(local, &mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
-
-    /// Stages `bytes` in the write buffer at `local`.
-    pub(crate) fn stage(&self, local: u64, bytes: &[u8]) -> Result<(), KvError> {
-        self.wbuf
-            .write(local, bytes)
-            .map_err(transfer("filling a session buffer"))
-    }
-
-    /// Reads `len` pool bytes at `remote`: one round trip per read-buffer
-    /// size.
-    pub(crate) fn read_bytes(
-        &mut self,
-        pool: &MrDesc,
-        remote: u64,
-        len: u64,
-        during: &'static str,
-    ) -> Result<Vec<u8>, KvError> {
-        let cap = self.rbuf.len();
-        let mut out = vec![0u8; len as usize];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(cap);
-            self.run(
-                pool,
-                &[Op::Read {
-                    remote: remote + done,
-                    local: 0,
-                    len: n,
-                }],
-                during,
-            )?;
-            self.local(0, &mut out[done as usize..(done + n) as usize])?;
-            done += n;
-        }
-        Ok(out)
-    }
-
-    /// Reads one pool word.
-    pub(crate) fn read_u64(
-        &mut self,
-        pool: &MrDesc,
-        remote: u64,
-        during: &'static str,
-    ) -> Result<u64, KvError> {
-        self.run(
-            pool,
-            &[Op::Read {
-                remote,
-                local: 0,
-                len: 8,
-            }],
-            during,
-        )?;
-        self.local_u64(0)
-    }
 }

@@ -3,7 +3,8 @@
 
 use core::fmt;
 
-use rolex_core::layout::LayoutError;
+use rolex_core::entry::LeafAddr;
+use rolex_core::layout::{LayoutError, LeafError};
 use rolex_core::model::ModelError;
 
 use rolex_engine::TransferError;
@@ -68,6 +69,40 @@ pub enum KvError {
     /// they do not increase (the error names the model) or the upper
     /// levels' bound is too large.
     Locator(ModelError),
+    /// The superblock describes a pool larger than the region the memory
+    /// node registered.
+    PoolTooSmall {
+        /// Bytes the superblock describes.
+        described: u64,
+        /// Bytes of the registered region.
+        registered: u64,
+    },
+    /// The upper blob does not hold one first key (8 bytes) per model.
+    UpperBlob {
+        /// Models the superblock counts.
+        models: u64,
+        /// Bytes of the blob.
+        bytes: u64,
+    },
+    /// A model's first key is out of order: model 0's must be 0, every
+    /// other's above the one before.
+    FirstKey {
+        /// The model.
+        model: u64,
+        /// Its first key.
+        key: u64,
+        /// The previous model's first key (`None` for model 0).
+        prev: Option<u64>,
+    },
+    /// A leaf's bytes are not a leaf of this pool.
+    Leaf {
+        /// The model whose chain it is in.
+        model: u64,
+        /// Its address.
+        leaf: LeafAddr,
+        /// What is wrong with it.
+        error: LeafError,
+    },
     /// The pool holds something the protocol never produces.
     Inconsistent {
         /// What.
@@ -100,12 +135,65 @@ impl fmt::Display for KvError {
                 write!(f, "{op} gave up after {attempts} attempts")
             }
             Self::Locator(e) => write!(f, "model locator: {e}"),
+            Self::PoolTooSmall {
+                described,
+                registered,
+            } => write!(
+                f,
+                "the superblock describes a pool of {described} bytes, the registered region holds {registered}"
+            ),
+            Self::UpperBlob { models, bytes } => write!(
+                f,
+                "the upper blob holds {bytes} bytes for {models} models (8 per model)"
+            ),
+            Self::FirstKey {
+                model,
+                key,
+                prev: Some(prev),
+            } => write!(
+                f,
+                "model {model}'s first key {key} is not above the previous model's, {prev}"
+            ),
+            Self::FirstKey {
+                model,
+                key,
+                prev: None,
+            } => write!(f, "model {model}'s first key is {key}, not 0"),
+            Self::Leaf { model, leaf, error } => write!(
+                f,
+                "model {model}, leaf {} of region {}: {error}",
+                leaf.leaf(),
+                leaf.region()
+            ),
             Self::Inconsistent { what, model } => write!(f, "model {model}: {what}"),
         }
     }
 }
 
 impl std::error::Error for KvError {}
+
+/// The first model whose first key is out of order in `firsts` (model `i`'s
+/// first key at index `i`): model 0's must be 0, every other's above the
+/// one before.
+pub(crate) fn check_first_keys(firsts: &[u64]) -> Result<(), KvError> {
+    if let Some(&key) = firsts.first() {
+        if key != 0 {
+            return Err(KvError::FirstKey {
+                model: 0,
+                key,
+                prev: None,
+            });
+        }
+    }
+    match firsts.windows(2).position(|w| w[0] >= w[1]) {
+        Some(i) => Err(KvError::FirstKey {
+            model: i as u64 + 1,
+            key: firsts[i + 1],
+            prev: Some(firsts[i]),
+        }),
+        None => Ok(()),
+    }
+}
 
 impl From<LayoutError> for KvError {
     fn from(e: LayoutError) -> Self {
@@ -116,4 +204,47 @@ impl From<LayoutError> for KvError {
 /// Wraps an engine error with what the store was doing.
 pub(crate) fn transfer(during: &'static str) -> impl Fn(TransferError) -> KvError {
     move |error| KvError::Transfer { during, error }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_keys_name_the_model_and_both_keys() {
+        assert_eq!(check_first_keys(&[0, 5, 9]), Ok(()));
+        assert_eq!(
+            check_first_keys(&[3, 5]),
+            Err(KvError::FirstKey {
+                model: 0,
+                key: 3,
+                prev: None
+            })
+        );
+        let e = check_first_keys(&[0, 5, 5, 2]).unwrap_err();
+        assert_eq!(
+            e,
+            KvError::FirstKey {
+                model: 2,
+                key: 5,
+                prev: Some(5)
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "model 2's first key 5 is not above the previous model's, 5"
+        );
+    }
+
+    #[test]
+    fn pool_errors_say_what_was_found() {
+        let e = KvError::PoolTooSmall {
+            described: 4096,
+            registered: 1024,
+        };
+        assert_eq!(
+            e.to_string(),
+            "the superblock describes a pool of 4096 bytes, the registered region holds 1024"
+        );
+    }
 }

@@ -12,6 +12,8 @@
 //! - [`client`]: [`KvClient`], [`KvClientConfig`].
 //! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase).
 //! - `cache` (private): what a compute node caches.
+//! - `io` (private): a session's queue pair and buffers, one doorbell batch
+//!   per round trip.
 //! - [`pool_info`]: [`PoolInfo`], what a client connects to.
 //! - [`stats`]: [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
 //! - [`error`]: [`KvError`], what failed and where.
@@ -22,6 +24,7 @@
 mod cache;
 pub mod client;
 pub mod error;
+mod io;
 pub mod lease;
 pub mod pool_info;
 pub mod session;

@@ -28,7 +28,7 @@ use rolex_core::layout::{AgentArea, ModelRecord, Superblock, LAYOUT_VERSION};
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
     Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
-    Prepared, RetrainReport,
+    Prepared, RetrainReport, SharedBytes,
 };
 
 use rolex_engine::{EngineConfig, MrHandle, TransferEngine};
@@ -150,30 +150,18 @@ impl HostPool {
         }
     }
 
-    fn word<T>(
-        &self,
-        offset: u64,
-        f: impl FnOnce(&std::sync::atomic::AtomicU64) -> T,
-    ) -> Result<T, MemError> {
-        if offset.checked_add(8).map_or(true, |e| e > self.mr.len()) {
-            return Err(MemError::OutOfBounds { offset, len: 8 });
-        }
-        let p = self.mr.as_ptr().wrapping_add(offset as usize);
-        if (p as usize) % 8 != 0 {
-            return Err(MemError::Misaligned { offset });
-        }
-        // SAFETY: `[p, p + 8)` is inside the region (checked above) and
-        // 8-byte aligned. The region's memory was allocated by the engine
-        // and is freed only when the last `Arc<Region>` goes, and `self.mr`
-        // holds one, so it stays valid for this borrow. `AtomicU64` has the
-        // size and alignment of `u64` and every bit pattern is valid; the
-        // loopback NIC's remote CAS/FAA use `AtomicU64` on these same words,
-        // so the agent's atomics are atomic with respect to them. (No region
-        // guard per word: entering one bumps a counter every NIC operation
-        // on the pool also bumps, and that cache line would bounce between
-        // the agent and the compute nodes for every LT entry a freeze locks.)
-        let w = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
-        Ok(f(w))
+    /// The region as shared bytes, for the checked word atomics.
+    fn words(&self) -> SharedBytes<'_> {
+        // SAFETY: the region's memory was allocated (or mapped) by the
+        // engine and is freed only when the last `Arc<Region>` goes; `self.mr`
+        // holds one, so `[as_ptr, as_ptr + len)` stays valid while `self` is
+        // borrowed. Compute nodes reach the same words only through the NIC
+        // (the loopback NIC's remote CAS/FAA use `AtomicU64` on them), so the
+        // agent's atomics are atomic with respect to theirs. (No region guard
+        // per word: entering one bumps a counter every NIC operation on the
+        // pool also bumps, and that cache line would bounce between the agent
+        // and the compute nodes for every LT entry a freeze locks.)
+        unsafe { SharedBytes::new(self.mr.as_ptr(), self.mr.len()) }
     }
 }
 
@@ -211,20 +199,16 @@ impl PoolMemory for HostPool {
             .map_err(mem_err(offset, buf.len() as u64))
     }
     fn load(&self, offset: u64) -> Result<u64, MemError> {
-        self.word(offset, |w| w.load(SeqCst))
+        self.words().load(offset)
     }
     fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
-        self.word(offset, |w| w.store(value, SeqCst))
+        self.words().store(offset, value)
     }
     fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.word(offset, |w| {
-            match w.compare_exchange(expected, new, SeqCst, SeqCst) {
-                Ok(v) | Err(v) => v,
-            }
-        })
+        self.words().cas(offset, expected, new)
     }
     fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-        self.word(offset, |w| w.fetch_add(add, SeqCst))
+        self.words().faa(offset, add)
     }
     fn relax(&self, attempt: u32) {
         // Writers hold locks for microseconds and the agent may be waiting

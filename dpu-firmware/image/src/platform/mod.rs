@@ -4,8 +4,10 @@
 //!
 //! - [`Boot`]: what the entry point found — the agent's memory (the agent
 //!   area and the pool after it, see `rolex_core::layout::AgentArea`).
-//! - [`Pool`] and [`Area`]: bounds-checked access to that memory; `Pool`
-//!   implements `rolex_dpu::PoolMemory`.
+//! - [`Pool`] and [`Area`]: bounds-checked access to that memory, both
+//!   windows of `rolex_dpu::SharedBytes` (the checked copies and
+//!   word atomics every pool implementation shares); `Pool` implements
+//!   `rolex_dpu::PoolMemory`.
 //! - [`now_ns`], [`cpu_ns`], [`nap`], [`exit`], [`console`]: clock, CPU
 //!   time, idling, leaving, and a last-resort console for errors met before
 //!   the log ring exists.
@@ -21,9 +23,7 @@
 //! it is refused with an error), and 8-byte atomics are only made on
 //! aligned words.
 
-use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-
-use rolex_dpu::{MemError, PoolMemory};
+use rolex_dpu::{MemError, PoolMemory, SharedBytes};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod x86_64_linux;
@@ -69,89 +69,37 @@ impl Boot {
         if !pool_offset.is_multiple_of(8) || pool_offset >= self.len {
             return None;
         }
-        let area = Area(Mem {
-            base: self.base,
-            len: pool_offset,
-        });
-        let pool = Pool(Mem {
-            base: self.base.wrapping_add(pool_offset as usize),
-            len: self.len - pool_offset,
-        });
-        Some((area, pool))
+        // SAFETY: both windows are inside the memory handed over, which is
+        // mapped for the rest of the process and shared as `SharedBytes`
+        // requires (`Boot::new`'s contract); they do not overlap.
+        let (area, pool) = unsafe {
+            (
+                SharedBytes::new(self.base, pool_offset),
+                SharedBytes::new(
+                    self.base.wrapping_add(pool_offset as usize),
+                    self.len - pool_offset,
+                ),
+            )
+        };
+        Some((Area(area), Pool(pool)))
     }
 
     /// The first `len` bytes as an area, for reading its header before the
     /// split is known.
     pub fn header(&self, len: u64) -> Option<Area> {
-        (len <= self.len).then_some(Area(Mem {
-            base: self.base,
-            len,
-        }))
-    }
-}
-
-/// A bounds-checked window of the handed-over memory.
-struct Mem {
-    base: *mut u8,
-    len: u64,
-}
-
-// SAFETY: a `Mem` names shared memory that is, by design, accessed from
-// anywhere (other processes, NICs) with atomics for words and checked
-// copies for bytes; moving the pointer to another context changes nothing
-// about that (the image is single-threaded anyway; the logger's static
-// needs `Send` to sit behind its lock).
-unsafe impl Send for Mem {}
-
-impl Mem {
-    fn check(&self, offset: u64, len: u64) -> Result<usize, MemError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(offset as usize),
-            _ => Err(MemError::OutOfBounds { offset, len }),
-        }
-    }
-
-    fn word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
-        let at = self.check(offset, 8)?;
-        let p = self.base.wrapping_add(at);
-        if !(p as usize).is_multiple_of(8) {
-            return Err(MemError::Misaligned { offset });
-        }
-        // SAFETY: `[p, p + 8)` is inside the mapping (checked above), which
-        // stays mapped for the whole process (`Boot::new`'s contract), and
-        // is 8-byte aligned. `AtomicU64` has the size and alignment of `u64`
-        // and every bit pattern is valid. Other parties access these words
-        // with atomics too (the NIC's CAS/FAA, the host's `AtomicU64`), so
-        // this is the shared-memory protocol the pool is built on.
-        Ok(unsafe { &*(p as *const AtomicU64) })
-    }
-
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        let at = self.check(offset, buf.len() as u64)?;
-        // SAFETY: the source range is inside the mapping (checked above)
-        // and `buf` is a distinct local buffer, so they cannot overlap.
-        // Other parties may write the source meanwhile (like DMA): the copy
-        // may then be torn, which every reader of leaves detects by
-        // checksum; no Rust reference to the mapping exists.
-        unsafe { core::ptr::copy_nonoverlapping(self.base.add(at), buf.as_mut_ptr(), buf.len()) };
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), MemError> {
-        let at = self.check(offset, buf.len() as u64)?;
-        // SAFETY: as for `read`, with source and destination swapped; the
-        // mapping is writable (`Boot::new`'s contract).
-        unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), self.base.add(at), buf.len()) };
-        Ok(())
+        // SAFETY: `[base, base + len)` is inside the memory handed over
+        // (checked here), mapped and shared as `SharedBytes` requires
+        // (`Boot::new`'s contract).
+        (len <= self.len).then(|| Area(unsafe { SharedBytes::new(self.base, len) }))
     }
 }
 
 /// The pool: what compute nodes see through their NIC.
-pub struct Pool(Mem);
+pub struct Pool(SharedBytes<'static>);
 
 impl PoolMemory for Pool {
     fn size(&self) -> u64 {
-        self.0.len
+        self.0.len()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), MemError> {
         self.0.read(offset, buf)
@@ -160,25 +108,16 @@ impl PoolMemory for Pool {
         self.0.write(offset, buf)
     }
     fn load(&self, offset: u64) -> Result<u64, MemError> {
-        Ok(self.0.word(offset)?.load(SeqCst))
+        self.0.load(offset)
     }
     fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
-        self.0.word(offset)?.store(value, SeqCst);
-        Ok(())
+        self.0.store(offset, value)
     }
     fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        Ok(
-            match self
-                .0
-                .word(offset)?
-                .compare_exchange(expected, new, SeqCst, SeqCst)
-            {
-                Ok(v) | Err(v) => v,
-            },
-        )
+        self.0.cas(offset, expected, new)
     }
     fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-        Ok(self.0.word(offset)?.fetch_add(add, SeqCst))
+        self.0.faa(offset, add)
     }
     fn relax(&self, attempt: u32) {
         // Writers hold a chain for microseconds: spin briefly, then nap.
@@ -194,12 +133,12 @@ impl PoolMemory for Pool {
 }
 
 /// The agent area (header and log ring) in front of the pool.
-pub struct Area(Mem);
+pub struct Area(SharedBytes<'static>);
 
 impl Area {
     /// Bytes of the area.
     pub fn len(&self) -> u64 {
-        self.0.len
+        self.0.len()
     }
 
     /// Copies area bytes at `offset` into `buf`.
@@ -214,13 +153,12 @@ impl Area {
 
     /// Atomically loads the word at `offset`.
     pub fn load(&self, offset: u64) -> Result<u64, MemError> {
-        Ok(self.0.word(offset)?.load(SeqCst))
+        self.0.load(offset)
     }
 
     /// Atomically stores the word at `offset`.
     pub fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
-        self.0.word(offset)?.store(value, SeqCst);
-        Ok(())
+        self.0.store(offset, value)
     }
 }
 

@@ -352,7 +352,10 @@ impl<Q> Connector<Q> {
         let from = sender_of(&h);
         let peer = from.to_net().map_err(IncomingError::Sender)?;
         match h.kind {
-            HandshakeKind::Request => self.on_request(dev, &h, from, peer, rng, out, events),
+            HandshakeKind::Request => {
+                let req = Received { h: &h, from, peer };
+                self.on_request(dev, req, rng, out, events)
+            }
             HandshakeKind::Reply => {
                 self.on_reply(dev, &h, peer, events);
                 Ok(())
@@ -360,17 +363,17 @@ impl<Q> Connector<Q> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Answers a connection request (or ignores it: a duplicate, or the
+    /// loser of a simultaneous connect).
     fn on_request<D: QpDevice<Qp = Q>>(
         &mut self,
         dev: &mut D,
-        h: &Handshake,
-        from: VerbsAddr,
-        peer: NetAddr,
+        req: Received<'_>,
         rng: &mut impl Rng,
         out: &mut Vec<Outgoing>,
         events: &mut Vec<Event<Q>>,
     ) -> Result<(), IncomingError> {
+        let Received { h, from, peer } = req;
         let remote = (h.msg_qpn, h.rdma_qpn);
         if peer == self.me_net {
             // Our own request, looped back: answer with a kept passive pair.
@@ -500,6 +503,14 @@ impl<Q> Connector<Q> {
             }),
         }
     }
+}
+
+/// A handshake as it arrived: decoded, with its sender's UD address and
+/// the engine address that names the peer.
+struct Received<'a> {
+    h: &'a Handshake,
+    from: VerbsAddr,
+    peer: NetAddr,
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use ibverbs_sys::ibv_wc_status;
 use rolex_core::wire::NetAddr;
 
 use super::completions::{Outstanding, UnknownCompletion, WrError};
-use super::ffi::VerbsError;
+use super::error::VerbsError;
 use super::wr::{Chain, ChainOp, WrTemplates, MAX_CHAIN};
 use crate::error::{OpKind, TransferError};
 

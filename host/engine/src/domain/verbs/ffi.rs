@@ -30,27 +30,9 @@ use sys::{ibv_access_flags as acc, ibv_qp_attr_mask as mask};
 
 use super::bringup::{AccessFlags, BringUpError, QpDevice, QpRole, Transition};
 use super::demux::{PostChain, PostError};
+use super::error::VerbsError;
 use super::wr::{Chain, Sge};
-use crate::error::TransferError;
 use crate::region::Region;
-
-/// A failed libibverbs call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VerbsError {
-    /// The C call.
-    pub call: &'static str,
-    /// Its errno (positive).
-    pub errno: i32,
-}
-
-impl From<VerbsError> for TransferError {
-    fn from(e: VerbsError) -> TransferError {
-        TransferError::Verbs {
-            call: e.call,
-            errno: e.errno,
-        }
-    }
-}
 
 fn last_errno(call: &'static str) -> VerbsError {
     VerbsError {

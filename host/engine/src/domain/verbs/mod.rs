@@ -21,10 +21,12 @@
 //! bring-up sequence (driven through [`bringup::QpDevice`]), the peer table
 //! and handshake exchange ([`connect`]), turning one completion per chain
 //! back into one outcome per request ([`completions`], [`demux`]) — lives
-//! in safe modules tested here; the calls into libibverbs live in `ffi`,
-//! the one module with `unsafe` besides the `Send` of the request chain and
-//! templates (`wr`). The
-//! [`VerbsDomain`] and [`VerbsEndpoint`] tie them to a device.
+//! in safe modules tested here, and names a failed call with
+//! [`VerbsError`] ([`error`]). The calls into libibverbs live in `ffi`, the
+//! one module with `unsafe` besides the `Send` of the request chain and
+//! templates (`wr`); only the modules that drive a device import it:
+//! [`Nic`] (opening one) and the [`VerbsDomain`], which with its
+//! [`VerbsEndpoint`] ties the safe modules to the device.
 
 pub mod addr;
 pub mod bringup;
@@ -33,21 +35,21 @@ pub mod connect;
 pub mod demux;
 mod domain;
 mod endpoint;
+pub mod error;
 pub mod ffi;
 pub mod handshake;
+mod nic;
 pub mod wr;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bringup::{BroughtUp, RcTiming};
-use ffi::{Context, Cq, Device, Pd, Qp, Srq};
+use bringup::RcTiming;
 
 pub use domain::{open_host, VerbsDomain};
 pub use endpoint::VerbsEndpoint;
-
-use crate::error::TransferError;
+pub use error::VerbsError;
+pub use nic::Nic;
 
 /// UD receives kept posted for handshakes.
 pub const UD_RECVS: usize = 32;
@@ -91,7 +93,8 @@ pub struct VerbsConfig {
     /// Interval between resends of an unanswered handshake request.
     pub handshake_retry: Duration,
     /// How long a posted operation may wait for its completion (or for its
-    /// connection) before it fails with [`TransferError::Timeout`]; RC
+    /// connection) before it fails with
+    /// [`TransferError::Timeout`](crate::error::TransferError::Timeout); RC
     /// reports dead peers itself (see [`RcTiming`]), this bounds sends
     /// that wait for a receive buffer with infinite RNR retries.
     pub op_timeout: Duration,
@@ -158,73 +161,6 @@ impl VerbsConfig {
     }
 }
 
-/// One opened NIC: device context, protection domain, completion queue,
-/// shared receive queue stocked with zero-length receives, the (empty)
-/// shared receive queue for messages, and the UD queue pair (at RTS, under
-/// a random qkey) on which handshakes travel.
-#[derive(Debug)]
-pub struct Nic {
-    /// The device layer that creates and moves queue pairs.
-    pub device: Device,
-    /// The UD queue pair.
-    pub ud: BroughtUp<Qp>,
-    /// This engine's qkey.
-    pub qkey: u32,
-    /// The port's LID.
-    pub lid: u16,
-    /// The port's GID at the configured index.
-    pub gid: [u8; 16],
-    /// The port's active MTU code.
-    pub mtu: u8,
-}
-
-impl Nic {
-    /// Opens the configured device and brings its UD queue pair up.
-    pub fn open(cfg: &VerbsConfig) -> Result<Nic, TransferError> {
-        cfg.validate()
-            .map_err(|why| TransferError::Config(crate::error::ConfigError::Verbs(why)))?;
-        let ctx: Arc<Context> = Context::open(cfg.device.as_deref())?;
-        let (lid, mtu, _state) = ctx.port(cfg.port)?;
-        let gid = ctx.gid(cfg.port, cfg.gid_index)?;
-        let pd = Pd::new(&ctx)?;
-        let cq = Cq::new(&ctx, cq_entries(cfg))?;
-        let srq = Srq::new(&pd, cfg.srq_depth)?;
-        srq.post_zero_length(cfg.srq_depth, demux::WrTag::Imm.id(0))?;
-        let msg_srq = Srq::new(&pd, cfg.srq_depth)?;
-        let mut device = Device {
-            pd,
-            cq,
-            srq,
-            msg_srq,
-            send_depth: cfg.send_depth,
-            max_inline: cfg.max_inline,
-        };
-        let qkey = bringup::random_qkey(&mut rand::thread_rng());
-        let ud = bringup::bring_up_ud(&mut device, cfg.port, qkey).map_err(|e| match e {
-            bringup::BringUpError::Device { call, errno, .. } => {
-                TransferError::Verbs { call, errno }
-            }
-            _ => TransferError::Verbs {
-                call: "ibv_modify_qp",
-                errno: libc::EINVAL,
-            },
-        })?;
-        Ok(Nic {
-            device,
-            ud,
-            qkey,
-            lid,
-            gid,
-            mtu: mtu.clamp(1, 5),
-        })
-    }
-
-    /// The device's name.
-    pub fn name(&self) -> &str {
-        self.device.pd.context().name()
-    }
-}
-
 /// Completion-queue entries for `cfg`: every request of every signalled
 /// chain in flight (a chain completes with one entry, but a failing queue
 /// pair flushes each of its up to four requests with one), both shared
@@ -287,32 +223,6 @@ mod tests {
             cq_entries(&VerbsConfig::default()),
             4 * 4096 + 2 * 1024 + 64
         );
-    }
-
-    #[test]
-    fn open_refuses_bad_options_before_touching_a_device() {
-        let bad = VerbsConfig {
-            port: 0,
-            ..VerbsConfig::default()
-        };
-        assert!(matches!(
-            Nic::open(&bad),
-            Err(TransferError::Config(crate::error::ConfigError::Verbs(_)))
-        ));
-    }
-
-    #[test]
-    fn open_without_the_device_is_an_error_naming_the_call() {
-        let cfg = VerbsConfig {
-            device: Some("rolex-no-such-device".into()),
-            ..VerbsConfig::default()
-        };
-        match Nic::open(&cfg) {
-            Err(TransferError::Verbs { call, .. }) => {
-                assert!(call.starts_with("ibv_"), "{call}")
-            }
-            other => panic!("expected a verbs error, got {other:?}"),
-        }
     }
 
     #[test]

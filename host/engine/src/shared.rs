@@ -1,0 +1,184 @@
+//! The state an engine's API, its group workers and its client channels
+//! share: [`EngineShared`], one [`GroupShared`] per domain group, the
+//! [`Request`]s queued to a group's worker, and [`remote`], the check of a
+//! remote range against a peer's descriptor made before anything is posted.
+//!
+//! This module sits below `engine` (the API), `group` (the workers) and
+//! `batch` (client channels) and imports none of them, so those three
+//! depend on it and never on one another's internals. Invariant: nothing
+//! here posts work or fires a notification except [`EngineShared::fail`];
+//! the owners of each piece of state are the modules above.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::thread::Thread;
+
+use crossbeam_queue::SegQueue;
+use rolex_core::imm_counter::ImmCounterMap;
+use rolex_core::wire::{Access, MrDesc, NetAddr};
+
+use crate::callback::{CallbackQueue, Notify};
+use crate::counters::Counters;
+use crate::domain::{AnyDomain, Local, Remote, WorkOp};
+use crate::error::{OpKind, ProtectionCheck, TransferError};
+use crate::region::{MrHandle, Region};
+
+/// A region registered with every NIC of its group, with the key each NIC
+/// gave it (same order as the group's domains).
+pub(crate) struct Registered {
+    pub(crate) region: Arc<Region>,
+    pub(crate) rkeys: Vec<u64>,
+}
+
+/// What the API, the workers and the client channels share.
+pub(crate) struct EngineShared {
+    pub(crate) id: u64,
+    pub(crate) groups: Vec<GroupShared>,
+    pub(crate) imm: Mutex<ImmCounterMap<Notify>>,
+    pub(crate) cbq: CallbackQueue,
+    pub(crate) counters: Counters,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) max_transfer: u64,
+    /// Regions registered and not yet deregistered (the engine kills them
+    /// all on drop).
+    pub(crate) regions: Mutex<Vec<Registered>>,
+    /// Peer groups; handle `h` is index `h - 1`.
+    pub(crate) peer_groups: RwLock<Vec<HashSet<NetAddr>>>,
+    next_nic: AtomicUsize,
+}
+
+impl EngineShared {
+    /// The state of a new engine `id` over `groups`, notifying through
+    /// `cbq`, nothing registered yet.
+    pub(crate) fn new(
+        id: u64,
+        groups: Vec<GroupShared>,
+        cbq: CallbackQueue,
+        max_transfer: u64,
+    ) -> Self {
+        EngineShared {
+            id,
+            groups,
+            imm: Mutex::new(ImmCounterMap::new()),
+            cbq,
+            counters: Counters::default(),
+            shutdown: AtomicBool::new(false),
+            max_transfer,
+            regions: Mutex::new(Vec::new()),
+            peer_groups: RwLock::new(Vec::new()),
+            next_nic: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn check_len(&self, op: OpKind, len: u64) -> Result<(), TransferError> {
+        if len == 0 {
+            return Err(TransferError::ZeroLength { op });
+        }
+        if len > self.max_transfer {
+            return Err(TransferError::TooLarge {
+                op,
+                len,
+                max: self.max_transfer,
+            });
+        }
+        Ok(())
+    }
+
+    /// A local range of one of this engine's regions.
+    pub(crate) fn local(
+        &self,
+        mr: &MrHandle,
+        offset: u64,
+        len: u64,
+    ) -> Result<Local, TransferError> {
+        if mr.region.engine() != self.id {
+            return Err(TransferError::ForeignRegion);
+        }
+        mr.region.check(offset, len)?;
+        Ok(Local {
+            region: mr.region.clone(),
+            offset,
+        })
+    }
+
+    /// Fails the notification (counted as an error).
+    pub(crate) fn fail(&self, notify: Notify, err: TransferError) {
+        Counters::bump(&self.counters.errors, 1);
+        notify.fire(Err(err), &self.cbq);
+    }
+
+    /// The next NIC index, round-robin, for operations not tied to one.
+    pub(crate) fn nic(&self) -> usize {
+        self.next_nic.fetch_add(1, Relaxed)
+    }
+}
+
+/// One transfer handed to a worker: its work requests (domain index, op)
+/// and how to notify when all have completed.
+pub(crate) struct Request {
+    pub(crate) ops: Vec<(usize, WorkOp)>,
+    pub(crate) notify: Notify,
+}
+
+/// What the engine and the worker of one group share.
+pub(crate) struct GroupShared {
+    pub(crate) domains: Vec<AnyDomain>,
+    pub(crate) queue: SegQueue<Request>,
+    pub(crate) waker: OnceLock<Thread>,
+    /// Client channels opened on this group, for round-robin NIC choice.
+    pub(crate) channels: AtomicUsize,
+}
+
+impl GroupShared {
+    pub(crate) fn new(domains: Vec<AnyDomain>) -> Self {
+        GroupShared {
+            domains,
+            queue: SegQueue::new(),
+            waker: OnceLock::new(),
+            channels: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn push(&self, req: Request) {
+        self.queue.push(req);
+        self.wake();
+    }
+
+    pub(crate) fn wake(&self) {
+        // Cheap when the worker is awake: `unpark` only leaves a token.
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The check of a remote range against the peer's descriptor, made before
+/// posting (software providers do not enforce protection, design §7):
+/// the `(addr, rkey)` of NIC `nic mod count` and the absolute address.
+pub(crate) fn remote(
+    desc: &MrDesc,
+    nic: usize,
+    offset: u64,
+    len: u64,
+    right: Access,
+) -> Result<Remote, TransferError> {
+    let (peer, rkey) = *desc
+        .nics
+        .get(nic % desc.nics.len().max(1))
+        .ok_or(TransferError::NoNics)?;
+    let fail = |check| TransferError::Protection { peer, rkey, check };
+    if !desc.access.contains(right) {
+        return Err(fail(ProtectionCheck::MissingRight(right)));
+    }
+    let addr = desc
+        .checked_addr(offset, len)
+        .ok_or(fail(ProtectionCheck::OutOfBounds {
+            addr: desc.ptr.wrapping_add(offset),
+            len,
+        }))?;
+    if right == Access::REMOTE_ATOMIC && addr % 8 != 0 {
+        return Err(fail(ProtectionCheck::Misaligned { addr }));
+    }
+    Ok(Remote { peer, rkey, addr })
+}

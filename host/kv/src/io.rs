@@ -1,0 +1,214 @@
+//! The compute node's I/O layer: [`Io`], a session's own queue pair
+//! ([`Channel`]) with its registered read and write buffers, and [`Op`], one
+//! one-sided operation of a doorbell batch addressed by pool offset and
+//! buffer offset.
+//!
+//! Every protocol step of the store is one [`Io::run`]: the ops it is given
+//! go out as one doorbell batch, and the call returns when all of them have
+//! completed — one dependent round trip, counted in [`Io::cur`] together
+//! with the bytes and atomics it carried. That count is what
+//! `host/tests/kv_rtts.rs` asserts per operation, so `Io` posts nothing
+//! outside `run` (the one operation a session posts without waiting for
+//! it, an unordered fabric's unlock, goes through the engine and is counted
+//! as `posted`, not as a round trip). The buffers are reused by every step:
+//! a READ lands at `local` in the read buffer (copied out with
+//! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
+//! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
+
+use rolex_core::wire::{Access, MrDesc};
+use rolex_engine::batch::{BatchOp, Channel};
+use rolex_engine::engine::TransferEngine;
+use rolex_engine::{MrHandle, TransferError};
+
+use crate::error::{transfer, KvError};
+use crate::stats::OpStats;
+
+/// One operation of a doorbell batch, by pool and local offsets.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Op {
+    /// READ `len` pool bytes at `remote` into the read buffer at `local`.
+    Read { remote: u64, local: u64, len: u64 },
+    /// WRITE `len` bytes of the write buffer at `local` to the pool.
+    Write { remote: u64, local: u64, len: u64 },
+    /// CAS on the pool word at `remote`.
+    Cas {
+        remote: u64,
+        expected: u64,
+        new: u64,
+    },
+    /// FAA on the pool word at `remote`.
+    Faa { remote: u64, add: u64 },
+}
+
+/// A session's queue pair and registered buffers, counting what it posts.
+pub(crate) struct Io {
+    ch: Channel,
+    rbuf: MrHandle,
+    wbuf: MrHandle,
+    results: Vec<Result<u64, TransferError>>,
+    values: Vec<u64>,
+    /// What the current operation has cost so far.
+    pub(crate) cur: OpStats,
+}
+
+impl Io {
+    /// Opens a channel on `engine` (a queue pair of the session's own) and
+    /// registers a read and a write buffer of `cap` bytes each.
+    pub(crate) fn new(engine: &TransferEngine, cap: u64) -> Result<Self, KvError> {
+        let ch = engine.channel().map_err(transfer("opening a channel"))?;
+        let (rbuf, _) = engine
+            .alloc_mr(cap, Access::LOCAL_WRITE)
+            .map_err(transfer("registering a session buffer"))?;
+        let (wbuf, _) = engine
+            .alloc_mr(cap, Access::LOCAL_WRITE)
+            .map_err(transfer("registering a session buffer"))?;
+        Ok(Self {
+            ch,
+            rbuf,
+            wbuf,
+            results: Vec::new(),
+            values: Vec::new(),
+            cur: OpStats::default(),
+        })
+    }
+
+    /// Bytes the read buffer holds.
+    pub(crate) fn read_cap(&self) -> u64 {
+        self.rbuf.len()
+    }
+
+    /// Posts `ops` as one doorbell batch and waits: one dependent round
+    /// trip. Returns each op's value (old word of an atomic, else 0).
+    pub(crate) fn run(
+        &mut self,
+        pool: &MrDesc,
+        ops: &[Op],
+        during: &'static str,
+    ) -> Result<&[u64], KvError> {
+        let mut batch = Vec::with_capacity(ops.len());
+        for op in ops {
+            batch.push(match *op {
+                Op::Read { remote, local, len } => {
+                    self.cur.bytes_read += len;
+                    BatchOp::Read {
+                        dst: &self.rbuf,
+                        dst_offset: local,
+                        src: pool,
+                        src_offset: remote,
+                        len,
+                    }
+                }
+                Op::Write { remote, local, len } => {
+                    self.cur.bytes_written += len;
+                    BatchOp::Write {
+                        src: &self.wbuf,
+                        src_offset: local,
+                        dst: pool,
+                        dst_offset: remote,
+                        len,
+                        imm: None,
+                    }
+                }
+                Op::Cas {
+                    remote,
+                    expected,
+                    new,
+                } => {
+                    self.cur.atomics += 1;
+                    BatchOp::Cas {
+                        dst: pool,
+                        offset: remote,
+                        expected,
+                        new,
+                    }
+                }
+                Op::Faa { remote, add } => {
+                    self.cur.atomics += 1;
+                    BatchOp::Faa {
+                        dst: pool,
+                        offset: remote,
+                        add,
+                    }
+                }
+            });
+        }
+        self.cur.rtts += 1;
+        self.ch
+            .run(&batch, &mut self.results)
+            .map_err(transfer(during))?;
+        self.values.clear();
+        for r in self.results.drain(..) {
+            self.values.push(r.map_err(transfer(during))?);
+        }
+        Ok(&self.values)
+    }
+
+    /// Copies read-buffer bytes `[local, local + out.len())` into `out`.
+    pub(crate) fn local(&self, local: u64, out: &mut [u8]) -> Result<(), KvError> {
+        self.rbuf
+            .read(local, out)
+            .map_err(transfer("reading a session buffer"))
+    }
+
+    /// The little-endian word at `local` in the read buffer.
+    pub(crate) fn local_u64(&self, local: u64) -> Result<u64, KvError> {
+        let mut b = [0u8; 8];
+        self.local(local, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Stages `bytes` in the write buffer at `local`.
+    pub(crate) fn stage(&self, local: u64, bytes: &[u8]) -> Result<(), KvError> {
+        self.wbuf
+            .write(local, bytes)
+            .map_err(transfer("filling a session buffer"))
+    }
+
+    /// Reads `len` pool bytes at `remote`: one round trip per read-buffer
+    /// size.
+    pub(crate) fn read_bytes(
+        &mut self,
+        pool: &MrDesc,
+        remote: u64,
+        len: u64,
+        during: &'static str,
+    ) -> Result<Vec<u8>, KvError> {
+        let cap = self.rbuf.len();
+        let mut out = vec![0u8; len as usize];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(cap);
+            self.run(
+                pool,
+                &[Op::Read {
+                    remote: remote + done,
+                    local: 0,
+                    len: n,
+                }],
+                during,
+            )?;
+            self.local(0, &mut out[done as usize..(done + n) as usize])?;
+            done += n;
+        }
+        Ok(out)
+    }
+
+    /// Reads one pool word.
+    pub(crate) fn read_u64(
+        &mut self,
+        pool: &MrDesc,
+        remote: u64,
+        during: &'static str,
+    ) -> Result<u64, KvError> {
+        self.run(
+            pool,
+            &[Op::Read {
+                remote,
+                local: 0,
+                len: 8,
+            }],
+            during,
+        )?;
+        self.local_u64(0)
+    }
+}
