@@ -4,7 +4,7 @@
 //! One retraining of model `m` (record `R`, directory word `D[m] = R`):
 //!
 //! 1. **Prepare** (nothing locked): walk `R`'s chains in key order and fit
-//!    new segments over the leaves' fences ([`crate::train`]).
+//!    new segments over the leaves' fences ([`rolex_core::train`]).
 //! 2. **Freeze**: set `FROZEN` in `R`'s state word, then lock every LT
 //!    entry of `R` by `CAS`, waiting for writers that hold one. From here on
 //!    no compute node changes a leaf of `m`: writers whose lock `CAS` fails

@@ -3,7 +3,7 @@
 //! The keys are cut into leaves of `keys_per_leaf` keys (the fill factor);
 //! the leaves' fences tile the whole key space (`fence_lo` of leaf 0 is 0,
 //! `fence_hi` of the last is `u64::MAX`, so every `u64` key has an owner).
-//! The PLR over the fences (see [`crate::train`]) cuts the leaves into
+//! The PLR over the fences (see [`rolex_core::train`]) cuts the leaves into
 //! models; a model longer than `max_model_leaves` is split into several
 //! (each refitted), so one retraining never has to walk an unbounded
 //! number of leaves. Each model is one directory slot whose key range
@@ -39,7 +39,7 @@ pub struct BulkConfig {
     pub leaf_slots: u32,
     /// Keys per leaf at load (`1..=leaf_slots`): the fill factor times `L`.
     pub keys_per_leaf: u32,
-    /// The models' error bound, in leaves (see [`crate::train`]).
+    /// The models' error bound, in leaves (see [`rolex_core::train`]).
     pub epsilon: u64,
     /// Most training leaves a bulk-loaded model may have (at least 1).
     pub max_model_leaves: u64,

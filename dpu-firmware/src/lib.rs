@@ -8,14 +8,16 @@
 //! record beside the old one, and installs it with one 8-byte write of the
 //! model's directory word. A hosted driver (a thread that owns an
 //! [`Agent`] over a registered region and parks when idle) lives in
-//! `rolex-host` (`kv::MemoryNode`), so this crate stays freestanding.
+//! `rolex-memnode` (`MemoryNode`), so this crate stays freestanding.
 //!
 //! - [`memory`] — [`PoolMemory`] and [`MemError`].
-//! - [`train`] — fitting a model's prediction segments over its leaf fences.
+//! - [`rolex_core::train`] (in the core) —
+//!   fitting a model's prediction segments over its leaf fences.
 //! - [`bulk`] — laying out and bulk-loading a fresh pool.
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
 //! - [`agent`] — the retraining service, [`Agent`].
 //! - [`histogram`] — [`Histogram`], the freeze-time histogram.
+//! - [`reap`] — releasing the chain locks of a compute node that died.
 //! - [`error`] — [`AgentError`].
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_op_in_unsafe_fn)]

@@ -14,7 +14,7 @@
 //! - `cache` (private): what a compute node caches.
 //! - [`pool_info`]: [`PoolInfo`], what a client connects to.
 //! - [`stats`]: [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
-//! - [`error`]: [`KvError`].
+//! - [`error`]: the one error type, [`KvError`].
 //! - [`lease`]: [`lease::LeaseClient`] and the lease wire format: how a
 //!   memory node learns a compute node died and releases its locks.
 #![deny(missing_docs)]

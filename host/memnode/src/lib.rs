@@ -10,7 +10,7 @@
 //! - [`node`]: [`MemoryNode`], [`MemoryNodeConfig`], [`HostPool`] (the
 //!   agent's view of a registered pool), [`MemoryNodeStats`].
 //! - [`lease_server`]: [`LeaseServer`], [`LeaseConfig`].
-//! - [`error`]: [`MemoryNodeError`].
+//! - [`error`]: the one error type, [`MemoryNodeError`].
 #![deny(missing_docs)]
 
 pub mod error;
