@@ -253,6 +253,9 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if (args.unordered || args.rtt_us != 0.0) && args.memnode.is_some() {
         return Err("--unordered and --rtt-us shape the loopback fabric only".into());
     }
+    if let Some(path) = &args.plot {
+        plot::create(path)?;
+    }
     Ok(())
 }
 

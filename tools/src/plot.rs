@@ -66,6 +66,17 @@ impl fmt::Display for PlotError {
 
 impl std::error::Error for PlotError {}
 
+/// Creates (or empties) `path`, so a run whose chart could not be written
+/// fails before it measures anything rather than after.
+pub fn create(path: &Path) -> Result<(), PlotError> {
+    std::fs::File::create(path)
+        .map(drop)
+        .map_err(|e| PlotError {
+            path: path.to_owned(),
+            error: e.to_string(),
+        })
+}
+
 /// Chart width and height in pixels (two panels side by side).
 const SIZE: (u32, u32) = (1280, 520);
 const FONT: &str = "sans-serif";

@@ -293,6 +293,9 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
         )
         .into());
     }
+    if let Some(path) = &args.plot {
+        plot::create(path)?;
+    }
     Ok(())
 }
 
@@ -819,6 +822,10 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
             "size", "Gbit/s", "p50 µs", "p99 µs", "memcpy Gbit/s"
         );
     }
+    // A few operations first: the first ones to a peer set up its
+    // connection, which would otherwise count against the smallest size.
+    ctx.set_size(sweep_sizes().next().unwrap_or(64));
+    latency(ctx, 0, 10, args.channel)?;
     let mut points = Vec::new();
     for size in sweep_sizes() {
         ctx.set_size(size);
