@@ -46,10 +46,10 @@
 //!
 //! `--plot FILE.svg` draws the run (`crate::plot`): the latency CDF of each
 //! operation kind that ran and the throughput over the run. Each thread
-//! already records every operation's latency in a histogram (now one per
-//! kind, merged for the overall percentiles) and adds one to a counter per
-//! 10 ms of the run it completed in: an index and an increment, with the
-//! clock read the latency needs anyway.
+//! records every operation's latency in a histogram of its kind (merged
+//! for the overall percentiles) and counts the operations it completed in
+//! each 10 ms of the run, from the clock read the latency needs anyway:
+//! per operation, an index and an increment more than the latency alone.
 
 use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
 use crate::fabric::{
