@@ -8,6 +8,14 @@
 //!
 //! A compute node that only needs the client should depend on `rolex-kv`
 //! alone: it does not link the memory node's agent.
+//!
+//! Where to start: the examples, `cargo run --example transfer_engine -p
+//! rolex-host` (registration, paged writes with immediates and their
+//! ImmCounter expectation, scatter to a peer group, barrier) and `cargo
+//! run --example kv_store -p rolex-host` (a memory node and a compute
+//! node: get, insert, update, scan, delete); then the examples on
+//! [`TransferEngine`], [`kv::KvClient`] and
+//! [`memnode::MemoryNode::start`].
 #![deny(missing_docs)]
 
 pub use rolex_engine::*;

@@ -43,12 +43,20 @@
 //! process knows every writer's values; a final value written by another
 //! process is then accepted. The JSON keys are the same; `retrains` and
 //! `synonym_leaves`, which only the memory node knows, are `null`.
+//!
+//! `--plot FILE.svg` draws the run (`crate::plot`): the latency CDF of each
+//! operation kind that ran and the throughput over the run. Each thread
+//! records every operation's latency in a histogram of its kind (merged
+//! for the overall percentiles) and counts the operations it completed in
+//! each 10 ms of the run, from the clock read the latency needs anyway:
+//! per operation, an index and an increment more than the latency alone.
 
 use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
 use crate::fabric::{
     libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs, NO_VERBS,
 };
 use crate::memnode::{key_hash, DataSetDesc};
+use crate::plot::{self, Bucket, Cdf};
 use crate::ycsb::{self, Op, Plan, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -63,6 +71,7 @@ use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
 };
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -140,6 +149,10 @@ pub struct BenchArgs {
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
+    /// Draw the run into this SVG file: latency CDF per operation kind and
+    /// throughput over the run.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 type BenchError = Box<dyn std::error::Error>;
@@ -154,6 +167,23 @@ const RAW_MAX: u64 = 400_000;
 
 /// Shuffle window of the unordered loopback fabric.
 const UNORDERED_WINDOW: usize = 16;
+
+/// The workload's operation kinds, in the order their latencies are kept.
+const KINDS: [&str; 5] = ["get", "update", "insert", "scan", "read-modify-write"];
+
+/// The index of `op`'s kind in [`KINDS`].
+fn kind(op: &Op) -> usize {
+    match op {
+        Op::Read(_) => 0,
+        Op::Update { .. } => 1,
+        Op::Insert { .. } => 2,
+        Op::Scan { .. } => 3,
+        Op::ReadModifyWrite { .. } => 4,
+    }
+}
+
+/// Width of the intervals threads count completed operations in.
+const INTERVAL_NS: u64 = 10_000_000;
 
 fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.ops == 0 {
@@ -222,6 +252,9 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     }
     if (args.unordered || args.rtt_us != 0.0) && args.memnode.is_some() {
         return Err("--unordered and --rtt-us shape the loopback fabric only".into());
+    }
+    if let Some(path) = &args.plot {
+        plot::create(path)?;
     }
     Ok(())
 }
@@ -430,6 +463,22 @@ impl Histogram {
         self.counts.iter().sum()
     }
 
+    /// The distribution: `(ns, fraction of the samples ≤ ns)` at every
+    /// non-empty bucket, from `(first, 0)`; empty when there is no sample.
+    fn cdf(&self) -> Vec<(u64, f64)> {
+        let total = self.count() as f64;
+        let mut seen = 0;
+        let mut out = Vec::new();
+        for (i, &c) in self.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+            if out.is_empty() {
+                out.push((Self::value(i), 0.0));
+            }
+            seen += c;
+            out.push((Self::value(i), seen as f64 / total));
+        }
+        out
+    }
+
     /// The `q`-quantile (0..=1), in nanoseconds; 0 when empty.
     fn quantile(&self, q: f64) -> u64 {
         let total: u64 = self.counts.iter().sum();
@@ -475,7 +524,10 @@ impl Problems {
 
 /// What one run thread hands back.
 struct ThreadOut {
-    latency: Histogram,
+    /// Latencies per operation kind (indexed as [`KINDS`]).
+    latency: Vec<Histogram>,
+    /// Operations completed in each [`INTERVAL_NS`] since `RunCtx::epoch`.
+    per_interval: Vec<u64>,
     /// Insert latencies while the retraining agent was working (sampled
     /// before and after the insert) and while it was not.
     insert_retraining: Histogram,
@@ -554,7 +606,8 @@ fn run_thread(
 ) -> Result<ThreadOut, String> {
     let mut session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
     let mut out = ThreadOut {
-        latency: Histogram::new(),
+        latency: vec![Histogram::new(); KINDS.len()],
+        per_interval: Vec::with_capacity(1024),
         insert_retraining: Histogram::new(),
         insert_quiet: Histogram::new(),
         writes: HashMap::new(),
@@ -642,7 +695,12 @@ fn run_thread(
             }
         };
         let ret = now();
-        out.latency.record(ret - inv);
+        out.latency[kind(&op)].record(ret - inv);
+        let slot = (ret / INTERVAL_NS) as usize;
+        if slot >= out.per_interval.len() {
+            out.per_interval.resize(slot + 1, 0);
+        }
+        out.per_interval[slot] += 1;
         if let Some((key, value)) = written {
             out.writes.insert(
                 key,
@@ -1021,14 +1079,23 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let after = merged_stats(&clients);
     let node_after = node.as_ref().map(|n| n.stats());
 
-    let mut latency = Histogram::new();
+    let mut by_kind = vec![Histogram::new(); KINDS.len()];
+    let mut per_interval: Vec<u64> = Vec::new();
     let mut insert_retraining = Histogram::new();
     let mut insert_quiet = Histogram::new();
     let mut writes: HashMap<u64, Vec<TimedWrite>> = HashMap::new();
     let mut problems = Problems::default();
     let mut gets = 0;
     for o in outs {
-        latency.merge(&o.latency);
+        for (all, h) in by_kind.iter_mut().zip(&o.latency) {
+            all.merge(h);
+        }
+        if per_interval.len() < o.per_interval.len() {
+            per_interval.resize(o.per_interval.len(), 0);
+        }
+        for (a, b) in per_interval.iter_mut().zip(&o.per_interval) {
+            *a += b;
+        }
         insert_retraining.merge(&o.insert_retraining);
         insert_quiet.merge(&o.insert_quiet);
         for (k, w) in o.writes {
@@ -1089,6 +1156,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         &by_others,
     )?);
     let verified = problems.count == 0;
+    let mut latency = Histogram::new();
+    by_kind.iter().for_each(|h| latency.merge(h));
 
     let mops = args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
     let p50 = latency.quantile(0.5) as f64 / 1e3;
@@ -1249,6 +1318,27 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             if verified { "yes" } else { "NO" }
         );
     }
+    if let Some(path) = &args.plot {
+        let secs = |t: Instant| (t - ctx.epoch).as_secs_f64();
+        let title = format!(
+            "rolex bench {} ({} keys, {} ops, {} threads, {})",
+            args.workload,
+            sets.loaded.len(),
+            args.ops,
+            args.threads,
+            args.fabric.name()
+        );
+        draw_run(
+            path,
+            &title,
+            &by_kind,
+            &per_interval,
+            (secs(began), secs(ended)),
+        )?;
+        if !args.json {
+            println!("plot            {}", path.display());
+        }
+    }
     if !verified {
         for p in &problems.first {
             eprintln!("mismatch: {p}");
@@ -1261,6 +1351,83 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     }
     Ok(())
 }
+
+/// `--plot`: the latency CDF of every kind that ran and the throughput
+/// over the run. `run` is when the first operation began and the last
+/// ended, in seconds since the run's epoch (where `per_interval` counts
+/// from).
+fn draw_run(
+    path: &Path,
+    title: &str,
+    by_kind: &[Histogram],
+    per_interval: &[u64],
+    run: (f64, f64),
+) -> Result<(), BenchError> {
+    let cdfs: Vec<Cdf> = KINDS
+        .iter()
+        .zip(by_kind)
+        .filter(|(_, h)| h.count() > 0)
+        .map(|(&name, h)| Cdf {
+            name,
+            ops: h.count(),
+            points: h
+                .cdf()
+                .into_iter()
+                .map(|(ns, f)| (ns as f64 / 1e3, f))
+                .collect(),
+        })
+        .collect();
+    let (width, buckets) = intervals(per_interval, run);
+    plot::bench(path, title, &cdfs, &buckets, width)?;
+    Ok(())
+}
+
+/// Interval counts ([`INTERVAL_NS`] each, from the epoch) merged into at
+/// most [`PLOT_INTERVALS`] intervals of a round width, timed from the
+/// first operation's start; a first or last interval under half the width
+/// joins its neighbour (a few operations over a sliver of time would read
+/// as a spike). Returns the width in seconds and the intervals.
+fn intervals(per_interval: &[u64], (began, ended): (f64, f64)) -> (f64, Vec<Bucket>) {
+    let fine = INTERVAL_NS as f64 / 1e9;
+    let span = (ended - began).max(0.0);
+    let k = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+        .into_iter()
+        .find(|&k| span / (k as f64 * fine) <= PLOT_INTERVALS as f64)
+        .unwrap_or(1000);
+    let width = k as f64 * fine;
+    let mut out: Vec<Bucket> = Vec::new();
+    for (j, chunk) in per_interval.chunks(k).enumerate() {
+        let start = (j as f64 * width).max(began);
+        let end = ((j + 1) as f64 * width).min(ended);
+        let ops: u64 = chunk.iter().sum();
+        if end > start {
+            out.push(Bucket {
+                start_s: start - began,
+                end_s: end - began,
+                ops,
+            });
+        } else if let Some(last) = out.last_mut() {
+            last.ops += ops;
+        }
+    }
+    let short = |b: &Bucket| b.end_s - b.start_s < width / 2.0;
+    if out.len() >= 2 && short(&out[out.len() - 1]) {
+        let last = out.remove(out.len() - 1);
+        let prev = out.len() - 1;
+        out[prev].end_s = last.end_s;
+        out[prev].ops += last.ops;
+    }
+    if out.len() >= 2 && short(&out[0]) {
+        let first = out.remove(0);
+        out[0].start_s = first.start_s;
+        out[0].ops += first.ops;
+    }
+    (width, out)
+}
+
+/// Most throughput intervals a plot shows: enough to see phases, few
+/// enough that each holds many operations.
+const PLOT_INTERVALS: usize = 60;
 
 /// A JSON object with its fields in the given order (values already JSON).
 fn json_object<'a>(fields: impl IntoIterator<Item = (&'a str, String)>) -> String {
@@ -1335,6 +1502,44 @@ mod tests {
             p.push(|| "x".into());
         }
         assert_eq!((p.count, p.first.len()), (22, KEEP_PROBLEMS));
+    }
+
+    #[test]
+    fn histogram_cdf_rises_to_one() {
+        let mut h = Histogram::new();
+        assert!(h.cdf().is_empty());
+        for v in [100u64, 100, 5000, 90_000] {
+            h.record(v);
+        }
+        let c = h.cdf();
+        assert_eq!(c.first(), Some(&(100, 0.0)));
+        assert_eq!(c[1], (100, 0.5));
+        assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(c.last().map(|p| p.1), Some(1.0));
+    }
+
+    #[test]
+    fn intervals_keep_every_operation() {
+        // 10 ms counts over 0.35 s, the run starting 3 ms in.
+        let counts: Vec<u64> = (0..35).map(|i| i + 1).collect();
+        let (w, b) = intervals(&counts, (0.003, 0.35));
+        assert_eq!(w, 0.01);
+        assert_eq!(
+            b.iter().map(|b| b.ops).sum::<u64>(),
+            counts.iter().sum::<u64>()
+        );
+        assert_eq!(b[0].start_s, 0.0);
+        assert!((b[b.len() - 1].end_s - 0.347).abs() < 1e-9);
+        assert!(b
+            .windows(2)
+            .all(|w| (w[0].end_s - w[1].start_s).abs() < 1e-9));
+        // A long run gets wider intervals, at most PLOT_INTERVALS of them.
+        let long = vec![7u64; 6000];
+        let (w, b) = intervals(&long, (0.0, 60.0));
+        assert_eq!(w, 1.0);
+        assert!(b.len() <= PLOT_INTERVALS, "{}", b.len());
+        assert_eq!(b.iter().map(|b| b.ops).sum::<u64>(), 42_000);
+        assert!(intervals(&[], (0.0, 0.0)).1.is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod dataset;
 mod fabric;
 mod inspect;
 mod memnode;
+mod plot;
 mod plr;
 mod te_bench;
 mod ycsb;

@@ -24,8 +24,17 @@
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
 //! usec/xfer.
+//!
+//! `--sweep` runs the measurement for every size from 64 B to 4 MiB
+//! (powers of 4) on the same engines and regions, one line per size (with
+//! `--json`, one object per size with the keys of a single run; counters
+//! are the size's own), and `--plot FILE.svg` draws bandwidth and latency
+//! against size with memcpy beside them (`crate::plot`). It works against
+//! `--peer` too, without memcpy; the server's `--region` must then hold
+//! 4 MiB per thread (`--pages` times that for `paged`).
 
 use std::hint::black_box;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,9 +46,11 @@ use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
 use rolex_host::domain::fabric::LibfabricConfig;
 
 use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
+use crate::plot::{self, SweepPoint};
 use rolex_host::{
-    single_write_pieces, Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig,
-    MrDesc, MrHandle, OnDone, OnValue, Pages, ScatterDst, TransferEngine, TransferError,
+    single_write_pieces, Access, BatchOp, CompletionFlag, CounterSnapshot, EngineConfig, Fabric,
+    LoopbackConfig, MrDesc, MrHandle, OnDone, OnValue, Pages, ScatterDst, TransferEngine,
+    TransferError,
 };
 
 /// The operation measured.
@@ -67,15 +78,27 @@ const TE_BENCH_LAYOUT: u32 = 1;
 /// Arguments of `rolex te-bench`.
 #[derive(Debug, Args)]
 pub struct TeBenchArgs {
-    /// Operation to measure (not with `--serve`).
-    #[arg(long, value_enum, required_unless_present = "serve")]
+    /// Operation to measure (not with `--serve`; `--sweep` defaults to
+    /// `write`).
+    #[arg(long, value_enum, required_unless_present_any = ["serve", "sweep"])]
     op: Option<Op>,
     /// Bytes per operation (per page for `paged`, per peer for `scatter`;
     /// ignored by `cas`/`faa`, which move 8 bytes).
-    #[arg(long, required_unless_present = "serve")]
+    #[arg(long, required_unless_present_any = ["serve", "sweep"])]
     size: Option<u64>,
+    /// Measure every size from 64 B to 4 MiB (powers of 4) instead of
+    /// `--size`: one line per size (size, Gbit/s, p50 latency, memcpy of
+    /// that size in the same run). Loopback, or `--peer` (no memcpy there;
+    /// the server's `--region` must hold 4 MiB per thread). Not for
+    /// `cas`/`faa`.
+    #[arg(long, conflicts_with_all = ["size", "serve"])]
+    sweep: bool,
+    /// With `--sweep`: draw bandwidth and latency against size, memcpy
+    /// beside them, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Operations in the throughput phase (default: about 256 MiB worth,
-    /// between 100 and 100000).
+    /// between 100 and 100000; per size with `--sweep`).
     #[arg(long)]
     count: Option<u64>,
     /// Pages per paged write, or peers of a scatter.
@@ -137,6 +160,7 @@ const MAX_REGION: u64 = 4 << 30;
 
 struct Ctx {
     op: Op,
+    /// Bytes per operation now (see [`Ctx::set_size`]).
     size: u64,
     a: TransferEngine,
     /// The target engine (`None` when it is another process).
@@ -146,13 +170,63 @@ struct Ctx {
     /// The target region (kept for its owner; peers use `dst`).
     _dst_handle: Option<MrHandle>,
     dst: MrDesc,
-    /// Per thread: source and destination page lists.
+    /// Per thread: the shuffled source and destination page indices.
+    page_order: Vec<(Vec<u32>, Vec<u32>)>,
+    /// Per thread: source and destination page lists at `size`.
     pages: Vec<(Pages, Pages)>,
     scatter: Vec<Vec<ScatterDst>>,
     /// Bytes one operation moves.
     bytes: u64,
     /// Immediate pieces one write-imm delivers.
     pieces: u32,
+    nics: usize,
+}
+
+impl Ctx {
+    /// Makes every operation `size` bytes (at most the size the regions
+    /// were allocated for): page lists, scatter slices, bytes and pieces.
+    fn set_size(&mut self, size: u64) {
+        self.size = size;
+        let n_pages = self.page_order.first().map_or(1, |p| p.0.len()) as u64;
+        self.pages = self
+            .page_order
+            .iter()
+            .enumerate()
+            .map(|(t, (si, di))| {
+                (
+                    Pages {
+                        indices: si.clone(),
+                        stride: size,
+                        offset: 0,
+                    },
+                    Pages {
+                        indices: di.clone(),
+                        stride: size,
+                        offset: t as u64 * size * n_pages,
+                    },
+                )
+            })
+            .collect();
+        self.scatter = (0..self.srcs.len())
+            .map(|t| {
+                self.peers
+                    .iter()
+                    .map(|p| ScatterDst {
+                        len: size,
+                        src: 0,
+                        dst: p.2.clone(),
+                        dst_offset: t as u64 * size,
+                    })
+                    .collect()
+            })
+            .collect();
+        self.bytes = match self.op {
+            Op::Paged => size * n_pages,
+            Op::Scatter => size * self.peers.len() as u64,
+            _ => size,
+        };
+        self.pieces = single_write_pieces(size, self.nics, self.nics);
+    }
 }
 
 type BenchError = Box<dyn std::error::Error>;
@@ -161,14 +235,32 @@ impl TeBenchArgs {
     fn op(&self) -> Op {
         self.op.unwrap_or(Op::Write)
     }
+    /// The largest size of the run (`--size`, or the sweep's last).
     fn size(&self) -> u64 {
-        self.size.unwrap_or(0)
+        if self.sweep {
+            sweep_sizes().last().unwrap_or(0)
+        } else {
+            self.size.unwrap_or(0)
+        }
     }
 }
 
+/// The sizes of `--sweep`: 64 B to 4 MiB, powers of 4.
+fn sweep_sizes() -> impl Iterator<Item = u64> {
+    (0..9).map(|i| 64u64 << (2 * i))
+}
+
 fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
-    if args.op.is_none() || args.size.is_none() {
-        return Err("--op and --size are required (except with --serve)".into());
+    // Checked here: clap's `requires` counts the flag's default as given.
+    if args.plot.is_some() && !args.sweep {
+        return Err("--plot draws a sweep: add --sweep".into());
+    }
+    if args.sweep {
+        if matches!(args.op(), Op::Cas | Op::Faa) {
+            return Err("--sweep varies the size: not with cas or faa (always 8 bytes)".into());
+        }
+    } else if args.op.is_none() || args.size.is_none() {
+        return Err("--op and --size are required (except with --serve or --sweep)".into());
     }
     if args.size() == 0 {
         return Err("--size must be at least 1 byte".into());
@@ -200,6 +292,9 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
             args.size()
         )
         .into());
+    }
+    if let Some(path) = &args.plot {
+        plot::create(path)?;
     }
     Ok(())
 }
@@ -316,58 +411,29 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
         srcs.push(h);
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let mut pages = Vec::new();
-    for t in 0..args.threads {
-        let n = if args.op() == Op::Paged {
-            args.pages as u32
-        } else {
-            1
-        };
-        let mut si: Vec<u32> = (0..n).collect();
-        let mut di: Vec<u32> = (0..n).collect();
-        si.shuffle(&mut rng);
-        di.shuffle(&mut rng);
-        pages.push((
-            Pages {
-                indices: si,
-                stride: size,
-                offset: 0,
-            },
-            Pages {
-                indices: di,
-                stride: size,
-                offset: t as u64 * per_thread,
-            },
-        ));
-    }
+    let n = if args.op() == Op::Paged {
+        args.pages as u32
+    } else {
+        1
+    };
+    let page_order = (0..args.threads)
+        .map(|_| {
+            let mut si: Vec<u32> = (0..n).collect();
+            let mut di: Vec<u32> = (0..n).collect();
+            si.shuffle(&mut rng);
+            di.shuffle(&mut rng);
+            (si, di)
+        })
+        .collect();
     let mut peers = Vec::new();
-    let mut scatter = Vec::new();
     if args.op() == Op::Scatter {
         for _ in 0..args.pages {
             let e = engine(args)?;
             let (h, d) = e.alloc_mr(region, Access::all())?;
             peers.push((e, h, d));
         }
-        for t in 0..args.threads {
-            scatter.push(
-                peers
-                    .iter()
-                    .map(|p| ScatterDst {
-                        len: size,
-                        src: 0,
-                        dst: p.2.clone(),
-                        dst_offset: t as u64 * size,
-                    })
-                    .collect(),
-            );
-        }
     }
-    let bytes = match args.op() {
-        Op::Paged | Op::Scatter => size * args.pages,
-        _ => size,
-    };
-    let pieces = single_write_pieces(size, args.nics, args.nics);
-    Ok(Ctx {
+    let mut ctx = Ctx {
         op: args.op(),
         size,
         a,
@@ -376,11 +442,15 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
         srcs,
         _dst_handle: dst_handle,
         dst,
-        pages,
-        scatter,
-        bytes,
-        pieces,
-    })
+        page_order,
+        pages: Vec::new(),
+        scatter: Vec::new(),
+        bytes: 0,
+        pieces: 0,
+        nics: args.nics,
+    };
+    ctx.set_size(size);
+    Ok(ctx)
 }
 
 /// Waits for a flag: spins briefly, then yields (the worker needs the CPU
@@ -575,13 +645,24 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
 
-/// Runs the transfer-engine benchmark.
-pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
-    if args.serve {
-        return serve(&args);
-    }
-    validate(&args)?;
-    let ctx = setup(&args)?;
+/// What one measurement (one size) found.
+struct Measured {
+    total_ops: u64,
+    gbps: f64,
+    mops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Latency samples taken.
+    samples: usize,
+    /// memcpy of the same size, Gbit/s (`None` across processes).
+    memcpy_gbps: Option<f64>,
+    /// What the client engine counted during the measurement.
+    counters: CounterSnapshot,
+}
+
+/// Runs the throughput and latency phases at `ctx`'s current size, with
+/// memcpy of that size before and after (the better one counts).
+fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     let remote = ctx.b.is_none();
     let count = args
         .count
@@ -595,15 +676,13 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
         if let Ok(style) = ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} ops") {
             b.set_style(style);
         }
-        b.set_message(format!("te-bench {:?}", ctx.op));
+        b.set_message(format!("te-bench {:?} {} B", ctx.op, ctx.size));
         b
     };
-
-    let memcpy_before = if remote {
-        0.0
-    } else {
-        memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30))
-    };
+    let memcpy_ref =
+        || (!remote).then(|| memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30)));
+    let memcpy_before = memcpy_ref();
+    let counters_before = ctx.a.counters().total;
     let recv_flag = CompletionFlag::new();
     if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
         let target = u32::try_from(total_ops * u64::from(ctx.pieces))
@@ -614,7 +693,7 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
     std::thread::scope(|s| -> Result<(), BenchError> {
         let hs: Vec<_> = (0..args.threads)
             .map(|t| {
-                let (ctx, bar) = (&ctx, &bar);
+                let bar = &bar;
                 s.spawn(move || {
                     throughput(ctx, t, per_thread, args.depth, args.channel, bar)
                         .map_err(|e| e.to_string())
@@ -635,7 +714,6 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
     let mut lats: Vec<Duration> = std::thread::scope(|s| -> Result<Vec<Duration>, BenchError> {
         let hs: Vec<_> = (0..args.threads)
             .map(|t| {
-                let ctx = &ctx;
                 s.spawn(move || latency(ctx, t, lat_n, args.channel).map_err(|e| e.to_string()))
             })
             .collect();
@@ -646,61 +724,150 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
         Ok(all)
     })?;
     lats.sort_unstable();
-    let memcpy_after = if remote {
-        0.0
-    } else {
-        memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30))
-    };
-    let memcpy = memcpy_before.max(memcpy_after);
-    let gbps = (total_ops * ctx.bytes) as f64 * 8.0 / secs / 1e9;
-    let mops = total_ops as f64 / secs / 1e6;
-    let (p50, p99) = (percentile(&lats, 0.5), percentile(&lats, 0.99));
-    let c = ctx.a.counters().total;
-    let op_name = ctx
-        .op
-        .to_possible_value()
+    let counters = ctx.a.counters().total.since(&counters_before);
+    let memcpy_after = memcpy_ref();
+    Ok(Measured {
+        total_ops,
+        gbps: (total_ops * ctx.bytes) as f64 * 8.0 / secs / 1e9,
+        mops: total_ops as f64 / secs / 1e6,
+        p50_us: percentile(&lats, 0.5),
+        p99_us: percentile(&lats, 0.99),
+        samples: lats.len(),
+        memcpy_gbps: memcpy_before.zip(memcpy_after).map(|(a, b)| a.max(b)),
+        counters,
+    })
+}
+
+/// The operation's name, as `--op` spells it.
+fn op_name(op: Op) -> String {
+    op.to_possible_value()
         .map(|v| v.get_name().to_owned())
-        .unwrap_or_default();
-    if args.json {
-        let mut v = serde_json::json!({
-            "op": op_name, "size": ctx.size, "gbps": gbps, "mops": mops,
-            "p50_us": p50, "p99_us": p99, "memcpy_gbps": memcpy,
-            "ratio": gbps / memcpy, "count": total_ops, "nics": args.nics,
-            "threads": args.threads, "depth": args.depth, "channel": args.channel,
-            "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
-            "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
-            "atomics": c.atomics, "errors": c.errors,
-        });
-        if remote {
-            // No memcpy reference across processes.
-            if let Some(o) = v.as_object_mut() {
-                o.remove("memcpy_gbps");
-                o.remove("ratio");
-            }
+        .unwrap_or_default()
+}
+
+/// One measurement as the JSON object of `te-bench --json`.
+fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
+    let c = &m.counters;
+    let mut v = serde_json::json!({
+        "op": op_name(ctx.op), "size": ctx.size, "gbps": m.gbps, "mops": m.mops,
+        "p50_us": m.p50_us, "p99_us": m.p99_us, "memcpy_gbps": m.memcpy_gbps,
+        "ratio": m.memcpy_gbps.map(|r| m.gbps / r), "count": m.total_ops, "nics": args.nics,
+        "threads": args.threads, "depth": args.depth, "channel": args.channel,
+        "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
+        "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
+        "atomics": c.atomics, "errors": c.errors,
+    });
+    if m.memcpy_gbps.is_none() {
+        // No memcpy reference across processes.
+        if let Some(o) = v.as_object_mut() {
+            o.remove("memcpy_gbps");
+            o.remove("ratio");
         }
-        println!("{v}");
+    }
+    v
+}
+
+/// Runs the transfer-engine benchmark.
+pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
+    if args.serve {
+        return serve(&args);
+    }
+    validate(&args)?;
+    let mut ctx = setup(&args)?;
+    if args.sweep {
+        return sweep(&args, &mut ctx);
+    }
+    let m = measure(&args, &ctx)?;
+    if args.json {
+        println!("{}", json_line(&args, &ctx, &m));
     } else {
         println!(
-            "te-bench {op_name}: size {} B × {total_ops} ops, {} NIC(s), {} thread(s), depth {}{}",
+            "te-bench {}: size {} B × {} ops, {} NIC(s), {} thread(s), depth {}{}",
+            op_name(ctx.op),
             ctx.size,
+            m.total_ops,
             args.nics,
             args.threads,
             args.depth,
             if args.channel { ", channel" } else { "" }
         );
-        println!("  throughput   {gbps:10.2} Gbit/s   {mops:10.4} Mops/s");
-        if !remote {
+        println!(
+            "  throughput   {:10.2} Gbit/s   {:10.4} Mops/s",
+            m.gbps, m.mops
+        );
+        if let Some(memcpy) = m.memcpy_gbps {
             println!(
                 "  memcpy       {memcpy:10.2} Gbit/s   (ratio {:.2})",
-                gbps / memcpy
+                m.gbps / memcpy
             );
         }
         println!(
-            "  latency      p50 {p50:.2} µs   p99 {p99:.2} µs   ({} samples)",
-            lats.len()
+            "  latency      p50 {:.2} µs   p99 {:.2} µs   ({} samples)",
+            m.p50_us, m.p99_us, m.samples
         );
-        println!("  counters     {c:?}");
+        println!("  counters     {:?}", m.counters);
     }
     drop(ctx.peers);
+    Ok(())
+}
+
+/// `--sweep`: every size of [`sweep_sizes`] on the same engines, one line
+/// each, then the plot.
+fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
+    let name = op_name(ctx.op);
+    if !args.json {
+        println!(
+            "te-bench {name} sweep: {} NIC(s), {} thread(s), depth {}{}, fabric {}",
+            args.nics,
+            args.threads,
+            args.depth,
+            if args.channel { ", channel" } else { "" },
+            args.fabric.name()
+        );
+        println!(
+            "  {:>9}  {:>12}  {:>10}  {:>10}  {:>14}",
+            "size", "Gbit/s", "p50 µs", "p99 µs", "memcpy Gbit/s"
+        );
+    }
+    // A few operations first: the first ones to a peer set up its
+    // connection, which would otherwise count against the smallest size.
+    ctx.set_size(sweep_sizes().next().unwrap_or(64));
+    latency(ctx, 0, 10, args.channel)?;
+    let mut points = Vec::new();
+    for size in sweep_sizes() {
+        ctx.set_size(size);
+        let m = measure(args, ctx)?;
+        if args.json {
+            println!("{}", json_line(args, ctx, &m));
+        } else {
+            println!(
+                "  {:>9}  {:>12.3}  {:>10.2}  {:>10.2}  {:>14}",
+                plot::bytes(size),
+                m.gbps,
+                m.p50_us,
+                m.p99_us,
+                m.memcpy_gbps.map_or("-".into(), |g| format!("{g:.2}"))
+            );
+        }
+        points.push(SweepPoint {
+            size,
+            gbps: m.gbps,
+            p50_us: m.p50_us,
+            memcpy_gbps: m.memcpy_gbps,
+        });
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "rolex te-bench {name} sweep on {} ({} NIC(s), {} thread(s), depth {})",
+            args.fabric.name(),
+            args.nics,
+            args.threads,
+            args.depth
+        );
+        plot::sweep(path, &title, &name, &points)?;
+        if !args.json {
+            println!("  plot         {}", path.display());
+        }
+    }
     Ok(())
 }

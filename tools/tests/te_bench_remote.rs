@@ -1,7 +1,8 @@
 //! Two processes over libfabric `tcp`: `rolex te-bench --serve` offers a
 //! region through the bootstrap connection, a second `rolex te-bench
 //! --peer` measures writes, write-with-immediate and atomics against it
-//! and prints the same JSON keys as on loopback (without `memcpy_gbps`).
+//! and prints the same JSON keys as on loopback (without `memcpy_gbps`),
+//! for one size or for a `--sweep` of sizes.
 //! Also: a wrong token and a dead address give a clear error, not a hang;
 //! and the server, idle after its clients left, uses (almost) no CPU: its
 //! NIC's waiter blocks on the provider's wait object instead of polling.
@@ -15,10 +16,15 @@ mod common;
 use common::{free_port, Guard as Server, BIN};
 
 fn serve() -> (Server, String) {
+    serve_region("1048576")
+}
+
+/// A server offering `region` bytes.
+fn serve_region(region: &str) -> (Server, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(BIN)
         .args(["te-bench", "--serve", "--listen", &addr])
-        .args(["--fabric", "libfabric:tcp", "--region", "1048576"])
+        .args(["--fabric", "libfabric:tcp", "--region", region])
         .args(["--token", "s3cret", "--busy-poll-us", "0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -69,6 +75,38 @@ fn te_bench_across_two_processes_on_tcp() {
         assert_eq!(v["fabric"], "libfabric:tcp");
         assert_eq!(v["errors"], 0, "{op}: {v}");
     }
+}
+
+#[test]
+fn te_bench_sweep_across_two_processes_on_tcp() {
+    // 4 MiB, the sweep's largest write, fits.
+    let (_server, addr) = serve_region("4194304");
+    let out = Command::new(BIN)
+        .args(["te-bench", "--sweep", "--count", "10", "--json"])
+        .args(["--peer", &addr, "--fabric", "libfabric:tcp"])
+        .args(["--token", "s3cret", "--busy-poll-us", "0"])
+        .output()
+        .expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sizes: Vec<u64> = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON object per size");
+            assert_eq!(v["fabric"], "libfabric:tcp");
+            assert_eq!(v["errors"], 0, "{v}");
+            // No memcpy reference across processes.
+            assert!(v.get("memcpy_gbps").is_none(), "{v}");
+            v["size"].as_u64().expect("size")
+        })
+        .collect();
+    assert_eq!(sizes.first(), Some(&64));
+    assert_eq!(sizes.last(), Some(&(4 << 20)));
+    assert_eq!(sizes.len(), 9);
 }
 
 /// CPU time of every thread of process `pid` so far (`schedstat`: time

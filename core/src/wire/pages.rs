@@ -47,7 +47,8 @@ pub fn pages_encoded_len(count: usize) -> Option<usize> {
 }
 
 /// Encodes a page list from its parts, without allocation; returns the bytes
-/// written. The same bytes as [`Pages::encode`] for the same parts.
+/// written. The same bytes as [`Pages`]' [`Wire::encode`](crate::wire::Wire::encode)
+/// for the same parts.
 ///
 /// Fails with [`WireError::TooLong`] for more than `u32::MAX` indices and
 /// [`WireError::BufferTooSmall`] if `out` is short.

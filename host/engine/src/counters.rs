@@ -39,6 +39,14 @@ macro_rules! counters {
                 $(self.$name += rhs.$name;)*
             }
         }
+
+        impl CounterSnapshot {
+            /// What was counted between `earlier` and this snapshot, field
+            /// by field (counters only grow; a field that did not is 0).
+            pub fn since(&self, earlier: &Self) -> Self {
+                CounterSnapshot { $($name: self.$name.saturating_sub(earlier.$name),)* }
+            }
+        }
     };
 }
 

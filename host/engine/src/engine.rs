@@ -135,6 +135,37 @@ impl PeerGroupHandle {
 /// Dropping it fails whatever is in flight with
 /// [`TransferError::EngineShutDown`], takes its NICs off the fabric,
 /// deregisters its memory and joins its threads.
+///
+/// Two engines on the in-process loopback fabric; the receiver registers
+/// a region and hands its descriptor to the sender, which writes into it
+/// with an immediate that the receiver's expectation counts:
+///
+/// ```
+/// use std::time::Duration;
+/// use rolex_engine::{Access, CompletionFlag, EngineConfig, OnDone, TransferEngine};
+///
+/// # fn main() -> Result<(), rolex_engine::TransferError> {
+/// let sender = TransferEngine::new(EngineConfig::default())?; // loopback, 1 NIC
+/// let receiver = TransferEngine::loopback(1)?;
+///
+/// // The descriptor is what a peer needs (between processes it travels
+/// // over the bootstrap connection).
+/// let (dst, dst_desc) = receiver.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+/// let (src, _) = sender.alloc_mr(4096, Access::LOCAL_WRITE)?;
+/// src.write(0, b"hello, memory node")?;
+///
+/// let landed = CompletionFlag::new();
+/// receiver.expect_imm_count(7, 1, OnDone::flag(&landed))?;
+/// let written = CompletionFlag::new();
+/// sender.submit_single_write(18, Some(7), (&src, 0), (&dst_desc, 100), OnDone::flag(&written))?;
+///
+/// let hang = Duration::from_secs(10);
+/// written.wait(hang).expect("write completed")?;
+/// landed.wait(hang).expect("immediate counted")?;
+/// assert_eq!(dst.to_vec(100, 18)?, b"hello, memory node");
+/// # Ok(())
+/// # }
+/// ```
 pub struct TransferEngine {
     shared: Arc<EngineShared>,
     workers: Vec<JoinHandle<()>>,

@@ -92,6 +92,24 @@ impl ClientShared {
 
 /// A compute node's handle (see the module docs). Cheap to clone; open one
 /// [`KvSession`] per thread.
+///
+/// What a compute node does with a memory node's [`PoolInfo`] (from
+/// `MemoryNode::pool` in `rolex-memnode` in one process, or from
+/// `PoolInfo::from_offer` (feature `libfabric`) over the bootstrap
+/// connection between processes; the example of `rolex-memnode`'s
+/// `MemoryNode::start` runs this end to end):
+///
+/// ```
+/// use rolex_kv::{KvClient, KvClientConfig, KvError, PoolInfo};
+///
+/// fn put_and_read(pool: &PoolInfo) -> Result<(), KvError> {
+///     let client = KvClient::connect(KvClientConfig::default(), pool)?;
+///     let mut session = client.session()?;
+///     assert_eq!(session.insert(7, 70)?, None, "a new key");
+///     assert_eq!(session.get(7)?, Some(70));
+///     Ok(())
+/// }
+/// ```
 #[derive(Clone)]
 pub struct KvClient {
     shared: Arc<ClientShared>,

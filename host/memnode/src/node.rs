@@ -397,6 +397,26 @@ impl MemoryNode {
     /// Starts a memory node holding `pairs` (keys strictly increasing; may
     /// be empty): lays the pool out, registers it, bulk-loads it, and starts
     /// the retraining thread if configured.
+    ///
+    /// A memory node and a compute node in one process, on the loopback
+    /// fabric (each has an engine of its own):
+    ///
+    /// ```
+    /// use rolex_kv::{KvClient, KvClientConfig};
+    /// use rolex_memnode::{MemoryNode, MemoryNodeConfig};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    /// let node = MemoryNode::start(MemoryNodeConfig::default(), &pairs)?;
+    ///
+    /// let client = KvClient::connect(KvClientConfig::default(), &node.pool())?;
+    /// let mut session = client.session()?; // one per thread
+    /// assert_eq!(session.get(420)?, Some(42));
+    /// assert_eq!(session.insert(421, 7)?, None);
+    /// assert_eq!(session.scan(420, 2)?, [(420, 42), (421, 7)]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn start(cfg: MemoryNodeConfig, pairs: &[(u64, u64)]) -> Result<Self, MemoryNodeError> {
         if !(cfg.fill > 0.0 && cfg.fill <= 1.0) {
             return Err(MemoryNodeError::BadConfig {
