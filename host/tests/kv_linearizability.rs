@@ -41,6 +41,11 @@ fn run(unordered: bool, seed: u64) {
     ];
     let clock = Arc::new(Clock::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Full retraining passes done so far: workers wait for a new one twice
+    // mid-run, so every worker meets retrained models however the threads
+    // are scheduled (a loaded machine can otherwise run the workers to the
+    // end before the retrainer's first pass).
+    let passes = std::sync::atomic::AtomicU64::new(0);
     let mut history = History::new(pairs.iter().copied());
     std::thread::scope(|scope| {
         // Besides the agent's own thread, retrain every model again and again
@@ -52,6 +57,7 @@ fn run(unordered: bool, seed: u64) {
                     node.retrain_now(m).unwrap();
                     n += 1;
                 }
+                passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
             n
@@ -60,11 +66,15 @@ fn run(unordered: bool, seed: u64) {
             .map(|t| {
                 let client = clients[t % 2].clone();
                 let clock = clock.clone();
+                let passes = &passes;
                 scope.spawn(move || {
                     let mut s = client.session().unwrap();
                     let mut rec = Recorder::new(t, clock);
                     let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 31 + t as u64);
                     for i in 0..300u64 {
+                        if i == 100 || i == 200 {
+                            wait_for_new_pass(passes);
+                        }
                         let key = rng.gen_range(0..24u64) * 1000;
                         let value = (t as u64) << 32 | i;
                         match rng.gen_range(0..12) {
@@ -123,6 +133,20 @@ fn run(unordered: bool, seed: u64) {
     assert!(st.agent.retrains > 0, "retraining ran during the test");
     assert!(refreshes > 0, "clients met retrained models");
     assert!(node.last_agent_error().is_none());
+}
+
+/// Waits (bounded: a hang guard, not a timing assertion) until the
+/// retrainer finishes a pass that started after this call.
+fn wait_for_new_pass(passes: &std::sync::atomic::AtomicU64) {
+    let seen = passes.load(std::sync::atomic::Ordering::SeqCst);
+    let start = std::time::Instant::now();
+    while passes.load(std::sync::atomic::Ordering::SeqCst) < seen + 2 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the retrainer made no progress"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
 }
 
 #[test]
