@@ -44,9 +44,16 @@
 //! every model whose SLT count reached the trigger (it watches the SLT
 //! headers itself, so a lost enqueue or a lower trigger still works), and
 //! retrains the one whose SLT is fullest first.
+//!
+//! The CirQ consumer never waits forever for a producer: a ticket handed
+//! out for longer than [`AgentConfig::cirq_abandon_after`] whose slot is
+//! still unwritten (its producer died between its `FAA` and its WRITE, or
+//! stalled) is skipped with a [`Notice::AbandonedTicket`]; the SLT watch
+//! above retrains its model all the same (see `rolex_core::layout::CirqHeader`).
 
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
+use core::time::Duration;
 
 use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
@@ -68,14 +75,25 @@ pub struct AgentConfig {
     /// enqueue at [`SltHeader::RETRAIN_SLOT`] = 128; a smaller trigger makes
     /// the agent retrain earlier on its own).
     pub retrain_trigger: u64,
+    /// How long a CirQ ticket may stay handed out and unwritten before the
+    /// consumer skips it as abandoned (a producer writes its slot one round
+    /// trip after taking its ticket; one that stalls longer is taken for
+    /// dead, and its late write is harmless). 100 ms by default.
+    pub cirq_abandon_after: Duration,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             retrain_trigger: SltHeader::RETRAIN_SLOT as u64,
+            cirq_abandon_after: Duration::from_millis(100),
         }
     }
+}
+
+/// Nanoseconds of `d`, saturated.
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What the agent has done so far.
@@ -107,6 +125,9 @@ pub struct AgentStats {
     /// CirQ entries that named no model of the directory (skipped, and
     /// reported as a [`Notice`]).
     pub cirq_unknown: u64,
+    /// CirQ tickets skipped as abandoned (never written in time; each
+    /// reported as a [`Notice::AbandonedTicket`]).
+    pub cirq_abandoned: u64,
     /// Every freeze time, in nanoseconds (p50/p99/max).
     pub freeze_hist: Histogram,
 }
@@ -125,6 +146,15 @@ pub enum Notice {
         /// Models the directory has.
         models: u64,
     },
+    /// A CirQ ticket stayed unwritten past
+    /// [`AgentConfig::cirq_abandon_after`]: its producer died or stalled
+    /// between its `FAA` and its WRITE. The consumer skipped it.
+    AbandonedTicket {
+        /// The ticket.
+        ticket: u64,
+        /// Nanoseconds it was known to be handed out and unwritten.
+        waited_ns: u64,
+    },
 }
 
 impl core::fmt::Display for Notice {
@@ -138,12 +168,25 @@ impl core::fmt::Display for Notice {
                 f,
                 "CirQ ticket {ticket} names model {model_id}, but the directory has {models} models: skipped"
             ),
+            Self::AbandonedTicket { ticket, waited_ns } => write!(
+                f,
+                "CirQ ticket {ticket} unwritten after {} ms: skipped as abandoned",
+                waited_ns / 1_000_000
+            ),
         }
     }
 }
 
 /// Notices kept until the driver takes them (older ones are dropped).
 const MAX_NOTICES: usize = 64;
+
+/// The consumer's evidence that the CirQ head is stalled: every ticket
+/// below `tail` was handed out before `since` (the clock, ns).
+#[derive(Clone, Copy, Debug)]
+struct Stall {
+    tail: u64,
+    since: u64,
+}
 
 /// What one retraining did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +248,8 @@ pub struct Agent<M: PoolMemory> {
     stats: AgentStats,
     buf: Vec<u8>,
     notices: alloc::collections::VecDeque<Notice>,
+    /// Set while the CirQ head is pending.
+    stall: Option<Stall>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -238,6 +283,7 @@ impl<M: PoolMemory> Agent<M> {
             stats: AgentStats::default(),
             buf: leaf_buffer(&region),
             notices: alloc::collections::VecDeque::new(),
+            stall: None,
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
@@ -316,7 +362,16 @@ impl<M: PoolMemory> Agent<M> {
         Ok(r)
     }
 
-    /// Moves every ready CirQ entry into the pending set.
+    /// Keeps `n` for the driver (dropping the oldest past [`MAX_NOTICES`]).
+    fn notice(&mut self, n: Notice) {
+        if self.notices.len() == MAX_NOTICES {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(n);
+    }
+
+    /// Moves every ready CirQ entry into the pending set, skipping tickets
+    /// abandoned by their producers (see the module docs).
     fn drain_cirq(&mut self) -> Result<(), AgentError> {
         let base = self.sb.cirq_offset();
         let capacity = self.mem.load(base + CirqHeader::CAPACITY_OFFSET)?;
@@ -324,8 +379,34 @@ impl<M: PoolMemory> Agent<M> {
             let head = self.mem.load(base + CirqHeader::HEAD_OFFSET)?;
             let tail = self.mem.load(base + CirqHeader::TAIL_OFFSET)?;
             let slot = base + CirqHeader::slot_offset(head, capacity)?;
-            match CirqHeader::pop(head, tail, self.mem.load(slot)?)? {
-                Pop::Empty | Pop::Pending => return Ok(()),
+            let value = self.mem.load(slot)?;
+            match CirqHeader::pop(head, tail, value)? {
+                Pop::Empty => {
+                    self.stall = None;
+                    return Ok(());
+                }
+                Pop::Pending => {
+                    let now = self.mem.now_ns();
+                    let stall = match self.stall {
+                        Some(s) if head < s.tail => s,
+                        _ => *self.stall.insert(Stall { tail, since: now }),
+                    };
+                    let waited_ns = now.saturating_sub(stall.since);
+                    if waited_ns < ns(self.cfg.cirq_abandon_after) {
+                        return Ok(());
+                    }
+                    // Clear what the slot held (nothing, or a late write of a
+                    // ticket skipped a lap ago) unless the WRITE just landed.
+                    if self.mem.cas(slot, value, CirqHeader::EMPTY_SLOT)? != value {
+                        continue;
+                    }
+                    self.mem.store(base + CirqHeader::HEAD_OFFSET, head + 1)?;
+                    self.stats.cirq_abandoned += 1;
+                    self.notice(Notice::AbandonedTicket {
+                        ticket: head,
+                        waited_ns,
+                    });
+                }
                 Pop::Ready {
                     model_id,
                     next_head,
@@ -338,10 +419,7 @@ impl<M: PoolMemory> Agent<M> {
                         self.pending.insert(model_id);
                     } else {
                         self.stats.cirq_unknown += 1;
-                        if self.notices.len() == MAX_NOTICES {
-                            self.notices.pop_front();
-                        }
-                        self.notices.push_back(Notice::UnknownModel {
+                        self.notice(Notice::UnknownModel {
                             model_id,
                             ticket: head,
                             models: self.records.len() as u64,
@@ -933,5 +1011,120 @@ mod tests {
             Err(AgentError::ModelRegionFull { .. })
         ));
         assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+    }
+
+    /// The CirQ as a compute node sees it: `FAA` the tail for a ticket,
+    /// and (separately, so a test can leave it out) WRITE the slot.
+    struct Cirq<'a> {
+        mem: &'a VecPool,
+        base: u64,
+        capacity: u64,
+    }
+
+    impl<'a> Cirq<'a> {
+        fn of(mem: &'a VecPool, sb: &Superblock) -> Self {
+            let base = sb.cirq_offset();
+            let capacity = mem.load(base + CirqHeader::CAPACITY_OFFSET).unwrap();
+            Self {
+                mem,
+                base,
+                capacity,
+            }
+        }
+        fn take(&self) -> u64 {
+            self.mem
+                .faa(self.base + CirqHeader::TAIL_OFFSET, 1)
+                .unwrap()
+        }
+        fn write(&self, ticket: u64, model: u64) {
+            let at = self.base + CirqHeader::slot_offset(ticket, self.capacity).unwrap();
+            let v = CirqHeader::encode_slot(ticket, model).unwrap();
+            self.mem.store(at, v).unwrap();
+        }
+        fn head(&self) -> u64 {
+            self.mem.load(self.base + CirqHeader::HEAD_OFFSET).unwrap()
+        }
+    }
+
+    /// Sets model `m`'s SLT count to the retraining slot, as if compute
+    /// nodes had split that often (the queue alone then makes it due).
+    fn fill_slt(mem: &VecPool, agent: &Agent<&VecPool>, m: u64) {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(agent.records()[m as usize], &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        mem.store(
+            r.slt_slot_offset(0).unwrap(),
+            u64::from(SltHeader::RETRAIN_SLOT),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_producer_killed_between_faa_and_write_is_skipped_and_the_queue_goes_on() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig {
+            // Only the queue makes a model due.
+            retrain_trigger: u64::MAX,
+            ..AgentConfig::default()
+        };
+        let timeout = ns(cfg.cirq_abandon_after);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let q = Cirq::of(&mem, &sb);
+        assert!(q.capacity >= 4, "capacity {}", q.capacity);
+        for m in 0..4 {
+            fill_slt(&mem, &agent, m);
+        }
+        // The killed producer: ticket 0, never written. Then a live one.
+        let dead = q.take();
+        let t1 = q.take();
+        q.write(t1, 1);
+        eprintln!("injected: ticket {dead} taken and never written; ticket {t1} queues model 1");
+        assert_eq!(agent.poll().unwrap(), None, "waits for the pending head");
+        assert_eq!((q.head(), agent.stats().cirq_pops), (dead, 0));
+        mem.advance(timeout - 1);
+        assert_eq!(agent.poll().unwrap(), None, "not abandoned yet");
+        mem.advance(1);
+        let r = agent.poll().unwrap().expect("the later ticket is consumed");
+        let st = agent.stats();
+        eprintln!(
+            "found after the timeout: head {}, pops {}, abandoned {}, retrained model {}, notice {:?}",
+            q.head(),
+            st.cirq_pops,
+            st.cirq_abandoned,
+            r.model_id,
+            agent.notices.front()
+        );
+        assert_eq!(r.model_id, 1);
+        assert_eq!((q.head(), st.cirq_pops, st.cirq_abandoned), (t1 + 1, 1, 1));
+        assert_eq!(
+            agent.take_notice(),
+            Some(Notice::AbandonedTicket {
+                ticket: dead,
+                waited_ns: timeout
+            })
+        );
+        // A lap later: the dead producer's WRITE lands late, in the slot
+        // of ticket `capacity`, which is taken but not written yet.
+        for t in t1 + 1..q.capacity {
+            assert_eq!(q.take(), t);
+            q.write(t, 0);
+        }
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(0));
+        let late = q.take();
+        assert_eq!(late, q.capacity);
+        q.write(dead, 3);
+        eprintln!("injected: ticket {dead}'s WRITE (model 3) lands in the slot of ticket {late}");
+        assert_eq!(agent.poll().unwrap(), None, "not ticket {late}'s entry");
+        assert_eq!(q.head(), late);
+        q.write(late, 2);
+        let r = agent.poll().unwrap().expect("ticket {late} is consumed");
+        eprintln!(
+            "found: ticket {late} delivered model {}, head {}",
+            r.model_id,
+            q.head()
+        );
+        assert_eq!((r.model_id, q.head()), (2, late + 1));
+        assert_eq!(agent.stats().cirq_abandoned, 1);
     }
 }

@@ -75,8 +75,12 @@ pub trait PoolMemory {
     /// party must finish (a writer's lock, a torn leaf): spin, yield or
     /// sleep, as the platform prefers. Never called on the data path.
     fn relax(&self, attempt: u32);
-    /// A monotonic clock in nanoseconds, for freeze-time statistics (a
-    /// platform without one may return 0).
+    /// A monotonic clock in nanoseconds: freeze-time statistics, the
+    /// freeze's deadline, the CirQ's abandoned-ticket timeout and the
+    /// backoff of failing models all read it. A platform without one may
+    /// return 0, and then gets none of those timeouts (a freeze waits for
+    /// every writer, an unwritten CirQ ticket is waited for, a failing
+    /// model is not retried by [`crate::Agent::poll`]).
     fn now_ns(&self) -> u64;
 }
 
@@ -245,12 +249,15 @@ impl<M: PoolMemory + ?Sized> PoolMemory for &M {
 pub(crate) mod testing {
     //! A word-array pool for unit tests: every access goes through
     //! `AtomicU64` (words through [`SharedBytes`], bytes word by word), so
-    //! tests may race threads against it.
+    //! tests may race threads against it. Its clock is the test's: it
+    //! stands still unless the test moves it ([`VecPool::advance`]), so a
+    //! test drives timeouts step by step, never by waiting.
     use super::*;
     use alloc::vec::Vec;
 
     pub(crate) struct VecPool {
         words: Vec<AtomicU64>,
+        clock: AtomicU64,
     }
 
     impl VecPool {
@@ -258,7 +265,13 @@ pub(crate) mod testing {
             let n = size.div_ceil(8) as usize;
             Self {
                 words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                clock: AtomicU64::new(0),
             }
+        }
+
+        /// Moves the clock `ns` forward.
+        pub(crate) fn advance(&self, ns: u64) {
+            self.clock.fetch_add(ns, SeqCst);
         }
 
         fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
@@ -317,7 +330,7 @@ pub(crate) mod testing {
             std::thread::yield_now();
         }
         fn now_ns(&self) -> u64 {
-            0
+            self.clock.load(SeqCst)
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn run(boot: Boot) -> i32 {
     );
     let cfg = AgentConfig {
         retrain_trigger: header.retrain_trigger(),
+        ..AgentConfig::default()
     };
     let mut agent = match Agent::attach(pool, cfg, header.next_free()) {
         Ok(a) => a,
