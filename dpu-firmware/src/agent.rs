@@ -7,9 +7,14 @@
 //!    new segments over the leaves' fences ([`rolex_core::model::fit_model`],
 //!    the scheme bulk loading used and clients predict with).
 //! 2. **Freeze**: set `FROZEN` in `R`'s state word, then lock every LT
-//!    entry of `R` by `CAS`, waiting for writers that hold one. From here on
-//!    no compute node changes a leaf of `m`: writers whose lock `CAS` fails
-//!    read the state word and wait (frozen) or refresh (retired).
+//!    entry of `R` by `CAS`, waiting for writers that hold one — until the
+//!    deadline ([`AgentConfig::freeze_deadline`], from the freeze's start):
+//!    past it the agent *thaws* `R` (restores the entries it locked, clears
+//!    `FROZEN`), reports [`AgentError::FreezeDeadline`] and retries the model
+//!    later, so writers never wait long for a frozen model, even when one
+//!    of them holds a lock for good. Once every entry is locked no compute
+//!    node changes a leaf of `m`: writers whose lock `CAS` fails read the
+//!    state word and wait (frozen) or refresh (retired).
 //! 3. Walk the chains again (now stable), cheaply: a leaf of step 1 whose
 //!    `next` word is unchanged is not re-read. If the leaf list changed (a
 //!    writer split a leaf meanwhile), refit — microseconds. Leaves
@@ -80,6 +85,11 @@ pub struct AgentConfig {
     /// trip after taking its ticket; one that stalls longer is taken for
     /// dead, and its late write is harmless). 100 ms by default.
     pub cirq_abandon_after: Duration,
+    /// Longest the freeze (step 2) waits for writers holding LT entries of
+    /// the model, from its start; past it the model is thawed and retried
+    /// later. Writers hold a lock for a few round trips, so this is only
+    /// ever reached by a stalled or dead holder. 20 ms by default.
+    pub freeze_deadline: Duration,
 }
 
 impl Default for AgentConfig {
@@ -87,6 +97,7 @@ impl Default for AgentConfig {
         Self {
             retrain_trigger: SltHeader::RETRAIN_SLOT as u64,
             cirq_abandon_after: Duration::from_millis(100),
+            freeze_deadline: Duration::from_millis(20),
         }
     }
 }
@@ -112,8 +123,10 @@ pub struct AgentStats {
     /// Longest freeze, in nanoseconds.
     pub freeze_ns_max: u64,
     /// Of the freeze time, nanoseconds spent locking the old LT (waiting
-    /// for writers that held an entry).
+    /// for writers that held an entry), freezes given up included.
     pub lock_ns_total: u64,
+    /// Freezes that passed their deadline and were thawed.
+    pub freeze_timeouts: u64,
     /// Entries popped from the CirQ.
     pub cirq_pops: u64,
     /// Retrainings refitted under the freeze because leaves appeared.
@@ -526,8 +539,12 @@ impl<M: PoolMemory> Agent<M> {
         }
 
         let t0 = self.mem.now_ns();
-        let frozen = self.freeze(&r, at, state)?;
+        let frozen = self.freeze(&r, at, state);
         self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
+        if let Err(AgentError::FreezeDeadline { .. }) = frozen {
+            self.stats.freeze_timeouts += 1;
+        }
+        let frozen = frozen?;
         match self.build_and_switch(&r, at, state, &p) {
             Ok(mut report) => {
                 let t1 = self.mem.now_ns();
@@ -544,44 +561,72 @@ impl<M: PoolMemory> Agent<M> {
 
     /// Step 2: sets `FROZEN` in the state word of record `r` (at `at`, in
     /// state `state`), then locks every LT entry of `r` for the agent,
-    /// waiting for writers that hold one. Returns what [`Self::thaw`] needs
-    /// to undo it.
+    /// waiting for writers that hold one until the deadline. Returns what
+    /// [`Self::thaw`] needs to undo it; on any error (the deadline
+    /// included) it has thawed already.
     fn freeze(
         &mut self,
         r: &ModelRecord,
         at: u64,
         state: ModelState,
     ) -> Result<Frozen, AgentError> {
-        let state_at = at + ModelRecord::STATE_OFFSET;
-        self.mem.store(state_at, state.frozen().raw())?;
-        let mut locked = Vec::with_capacity(r.leaf_count() as usize);
+        let mut frozen = Frozen {
+            state_at: at + ModelRecord::STATE_OFFSET,
+            state,
+            locked: Vec::with_capacity(r.leaf_count() as usize),
+        };
+        self.mem.store(frozen.state_at, state.frozen().raw())?;
+        let start = self.mem.now_ns();
         for j in 0..r.leaf_count() {
-            let off = r.lt_entry_offset(j)?;
-            let mut attempt = 0u32;
-            loop {
-                let v = LtEntry::from_raw(self.mem.load(off)?);
-                if !v.is_locked()
-                    && self
-                        .mem
-                        .cas(off, v.raw(), v.locked_by(LockOwner::AGENT).raw())?
-                        == v.raw()
-                {
-                    locked.push((off, v));
-                    break;
+            match self.lock_entry(r, j, start) {
+                Ok(locked) => frozen.locked.push(locked),
+                Err(e) => {
+                    self.thaw(frozen)?;
+                    return Err(e);
                 }
-                attempt += 1;
-                self.mem.relax(attempt);
             }
         }
-        Ok(Frozen {
-            state_at,
-            state,
-            locked,
-        })
+        Ok(frozen)
     }
 
-    /// Undoes [`Self::freeze`] after a failed step 3–6: the old entries and
-    /// state word back. Before the switch (step 5) nothing of the new record
+    /// Locks LT entry `j` of record `r` for the agent, waiting for a writer
+    /// that holds it until the freeze's deadline (counted from `start`);
+    /// returns its offset and the word it held.
+    fn lock_entry(
+        &self,
+        r: &ModelRecord,
+        j: u64,
+        start: u64,
+    ) -> Result<(u64, LtEntry), AgentError> {
+        let off = r.lt_entry_offset(j)?;
+        let deadline = ns(self.cfg.freeze_deadline);
+        let mut attempt = 0u32;
+        loop {
+            let v = LtEntry::from_raw(self.mem.load(off)?);
+            if !v.is_locked()
+                && self
+                    .mem
+                    .cas(off, v.raw(), v.locked_by(LockOwner::AGENT).raw())?
+                    == v.raw()
+            {
+                return Ok((off, v));
+            }
+            let waited_ns = self.mem.now_ns().saturating_sub(start);
+            if waited_ns >= deadline {
+                return Err(AgentError::FreezeDeadline {
+                    model_id: r.model_id(),
+                    entry: j,
+                    holder: v.owner(),
+                    waited_ns,
+                });
+            }
+            attempt += 1;
+            self.mem.relax(attempt);
+        }
+    }
+
+    /// Undoes [`Self::freeze`] (all of it, or what it did before it ran out
+    /// of time) or a failed step 3–6: the old entries and state word back. Before the switch (step 5) nothing of the new record
     /// became visible. A failure in step 6 (clearing links, unlocking: only
     /// an inconsistent pool or a failing memory makes one) thaws the old
     /// record too, although the directory already names the new one.
@@ -1126,5 +1171,68 @@ mod tests {
         );
         assert_eq!((r.model_id, q.head()), (2, late + 1));
         assert_eq!(agent.stats().cirq_abandoned, 1);
+    }
+
+    #[test]
+    fn a_writer_holding_a_lock_past_the_deadline_gets_the_model_thawed() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig::default();
+        let deadline = ns(cfg.freeze_deadline);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let at = agent.records()[1];
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let words = |mem: &VecPool| -> Vec<u64> {
+            (0..r.leaf_count())
+                .map(|j| mem.load(r.lt_entry_offset(j).unwrap()).unwrap())
+                .collect()
+        };
+        // A writer (lease 7) holds entry 2 and stalls; time passes as the
+        // agent waits (1 ms a relax).
+        let lt = r.lt_entry_offset(2).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        let held = e.locked_by(LockOwner(7));
+        assert_eq!(mem.cas(lt, e.raw(), held.raw()).unwrap(), e.raw());
+        let before = words(&mem);
+        mem.tick_on_relax(1_000_000);
+        eprintln!("injected: lease 7 holds LT entry 2 of model 1 through the freeze");
+        let err = agent.retrain(1).unwrap_err();
+        eprintln!("found: {err}");
+        match err {
+            AgentError::FreezeDeadline {
+                model_id,
+                entry,
+                holder,
+                waited_ns,
+            } => {
+                assert_eq!((model_id, entry, holder), (1, 2, LockOwner(7)));
+                assert!(waited_ns >= deadline);
+            }
+            other => panic!("{other}"),
+        }
+        // Thawed: every entry as it was (the writer's lock untouched), not
+        // frozen, not switched.
+        assert_eq!(words(&mem), before);
+        assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+        assert_eq!(mem.load(sb.directory_entry_offset(1).unwrap()).unwrap(), at);
+        assert_eq!(agent.stats().freeze_timeouts, 1);
+        // The writer finishes (its unlock finds its own word), another
+        // writer splits a leaf of the thawed model, and the next attempt
+        // succeeds, carrying the new leaf over.
+        assert_eq!(mem.cas(lt, held.raw(), e.raw()).unwrap(), held.raw());
+        client_split(&mem, &sb, at, 0, 85);
+        let report = agent.retrain(1).unwrap();
+        eprintln!(
+            "found: after the writer finished, model 1 retrained: {} leaves ({} absorbed)",
+            report.leaves, report.synonyms_absorbed
+        );
+        assert_eq!(report.synonyms_absorbed, 1);
+        assert_eq!(
+            mem.load(sb.directory_entry_offset(1).unwrap()).unwrap(),
+            report.new_record
+        );
+        assert_eq!(agent.stats().freeze_timeouts, 1);
     }
 }

@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use rolex_core::entry::EntryError;
+use rolex_core::entry::{EntryError, LockOwner};
 use rolex_core::layout::{CirqError, LayoutError, LeafError};
 use rolex_core::model::ModelError;
 
@@ -100,6 +100,20 @@ pub enum AgentError {
         /// The model asked for.
         model_id: u64,
     },
+    /// The freeze of model `model_id` waited past its deadline
+    /// ([`crate::AgentConfig::freeze_deadline`]) for a writer holding LT
+    /// entry `entry`; the agent thawed the model (unlocked what it had
+    /// locked, cleared `FROZEN`) and retries it later.
+    FreezeDeadline {
+        /// The model.
+        model_id: u64,
+        /// The LT entry still locked.
+        entry: u64,
+        /// Who held it.
+        holder: LockOwner,
+        /// Nanoseconds the freeze had waited.
+        waited_ns: u64,
+    },
     /// The model's pool state is not one the protocol produces.
     Inconsistent {
         /// The model.
@@ -128,6 +142,24 @@ impl fmt::Display for AgentError {
                 "model region full: a new record may need {needed} bytes, {left} left"
             ),
             Self::UnknownModel { model_id } => write!(f, "no model {model_id} in the directory"),
+            Self::FreezeDeadline {
+                model_id,
+                entry,
+                holder,
+                waited_ns,
+            } => {
+                write!(
+                    f,
+                    "model {model_id}: the freeze gave up after {} us waiting for LT entry {entry}, locked by ",
+                    waited_ns / 1000
+                )?;
+                match holder {
+                    LockOwner::ANONYMOUS => f.write_str("an anonymous holder")?,
+                    LockOwner::AGENT => f.write_str("the agent")?,
+                    LockOwner(id) => write!(f, "lease {id}")?,
+                }
+                f.write_str("; thawed, to be retried")
+            }
             Self::Inconsistent { model_id, what } => write!(f, "model {model_id}: {what}"),
         }
     }

@@ -250,7 +250,8 @@ pub(crate) mod testing {
     //! A word-array pool for unit tests: every access goes through
     //! `AtomicU64` (words through [`SharedBytes`], bytes word by word), so
     //! tests may race threads against it. Its clock is the test's: it
-    //! stands still unless the test moves it ([`VecPool::advance`]), so a
+    //! stands still unless the test moves it ([`VecPool::advance`]) or
+    //! asks every `relax` to move it ([`VecPool::tick_on_relax`]), so a
     //! test drives timeouts step by step, never by waiting.
     use super::*;
     use alloc::vec::Vec;
@@ -258,6 +259,7 @@ pub(crate) mod testing {
     pub(crate) struct VecPool {
         words: Vec<AtomicU64>,
         clock: AtomicU64,
+        tick: AtomicU64,
     }
 
     impl VecPool {
@@ -266,12 +268,19 @@ pub(crate) mod testing {
             Self {
                 words: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 clock: AtomicU64::new(0),
+                tick: AtomicU64::new(0),
             }
         }
 
         /// Moves the clock `ns` forward.
         pub(crate) fn advance(&self, ns: u64) {
             self.clock.fetch_add(ns, SeqCst);
+        }
+
+        /// Every later `relax` moves the clock `ns` forward (a waiting
+        /// agent sees time pass as it waits).
+        pub(crate) fn tick_on_relax(&self, ns: u64) {
+            self.tick.store(ns, SeqCst);
         }
 
         fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
@@ -327,6 +336,7 @@ pub(crate) mod testing {
             self.words().faa(offset, add)
         }
         fn relax(&self, _attempt: u32) {
+            self.advance(self.tick.load(SeqCst));
             std::thread::yield_now();
         }
         fn now_ns(&self) -> u64 {
