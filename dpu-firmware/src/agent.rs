@@ -25,19 +25,31 @@
 //!    the model region; retired records are never reused, because stale
 //!    compute nodes may still `CAS` their LT entries): LT = every leaf in
 //!    key order, *locked*; fences = their `fence_lo`; empty SLT; segments.
-//! 5. **Switch** `D[m] := R'` (one 8-byte write), then mark `R` retired
-//!    with a forward pointer to `R'`. `R`'s LT entries stay locked forever,
-//!    so a stale writer can never write through `R`.
-//! 6. Clear the `next` link of every leaf of `R'` (each is now a training
-//!    leaf with an empty chain; re-sealed), then unlock `R'`'s entries.
-//!    Until then new-model writers back off on the locked entries; readers
+//! 5. **Switch** `D[m] := R'` (one 8-byte write): **the point of no
+//!    return**. Then mark `R` retired with a forward pointer to `R'`. `R`'s
+//!    LT entries stay locked forever, so a stale writer can never write
+//!    through `R`.
+//! 6. Leaf by leaf, clear the `next` link of the leaf of `R'` (each is now a
+//!    training leaf with an empty chain; re-sealed), then unlock its LT
+//!    entry in `R'`. Until then writers of that leaf back off; readers
 //!    never wait: a reader with a stale model that meets a cleared link
 //!    before its key sees that the key is not covered and refreshes.
 //!
 //! Each step is one method, called in this order: `prepare` (1), `freeze`
-//! (2), `rewalk` and `segments_for` (3), `build_record` (4), `switch` (5),
-//! `clear_links` and `unlock_record` (6); `install` runs 2–6 and `thaw`s
-//! the old record when one of 3–6 fails.
+//! and `lock_entry` (2), `rewalk` and `segments_for` (3), `build_record`
+//! (4) — `build` runs 3–4 and computes everything the later steps need —
+//! `switch` (5), `finish` and `clear_link` (the retirement of 5, and 6);
+//! `install` runs 2–6.
+//!
+//! **Before the point of no return** (steps 2–4 and a directory write that
+//! failed) a failure `thaw`s the old record: its entries and state word
+//! back, nothing of `R'` visible. **After it** the agent only rolls
+//! forward: it never un-retires `R`, whose entries the directory no longer
+//! leads to. `finish` is idempotent and resumable; if it fails, the
+//! retraining is kept as unfinished and reported
+//! ([`AgentError::RollForward`], with the entries of `R'` still locked),
+//! and the next [`Agent::poll`] — or any retraining of that model — rolls
+//! it forward first.
 //!
 //! Data never moves and no leaf's fences change, so every invariant the
 //! readers rely on (a leaf's `fence_lo` never changes, its `fence_hi` only
@@ -60,7 +72,7 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
+use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -68,7 +80,7 @@ use rolex_core::layout::{
 use rolex_core::model::fit_model;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::error::{AgentError, Inconsistency};
+use crate::error::{AgentError, Inconsistency, PoolError};
 use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
@@ -127,6 +139,9 @@ pub struct AgentStats {
     pub lock_ns_total: u64,
     /// Freezes that passed their deadline and were thawed.
     pub freeze_timeouts: u64,
+    /// Times the steps after a switch failed and were left to roll forward
+    /// (each reported as [`AgentError::RollForward`]).
+    pub roll_forward_failures: u64,
     /// Entries popped from the CirQ.
     pub cirq_pops: u64,
     /// Retrainings refitted under the freeze because leaves appeared.
@@ -263,6 +278,9 @@ pub struct Agent<M: PoolMemory> {
     notices: alloc::collections::VecDeque<Notice>,
     /// Set while the CirQ head is pending.
     stall: Option<Stall>,
+    /// Retrainings past their switch whose last steps failed (at most one
+    /// per model).
+    unfinished: Vec<Switched>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -297,6 +315,7 @@ impl<M: PoolMemory> Agent<M> {
             buf: leaf_buffer(&region),
             notices: alloc::collections::VecDeque::new(),
             stall: None,
+            unfinished: Vec::new(),
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
@@ -448,6 +467,9 @@ impl<M: PoolMemory> Agent<M> {
     /// due.
     pub fn poll(&mut self) -> Result<Option<RetrainReport>, AgentError> {
         self.check_pool()?;
+        if let Some(sw) = self.unfinished.pop() {
+            return self.roll_forward(sw).map(Some);
+        }
         self.drain_cirq()?;
         let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
         let mut best: Option<(u64, u64)> = None;
@@ -483,6 +505,7 @@ impl<M: PoolMemory> Agent<M> {
     /// Step 1: walks the model unlocked and fits new segments.
     pub fn prepare(&mut self, model_id: u64) -> Result<Prepared, AgentError> {
         self.check_pool()?;
+        self.settle(model_id)?;
         let record_at = *self
             .records
             .get(model_id as usize)
@@ -510,6 +533,7 @@ impl<M: PoolMemory> Agent<M> {
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         self.check_pool()?;
         let model_id = p.model_id;
+        self.settle(model_id)?;
         let at = p.record_at;
         if self.records.get(model_id as usize) != Some(&at) {
             // Retrained since `prepare`: prepare again.
@@ -545,15 +569,61 @@ impl<M: PoolMemory> Agent<M> {
             self.stats.freeze_timeouts += 1;
         }
         let frozen = frozen?;
-        match self.build_and_switch(&r, at, state, &p) {
-            Ok(mut report) => {
-                let t1 = self.mem.now_ns();
-                report.freeze_ns = t1.saturating_sub(t0);
+        let built = match self.build(&r, at, state, &p) {
+            Ok(built) => built,
+            Err(e) => {
+                self.thaw(frozen)?;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.switch(&built) {
+            self.thaw(frozen)?;
+            return Err(e);
+        }
+        // The point of no return: the directory names the new record.
+        self.roll_forward(Switched {
+            built,
+            t0,
+            retired: false,
+            done: 0,
+        })
+    }
+
+    /// Rolls forward the unfinished retraining of model `model_id`, if
+    /// there is one (before anything else touches the model).
+    fn settle(&mut self, model_id: u64) -> Result<(), AgentError> {
+        match self
+            .unfinished
+            .iter()
+            .position(|sw| sw.built.report.model_id == model_id)
+        {
+            Some(i) => {
+                let sw = self.unfinished.swap_remove(i);
+                self.roll_forward(sw).map(|_| ())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The steps after the switch ([`Self::finish`]); the retraining is
+    /// counted once they are all done, and kept as unfinished if one fails.
+    fn roll_forward(&mut self, mut sw: Switched) -> Result<RetrainReport, AgentError> {
+        match self.finish(&mut sw) {
+            Ok(()) => {
+                let mut report = sw.built.report;
+                report.freeze_ns = self.mem.now_ns().saturating_sub(sw.t0);
                 self.count(&report);
                 Ok(report)
             }
-            Err(e) => {
-                self.thaw(frozen)?;
+            Err(cause) => {
+                self.stats.roll_forward_failures += 1;
+                let e = AgentError::RollForward {
+                    model_id: sw.built.report.model_id,
+                    new_record: sw.built.at,
+                    locked: (sw.built.leaves.len() - sw.done) as u64,
+                    cause,
+                };
+                self.unfinished.push(sw);
                 Err(e)
             }
         }
@@ -626,10 +696,9 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Undoes [`Self::freeze`] (all of it, or what it did before it ran out
-    /// of time) or a failed step 3–6: the old entries and state word back. Before the switch (step 5) nothing of the new record
-    /// became visible. A failure in step 6 (clearing links, unlocking: only
-    /// an inconsistent pool or a failing memory makes one) thaws the old
-    /// record too, although the directory already names the new one.
+    /// of time), before the point of no return only: the old entries and
+    /// state word back. Nothing of the new record is visible yet (the
+    /// directory still names the old one). Never called after the switch.
     fn thaw(&mut self, frozen: Frozen) -> Result<(), AgentError> {
         for (off, v) in frozen.locked {
             self.mem.store(off, v.raw())?;
@@ -651,33 +720,38 @@ impl<M: PoolMemory> Agent<M> {
         s.model_region_used = self.next_free - self.sb.model_region_offset();
     }
 
-    /// Steps 3–6 under the freeze of record `r` (at `at`, state `state`
-    /// before the freeze), as prepared in `p`; `freeze_ns` of the report is
-    /// left to the caller.
-    fn build_and_switch(
+    /// Steps 3–4 under the freeze of record `r` (at `at`, state `state`
+    /// before the freeze), as prepared in `p`: the new record, written
+    /// beside `r` but not switched in, and everything the steps after the
+    /// switch need (so that none of them has anything left to compute).
+    fn build(
         &mut self,
         r: &ModelRecord,
         at: u64,
         state: ModelState,
         p: &Prepared,
-    ) -> Result<RetrainReport, AgentError> {
+    ) -> Result<Built, AgentError> {
         let model_id = r.model_id();
         let leaves = self.rewalk(r, p)?;
         let segments = self.segments_for(r, p, &leaves)?;
-        let built = self.build_record(r, state, &leaves, &segments)?;
-        self.switch(model_id, at, state, &built)?;
-        self.clear_links(model_id, &leaves)?;
-        self.unlock_record(&built, &leaves)?;
+        let (new_at, record, keys) = self.build_record(r, state, &leaves, &segments)?;
         let n = leaves.len() as u64;
-        Ok(RetrainReport {
-            model_id,
-            old_record: at,
-            new_record: built.at,
-            leaves: n,
-            synonyms_absorbed: n.saturating_sub(r.leaf_count()),
-            keys: built.keys,
-            segments: segments.len() as u64,
-            freeze_ns: 0,
+        Ok(Built {
+            at: new_at,
+            record,
+            retire_at: at + ModelRecord::STATE_OFFSET,
+            retired: state.frozen().retired(new_at)?.raw(),
+            report: RetrainReport {
+                model_id,
+                old_record: at,
+                new_record: new_at,
+                leaves: n,
+                synonyms_absorbed: n.saturating_sub(r.leaf_count()),
+                keys,
+                segments: segments.len() as u64,
+                freeze_ns: 0,
+            },
+            leaves,
         })
     }
 
@@ -756,14 +830,15 @@ impl<M: PoolMemory> Agent<M> {
     /// Step 4: writes the new record beside `r` at the model region's next
     /// free byte — LT = every leaf of `leaves` in key order, *locked* by
     /// the agent; fences = their `fence_lo`; an empty SLT; `segments` —
-    /// and moves the free byte past it. Nothing points at it yet.
+    /// and moves the free byte past it. Nothing points at it yet. Returns
+    /// its offset, its header and the keys its leaves hold.
     fn build_record(
         &mut self,
         r: &ModelRecord,
         state: ModelState,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
-    ) -> Result<Built, AgentError> {
+    ) -> Result<(u64, ModelRecord, u64), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
         let new_at = self.next_free;
@@ -805,65 +880,57 @@ impl<M: PoolMemory> Agent<M> {
             .write(nr.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
         self.mem.write(nr.segments_offset(), &sg)?;
         self.next_free += size;
-        Ok(Built {
-            at: new_at,
-            record: nr,
-            keys,
-        })
+        Ok((new_at, nr, keys))
     }
 
-    /// Step 5: the switch — model `model_id`'s directory word to the new
-    /// record (one 8-byte write) — then the old record at `at` retired
-    /// with a forward pointer to it (its LT entries stay locked forever).
-    fn switch(
-        &mut self,
-        model_id: u64,
-        at: u64,
-        state: ModelState,
-        built: &Built,
-    ) -> Result<(), AgentError> {
+    /// Step 5: the switch — the model's directory word to the new record
+    /// (one 8-byte write, the point of no return if it succeeds) — and the
+    /// agent's mirror of it.
+    fn switch(&mut self, built: &Built) -> Result<(), AgentError> {
+        let m = built.report.model_id;
         self.mem
-            .store(self.sb.directory_entry_offset(model_id)?, built.at)?;
-        self.mem.store(
-            at + ModelRecord::STATE_OFFSET,
-            state.frozen().retired(built.at)?.raw(),
-        )?;
-        self.records[model_id as usize] = built.at;
-        self.slts[model_id as usize] = built.record.slt_offset();
+            .store(self.sb.directory_entry_offset(m)?, built.at)?;
+        self.records[m as usize] = built.at;
+        self.slts[m as usize] = built.record.slt_offset();
         Ok(())
     }
 
-    /// Step 6, first half: clears the `next` link of every leaf of the new
-    /// record that had one (each is a training leaf with an empty chain
-    /// now), re-sealed.
-    fn clear_links(&mut self, model_id: u64, leaves: &[LeafInfo]) -> Result<(), AgentError> {
-        for l in leaves.iter().filter(|l| l.next.raw() != 0) {
-            let off = self.region.leaf_offset(l.addr)?;
-            read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
-            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| AgentError::Leaf {
-                leaf: l.addr.leaf(),
-                error,
-            })?;
-            leaf.set_next(LtEntry::EMPTY)
-                .map_err(|_| AgentError::Inconsistent {
-                    model_id,
-                    what: Inconsistency::ChainTooLong,
-                })?;
-            leaf.seal();
-            self.mem.write(off, &self.buf)?;
+    /// After the switch: retires the old record (forward pointer to the new
+    /// one; its LT entries stay locked forever), then step 6, leaf by leaf:
+    /// clears the leaf's `next` link and unlocks its entry in the new
+    /// record. Resumable and idempotent: `sw` says what is done, and a leaf
+    /// is cleared again only while its entry is still locked by the agent.
+    fn finish(&mut self, sw: &mut Switched) -> Result<(), PoolError> {
+        let b = &sw.built;
+        if !sw.retired {
+            self.mem.store(b.retire_at, b.retired)?;
+            sw.retired = true;
         }
-        Ok(())
-    }
-
-    /// Step 6, second half: unlocks the new record's LT entries (writers
-    /// on the new model stop backing off).
-    fn unlock_record(&self, built: &Built, leaves: &[LeafInfo]) -> Result<(), AgentError> {
-        for (j, l) in leaves.iter().enumerate() {
+        while let Some(l) = b.leaves.get(sw.done) {
+            if l.next.raw() != 0 {
+                self.clear_link(l.addr)?;
+            }
             self.mem.store(
-                built.record.lt_entry_offset(j as u64)?,
+                b.record.lt_entry_offset(sw.done as u64)?,
                 LtEntry::for_leaf(l.addr).raw(),
             )?;
+            sw.done += 1;
         }
+        Ok(())
+    }
+
+    /// Step 6 for one leaf: clears its `next` link (it is a training leaf
+    /// with an empty chain now), re-sealed.
+    fn clear_link(&mut self, addr: LeafAddr) -> Result<(), PoolError> {
+        let off = self.region.leaf_offset(addr)?;
+        read_leaf(&self.mem, &self.region, addr, &mut self.buf)?;
+        let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
+            leaf: addr.leaf(),
+            error,
+        })?;
+        leaf.clear_next();
+        leaf.seal();
+        self.mem.write(off, &self.buf)?;
         Ok(())
     }
 }
@@ -877,13 +944,32 @@ struct Frozen {
     locked: Vec<(u64, LtEntry)>,
 }
 
-/// A record built beside the old one (step 4), not yet switched in.
+/// A record built beside the old one (steps 3–4), not yet switched in,
+/// with everything the steps after the switch need.
 struct Built {
     /// Its pool offset.
     at: u64,
     record: ModelRecord,
-    /// Keys its leaves hold.
-    keys: u64,
+    /// Every leaf of the new record, in LT order.
+    leaves: Vec<LeafInfo>,
+    /// The old record's state word, and its value once retired.
+    retire_at: u64,
+    retired: u64,
+    /// What the retraining did (`freeze_ns` is set once it is finished).
+    report: RetrainReport,
+}
+
+/// A retraining past its point of no return (the directory names the new
+/// record): the steps left, which the agent only ever rolls forward.
+struct Switched {
+    built: Built,
+    /// The clock when the freeze began.
+    t0: u64,
+    /// Whether the old record is retired.
+    retired: bool,
+    /// Leaves (a prefix of `built.leaves`) whose link is cleared and whose
+    /// entry is unlocked.
+    done: usize,
 }
 
 #[cfg(test)]
@@ -1234,5 +1320,89 @@ mod tests {
             report.new_record
         );
         assert_eq!(agent.stats().freeze_timeouts, 1);
+    }
+
+    /// Every LT word of the record at `at`: (record, words).
+    fn lt_words(mem: &VecPool, at: u64) -> (ModelRecord, Vec<LtEntry>) {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let words = (0..r.leaf_count())
+            .map(|j| LtEntry::from_raw(mem.load(r.lt_entry_offset(j).unwrap()).unwrap()))
+            .collect();
+        (r, words)
+    }
+
+    #[test]
+    fn a_failure_after_the_switch_is_rolled_forward_never_undone() {
+        let (mem, next_free) = load(40);
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let sb = *agent.superblock();
+        let old = agent.records()[0];
+        // A split, so that the new record has a link to clear.
+        client_split(&mem, &sb, old, 1, 25);
+        let leaves = sb.leaf_region_offset()..sb.leaf_region_offset() + sb.leaf_region_len();
+        // Step 6's first leaf write fails, twice (nothing else writes
+        // leaves during a retraining).
+        mem.fail_writes(leaves, 2);
+        eprintln!("injected: the next 2 leaf writes fail (step 6, after the switch)");
+        let err = agent.retrain(0).unwrap_err();
+        eprintln!("found: {err}");
+        let AgentError::RollForward {
+            model_id,
+            new_record,
+            locked,
+            cause,
+        } = err
+        else {
+            panic!("{err}")
+        };
+        assert_eq!(
+            (model_id, cause),
+            (0, PoolError::Mem(crate::MemError::Unavailable))
+        );
+        // Switched and retired, never thawed: the directory names the new
+        // record, the old one forwards to it and stays locked.
+        let dir = sb.directory_entry_offset(0).unwrap();
+        assert_eq!(mem.load(dir).unwrap(), new_record);
+        let state = ModelState::from_raw(mem.load(old).unwrap());
+        assert!(state.is_retired() && state.forward() == Some(new_record));
+        assert!(lt_words(&mem, old).1.iter().all(|e| e.is_locked()));
+        let (_, words) = lt_words(&mem, new_record);
+        let still = words.iter().filter(|e| e.is_locked()).count() as u64;
+        eprintln!(
+            "found: {still} of {} new entries locked by the agent",
+            words.len()
+        );
+        assert_eq!(still, locked);
+        assert!(locked > 0);
+        assert_eq!(agent.stats().retrains, 0);
+        assert_eq!(agent.stats().roll_forward_failures, 1);
+
+        // The next poll rolls forward first; it fails once more.
+        let err = agent.poll().unwrap_err();
+        eprintln!("found on the next poll: {err}");
+        assert!(matches!(err, AgentError::RollForward { new_record: n, .. } if n == new_record));
+        assert_eq!(mem.load(dir).unwrap(), new_record);
+        // Then it goes through: nothing stays locked, links are cleared.
+        let r = agent.poll().unwrap().expect("the retraining is finished");
+        eprintln!(
+            "found on the poll after: model {} finished at record {}",
+            r.model_id, r.new_record
+        );
+        assert_eq!((r.model_id, r.new_record), (0, new_record));
+        let (nr, words) = lt_words(&mem, new_record);
+        assert!(words.iter().all(|e| !e.is_locked()), "{words:?}");
+        let region = sb.leaf_region().unwrap();
+        let mut buf = leaf_buffer(&region);
+        let walked = walk_model(&mem, &region, &nr, &mut buf).unwrap();
+        check_tiling(&nr, &walked).unwrap();
+        assert!(walked.iter().all(|l| l.next.raw() == 0));
+        assert_eq!(walked.len() as u64, nr.leaf_count());
+        let st = agent.stats();
+        assert_eq!((st.retrains, st.roll_forward_failures), (1, 2));
+        // Writers go on with the new record.
+        client_split(&mem, &sb, new_record, 0, 5);
+        assert_eq!(agent.retrain(0).unwrap().synonyms_absorbed, 1);
     }
 }

@@ -34,7 +34,7 @@ pub mod reap;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
-pub use error::{AgentError, Inconsistency};
+pub use error::{AgentError, Inconsistency, PoolError};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};

@@ -252,14 +252,21 @@ pub(crate) mod testing {
     //! tests may race threads against it. Its clock is the test's: it
     //! stands still unless the test moves it ([`VecPool::advance`]) or
     //! asks every `relax` to move it ([`VecPool::tick_on_relax`]), so a
-    //! test drives timeouts step by step, never by waiting.
+    //! test drives timeouts step by step, never by waiting. It can also fail
+    //! writes to a range on purpose ([`VecPool::fail_writes`]).
     use super::*;
     use alloc::vec::Vec;
+    use core::sync::atomic::AtomicU32;
 
     pub(crate) struct VecPool {
         words: Vec<AtomicU64>,
         clock: AtomicU64,
         tick: AtomicU64,
+        /// Writes and stores touching `[fail_from, fail_to)` fail while
+        /// `fail_left` is not 0 (each failure counts one down).
+        fail_from: AtomicU64,
+        fail_to: AtomicU64,
+        fail_left: AtomicU32,
     }
 
     impl VecPool {
@@ -269,6 +276,9 @@ pub(crate) mod testing {
                 words: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 clock: AtomicU64::new(0),
                 tick: AtomicU64::new(0),
+                fail_from: AtomicU64::new(0),
+                fail_to: AtomicU64::new(0),
+                fail_left: AtomicU32::new(0),
             }
         }
 
@@ -281,6 +291,29 @@ pub(crate) mod testing {
         /// agent sees time pass as it waits).
         pub(crate) fn tick_on_relax(&self, ns: u64) {
             self.tick.store(ns, SeqCst);
+        }
+
+        /// The next `times` writes or stores that touch `range` fail with
+        /// [`MemError::Unavailable`], changing nothing.
+        pub(crate) fn fail_writes(&self, range: core::ops::Range<u64>, times: u32) {
+            self.fail_from.store(range.start, SeqCst);
+            self.fail_to.store(range.end, SeqCst);
+            self.fail_left.store(times, SeqCst);
+        }
+
+        /// An injected failure for a write of `len` bytes at `offset`.
+        fn injected(&self, offset: u64, len: u64) -> Result<(), MemError> {
+            let hits =
+                offset < self.fail_to.load(SeqCst) && offset + len > self.fail_from.load(SeqCst);
+            if hits
+                && self
+                    .fail_left
+                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(MemError::Unavailable);
+            }
+            Ok(())
         }
 
         fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
@@ -314,6 +347,7 @@ pub(crate) mod testing {
         }
         fn write(&self, offset: u64, buf: &[u8]) -> Result<(), MemError> {
             self.check(offset, buf.len() as u64)?;
+            self.injected(offset, buf.len() as u64)?;
             for (i, b) in buf.iter().enumerate() {
                 let at = offset + i as u64;
                 let w = &self.words[(at / 8) as usize];
@@ -327,6 +361,7 @@ pub(crate) mod testing {
             self.words().load(offset)
         }
         fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
+            self.injected(offset, 8)?;
             self.words().store(offset, value)
         }
         fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
