@@ -60,7 +60,16 @@
 //! Priority: [`Agent::poll`] drains the CirQ into a local pending set, adds
 //! every model whose SLT count reached the trigger (it watches the SLT
 //! headers itself, so a lost enqueue or a lower trigger still works), and
-//! retrains the one whose SLT is fullest first.
+//! retrains the one whose SLT is fullest first — models near a full SLT
+//! first.
+//!
+//! Failures: a model whose retraining (or roll forward) failed is backed
+//! off — not tried again before [`AgentConfig::retry_backoff_min`], doubled
+//! with every consecutive failure up to [`AgentConfig::retry_backoff_max`],
+//! reset by a success — and reported ([`AgentStats::failures`],
+//! [`AgentStats::last_failure`]). A backed-off model is simply not a
+//! candidate, so the others are retrained meanwhile: a failing model never
+//! spins the agent nor starves the rest.
 //!
 //! The CirQ consumer never waits forever for a producer: a ticket handed
 //! out for longer than [`AgentConfig::cirq_abandon_after`] whose slot is
@@ -102,6 +111,11 @@ pub struct AgentConfig {
     /// later. Writers hold a lock for a few round trips, so this is only
     /// ever reached by a stalled or dead holder. 20 ms by default.
     pub freeze_deadline: Duration,
+    /// How long [`Agent::poll`] leaves a model alone after its retraining
+    /// failed once; doubled with each consecutive failure. 1 ms by default.
+    pub retry_backoff_min: Duration,
+    /// The most a failing model is left alone. 1 s by default.
+    pub retry_backoff_max: Duration,
 }
 
 impl Default for AgentConfig {
@@ -110,6 +124,8 @@ impl Default for AgentConfig {
             retrain_trigger: SltHeader::RETRAIN_SLOT as u64,
             cirq_abandon_after: Duration::from_millis(100),
             freeze_deadline: Duration::from_millis(20),
+            retry_backoff_min: Duration::from_millis(1),
+            retry_backoff_max: Duration::from_secs(1),
         }
     }
 }
@@ -146,8 +162,12 @@ pub struct AgentStats {
     pub cirq_pops: u64,
     /// Retrainings refitted under the freeze because leaves appeared.
     pub refits: u64,
-    /// Retrainings given up (model region full, inconsistent pool).
+    /// Retrainings (or roll forwards) [`Agent::poll`] met failing: a freeze
+    /// past its deadline, a full model region, an inconsistent pool… Each
+    /// backs its model off.
     pub failures: u64,
+    /// The last of them.
+    pub last_failure: Option<Failure>,
     /// Bytes of the model region used by records so far.
     pub model_region_used: u64,
     /// CirQ entries that named no model of the directory (skipped, and
@@ -158,6 +178,28 @@ pub struct AgentStats {
     pub cirq_abandoned: u64,
     /// Every freeze time, in nanoseconds (p50/p99/max).
     pub freeze_hist: Histogram,
+}
+
+/// A retraining that failed in [`Agent::poll`], as [`AgentStats`] keeps
+/// the last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The model.
+    pub model_id: u64,
+    /// What failed.
+    pub error: AgentError,
+    /// Consecutive failures of the model, this one included.
+    pub consecutive: u32,
+    /// Nanoseconds before the model is tried again.
+    pub retry_in_ns: u64,
+}
+
+/// A model's failures: how many in a row, and when it may be tried again
+/// (the clock, ns).
+#[derive(Clone, Copy, Debug, Default)]
+struct Backoff {
+    failures: u32,
+    retry_at: u64,
 }
 
 /// Something the agent met and skipped, for its driver to log.
@@ -281,6 +323,8 @@ pub struct Agent<M: PoolMemory> {
     /// Retrainings past their switch whose last steps failed (at most one
     /// per model).
     unfinished: Vec<Switched>,
+    /// Each model's failures (indexed like `records`).
+    backoff: Vec<Backoff>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -316,12 +360,14 @@ impl<M: PoolMemory> Agent<M> {
             notices: alloc::collections::VecDeque::new(),
             stall: None,
             unfinished: Vec::new(),
+            backoff: Vec::new(),
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
             let r = agent.record(at)?;
             agent.records.push(at);
             agent.slts.push(r.slt_offset());
+            agent.backoff.push(Backoff::default());
         }
         agent.stats.model_region_used = next_free - sb.model_region_offset();
         Ok(agent)
@@ -462,18 +508,30 @@ impl<M: PoolMemory> Agent<M> {
         }
     }
 
-    /// One step of the service: drains the CirQ, picks the model whose SLT
-    /// is fullest among those due, and retrains it. `Ok(None)`: nothing was
-    /// due.
+    /// One step of the service: rolls forward an unfinished retraining, or
+    /// drains the CirQ, picks the model whose SLT is fullest among those
+    /// due, and retrains it. Models backed off after a failure are left
+    /// alone until their time comes. `Ok(None)`: nothing was due.
     pub fn poll(&mut self) -> Result<Option<RetrainReport>, AgentError> {
         self.check_pool()?;
-        if let Some(sw) = self.unfinished.pop() {
-            return self.roll_forward(sw).map(Some);
+        let now = self.mem.now_ns();
+        if let Some(i) = self
+            .unfinished
+            .iter()
+            .position(|sw| self.ready(sw.built.report.model_id, now))
+        {
+            let sw = self.unfinished.swap_remove(i);
+            let m = sw.built.report.model_id;
+            let r = self.roll_forward(sw);
+            return self.account(m, r).map(Some);
         }
         self.drain_cirq()?;
         let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
         let mut best: Option<(u64, u64)> = None;
         for m in 0..self.records.len() as u64 {
+            if !self.ready(m, now) || self.is_unfinished(m) {
+                continue;
+            }
             let used = self.slt_used(m)?;
             let due = used >= self.cfg.retrain_trigger.max(1)
                 || (self.pending.contains(&m) && used >= queued_min.max(1));
@@ -482,16 +540,70 @@ impl<M: PoolMemory> Agent<M> {
             }
         }
         let Some((m, _)) = best else {
-            // Queued models whose SLT was emptied by a retraining meanwhile.
-            self.pending.clear();
+            // Queued models whose SLT was emptied by a retraining meanwhile;
+            // those backed off stay queued.
+            let waiting: BTreeSet<u64> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|&m| !self.ready(m, now))
+                .collect();
+            self.pending = waiting;
             return Ok(None);
         };
-        self.pending.remove(&m);
-        match self.retrain(m) {
-            Ok(r) => Ok(Some(r)),
-            Err(e) => {
+        let r = self.retrain(m);
+        if r.is_ok() {
+            self.pending.remove(&m);
+        }
+        self.account(m, r).map(Some)
+    }
+
+    /// Whether model `m` is not backed off at `now`.
+    fn ready(&self, m: u64, now: u64) -> bool {
+        self.backoff
+            .get(m as usize)
+            .map_or(true, |b| b.retry_at <= now)
+    }
+
+    /// Whether model `m` has a retraining left to roll forward.
+    fn is_unfinished(&self, m: u64) -> bool {
+        self.unfinished
+            .iter()
+            .any(|sw| sw.built.report.model_id == m)
+    }
+
+    /// Backs model `m` off after a failure (from now, when it failed), or
+    /// clears its failures after a success; reports the failure in the
+    /// statistics.
+    fn account(
+        &mut self,
+        m: u64,
+        r: Result<RetrainReport, AgentError>,
+    ) -> Result<RetrainReport, AgentError> {
+        let now = self.mem.now_ns();
+        let Some(b) = self.backoff.get_mut(m as usize) else {
+            return r;
+        };
+        match r {
+            Ok(report) => {
+                *b = Backoff::default();
+                Ok(report)
+            }
+            Err(error) => {
+                b.failures = b.failures.saturating_add(1);
+                let doublings = (b.failures - 1).min(63);
+                let wait = ns(self.cfg.retry_backoff_min)
+                    .saturating_mul(1 << doublings)
+                    .min(ns(self.cfg.retry_backoff_max));
+                b.retry_at = now.saturating_add(wait);
                 self.stats.failures += 1;
-                Err(e)
+                self.stats.last_failure = Some(Failure {
+                    model_id: m,
+                    error,
+                    consecutive: b.failures,
+                    retry_in_ns: wait,
+                });
+                Err(error)
             }
         }
     }
@@ -1384,6 +1496,11 @@ mod tests {
         eprintln!("found on the next poll: {err}");
         assert!(matches!(err, AgentError::RollForward { new_record: n, .. } if n == new_record));
         assert_eq!(mem.load(dir).unwrap(), new_record);
+        // The model is backed off: not tried again until its time comes.
+        let f = agent.stats().last_failure.expect("the failure is kept");
+        assert_eq!((f.model_id, f.error, f.consecutive), (0, err, 1));
+        assert_eq!(agent.poll().unwrap(), None);
+        mem.advance(f.retry_in_ns);
         // Then it goes through: nothing stays locked, links are cleared.
         let r = agent.poll().unwrap().expect("the retraining is finished");
         eprintln!(
@@ -1404,5 +1521,70 @@ mod tests {
         // Writers go on with the new record.
         client_split(&mem, &sb, new_record, 0, 5);
         assert_eq!(agent.retrain(0).unwrap().synonyms_absorbed, 1);
+    }
+
+    #[test]
+    fn a_failing_model_is_backed_off_while_the_others_are_retrained() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig::default();
+        let (min, max) = (ns(cfg.retry_backoff_min), ns(cfg.retry_backoff_max));
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        // Model 0 is the fullest, so it would always be picked first; a
+        // writer holds one of its locks for good (anonymous: nobody can
+        // release it), so every freeze of it runs out of time.
+        for m in [0, 1, 2] {
+            fill_slt(&mem, &agent, m);
+        }
+        let (r0, _) = lt_words(&mem, agent.records()[0]);
+        mem.store(r0.slt_slot_offset(0).unwrap(), 200).unwrap();
+        let lt = r0.lt_entry_offset(3).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        mem.store(lt, e.with_lock().raw()).unwrap();
+        mem.tick_on_relax(1_000_000);
+        eprintln!("injected: model 0 (SLT 200) has an LT entry locked for good; models 1 and 2 are due (SLT 128)");
+
+        let err = agent.poll().unwrap_err();
+        assert!(
+            matches!(err, AgentError::FreezeDeadline { model_id: 0, .. }),
+            "{err}"
+        );
+        let f = agent.stats().last_failure.unwrap();
+        eprintln!("found: {} (retry in {} ns)", f.error, f.retry_in_ns);
+        assert_eq!((f.model_id, f.consecutive, f.retry_in_ns), (0, 1, min));
+        // Backed off: the other models are retrained meanwhile.
+        let mut others = Vec::new();
+        while let Some(r) = agent.poll().unwrap() {
+            others.push(r.model_id);
+        }
+        eprintln!("found: while model 0 is backed off, models {others:?} were retrained");
+        assert_eq!(others, [1, 2]);
+        // It is retried only once its backoff ran out, each wait twice the
+        // last, up to the bound; every failure is counted and kept.
+        let mut waits = Vec::new();
+        for n in 2..=14u32 {
+            let wait = agent.stats().last_failure.unwrap().retry_in_ns;
+            mem.advance(wait - 1);
+            assert_eq!(agent.poll().unwrap(), None, "retried early");
+            mem.advance(1);
+            let err = agent.poll().unwrap_err();
+            assert!(matches!(
+                err,
+                AgentError::FreezeDeadline { model_id: 0, .. }
+            ));
+            let f = agent.stats().last_failure.unwrap();
+            assert_eq!(f.consecutive, n);
+            assert_eq!(f.retry_in_ns, (min << (n - 1)).min(max));
+            waits.push(f.retry_in_ns / 1_000_000);
+        }
+        eprintln!("found: backoff after each failure (ms): {waits:?}");
+        assert_eq!(agent.stats().failures, 14);
+        assert_eq!(agent.stats().freeze_timeouts, 14);
+        // The writer lets go: the next try succeeds and clears the backoff.
+        mem.store(lt, e.raw()).unwrap();
+        mem.advance(max);
+        let r = agent.poll().unwrap().expect("model 0 retrained");
+        assert_eq!(r.model_id, 0);
+        assert_eq!(agent.backoff[0].failures, 0);
+        eprintln!("found: after the lock was released, model 0 retrained");
     }
 }

@@ -32,7 +32,7 @@ pub mod leaves;
 pub mod memory;
 pub mod reap;
 
-pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
+pub use agent::{Agent, AgentConfig, AgentStats, Failure, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency, PoolError};
 pub use histogram::Histogram;

@@ -515,6 +515,7 @@ impl MemoryNode {
                 retrain_trigger: cfg.retrain_trigger,
                 cirq_abandon_after: cfg.cirq_abandon_after,
                 freeze_deadline: cfg.freeze_deadline,
+                ..AgentConfig::default()
             },
             plan.next_free(),
         )?;
