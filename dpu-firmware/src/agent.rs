@@ -38,8 +38,8 @@
 //! Each step is one method, called in this order: `prepare` (1), `freeze`
 //! and `lock_entry` (2), `rewalk` and `segments_for` (3), `build_record`
 //! (4) — `build` runs 3–4 and computes everything the later steps need —
-//! `switch` (5), `finish` and `clear_link` (the retirement of 5, and 6);
-//! `install` runs 2–6.
+//! `switch` and `retire` (5), `release_leaf` (6, one leaf); `install` runs
+//! 2–6, with `finish` running what follows the switch.
 //!
 //! **Before the point of no return** (steps 2–4 and a directory write that
 //! failed) a failure `thaw`s the old record: its entries and state word
@@ -81,7 +81,7 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
+use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -641,7 +641,9 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
-    /// clear links, unlock.
+    /// clear links, unlock. A failure before the switch thaws the old
+    /// record; one after it is [`AgentError::RollForward`] (see the module
+    /// docs).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         self.check_pool()?;
         let model_id = p.model_id;
@@ -1007,42 +1009,48 @@ impl<M: PoolMemory> Agent<M> {
         Ok(())
     }
 
-    /// After the switch: retires the old record (forward pointer to the new
-    /// one; its LT entries stay locked forever), then step 6, leaf by leaf:
-    /// clears the leaf's `next` link and unlocks its entry in the new
-    /// record. Resumable and idempotent: `sw` says what is done, and a leaf
-    /// is cleared again only while its entry is still locked by the agent.
+    /// Everything after the switch: [`Self::retire`], then
+    /// [`Self::release_leaf`] for every leaf of the new record, in order.
+    /// Resumable and idempotent: `sw` says what is done, and a leaf is
+    /// handled again only while its entry is still locked by the agent.
     fn finish(&mut self, sw: &mut Switched) -> Result<(), PoolError> {
-        let b = &sw.built;
         if !sw.retired {
-            self.mem.store(b.retire_at, b.retired)?;
+            self.retire(&sw.built)?;
             sw.retired = true;
         }
-        while let Some(l) = b.leaves.get(sw.done) {
-            if l.next.raw() != 0 {
-                self.clear_link(l.addr)?;
-            }
-            self.mem.store(
-                b.record.lt_entry_offset(sw.done as u64)?,
-                LtEntry::for_leaf(l.addr).raw(),
-            )?;
+        while sw.done < sw.built.leaves.len() {
+            self.release_leaf(&sw.built, sw.done)?;
             sw.done += 1;
         }
         Ok(())
     }
 
-    /// Step 6 for one leaf: clears its `next` link (it is a training leaf
-    /// with an empty chain now), re-sealed.
-    fn clear_link(&mut self, addr: LeafAddr) -> Result<(), PoolError> {
-        let off = self.region.leaf_offset(addr)?;
-        read_leaf(&self.mem, &self.region, addr, &mut self.buf)?;
-        let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
-            leaf: addr.leaf(),
-            error,
-        })?;
-        leaf.clear_next();
-        leaf.seal();
-        self.mem.write(off, &self.buf)?;
+    /// Step 5, after the switch: marks the old record retired with a
+    /// forward pointer to the new one (its LT entries stay locked forever).
+    fn retire(&self, b: &Built) -> Result<(), PoolError> {
+        Ok(self.mem.store(b.retire_at, b.retired)?)
+    }
+
+    /// Step 6 for leaf `j` of the new record: clears its `next` link (it
+    /// is a training leaf with an empty chain now; re-sealed), then
+    /// unlocks its LT entry.
+    fn release_leaf(&mut self, b: &Built, j: usize) -> Result<(), PoolError> {
+        let l = b.leaves[j];
+        if l.next.raw() != 0 {
+            let off = self.region.leaf_offset(l.addr)?;
+            read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
+            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
+                leaf: l.addr.leaf(),
+                error,
+            })?;
+            leaf.clear_next();
+            leaf.seal();
+            self.mem.write(off, &self.buf)?;
+        }
+        self.mem.store(
+            b.record.lt_entry_offset(j as u64)?,
+            LtEntry::for_leaf(l.addr).raw(),
+        )?;
         Ok(())
     }
 }
