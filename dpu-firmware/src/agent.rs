@@ -7,9 +7,14 @@
 //!    new segments over the leaves' fences ([`rolex_core::model::fit_model`],
 //!    the scheme bulk loading used and clients predict with).
 //! 2. **Freeze**: set `FROZEN` in `R`'s state word, then lock every LT
-//!    entry of `R` by `CAS`, waiting for writers that hold one. From here on
-//!    no compute node changes a leaf of `m`: writers whose lock `CAS` fails
-//!    read the state word and wait (frozen) or refresh (retired).
+//!    entry of `R` by `CAS`, waiting for writers that hold one — until the
+//!    deadline ([`AgentConfig::freeze_deadline`], from the freeze's start):
+//!    past it the agent *thaws* `R` (restores the entries it locked, clears
+//!    `FROZEN`), reports [`AgentError::FreezeDeadline`] and retries the model
+//!    later, so writers never wait long for a frozen model, even when one
+//!    of them holds a lock for good. Once every entry is locked no compute
+//!    node changes a leaf of `m`: writers whose lock `CAS` fails read the
+//!    state word and wait (frozen) or refresh (retired).
 //! 3. Walk the chains again (now stable), cheaply: a leaf of step 1 whose
 //!    `next` word is unchanged is not re-read. If the leaf list changed (a
 //!    writer split a leaf meanwhile), refit — microseconds. Leaves
@@ -20,19 +25,31 @@
 //!    the model region; retired records are never reused, because stale
 //!    compute nodes may still `CAS` their LT entries): LT = every leaf in
 //!    key order, *locked*; fences = their `fence_lo`; empty SLT; segments.
-//! 5. **Switch** `D[m] := R'` (one 8-byte write), then mark `R` retired
-//!    with a forward pointer to `R'`. `R`'s LT entries stay locked forever,
-//!    so a stale writer can never write through `R`.
-//! 6. Clear the `next` link of every leaf of `R'` (each is now a training
-//!    leaf with an empty chain; re-sealed), then unlock `R'`'s entries.
-//!    Until then new-model writers back off on the locked entries; readers
+//! 5. **Switch** `D[m] := R'` (one 8-byte write): **the point of no
+//!    return**. Then mark `R` retired with a forward pointer to `R'`. `R`'s
+//!    LT entries stay locked forever, so a stale writer can never write
+//!    through `R`.
+//! 6. Leaf by leaf, clear the `next` link of the leaf of `R'` (each is now a
+//!    training leaf with an empty chain; re-sealed), then unlock its LT
+//!    entry in `R'`. Until then writers of that leaf back off; readers
 //!    never wait: a reader with a stale model that meets a cleared link
 //!    before its key sees that the key is not covered and refreshes.
 //!
 //! Each step is one method, called in this order: `prepare` (1), `freeze`
-//! (2), `rewalk` and `segments_for` (3), `build_record` (4), `switch` (5),
-//! `clear_links` and `unlock_record` (6); `install` runs 2–6 and `thaw`s
-//! the old record when one of 3–6 fails.
+//! and `lock_entry` (2), `rewalk` and `segments_for` (3), `build_record`
+//! (4) — `build` runs 3–4 and computes everything the later steps need —
+//! `switch` and `retire` (5), `release_leaf` (6, one leaf); `install` runs
+//! 2–6, with `finish` running what follows the switch.
+//!
+//! **Before the point of no return** (steps 2–4 and a directory write that
+//! failed) a failure `thaw`s the old record: its entries and state word
+//! back, nothing of `R'` visible. **After it** the agent only rolls
+//! forward: it never un-retires `R`, whose entries the directory no longer
+//! leads to. `finish` is idempotent and resumable; if it fails, the
+//! retraining is kept as unfinished and reported
+//! ([`AgentError::RollForward`], with the entries of `R'` still locked),
+//! and the next [`Agent::poll`] — or any retraining of that model — rolls
+//! it forward first.
 //!
 //! Data never moves and no leaf's fences change, so every invariant the
 //! readers rely on (a leaf's `fence_lo` never changes, its `fence_hi` only
@@ -43,10 +60,26 @@
 //! Priority: [`Agent::poll`] drains the CirQ into a local pending set, adds
 //! every model whose SLT count reached the trigger (it watches the SLT
 //! headers itself, so a lost enqueue or a lower trigger still works), and
-//! retrains the one whose SLT is fullest first.
+//! retrains the one whose SLT is fullest first — models near a full SLT
+//! first.
+//!
+//! Failures: a model whose retraining (or roll forward) failed is backed
+//! off — not tried again before [`AgentConfig::retry_backoff_min`], doubled
+//! with every consecutive failure up to [`AgentConfig::retry_backoff_max`],
+//! reset by a success — and reported ([`AgentStats::failures`],
+//! [`AgentStats::last_failure`]). A backed-off model is simply not a
+//! candidate, so the others are retrained meanwhile: a failing model never
+//! spins the agent nor starves the rest.
+//!
+//! The CirQ consumer never waits forever for a producer: a ticket handed
+//! out for longer than [`AgentConfig::cirq_abandon_after`] whose slot is
+//! still unwritten (its producer died between its `FAA` and its WRITE, or
+//! stalled) is skipped with a [`Notice::AbandonedTicket`]; the SLT watch
+//! above retrains its model all the same (see `rolex_core::layout::CirqHeader`).
 
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
+use core::time::Duration;
 
 use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
@@ -56,7 +89,7 @@ use rolex_core::layout::{
 use rolex_core::model::fit_model;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::error::{AgentError, Inconsistency};
+use crate::error::{AgentError, Inconsistency, PoolError};
 use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
@@ -68,14 +101,38 @@ pub struct AgentConfig {
     /// enqueue at [`SltHeader::RETRAIN_SLOT`] = 128; a smaller trigger makes
     /// the agent retrain earlier on its own).
     pub retrain_trigger: u64,
+    /// How long a CirQ ticket may stay handed out and unwritten before the
+    /// consumer skips it as abandoned (a producer writes its slot one round
+    /// trip after taking its ticket; one that stalls longer is taken for
+    /// dead, and its late write is harmless). 100 ms by default.
+    pub cirq_abandon_after: Duration,
+    /// Longest the freeze (step 2) waits for writers holding LT entries of
+    /// the model, from its start; past it the model is thawed and retried
+    /// later. Writers hold a lock for a few round trips, so this is only
+    /// ever reached by a stalled or dead holder. 20 ms by default.
+    pub freeze_deadline: Duration,
+    /// How long [`Agent::poll`] leaves a model alone after its retraining
+    /// failed once; doubled with each consecutive failure. 1 ms by default.
+    pub retry_backoff_min: Duration,
+    /// The most a failing model is left alone. 1 s by default.
+    pub retry_backoff_max: Duration,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             retrain_trigger: SltHeader::RETRAIN_SLOT as u64,
+            cirq_abandon_after: Duration::from_millis(100),
+            freeze_deadline: Duration::from_millis(20),
+            retry_backoff_min: Duration::from_millis(1),
+            retry_backoff_max: Duration::from_secs(1),
         }
     }
+}
+
+/// Nanoseconds of `d`, saturated.
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What the agent has done so far.
@@ -94,21 +151,55 @@ pub struct AgentStats {
     /// Longest freeze, in nanoseconds.
     pub freeze_ns_max: u64,
     /// Of the freeze time, nanoseconds spent locking the old LT (waiting
-    /// for writers that held an entry).
+    /// for writers that held an entry), freezes given up included.
     pub lock_ns_total: u64,
+    /// Freezes that passed their deadline and were thawed.
+    pub freeze_timeouts: u64,
+    /// Times the steps after a switch failed and were left to roll forward
+    /// (each reported as [`AgentError::RollForward`]).
+    pub roll_forward_failures: u64,
     /// Entries popped from the CirQ.
     pub cirq_pops: u64,
     /// Retrainings refitted under the freeze because leaves appeared.
     pub refits: u64,
-    /// Retrainings given up (model region full, inconsistent pool).
+    /// Retrainings (or roll forwards) [`Agent::poll`] met failing: a freeze
+    /// past its deadline, a full model region, an inconsistent pool… Each
+    /// backs its model off.
     pub failures: u64,
+    /// The last of them.
+    pub last_failure: Option<Failure>,
     /// Bytes of the model region used by records so far.
     pub model_region_used: u64,
     /// CirQ entries that named no model of the directory (skipped, and
     /// reported as a [`Notice`]).
     pub cirq_unknown: u64,
+    /// CirQ tickets skipped as abandoned (never written in time; each
+    /// reported as a [`Notice::AbandonedTicket`]).
+    pub cirq_abandoned: u64,
     /// Every freeze time, in nanoseconds (p50/p99/max).
     pub freeze_hist: Histogram,
+}
+
+/// A retraining that failed in [`Agent::poll`], as [`AgentStats`] keeps
+/// the last one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The model.
+    pub model_id: u64,
+    /// What failed.
+    pub error: AgentError,
+    /// Consecutive failures of the model, this one included.
+    pub consecutive: u32,
+    /// Nanoseconds before the model is tried again.
+    pub retry_in_ns: u64,
+}
+
+/// A model's failures: how many in a row, and when it may be tried again
+/// (the clock, ns).
+#[derive(Clone, Copy, Debug, Default)]
+struct Backoff {
+    failures: u32,
+    retry_at: u64,
 }
 
 /// Something the agent met and skipped, for its driver to log.
@@ -125,6 +216,15 @@ pub enum Notice {
         /// Models the directory has.
         models: u64,
     },
+    /// A CirQ ticket stayed unwritten past
+    /// [`AgentConfig::cirq_abandon_after`]: its producer died or stalled
+    /// between its `FAA` and its WRITE. The consumer skipped it.
+    AbandonedTicket {
+        /// The ticket.
+        ticket: u64,
+        /// Nanoseconds it was known to be handed out and unwritten.
+        waited_ns: u64,
+    },
 }
 
 impl core::fmt::Display for Notice {
@@ -138,12 +238,25 @@ impl core::fmt::Display for Notice {
                 f,
                 "CirQ ticket {ticket} names model {model_id}, but the directory has {models} models: skipped"
             ),
+            Self::AbandonedTicket { ticket, waited_ns } => write!(
+                f,
+                "CirQ ticket {ticket} unwritten after {} ms: skipped as abandoned",
+                waited_ns / 1_000_000
+            ),
         }
     }
 }
 
 /// Notices kept until the driver takes them (older ones are dropped).
 const MAX_NOTICES: usize = 64;
+
+/// The consumer's evidence that the CirQ head is stalled: every ticket
+/// below `tail` was handed out before `since` (the clock, ns).
+#[derive(Clone, Copy, Debug)]
+struct Stall {
+    tail: u64,
+    since: u64,
+}
 
 /// What one retraining did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +318,13 @@ pub struct Agent<M: PoolMemory> {
     stats: AgentStats,
     buf: Vec<u8>,
     notices: alloc::collections::VecDeque<Notice>,
+    /// Set while the CirQ head is pending.
+    stall: Option<Stall>,
+    /// Retrainings past their switch whose last steps failed (at most one
+    /// per model).
+    unfinished: Vec<Switched>,
+    /// Each model's failures (indexed like `records`).
+    backoff: Vec<Backoff>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -238,12 +358,16 @@ impl<M: PoolMemory> Agent<M> {
             stats: AgentStats::default(),
             buf: leaf_buffer(&region),
             notices: alloc::collections::VecDeque::new(),
+            stall: None,
+            unfinished: Vec::new(),
+            backoff: Vec::new(),
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
             let r = agent.record(at)?;
             agent.records.push(at);
             agent.slts.push(r.slt_offset());
+            agent.backoff.push(Backoff::default());
         }
         agent.stats.model_region_used = next_free - sb.model_region_offset();
         Ok(agent)
@@ -316,7 +440,16 @@ impl<M: PoolMemory> Agent<M> {
         Ok(r)
     }
 
-    /// Moves every ready CirQ entry into the pending set.
+    /// Keeps `n` for the driver (dropping the oldest past [`MAX_NOTICES`]).
+    fn notice(&mut self, n: Notice) {
+        if self.notices.len() == MAX_NOTICES {
+            self.notices.pop_front();
+        }
+        self.notices.push_back(n);
+    }
+
+    /// Moves every ready CirQ entry into the pending set, skipping tickets
+    /// abandoned by their producers (see the module docs).
     fn drain_cirq(&mut self) -> Result<(), AgentError> {
         let base = self.sb.cirq_offset();
         let capacity = self.mem.load(base + CirqHeader::CAPACITY_OFFSET)?;
@@ -324,8 +457,34 @@ impl<M: PoolMemory> Agent<M> {
             let head = self.mem.load(base + CirqHeader::HEAD_OFFSET)?;
             let tail = self.mem.load(base + CirqHeader::TAIL_OFFSET)?;
             let slot = base + CirqHeader::slot_offset(head, capacity)?;
-            match CirqHeader::pop(head, tail, self.mem.load(slot)?)? {
-                Pop::Empty | Pop::Pending => return Ok(()),
+            let value = self.mem.load(slot)?;
+            match CirqHeader::pop(head, tail, value)? {
+                Pop::Empty => {
+                    self.stall = None;
+                    return Ok(());
+                }
+                Pop::Pending => {
+                    let now = self.mem.now_ns();
+                    let stall = match self.stall {
+                        Some(s) if head < s.tail => s,
+                        _ => *self.stall.insert(Stall { tail, since: now }),
+                    };
+                    let waited_ns = now.saturating_sub(stall.since);
+                    if waited_ns < ns(self.cfg.cirq_abandon_after) {
+                        return Ok(());
+                    }
+                    // Clear what the slot held (nothing, or a late write of a
+                    // ticket skipped a lap ago) unless the WRITE just landed.
+                    if self.mem.cas(slot, value, CirqHeader::EMPTY_SLOT)? != value {
+                        continue;
+                    }
+                    self.mem.store(base + CirqHeader::HEAD_OFFSET, head + 1)?;
+                    self.stats.cirq_abandoned += 1;
+                    self.notice(Notice::AbandonedTicket {
+                        ticket: head,
+                        waited_ns,
+                    });
+                }
                 Pop::Ready {
                     model_id,
                     next_head,
@@ -338,10 +497,7 @@ impl<M: PoolMemory> Agent<M> {
                         self.pending.insert(model_id);
                     } else {
                         self.stats.cirq_unknown += 1;
-                        if self.notices.len() == MAX_NOTICES {
-                            self.notices.pop_front();
-                        }
-                        self.notices.push_back(Notice::UnknownModel {
+                        self.notice(Notice::UnknownModel {
                             model_id,
                             ticket: head,
                             models: self.records.len() as u64,
@@ -352,15 +508,30 @@ impl<M: PoolMemory> Agent<M> {
         }
     }
 
-    /// One step of the service: drains the CirQ, picks the model whose SLT
-    /// is fullest among those due, and retrains it. `Ok(None)`: nothing was
-    /// due.
+    /// One step of the service: rolls forward an unfinished retraining, or
+    /// drains the CirQ, picks the model whose SLT is fullest among those
+    /// due, and retrains it. Models backed off after a failure are left
+    /// alone until their time comes. `Ok(None)`: nothing was due.
     pub fn poll(&mut self) -> Result<Option<RetrainReport>, AgentError> {
         self.check_pool()?;
+        let now = self.mem.now_ns();
+        if let Some(i) = self
+            .unfinished
+            .iter()
+            .position(|sw| self.ready(sw.built.report.model_id, now))
+        {
+            let sw = self.unfinished.swap_remove(i);
+            let m = sw.built.report.model_id;
+            let r = self.roll_forward(sw);
+            return self.account(m, r).map(Some);
+        }
         self.drain_cirq()?;
         let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
         let mut best: Option<(u64, u64)> = None;
         for m in 0..self.records.len() as u64 {
+            if !self.ready(m, now) || self.is_unfinished(m) {
+                continue;
+            }
             let used = self.slt_used(m)?;
             let due = used >= self.cfg.retrain_trigger.max(1)
                 || (self.pending.contains(&m) && used >= queued_min.max(1));
@@ -369,16 +540,70 @@ impl<M: PoolMemory> Agent<M> {
             }
         }
         let Some((m, _)) = best else {
-            // Queued models whose SLT was emptied by a retraining meanwhile.
-            self.pending.clear();
+            // Queued models whose SLT was emptied by a retraining meanwhile;
+            // those backed off stay queued.
+            let waiting: BTreeSet<u64> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|&m| !self.ready(m, now))
+                .collect();
+            self.pending = waiting;
             return Ok(None);
         };
-        self.pending.remove(&m);
-        match self.retrain(m) {
-            Ok(r) => Ok(Some(r)),
-            Err(e) => {
+        let r = self.retrain(m);
+        if r.is_ok() {
+            self.pending.remove(&m);
+        }
+        self.account(m, r).map(Some)
+    }
+
+    /// Whether model `m` is not backed off at `now`.
+    fn ready(&self, m: u64, now: u64) -> bool {
+        self.backoff
+            .get(m as usize)
+            .map_or(true, |b| b.retry_at <= now)
+    }
+
+    /// Whether model `m` has a retraining left to roll forward.
+    fn is_unfinished(&self, m: u64) -> bool {
+        self.unfinished
+            .iter()
+            .any(|sw| sw.built.report.model_id == m)
+    }
+
+    /// Backs model `m` off after a failure (from now, when it failed), or
+    /// clears its failures after a success; reports the failure in the
+    /// statistics.
+    fn account(
+        &mut self,
+        m: u64,
+        r: Result<RetrainReport, AgentError>,
+    ) -> Result<RetrainReport, AgentError> {
+        let now = self.mem.now_ns();
+        let Some(b) = self.backoff.get_mut(m as usize) else {
+            return r;
+        };
+        match r {
+            Ok(report) => {
+                *b = Backoff::default();
+                Ok(report)
+            }
+            Err(error) => {
+                b.failures = b.failures.saturating_add(1);
+                let doublings = (b.failures - 1).min(63);
+                let wait = ns(self.cfg.retry_backoff_min)
+                    .saturating_mul(1 << doublings)
+                    .min(ns(self.cfg.retry_backoff_max));
+                b.retry_at = now.saturating_add(wait);
                 self.stats.failures += 1;
-                Err(e)
+                self.stats.last_failure = Some(Failure {
+                    model_id: m,
+                    error,
+                    consecutive: b.failures,
+                    retry_in_ns: wait,
+                });
+                Err(error)
             }
         }
     }
@@ -392,6 +617,7 @@ impl<M: PoolMemory> Agent<M> {
     /// Step 1: walks the model unlocked and fits new segments.
     pub fn prepare(&mut self, model_id: u64) -> Result<Prepared, AgentError> {
         self.check_pool()?;
+        self.settle(model_id)?;
         let record_at = *self
             .records
             .get(model_id as usize)
@@ -415,10 +641,13 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
-    /// clear links, unlock.
+    /// clear links, unlock. A failure before the switch thaws the old
+    /// record; one after it is [`AgentError::RollForward`] (see the module
+    /// docs).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         self.check_pool()?;
         let model_id = p.model_id;
+        self.settle(model_id)?;
         let at = p.record_at;
         if self.records.get(model_id as usize) != Some(&at) {
             // Retrained since `prepare`: prepare again.
@@ -448,17 +677,67 @@ impl<M: PoolMemory> Agent<M> {
         }
 
         let t0 = self.mem.now_ns();
-        let frozen = self.freeze(&r, at, state)?;
+        let frozen = self.freeze(&r, at, state);
         self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
-        match self.build_and_switch(&r, at, state, &p) {
-            Ok(mut report) => {
-                let t1 = self.mem.now_ns();
-                report.freeze_ns = t1.saturating_sub(t0);
+        if let Err(AgentError::FreezeDeadline { .. }) = frozen {
+            self.stats.freeze_timeouts += 1;
+        }
+        let frozen = frozen?;
+        let built = match self.build(&r, at, state, &p) {
+            Ok(built) => built,
+            Err(e) => {
+                self.thaw(frozen)?;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.switch(&built) {
+            self.thaw(frozen)?;
+            return Err(e);
+        }
+        // The point of no return: the directory names the new record.
+        self.roll_forward(Switched {
+            built,
+            t0,
+            retired: false,
+            done: 0,
+        })
+    }
+
+    /// Rolls forward the unfinished retraining of model `model_id`, if
+    /// there is one (before anything else touches the model).
+    fn settle(&mut self, model_id: u64) -> Result<(), AgentError> {
+        match self
+            .unfinished
+            .iter()
+            .position(|sw| sw.built.report.model_id == model_id)
+        {
+            Some(i) => {
+                let sw = self.unfinished.swap_remove(i);
+                self.roll_forward(sw).map(|_| ())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The steps after the switch ([`Self::finish`]); the retraining is
+    /// counted once they are all done, and kept as unfinished if one fails.
+    fn roll_forward(&mut self, mut sw: Switched) -> Result<RetrainReport, AgentError> {
+        match self.finish(&mut sw) {
+            Ok(()) => {
+                let mut report = sw.built.report;
+                report.freeze_ns = self.mem.now_ns().saturating_sub(sw.t0);
                 self.count(&report);
                 Ok(report)
             }
-            Err(e) => {
-                self.thaw(frozen)?;
+            Err(cause) => {
+                self.stats.roll_forward_failures += 1;
+                let e = AgentError::RollForward {
+                    model_id: sw.built.report.model_id,
+                    new_record: sw.built.at,
+                    locked: (sw.built.leaves.len() - sw.done) as u64,
+                    cause,
+                };
+                self.unfinished.push(sw);
                 Err(e)
             }
         }
@@ -466,47 +745,74 @@ impl<M: PoolMemory> Agent<M> {
 
     /// Step 2: sets `FROZEN` in the state word of record `r` (at `at`, in
     /// state `state`), then locks every LT entry of `r` for the agent,
-    /// waiting for writers that hold one. Returns what [`Self::thaw`] needs
-    /// to undo it.
+    /// waiting for writers that hold one until the deadline. Returns what
+    /// [`Self::thaw`] needs to undo it; on any error (the deadline
+    /// included) it has thawed already.
     fn freeze(
         &mut self,
         r: &ModelRecord,
         at: u64,
         state: ModelState,
     ) -> Result<Frozen, AgentError> {
-        let state_at = at + ModelRecord::STATE_OFFSET;
-        self.mem.store(state_at, state.frozen().raw())?;
-        let mut locked = Vec::with_capacity(r.leaf_count() as usize);
+        let mut frozen = Frozen {
+            state_at: at + ModelRecord::STATE_OFFSET,
+            state,
+            locked: Vec::with_capacity(r.leaf_count() as usize),
+        };
+        self.mem.store(frozen.state_at, state.frozen().raw())?;
+        let start = self.mem.now_ns();
         for j in 0..r.leaf_count() {
-            let off = r.lt_entry_offset(j)?;
-            let mut attempt = 0u32;
-            loop {
-                let v = LtEntry::from_raw(self.mem.load(off)?);
-                if !v.is_locked()
-                    && self
-                        .mem
-                        .cas(off, v.raw(), v.locked_by(LockOwner::AGENT).raw())?
-                        == v.raw()
-                {
-                    locked.push((off, v));
-                    break;
+            match self.lock_entry(r, j, start) {
+                Ok(locked) => frozen.locked.push(locked),
+                Err(e) => {
+                    self.thaw(frozen)?;
+                    return Err(e);
                 }
-                attempt += 1;
-                self.mem.relax(attempt);
             }
         }
-        Ok(Frozen {
-            state_at,
-            state,
-            locked,
-        })
+        Ok(frozen)
     }
 
-    /// Undoes [`Self::freeze`] after a failed step 3–6: the old entries and
-    /// state word back. Before the switch (step 5) nothing of the new record
-    /// became visible. A failure in step 6 (clearing links, unlocking: only
-    /// an inconsistent pool or a failing memory makes one) thaws the old
-    /// record too, although the directory already names the new one.
+    /// Locks LT entry `j` of record `r` for the agent, waiting for a writer
+    /// that holds it until the freeze's deadline (counted from `start`);
+    /// returns its offset and the word it held.
+    fn lock_entry(
+        &self,
+        r: &ModelRecord,
+        j: u64,
+        start: u64,
+    ) -> Result<(u64, LtEntry), AgentError> {
+        let off = r.lt_entry_offset(j)?;
+        let deadline = ns(self.cfg.freeze_deadline);
+        let mut attempt = 0u32;
+        loop {
+            let v = LtEntry::from_raw(self.mem.load(off)?);
+            if !v.is_locked()
+                && self
+                    .mem
+                    .cas(off, v.raw(), v.locked_by(LockOwner::AGENT).raw())?
+                    == v.raw()
+            {
+                return Ok((off, v));
+            }
+            let waited_ns = self.mem.now_ns().saturating_sub(start);
+            if waited_ns >= deadline {
+                return Err(AgentError::FreezeDeadline {
+                    model_id: r.model_id(),
+                    entry: j,
+                    holder: v.owner(),
+                    waited_ns,
+                });
+            }
+            attempt += 1;
+            self.mem.relax(attempt);
+        }
+    }
+
+    /// Undoes [`Self::freeze`] (all of it, or what it did before it ran out
+    /// of time), before the point of no return only: the old entries and
+    /// state word back. Nothing of the new record is visible yet (the
+    /// directory still names the old one). Never called after the switch.
     fn thaw(&mut self, frozen: Frozen) -> Result<(), AgentError> {
         for (off, v) in frozen.locked {
             self.mem.store(off, v.raw())?;
@@ -528,33 +834,38 @@ impl<M: PoolMemory> Agent<M> {
         s.model_region_used = self.next_free - self.sb.model_region_offset();
     }
 
-    /// Steps 3–6 under the freeze of record `r` (at `at`, state `state`
-    /// before the freeze), as prepared in `p`; `freeze_ns` of the report is
-    /// left to the caller.
-    fn build_and_switch(
+    /// Steps 3–4 under the freeze of record `r` (at `at`, state `state`
+    /// before the freeze), as prepared in `p`: the new record, written
+    /// beside `r` but not switched in, and everything the steps after the
+    /// switch need (so that none of them has anything left to compute).
+    fn build(
         &mut self,
         r: &ModelRecord,
         at: u64,
         state: ModelState,
         p: &Prepared,
-    ) -> Result<RetrainReport, AgentError> {
+    ) -> Result<Built, AgentError> {
         let model_id = r.model_id();
         let leaves = self.rewalk(r, p)?;
         let segments = self.segments_for(r, p, &leaves)?;
-        let built = self.build_record(r, state, &leaves, &segments)?;
-        self.switch(model_id, at, state, &built)?;
-        self.clear_links(model_id, &leaves)?;
-        self.unlock_record(&built, &leaves)?;
+        let (new_at, record, keys) = self.build_record(r, state, &leaves, &segments)?;
         let n = leaves.len() as u64;
-        Ok(RetrainReport {
-            model_id,
-            old_record: at,
-            new_record: built.at,
-            leaves: n,
-            synonyms_absorbed: n.saturating_sub(r.leaf_count()),
-            keys: built.keys,
-            segments: segments.len() as u64,
-            freeze_ns: 0,
+        Ok(Built {
+            at: new_at,
+            record,
+            retire_at: at + ModelRecord::STATE_OFFSET,
+            retired: state.frozen().retired(new_at)?.raw(),
+            report: RetrainReport {
+                model_id,
+                old_record: at,
+                new_record: new_at,
+                leaves: n,
+                synonyms_absorbed: n.saturating_sub(r.leaf_count()),
+                keys,
+                segments: segments.len() as u64,
+                freeze_ns: 0,
+            },
+            leaves,
         })
     }
 
@@ -633,14 +944,15 @@ impl<M: PoolMemory> Agent<M> {
     /// Step 4: writes the new record beside `r` at the model region's next
     /// free byte — LT = every leaf of `leaves` in key order, *locked* by
     /// the agent; fences = their `fence_lo`; an empty SLT; `segments` —
-    /// and moves the free byte past it. Nothing points at it yet.
+    /// and moves the free byte past it. Nothing points at it yet. Returns
+    /// its offset, its header and the keys its leaves hold.
     fn build_record(
         &mut self,
         r: &ModelRecord,
         state: ModelState,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
-    ) -> Result<Built, AgentError> {
+    ) -> Result<(u64, ModelRecord, u64), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
         let new_at = self.next_free;
@@ -682,65 +994,63 @@ impl<M: PoolMemory> Agent<M> {
             .write(nr.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
         self.mem.write(nr.segments_offset(), &sg)?;
         self.next_free += size;
-        Ok(Built {
-            at: new_at,
-            record: nr,
-            keys,
-        })
+        Ok((new_at, nr, keys))
     }
 
-    /// Step 5: the switch — model `model_id`'s directory word to the new
-    /// record (one 8-byte write) — then the old record at `at` retired
-    /// with a forward pointer to it (its LT entries stay locked forever).
-    fn switch(
-        &mut self,
-        model_id: u64,
-        at: u64,
-        state: ModelState,
-        built: &Built,
-    ) -> Result<(), AgentError> {
+    /// Step 5: the switch — the model's directory word to the new record
+    /// (one 8-byte write, the point of no return if it succeeds) — and the
+    /// agent's mirror of it.
+    fn switch(&mut self, built: &Built) -> Result<(), AgentError> {
+        let m = built.report.model_id;
         self.mem
-            .store(self.sb.directory_entry_offset(model_id)?, built.at)?;
-        self.mem.store(
-            at + ModelRecord::STATE_OFFSET,
-            state.frozen().retired(built.at)?.raw(),
-        )?;
-        self.records[model_id as usize] = built.at;
-        self.slts[model_id as usize] = built.record.slt_offset();
+            .store(self.sb.directory_entry_offset(m)?, built.at)?;
+        self.records[m as usize] = built.at;
+        self.slts[m as usize] = built.record.slt_offset();
         Ok(())
     }
 
-    /// Step 6, first half: clears the `next` link of every leaf of the new
-    /// record that had one (each is a training leaf with an empty chain
-    /// now), re-sealed.
-    fn clear_links(&mut self, model_id: u64, leaves: &[LeafInfo]) -> Result<(), AgentError> {
-        for l in leaves.iter().filter(|l| l.next.raw() != 0) {
+    /// Everything after the switch: [`Self::retire`], then
+    /// [`Self::release_leaf`] for every leaf of the new record, in order.
+    /// Resumable and idempotent: `sw` says what is done, and a leaf is
+    /// handled again only while its entry is still locked by the agent.
+    fn finish(&mut self, sw: &mut Switched) -> Result<(), PoolError> {
+        if !sw.retired {
+            self.retire(&sw.built)?;
+            sw.retired = true;
+        }
+        while sw.done < sw.built.leaves.len() {
+            self.release_leaf(&sw.built, sw.done)?;
+            sw.done += 1;
+        }
+        Ok(())
+    }
+
+    /// Step 5, after the switch: marks the old record retired with a
+    /// forward pointer to the new one (its LT entries stay locked forever).
+    fn retire(&self, b: &Built) -> Result<(), PoolError> {
+        Ok(self.mem.store(b.retire_at, b.retired)?)
+    }
+
+    /// Step 6 for leaf `j` of the new record: clears its `next` link (it
+    /// is a training leaf with an empty chain now; re-sealed), then
+    /// unlocks its LT entry.
+    fn release_leaf(&mut self, b: &Built, j: usize) -> Result<(), PoolError> {
+        let l = b.leaves[j];
+        if l.next.raw() != 0 {
             let off = self.region.leaf_offset(l.addr)?;
             read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
-            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| AgentError::Leaf {
+            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
                 leaf: l.addr.leaf(),
                 error,
             })?;
-            leaf.set_next(LtEntry::EMPTY)
-                .map_err(|_| AgentError::Inconsistent {
-                    model_id,
-                    what: Inconsistency::ChainTooLong,
-                })?;
+            leaf.clear_next();
             leaf.seal();
             self.mem.write(off, &self.buf)?;
         }
-        Ok(())
-    }
-
-    /// Step 6, second half: unlocks the new record's LT entries (writers
-    /// on the new model stop backing off).
-    fn unlock_record(&self, built: &Built, leaves: &[LeafInfo]) -> Result<(), AgentError> {
-        for (j, l) in leaves.iter().enumerate() {
-            self.mem.store(
-                built.record.lt_entry_offset(j as u64)?,
-                LtEntry::for_leaf(l.addr).raw(),
-            )?;
-        }
+        self.mem.store(
+            b.record.lt_entry_offset(j as u64)?,
+            LtEntry::for_leaf(l.addr).raw(),
+        )?;
         Ok(())
     }
 }
@@ -754,13 +1064,32 @@ struct Frozen {
     locked: Vec<(u64, LtEntry)>,
 }
 
-/// A record built beside the old one (step 4), not yet switched in.
+/// A record built beside the old one (steps 3–4), not yet switched in,
+/// with everything the steps after the switch need.
 struct Built {
     /// Its pool offset.
     at: u64,
     record: ModelRecord,
-    /// Keys its leaves hold.
-    keys: u64,
+    /// Every leaf of the new record, in LT order.
+    leaves: Vec<LeafInfo>,
+    /// The old record's state word, and its value once retired.
+    retire_at: u64,
+    retired: u64,
+    /// What the retraining did (`freeze_ns` is set once it is finished).
+    report: RetrainReport,
+}
+
+/// A retraining past its point of no return (the directory names the new
+/// record): the steps left, which the agent only ever rolls forward.
+struct Switched {
+    built: Built,
+    /// The clock when the freeze began.
+    t0: u64,
+    /// Whether the old record is retired.
+    retired: bool,
+    /// Leaves (a prefix of `built.leaves`) whose link is cleared and whose
+    /// entry is unlocked.
+    done: usize,
 }
 
 #[cfg(test)]
@@ -933,5 +1262,337 @@ mod tests {
             Err(AgentError::ModelRegionFull { .. })
         ));
         assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+    }
+
+    /// The CirQ as a compute node sees it: `FAA` the tail for a ticket,
+    /// and (separately, so a test can leave it out) WRITE the slot.
+    struct Cirq<'a> {
+        mem: &'a VecPool,
+        base: u64,
+        capacity: u64,
+    }
+
+    impl<'a> Cirq<'a> {
+        fn of(mem: &'a VecPool, sb: &Superblock) -> Self {
+            let base = sb.cirq_offset();
+            let capacity = mem.load(base + CirqHeader::CAPACITY_OFFSET).unwrap();
+            Self {
+                mem,
+                base,
+                capacity,
+            }
+        }
+        fn take(&self) -> u64 {
+            self.mem
+                .faa(self.base + CirqHeader::TAIL_OFFSET, 1)
+                .unwrap()
+        }
+        fn write(&self, ticket: u64, model: u64) {
+            let at = self.base + CirqHeader::slot_offset(ticket, self.capacity).unwrap();
+            let v = CirqHeader::encode_slot(ticket, model).unwrap();
+            self.mem.store(at, v).unwrap();
+        }
+        fn head(&self) -> u64 {
+            self.mem.load(self.base + CirqHeader::HEAD_OFFSET).unwrap()
+        }
+    }
+
+    /// Sets model `m`'s SLT count to the retraining slot, as if compute
+    /// nodes had split that often (the queue alone then makes it due).
+    fn fill_slt(mem: &VecPool, agent: &Agent<&VecPool>, m: u64) {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(agent.records()[m as usize], &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        mem.store(
+            r.slt_slot_offset(0).unwrap(),
+            u64::from(SltHeader::RETRAIN_SLOT),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_producer_killed_between_faa_and_write_is_skipped_and_the_queue_goes_on() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig {
+            // Only the queue makes a model due.
+            retrain_trigger: u64::MAX,
+            ..AgentConfig::default()
+        };
+        let timeout = ns(cfg.cirq_abandon_after);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let q = Cirq::of(&mem, &sb);
+        assert!(q.capacity >= 4, "capacity {}", q.capacity);
+        for m in 0..4 {
+            fill_slt(&mem, &agent, m);
+        }
+        // The killed producer: ticket 0, never written. Then a live one.
+        let dead = q.take();
+        let t1 = q.take();
+        q.write(t1, 1);
+        eprintln!("injected: ticket {dead} taken and never written; ticket {t1} queues model 1");
+        assert_eq!(agent.poll().unwrap(), None, "waits for the pending head");
+        assert_eq!((q.head(), agent.stats().cirq_pops), (dead, 0));
+        mem.advance(timeout - 1);
+        assert_eq!(agent.poll().unwrap(), None, "not abandoned yet");
+        mem.advance(1);
+        let r = agent.poll().unwrap().expect("the later ticket is consumed");
+        let st = agent.stats();
+        eprintln!(
+            "found after the timeout: head {}, pops {}, abandoned {}, retrained model {}, notice {:?}",
+            q.head(),
+            st.cirq_pops,
+            st.cirq_abandoned,
+            r.model_id,
+            agent.notices.front()
+        );
+        assert_eq!(r.model_id, 1);
+        assert_eq!((q.head(), st.cirq_pops, st.cirq_abandoned), (t1 + 1, 1, 1));
+        assert_eq!(
+            agent.take_notice(),
+            Some(Notice::AbandonedTicket {
+                ticket: dead,
+                waited_ns: timeout
+            })
+        );
+        // A lap later: the dead producer's WRITE lands late, in the slot
+        // of ticket `capacity`, which is taken but not written yet.
+        for t in t1 + 1..q.capacity {
+            assert_eq!(q.take(), t);
+            q.write(t, 0);
+        }
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(0));
+        let late = q.take();
+        assert_eq!(late, q.capacity);
+        q.write(dead, 3);
+        eprintln!("injected: ticket {dead}'s WRITE (model 3) lands in the slot of ticket {late}");
+        assert_eq!(agent.poll().unwrap(), None, "not ticket {late}'s entry");
+        assert_eq!(q.head(), late);
+        q.write(late, 2);
+        let r = agent.poll().unwrap().expect("ticket {late} is consumed");
+        eprintln!(
+            "found: ticket {late} delivered model {}, head {}",
+            r.model_id,
+            q.head()
+        );
+        assert_eq!((r.model_id, q.head()), (2, late + 1));
+        assert_eq!(agent.stats().cirq_abandoned, 1);
+    }
+
+    #[test]
+    fn a_writer_holding_a_lock_past_the_deadline_gets_the_model_thawed() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig::default();
+        let deadline = ns(cfg.freeze_deadline);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let at = agent.records()[1];
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let words = |mem: &VecPool| -> Vec<u64> {
+            (0..r.leaf_count())
+                .map(|j| mem.load(r.lt_entry_offset(j).unwrap()).unwrap())
+                .collect()
+        };
+        // A writer (lease 7) holds entry 2 and stalls; time passes as the
+        // agent waits (1 ms a relax).
+        let lt = r.lt_entry_offset(2).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        let held = e.locked_by(LockOwner(7));
+        assert_eq!(mem.cas(lt, e.raw(), held.raw()).unwrap(), e.raw());
+        let before = words(&mem);
+        mem.tick_on_relax(1_000_000);
+        eprintln!("injected: lease 7 holds LT entry 2 of model 1 through the freeze");
+        let err = agent.retrain(1).unwrap_err();
+        eprintln!("found: {err}");
+        match err {
+            AgentError::FreezeDeadline {
+                model_id,
+                entry,
+                holder,
+                waited_ns,
+            } => {
+                assert_eq!((model_id, entry, holder), (1, 2, LockOwner(7)));
+                assert!(waited_ns >= deadline);
+            }
+            other => panic!("{other}"),
+        }
+        // Thawed: every entry as it was (the writer's lock untouched), not
+        // frozen, not switched.
+        assert_eq!(words(&mem), before);
+        assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+        assert_eq!(mem.load(sb.directory_entry_offset(1).unwrap()).unwrap(), at);
+        assert_eq!(agent.stats().freeze_timeouts, 1);
+        // The writer finishes (its unlock finds its own word), another
+        // writer splits a leaf of the thawed model, and the next attempt
+        // succeeds, carrying the new leaf over.
+        assert_eq!(mem.cas(lt, held.raw(), e.raw()).unwrap(), held.raw());
+        client_split(&mem, &sb, at, 0, 85);
+        let report = agent.retrain(1).unwrap();
+        eprintln!(
+            "found: after the writer finished, model 1 retrained: {} leaves ({} absorbed)",
+            report.leaves, report.synonyms_absorbed
+        );
+        assert_eq!(report.synonyms_absorbed, 1);
+        assert_eq!(
+            mem.load(sb.directory_entry_offset(1).unwrap()).unwrap(),
+            report.new_record
+        );
+        assert_eq!(agent.stats().freeze_timeouts, 1);
+    }
+
+    /// Every LT word of the record at `at`: (record, words).
+    fn lt_words(mem: &VecPool, at: u64) -> (ModelRecord, Vec<LtEntry>) {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        let words = (0..r.leaf_count())
+            .map(|j| LtEntry::from_raw(mem.load(r.lt_entry_offset(j).unwrap()).unwrap()))
+            .collect();
+        (r, words)
+    }
+
+    #[test]
+    fn a_failure_after_the_switch_is_rolled_forward_never_undone() {
+        let (mem, next_free) = load(40);
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let sb = *agent.superblock();
+        let old = agent.records()[0];
+        // A split, so that the new record has a link to clear.
+        client_split(&mem, &sb, old, 1, 25);
+        let leaves = sb.leaf_region_offset()..sb.leaf_region_offset() + sb.leaf_region_len();
+        // Step 6's first leaf write fails, twice (nothing else writes
+        // leaves during a retraining).
+        mem.fail_writes(leaves, 2);
+        eprintln!("injected: the next 2 leaf writes fail (step 6, after the switch)");
+        let err = agent.retrain(0).unwrap_err();
+        eprintln!("found: {err}");
+        let AgentError::RollForward {
+            model_id,
+            new_record,
+            locked,
+            cause,
+        } = err
+        else {
+            panic!("{err}")
+        };
+        assert_eq!(
+            (model_id, cause),
+            (0, PoolError::Mem(crate::MemError::Unavailable))
+        );
+        // Switched and retired, never thawed: the directory names the new
+        // record, the old one forwards to it and stays locked.
+        let dir = sb.directory_entry_offset(0).unwrap();
+        assert_eq!(mem.load(dir).unwrap(), new_record);
+        let state = ModelState::from_raw(mem.load(old).unwrap());
+        assert!(state.is_retired() && state.forward() == Some(new_record));
+        assert!(lt_words(&mem, old).1.iter().all(|e| e.is_locked()));
+        let (_, words) = lt_words(&mem, new_record);
+        let still = words.iter().filter(|e| e.is_locked()).count() as u64;
+        eprintln!(
+            "found: {still} of {} new entries locked by the agent",
+            words.len()
+        );
+        assert_eq!(still, locked);
+        assert!(locked > 0);
+        assert_eq!(agent.stats().retrains, 0);
+        assert_eq!(agent.stats().roll_forward_failures, 1);
+
+        // The next poll rolls forward first; it fails once more.
+        let err = agent.poll().unwrap_err();
+        eprintln!("found on the next poll: {err}");
+        assert!(matches!(err, AgentError::RollForward { new_record: n, .. } if n == new_record));
+        assert_eq!(mem.load(dir).unwrap(), new_record);
+        // The model is backed off: not tried again until its time comes.
+        let f = agent.stats().last_failure.expect("the failure is kept");
+        assert_eq!((f.model_id, f.error, f.consecutive), (0, err, 1));
+        assert_eq!(agent.poll().unwrap(), None);
+        mem.advance(f.retry_in_ns);
+        // Then it goes through: nothing stays locked, links are cleared.
+        let r = agent.poll().unwrap().expect("the retraining is finished");
+        eprintln!(
+            "found on the poll after: model {} finished at record {}",
+            r.model_id, r.new_record
+        );
+        assert_eq!((r.model_id, r.new_record), (0, new_record));
+        let (nr, words) = lt_words(&mem, new_record);
+        assert!(words.iter().all(|e| !e.is_locked()), "{words:?}");
+        let region = sb.leaf_region().unwrap();
+        let mut buf = leaf_buffer(&region);
+        let walked = walk_model(&mem, &region, &nr, &mut buf).unwrap();
+        check_tiling(&nr, &walked).unwrap();
+        assert!(walked.iter().all(|l| l.next.raw() == 0));
+        assert_eq!(walked.len() as u64, nr.leaf_count());
+        let st = agent.stats();
+        assert_eq!((st.retrains, st.roll_forward_failures), (1, 2));
+        // Writers go on with the new record.
+        client_split(&mem, &sb, new_record, 0, 5);
+        assert_eq!(agent.retrain(0).unwrap().synonyms_absorbed, 1);
+    }
+
+    #[test]
+    fn a_failing_model_is_backed_off_while_the_others_are_retrained() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig::default();
+        let (min, max) = (ns(cfg.retry_backoff_min), ns(cfg.retry_backoff_max));
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        // Model 0 is the fullest, so it would always be picked first; a
+        // writer holds one of its locks for good (anonymous: nobody can
+        // release it), so every freeze of it runs out of time.
+        for m in [0, 1, 2] {
+            fill_slt(&mem, &agent, m);
+        }
+        let (r0, _) = lt_words(&mem, agent.records()[0]);
+        mem.store(r0.slt_slot_offset(0).unwrap(), 200).unwrap();
+        let lt = r0.lt_entry_offset(3).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        mem.store(lt, e.with_lock().raw()).unwrap();
+        mem.tick_on_relax(1_000_000);
+        eprintln!("injected: model 0 (SLT 200) has an LT entry locked for good; models 1 and 2 are due (SLT 128)");
+
+        let err = agent.poll().unwrap_err();
+        assert!(
+            matches!(err, AgentError::FreezeDeadline { model_id: 0, .. }),
+            "{err}"
+        );
+        let f = agent.stats().last_failure.unwrap();
+        eprintln!("found: {} (retry in {} ns)", f.error, f.retry_in_ns);
+        assert_eq!((f.model_id, f.consecutive, f.retry_in_ns), (0, 1, min));
+        // Backed off: the other models are retrained meanwhile.
+        let mut others = Vec::new();
+        while let Some(r) = agent.poll().unwrap() {
+            others.push(r.model_id);
+        }
+        eprintln!("found: while model 0 is backed off, models {others:?} were retrained");
+        assert_eq!(others, [1, 2]);
+        // It is retried only once its backoff ran out, each wait twice the
+        // last, up to the bound; every failure is counted and kept.
+        let mut waits = Vec::new();
+        for n in 2..=14u32 {
+            let wait = agent.stats().last_failure.unwrap().retry_in_ns;
+            mem.advance(wait - 1);
+            assert_eq!(agent.poll().unwrap(), None, "retried early");
+            mem.advance(1);
+            let err = agent.poll().unwrap_err();
+            assert!(matches!(
+                err,
+                AgentError::FreezeDeadline { model_id: 0, .. }
+            ));
+            let f = agent.stats().last_failure.unwrap();
+            assert_eq!(f.consecutive, n);
+            assert_eq!(f.retry_in_ns, (min << (n - 1)).min(max));
+            waits.push(f.retry_in_ns / 1_000_000);
+        }
+        eprintln!("found: backoff after each failure (ms): {waits:?}");
+        assert_eq!(agent.stats().failures, 14);
+        assert_eq!(agent.stats().freeze_timeouts, 14);
+        // The writer lets go: the next try succeeds and clears the backoff.
+        mem.store(lt, e.raw()).unwrap();
+        mem.advance(max);
+        let r = agent.poll().unwrap().expect("model 0 retrained");
+        assert_eq!(r.model_id, 0);
+        assert_eq!(agent.backoff[0].failures, 0);
+        eprintln!("found: after the lock was released, model 0 retrained");
     }
 }

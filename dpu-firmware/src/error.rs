@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use rolex_core::entry::EntryError;
+use rolex_core::entry::{EntryError, LockOwner};
 use rolex_core::layout::{CirqError, LayoutError, LeafError};
 use rolex_core::model::ModelError;
 
@@ -47,9 +47,54 @@ impl fmt::Display for Inconsistency {
     }
 }
 
+/// What failed in a pool access, a layout computation or a leaf read: the
+/// only ways reading a leaf can fail, and the only ways the steps after a
+/// retraining's switch can (see [`AgentError::RollForward`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The pool memory refused an access.
+    Mem(MemError),
+    /// An offset computed from the layout is out of its part.
+    Layout(LayoutError),
+    /// A leaf stayed invalid after every retry.
+    Leaf {
+        /// Its leaf number.
+        leaf: u64,
+        /// The last validation failure.
+        error: LeafError,
+    },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Mem(e) => write!(f, "pool memory: {e}"),
+            Self::Layout(e) => write!(f, "pool layout: {e}"),
+            Self::Leaf { leaf, error } => write!(f, "leaf {leaf}: {error}"),
+        }
+    }
+}
+
+impl core::error::Error for PoolError {}
+
+impl From<MemError> for PoolError {
+    fn from(e: MemError) -> Self {
+        Self::Mem(e)
+    }
+}
+
+impl From<LayoutError> for PoolError {
+    fn from(e: LayoutError) -> Self {
+        Self::Layout(e)
+    }
+}
+
 /// Why bulk loading or retraining failed. Nothing the agent was installing
-/// becomes visible when it returns one (a retraining aborted after the
-/// freeze thaws the old model).
+/// becomes visible when it returns one (a retraining aborted before its
+/// switch thaws the old model), except [`AgentError::RollForward`]: that
+/// retraining is installed and only its last steps are left, which the
+/// agent retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AgentError {
@@ -100,6 +145,36 @@ pub enum AgentError {
         /// The model asked for.
         model_id: u64,
     },
+    /// The freeze of model `model_id` waited past its deadline
+    /// ([`crate::AgentConfig::freeze_deadline`]) for a writer holding LT
+    /// entry `entry`; the agent thawed the model (unlocked what it had
+    /// locked, cleared `FROZEN`) and retries it later.
+    FreezeDeadline {
+        /// The model.
+        model_id: u64,
+        /// The LT entry still locked.
+        entry: u64,
+        /// Who held it.
+        holder: LockOwner,
+        /// Nanoseconds the freeze had waited.
+        waited_ns: u64,
+    },
+    /// A retraining passed its point of no return (the directory names
+    /// the new record `new_record`, the old one is retired), but a step
+    /// after it failed: `locked` LT entries of the new record are still
+    /// locked by the agent (their writers back off, readers go on). The
+    /// agent never undoes a switch; it retries those steps (rolls forward)
+    /// on its next polls, and before anything else touches the model.
+    RollForward {
+        /// The model.
+        model_id: u64,
+        /// Its new record.
+        new_record: u64,
+        /// Entries of the new record still locked.
+        locked: u64,
+        /// What failed.
+        cause: PoolError,
+    },
     /// The model's pool state is not one the protocol produces.
     Inconsistent {
         /// The model.
@@ -128,6 +203,34 @@ impl fmt::Display for AgentError {
                 "model region full: a new record may need {needed} bytes, {left} left"
             ),
             Self::UnknownModel { model_id } => write!(f, "no model {model_id} in the directory"),
+            Self::FreezeDeadline {
+                model_id,
+                entry,
+                holder,
+                waited_ns,
+            } => {
+                write!(
+                    f,
+                    "model {model_id}: the freeze gave up after {} us waiting for LT entry {entry}, locked by ",
+                    waited_ns / 1000
+                )?;
+                match holder {
+                    LockOwner::ANONYMOUS => f.write_str("an anonymous holder")?,
+                    LockOwner::AGENT => f.write_str("the agent")?,
+                    LockOwner(id) => write!(f, "lease {id}")?,
+                }
+                f.write_str("; thawed, to be retried")
+            }
+            Self::RollForward {
+                model_id,
+                new_record,
+                locked,
+                cause,
+            } => write!(
+                f,
+                "model {model_id}: switched to record {new_record}, but finishing failed \
+                 with {locked} of its LT entries still locked ({cause}); rolling forward"
+            ),
             Self::Inconsistent { model_id, what } => write!(f, "model {model_id}: {what}"),
         }
     }
@@ -138,6 +241,16 @@ impl core::error::Error for AgentError {}
 impl From<MemError> for AgentError {
     fn from(e: MemError) -> Self {
         Self::Mem(e)
+    }
+}
+
+impl From<PoolError> for AgentError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Mem(e) => Self::Mem(e),
+            PoolError::Layout(e) => Self::Layout(e),
+            PoolError::Leaf { leaf, error } => Self::Leaf { leaf, error },
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use alloc::vec::Vec;
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{Leaf, LeafRegion, ModelRecord};
 
-use crate::error::{AgentError, Inconsistency};
+use crate::error::{AgentError, Inconsistency, PoolError};
 use crate::memory::PoolMemory;
 
 /// Re-reads of a torn leaf before giving up (writers hold a chain for
@@ -43,13 +43,13 @@ pub fn read_leaf<M: PoolMemory>(
     region: &LeafRegion,
     addr: LeafAddr,
     buf: &mut Vec<u8>,
-) -> Result<LeafInfo, AgentError> {
+) -> Result<LeafInfo, PoolError> {
     let offset = region.leaf_offset(addr)?;
     buf.resize(region.leaf_size() as usize, 0);
     let mut attempt = 0u32;
     loop {
         mem.read(offset, buf)?;
-        let leaf = Leaf::from_bytes(buf).map_err(|error| AgentError::Leaf {
+        let leaf = Leaf::from_bytes(buf).map_err(|error| PoolError::Leaf {
             leaf: addr.leaf(),
             error,
         })?;
@@ -65,7 +65,7 @@ pub fn read_leaf<M: PoolMemory>(
                 })
             }
             Err(error) if attempt >= MAX_LEAF_RETRIES => {
-                return Err(AgentError::Leaf {
+                return Err(PoolError::Leaf {
                     leaf: addr.leaf(),
                     error,
                 })

@@ -32,9 +32,9 @@ pub mod leaves;
 pub mod memory;
 pub mod reap;
 
-pub use agent::{Agent, AgentConfig, AgentStats, Notice, Prepared, RetrainReport};
+pub use agent::{Agent, AgentConfig, AgentStats, Failure, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
-pub use error::{AgentError, Inconsistency};
+pub use error::{AgentError, Inconsistency, PoolError};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};

@@ -75,8 +75,12 @@ pub trait PoolMemory {
     /// party must finish (a writer's lock, a torn leaf): spin, yield or
     /// sleep, as the platform prefers. Never called on the data path.
     fn relax(&self, attempt: u32);
-    /// A monotonic clock in nanoseconds, for freeze-time statistics (a
-    /// platform without one may return 0).
+    /// A monotonic clock in nanoseconds: freeze-time statistics, the
+    /// freeze's deadline, the CirQ's abandoned-ticket timeout and the
+    /// backoff of failing models all read it. A platform without one may
+    /// return 0, and then gets none of those timeouts (a freeze waits for
+    /// every writer, an unwritten CirQ ticket is waited for, a failing
+    /// model is not retried by [`crate::Agent::poll`]).
     fn now_ns(&self) -> u64;
 }
 
@@ -245,12 +249,24 @@ impl<M: PoolMemory + ?Sized> PoolMemory for &M {
 pub(crate) mod testing {
     //! A word-array pool for unit tests: every access goes through
     //! `AtomicU64` (words through [`SharedBytes`], bytes word by word), so
-    //! tests may race threads against it.
+    //! tests may race threads against it. Its clock is the test's: it
+    //! stands still unless the test moves it ([`VecPool::advance`]) or
+    //! asks every `relax` to move it ([`VecPool::tick_on_relax`]), so a
+    //! test drives timeouts step by step, never by waiting. It can also fail
+    //! writes to a range on purpose ([`VecPool::fail_writes`]).
     use super::*;
     use alloc::vec::Vec;
+    use core::sync::atomic::AtomicU32;
 
     pub(crate) struct VecPool {
         words: Vec<AtomicU64>,
+        clock: AtomicU64,
+        tick: AtomicU64,
+        /// Writes and stores touching `[fail_from, fail_to)` fail while
+        /// `fail_left` is not 0 (each failure counts one down).
+        fail_from: AtomicU64,
+        fail_to: AtomicU64,
+        fail_left: AtomicU32,
     }
 
     impl VecPool {
@@ -258,7 +274,46 @@ pub(crate) mod testing {
             let n = size.div_ceil(8) as usize;
             Self {
                 words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                clock: AtomicU64::new(0),
+                tick: AtomicU64::new(0),
+                fail_from: AtomicU64::new(0),
+                fail_to: AtomicU64::new(0),
+                fail_left: AtomicU32::new(0),
             }
+        }
+
+        /// Moves the clock `ns` forward.
+        pub(crate) fn advance(&self, ns: u64) {
+            self.clock.fetch_add(ns, SeqCst);
+        }
+
+        /// Every later `relax` moves the clock `ns` forward (a waiting
+        /// agent sees time pass as it waits).
+        pub(crate) fn tick_on_relax(&self, ns: u64) {
+            self.tick.store(ns, SeqCst);
+        }
+
+        /// The next `times` writes or stores that touch `range` fail with
+        /// [`MemError::Unavailable`], changing nothing.
+        pub(crate) fn fail_writes(&self, range: core::ops::Range<u64>, times: u32) {
+            self.fail_from.store(range.start, SeqCst);
+            self.fail_to.store(range.end, SeqCst);
+            self.fail_left.store(times, SeqCst);
+        }
+
+        /// An injected failure for a write of `len` bytes at `offset`.
+        fn injected(&self, offset: u64, len: u64) -> Result<(), MemError> {
+            let hits =
+                offset < self.fail_to.load(SeqCst) && offset + len > self.fail_from.load(SeqCst);
+            if hits
+                && self
+                    .fail_left
+                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(MemError::Unavailable);
+            }
+            Ok(())
         }
 
         fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
@@ -292,6 +347,7 @@ pub(crate) mod testing {
         }
         fn write(&self, offset: u64, buf: &[u8]) -> Result<(), MemError> {
             self.check(offset, buf.len() as u64)?;
+            self.injected(offset, buf.len() as u64)?;
             for (i, b) in buf.iter().enumerate() {
                 let at = offset + i as u64;
                 let w = &self.words[(at / 8) as usize];
@@ -305,6 +361,7 @@ pub(crate) mod testing {
             self.words().load(offset)
         }
         fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
+            self.injected(offset, 8)?;
             self.words().store(offset, value)
         }
         fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
@@ -314,10 +371,11 @@ pub(crate) mod testing {
             self.words().faa(offset, add)
         }
         fn relax(&self, _attempt: u32) {
+            self.advance(self.tick.load(SeqCst));
             std::thread::yield_now();
         }
         fn now_ns(&self) -> u64 {
-            0
+            self.clock.load(SeqCst)
         }
     }
 }

@@ -93,7 +93,7 @@ fn a_cirq_entry_naming_no_model_is_skipped_with_a_notice() {
     mh.store_u64(base + CirqHeader::TAIL_OFFSET, t + 1).unwrap();
     mh.store_u64(
         base + CirqHeader::slot_offset(t, cap).unwrap(),
-        CirqHeader::encode_slot(models + 3).unwrap(),
+        CirqHeader::encode_slot(t, models + 3).unwrap(),
     )
     .unwrap();
     let mut before = snapshot(&node);

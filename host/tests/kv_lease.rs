@@ -1,6 +1,7 @@
 //! A compute node that dies holding chain locks: its lease ends, the memory
-//! node releases exactly its locks, and the writers (and the retraining
-//! agent's freeze) waiting on them go on. The "dead" node's locks are
+//! node releases exactly its locks, and the writers waiting on them go on
+//! (the retraining agent's freeze never waits for them: it thaws at its
+//! deadline and succeeds once they are released). The "dead" node's locks are
 //! planted directly in the pool — a `CAS` to `locked_by(owner)` on every
 //! leaf-table entry, as a node killed between its lock and its unlock
 //! leaves them — and its death is the drop of its lease.
@@ -15,7 +16,7 @@ use rolex_core::layout::{ModelRecord, Superblock};
 use rolex_dpu::PoolMemory;
 use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::{KvClient, KvClientConfig};
-use rolex_host::memnode::{HostPool, MemoryNode};
+use rolex_host::memnode::{AgentError, HostPool, MemoryNode, MemoryNodeError};
 use rolex_host::memnode::{LeaseConfig, LeaseServer};
 
 /// Locks every leaf-table entry of every model for `owner`; returns how
@@ -107,19 +108,47 @@ fn writers_blocked_by_a_dead_nodes_locks_go_on_once_its_lease_ends() {
 }
 
 #[test]
-fn a_freeze_waiting_on_a_dead_nodes_lock_completes_once_released() {
+fn a_freeze_over_a_dead_nodes_lock_thaws_and_succeeds_once_released() {
     let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
     let node = Arc::new(common::small_kv_node(&pairs));
     let srv = lease_server(&node);
     let dead =
         LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
-    plant_locks(&node, dead.owner());
-    let n = node.clone();
-    let retrain = std::thread::spawn(move || n.retrain_now(0).map(|r| r.keys));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!retrain.is_finished(), "a model froze over a held lock");
+    let planted = plant_locks(&node, dead.owner());
+    eprintln!(
+        "injected: {planted} locks of lease {:?}, held",
+        dead.owner()
+    );
+    // The freeze gives up at its deadline and thaws the model: it never
+    // waits for a dead holder.
+    let err = node.retrain_now(0).unwrap_err();
+    eprintln!("found: {err}");
+    assert!(
+        matches!(
+            err,
+            MemoryNodeError::Agent(AgentError::FreezeDeadline { model_id: 0, holder, .. })
+                if holder == dead.owner()
+        ),
+        "{err}"
+    );
     drop(dead);
-    let keys = common::bounded(move || retrain.join().unwrap()).unwrap();
+    // Once the lease ends and its locks are released, a retraining goes
+    // through.
+    let n = node.clone();
+    let (keys, tries) = common::bounded(move || {
+        let mut tries = 1u64;
+        loop {
+            match n.retrain_now(0) {
+                Ok(r) => break (r.keys, tries),
+                Err(MemoryNodeError::Agent(AgentError::FreezeDeadline { .. })) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    eprintln!("found: retrained after the lease ended, at try {tries}: {keys} keys");
     assert!(keys > 0);
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();

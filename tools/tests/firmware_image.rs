@@ -367,7 +367,7 @@ fn a_cirq_entry_naming_no_model_is_skipped_and_a_pool_going_bad_stops_the_image(
     mh.store_u64(base + CirqHeader::TAIL_OFFSET, t + 1).unwrap();
     mh.store_u64(
         base + CirqHeader::slot_offset(t, cap).unwrap(),
-        CirqHeader::encode_slot(models + 7).unwrap(),
+        CirqHeader::encode_slot(t, models + 7).unwrap(),
     )
     .unwrap();
     let snapshot = data(&node);

@@ -411,6 +411,12 @@ impl Leaf {
         Ok(())
     }
 
+    /// Unlinks this leaf from any synonym ([`LtEntry::EMPTY`], which
+    /// [`set_next`](Self::set_next) always accepts).
+    pub fn clear_next(&mut self) {
+        self.header.next.set(LtEntry::EMPTY.raw());
+    }
+
     /// Inserts `key` → `value`, or replaces the value of `key` and returns
     /// the old one. Assumes a valid structure (as after [`init`](Self::init)
     /// or [`validate`](Self::validate)); never panics on any leaf.

@@ -22,7 +22,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 /// version is refused. Version 2: model records carry a label stride and a
 /// table of prediction segments. Version 3: leaf-table entries record the
 /// lock's owner (`lock:1 | region:7 | pointer:8 | owner:16 | leaf:32`).
-pub const LAYOUT_VERSION: u32 = 3;
+/// Version 4: a CirQ slot carries its ticket's tag (`tag:32 | model_id+1:32`),
+/// so a skipped producer's late write is never taken for a later ticket's.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,6 +226,10 @@ impl Superblock {
         if self.model_count() > self.directory_capacity() {
             return invalid(Field::ModelCount, self.model_count());
         }
+        // Every model id must fit a CirQ slot.
+        if self.directory_capacity() > CirqHeader::MAX_MODEL_ID + 1 {
+            return invalid(Field::DirectoryCapacity, self.directory_capacity());
+        }
         let pool = self.pool_size();
         if pool < Self::SIZE {
             return invalid(Field::PoolSize, pool);
@@ -234,7 +240,8 @@ impl Superblock {
         }
         Span::check_disjoint(&spans)?;
         // At most one queued entry per directory slot is outstanding, so a
-        // CirQ this large never makes producers wait (see `CirqHeader`).
+        // CirQ this large makes producers wait only for abandoned tickets
+        // or a stopped consumer (see `CirqHeader`).
         let cirq_capacity = self.cirq_len().saturating_sub(CirqHeader::SIZE) / 8;
         if self.cirq_len() < CirqHeader::SIZE
             || cirq_capacity == 0

@@ -35,7 +35,7 @@ const MAX_NAP_NS: u64 = 1_000_000;
 const MIN_NAP_NS: u64 = 20_000;
 
 /// An error as text, for a `{=str}` log argument.
-fn text(e: &dyn core::fmt::Display) -> heapless::String<160> {
+fn text(e: &dyn core::fmt::Display) -> heapless::String<256> {
     let mut s = heapless::String::new();
     // Too long a message is cut at the buffer's end; that is fine for a log.
     let _ = write!(s, "{e}");
@@ -80,6 +80,7 @@ pub fn run(boot: Boot) -> i32 {
     );
     let cfg = AgentConfig {
         retrain_trigger: header.retrain_trigger(),
+        ..AgentConfig::default()
     };
     let mut agent = match Agent::attach(pool, cfg, header.next_free()) {
         Ok(a) => a,
@@ -127,10 +128,9 @@ pub fn run(boot: Boot) -> i32 {
                 return 4;
             }
             Err(e) => {
-                defmt::error!(
-                    "retraining failed, model left as it was: {=str}",
-                    text(&e).as_str()
-                );
+                // The error says what is left: a thawed model (retried
+                // later) or an installed one still rolling forward.
+                defmt::error!("retraining failed: {=str}", text(&e).as_str());
                 platform::nap(nap);
             }
         }

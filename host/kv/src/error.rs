@@ -52,6 +52,24 @@ pub enum KvError {
         /// The model.
         model: u64,
     },
+    /// The retraining queue stayed full for the whole bounded wait of the
+    /// insert that had to queue its model (the memory node's agent is not
+    /// consuming, or is waiting out abandoned tickets). The insert itself
+    /// *was applied*; only its model's retraining request was not queued
+    /// (the agent also watches SLT counts, and retrains the model anyway
+    /// once it runs).
+    CirqFull {
+        /// The model that was to be queued.
+        model: u64,
+        /// The ticket taken and given up.
+        ticket: u64,
+        /// The head last read.
+        head: u64,
+        /// Slots of the queue.
+        capacity: u64,
+        /// Re-reads of the head made.
+        attempts: u64,
+    },
     /// The leaf region has no leaf left; the insert did not happen.
     LeafRegionFull {
         /// Leaves the region holds.
@@ -127,6 +145,18 @@ impl fmt::Display for KvError {
             Self::SltFull { model } => write!(
                 f,
                 "model {model}: synonym leaf table full and not retrained in time"
+            ),
+            Self::CirqFull {
+                model,
+                ticket,
+                head,
+                capacity,
+                attempts,
+            } => write!(
+                f,
+                "model {model}: the insert was applied, but the retraining queue stayed full \
+                 (ticket {ticket}, head {head}, {capacity} slots, {attempts} re-reads of the head): \
+                 retraining not queued"
             ),
             Self::LeafRegionFull { capacity } => {
                 write!(f, "leaf region full ({capacity} leaves)")

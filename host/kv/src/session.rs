@@ -990,8 +990,16 @@ impl KvSession {
         Ok(())
     }
 
-    /// Puts model `m` into the retraining queue.
+    /// Puts model `m` into the retraining queue. A queue that stays full
+    /// for a bounded wait is back-pressure: the ticket is given up (the
+    /// agent skips it once its abandon timeout runs out) and
+    /// [`KvError::CirqFull`] returned. A ticket the agent already skipped
+    /// as abandoned (this session stalled that long) is not written: the
+    /// agent's own SLT watch retrains the model.
     fn enqueue(&mut self, m: u64) -> Result<(), KvError> {
+        // With the backoff, about half a second: several of the agent's
+        // default abandon timeouts.
+        const FULL_ATTEMPTS: u64 = 2_000;
         let pool = self.shared.pool.clone();
         let base = self.shared.sb.cirq_offset();
         let capacity = (self.shared.sb.cirq_len() - CirqHeader::SIZE) / 8;
@@ -1016,6 +1024,15 @@ impl KvSession {
         loop {
             match CirqHeader::check_ticket(ticket, head, capacity) {
                 Ok(_) => break,
+                Err(CirqError::Full { .. }) if attempt >= FULL_ATTEMPTS => {
+                    return Err(KvError::CirqFull {
+                        model: m,
+                        ticket,
+                        head,
+                        capacity,
+                        attempts: attempt,
+                    });
+                }
                 Err(CirqError::Full { .. }) => {
                     attempt += 1;
                     self.backoff(attempt);
@@ -1025,9 +1042,10 @@ impl KvSession {
                         "reading the CirQ head",
                     )?;
                 }
+                Err(CirqError::Abandoned { .. }) => return Ok(()),
                 Err(_) => {
                     return Err(KvError::Inconsistent {
-                        what: "the CirQ head passed a ticket",
+                        what: "the CirQ has no slots",
                         model: m,
                     })
                 }
@@ -1038,7 +1056,7 @@ impl KvSession {
                 what: "the CirQ has no slots",
                 model: m,
             })?;
-        let value = CirqHeader::encode_slot(m).map_err(|_| KvError::Inconsistent {
+        let value = CirqHeader::encode_slot(ticket, m).map_err(|_| KvError::Inconsistent {
             what: "model id too large to queue",
             model: m,
         })?;

@@ -62,6 +62,14 @@ pub struct MemoryNodeConfig {
     /// SLT slots used that make the agent retrain a model (compute nodes
     /// enqueue at 128 regardless).
     pub retrain_trigger: u64,
+    /// Longest the agent's freeze of a model waits for writers holding its
+    /// locks before it thaws the model and retries it later; see
+    /// `rolex_dpu::AgentConfig::freeze_deadline`.
+    pub freeze_deadline: Duration,
+    /// How long a CirQ ticket may stay unwritten before the agent skips it
+    /// as abandoned (its producer died or stalled between its `FAA` and its
+    /// WRITE); see `rolex_dpu::AgentConfig::cirq_abandon_after`.
+    pub cirq_abandon_after: Duration,
     /// Run the retraining thread (`false`: retrain only through
     /// [`MemoryNode::poll_once`] / [`MemoryNode::retrain_now`], for tests
     /// that interleave retraining deliberately).
@@ -94,6 +102,8 @@ impl Default for MemoryNodeConfig {
             spare_leaf_factor: 1.0,
             model_region_spare: None,
             retrain_trigger: 128,
+            freeze_deadline: AgentConfig::default().freeze_deadline,
+            cirq_abandon_after: AgentConfig::default().cirq_abandon_after,
             retraining_thread: true,
             idle_park: Duration::from_millis(10),
             cores: 1,
@@ -503,6 +513,9 @@ impl MemoryNode {
             pool,
             AgentConfig {
                 retrain_trigger: cfg.retrain_trigger,
+                cirq_abandon_after: cfg.cirq_abandon_after,
+                freeze_deadline: cfg.freeze_deadline,
+                ..AgentConfig::default()
             },
             plan.next_free(),
         )?;
