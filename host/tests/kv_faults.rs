@@ -257,8 +257,8 @@ fn a_split_cut_after_its_new_leaf_loses_no_key_when_its_writer_dies() {
     );
 }
 
-#[test]
-fn a_full_slt_consumes_no_leaf() {
+/// Inserts into one model until its SLT is full, then 20 more.
+fn full_slt(engine: EngineConfig) {
     // One model whose chains take every insert; no retraining.
     let pairs: Vec<(u64, u64)> = (0..4u64).map(|i| (i << 32, i)).collect();
     let node = MemoryNode::start(
@@ -276,6 +276,7 @@ fn a_full_slt_consumes_no_leaf() {
     .unwrap();
     let client = KvClient::connect(
         KvClientConfig {
+            engine,
             slt_full_wait: Duration::from_millis(20),
             ..KvClientConfig::default()
         },
@@ -313,6 +314,25 @@ fn a_full_slt_consumes_no_leaf() {
     assert!(claims > 40, "the inserts kept claiming");
     assert_eq!(alloc_num(&node), before, "a full SLT consumed leaves");
     assert_eq!(s.get(k).unwrap(), None);
+    // Each of those released its lock before it locked again: a lock
+    // whose fate is unknown on that chain is released by the next flush.
+    node.engine().set_failed(true);
+    let e = s.insert(k, 0).unwrap_err();
+    node.engine().set_failed(false);
+    assert!(e.lock_may_be_held() && !e.may_have_applied(), "{e}");
+    s.flush().unwrap();
+    assert_eq!(client.locks_maybe_held(), 0);
+    assert_eq!(locks_held(&node), 0);
+}
+
+#[test]
+fn a_full_slt_consumes_no_leaf_on_an_ordered_fabric() {
+    full_slt(EngineConfig::default());
+}
+
+#[test]
+fn a_full_slt_consumes_no_leaf_on_an_unordered_fabric() {
+    full_slt(unordered(5, Duration::ZERO));
 }
 
 /// One history on a fabric that fails on and off (see the module docs).
@@ -350,14 +370,16 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
     let (failed_windows, errors, maybe) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let mut history = History::new(pairs.iter().copied());
     std::thread::scope(|scope| {
+        // Retired records are not reused yet: a bounded number of
+        // retrainings, so the model region lasts.
         let retrainer = scope.spawn(|| {
             let mut n = 0u64;
-            while !stop.load(SeqCst) {
+            while !stop.load(SeqCst) && n < 100 {
                 for m in 0..node.model_count() {
                     node.retrain_now(m).unwrap();
                     n += 1;
                 }
-                std::thread::sleep(Duration::from_micros(500));
+                std::thread::sleep(Duration::from_millis(1));
             }
             n
         });
@@ -370,7 +392,7 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
                     let mut s = client.session().unwrap();
                     let mut rec = Recorder::new(t, clock);
                     let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 31 + t as u64);
-                    for i in 0..1000u64 {
+                    for i in 0..500u64 {
                         let key = rng.gen_range(0..24u64) * 1000;
                         let value = (t as u64) << 32 | i;
                         // Worker 0 fails the NIC now and then for one of its
@@ -458,7 +480,7 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
         checked.single_ops + checked.scans,
         node.stats().agent.retrains,
     );
-    assert_eq!(checked.single_ops + checked.scans, 4000);
+    assert_eq!(checked.single_ops + checked.scans, 2000);
     // Worker 0's own operation fails in each window.
     assert!(errors.load(SeqCst) >= failed_windows.load(SeqCst));
     assert!(failed_windows.load(SeqCst) > 0);

@@ -95,9 +95,10 @@
 //! `B`; after it, `A'` stops at `mid − 1` and links to `B`, already whole.
 //! So each key has exactly one owner on the chase at any instant, and a
 //! scan's cursor moves through disjoint fences. `B` may be in the batch a
-//! reader planned from its cache (its slot is written first, so a refreshed
-//! cache can list it): a leaf in the batch that the chase does not reach is
-//! never looked at. And a batch that read `A'` may hold an older `B`
+//! reader planned from its cache (a cache that learned it, or an SLT whose
+//! `X` slot names it while `A'` did not land — a link batch that failed
+//! part-way): a leaf in the batch that the chase does not reach is never
+//! looked at. And a batch that read `A'` may hold an older `B`
 //! (reads of one batch are unordered): `B` was complete before `A'` was
 //! posted, so an older read of it is a leaf that does not validate (zeros,
 //! as allocated) and is read again alone.
@@ -524,6 +525,8 @@ impl KvSession {
             match self.modify_locked(key, kind, &at, lock, &batch)? {
                 Locked::Done(v) => return Ok(v),
                 Locked::SltFull => {
+                    // Its unlock lands before this operation locks again.
+                    self.settle()?;
                     let now = Instant::now();
                     let deadline = *slt_deadline.get_or_insert_with(|| {
                         self.counters.slt_full_waits.fetch_add(1, Relaxed);

@@ -349,7 +349,14 @@ impl KvSession {
             .submit_cas((&pool, w.lt_off), w.locked, to, OnValue::flag(&flag))
         {
             Ok(()) => {
-                self.pending = Some(PendingUnlock { flag, word: w, to });
+                let posted = PendingUnlock { flag, word: w, to };
+                debug_assert!(self.pending.is_none(), "two unlocks in flight");
+                if let Some(older) = self.pending.replace(posted) {
+                    // An operation settles its unlock before it locks
+                    // again; should one not, the older unlock is watched
+                    // by the client (counted until its completion is seen).
+                    self.shared.held.record(older.in_flight());
+                }
                 Ok(())
             }
             Err(error) => {
@@ -488,7 +495,7 @@ impl KvSession {
     /// Tries to settle `e`; `true` when this client no longer holds it.
     fn retry_release(&mut self, e: &mut MaybeHeld) -> bool {
         if let Some(flag) = &e.inflight {
-            match flag.wait(Duration::ZERO) {
+            match flag.result() {
                 None => return false,
                 Some(r) => {
                     e.inflight = None;
