@@ -113,7 +113,9 @@ pub enum KvError {
         /// The previous model's first key (`None` for model 0).
         prev: Option<u64>,
     },
-    /// An operation of the fabric was not confirmed in time.
+    /// An operation of the fabric was not confirmed in time (so far: a
+    /// posted unlock, reported as the `release` of a
+    /// [`KvError::LockMaybeHeld`]). Determinate as such.
     Timeout {
         /// What the store was doing.
         during: &'static str,
@@ -149,10 +151,11 @@ pub enum KvError {
     /// later operation of any of its sessions
     /// ([`crate::KvClient::locks_maybe_held`] counts those not yet
     /// released); the memory node's lease reaper releases it if this
-    /// process dies first. Determinate as such (nothing was written, or the
-    /// write is known to have failed); wrapped in
-    /// [`KvError::Indeterminate`] when the operation's writes may have
-    /// landed.
+    /// process dies first. Determinate as such: the operation wrote
+    /// nothing, unless `after` is indeterminate (its writes failed
+    /// part-way) or the whole error comes wrapped in
+    /// [`KvError::Indeterminate`] (its writes landed, then the release
+    /// failed).
     LockMaybeHeld {
         /// The model whose chain it is.
         model: u64,
@@ -341,6 +344,32 @@ mod tests {
             e.to_string(),
             "model 2's first key 5 is not above the previous model's, 5"
         );
+    }
+
+    #[test]
+    fn errors_say_whether_they_may_have_applied() {
+        let failed = KvError::Transfer {
+            during: "writing a split",
+            error: TransferError::EngineShutDown,
+        };
+        assert!(!failed.may_have_applied() && !failed.lock_may_be_held());
+        let maybe = failed.clone().indeterminate();
+        assert!(maybe.may_have_applied());
+        assert_eq!(maybe.clone().indeterminate(), maybe, "wrapped once");
+        assert!(maybe
+            .to_string()
+            .ends_with("(the operation may have taken effect)"));
+        let held = |after: Option<KvError>| KvError::LockMaybeHeld {
+            model: 3,
+            release: Box::new(failed.clone()),
+            after: after.map(Box::new),
+        };
+        assert!(held(None).lock_may_be_held() && !held(None).may_have_applied());
+        assert!(!held(Some(failed.clone())).may_have_applied());
+        assert!(held(Some(maybe.clone())).may_have_applied());
+        let landed = held(None).indeterminate();
+        assert!(landed.may_have_applied() && landed.lock_may_be_held());
+        assert!(!KvError::SltFull { model: 1 }.may_have_applied());
     }
 
     #[test]
