@@ -232,8 +232,9 @@ impl KvSession {
 
     /// Waits for this session's posted unlock, if any. An unlock that
     /// failed is retried at once (see [`Self::lost_release`]); one still
-    /// unconfirmed after [`UNLOCK_WAIT`] is recorded as maybe held. Either
-    /// way the error is this operation's, which has not run yet.
+    /// unconfirmed after [`UNLOCK_WAIT`] is recorded as maybe held. An
+    /// error goes to the operation that settles, before it ran: it did not
+    /// take effect (the one whose unlock it was had already returned).
     pub(super) fn settle(&mut self) -> Result<(), KvError> {
         let Some(p) = self.pending.take() else {
             return Ok(());
