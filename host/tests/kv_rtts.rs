@@ -1,7 +1,9 @@
 //! Round trips per operation, as counted by the sessions and cross-checked
 //! with the engine: get = 1 with a fresh cache; update and insert (no
 //! split) = 2 on an ordered fabric, 3 dependent (+ 1 posted unlock) on an
-//! unordered one.
+//! unordered one; an insert that splits = 3 + 1 posted unlock on an
+//! ordered fabric, 5 + 1 on an unordered one (the new leaf is written and
+//! confirmed before the shrunk leaf that links to it).
 
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
 use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
@@ -72,6 +74,49 @@ fn round_trips_per_operation() {
         }
         for &(k, _) in pairs.iter().step_by(8) {
             s.delete(k + 1).unwrap();
+        }
+        s.flush().unwrap();
+    }
+}
+
+#[test]
+fn round_trips_per_split() {
+    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    let node = MemoryNode::start(
+        MemoryNodeConfig {
+            fill: 0.5,
+            retraining_thread: false,
+            ..MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    for unordered in [false, true] {
+        let c = client(&node, unordered);
+        let mut s = c.session().unwrap();
+        // Fill leaves until they split: 9 new keys between each pair of
+        // loaded ones, over 20 of them (a 16-slot leaf loaded half full).
+        let (split, plain) = if unordered { (5.0, 3.0) } else { (3.0, 2.0) };
+        let base = if unordered { 6000 } else { 5000 };
+        let mut splits = 0;
+        for k in (base..base + 200).filter(|k| k % 10 != 0) {
+            let before = c.stats();
+            assert_eq!(s.insert(k, k).unwrap(), None);
+            let after = c.stats();
+            let ins = after.op(KvOp::Insert);
+            let was = before.op(KvOp::Insert);
+            let rtts = (ins.rtts - was.rtts) as f64;
+            let posted = ins.posted - was.posted;
+            if after.synonym_leaves > before.synonym_leaves {
+                splits += 1;
+                assert_eq!((rtts, posted), (split, 1), "insert {k} split");
+            } else {
+                assert_eq!(rtts, plain, "insert {k}");
+            }
+        }
+        assert!(splits > 0, "some inserts split their leaf");
+        for k in (base..base + 200).filter(|k| k % 10 != 0) {
+            assert_eq!(s.get(k).unwrap(), Some(k));
         }
         s.flush().unwrap();
     }

@@ -15,6 +15,14 @@
 //! insert-if-absent for stores that have one; record a session's answers
 //! as [`Ret::Value`], [`Ret::Prior`] and [`Ret::Entries`].
 //!
+//! An operation that returned an error is one of two things, and
+//! [`Recorder::error`] records either from the error's own word
+//! (`KvError::may_have_applied`): **determinate** — it did not take effect
+//! ([`Ret::Failed`]: it is linearized as a no-op inside its interval, and
+//! no scan may see it) — or **indeterminate** — it may have taken effect
+//! at any point after its invocation, or never (no return: the same as an
+//! operation that never returned, [`Recorder::abandon`]).
+//!
 //! **Single-key operations** (get, inserts, update, delete) are
 //! checked for linearizability against a sequential `BTreeMap` model.
 //! Linearizability is local (Herlihy & Wing), so the history is linearizable
@@ -158,6 +166,9 @@ pub enum Ret {
     Prior(Option<u64>),
     /// A scan's or range's entries.
     Entries(Vec<(u64, u64)>),
+    /// The operation returned an error that says it did not take effect
+    /// (any call): it changed nothing and answered nothing.
+    Failed,
 }
 
 /// One operation of a history.
@@ -170,7 +181,8 @@ pub struct Record {
     /// When it was invoked.
     pub invoke: Time,
     /// When it returned and what it returned; `None` if it never returned
-    /// or failed without telling whether it took effect.
+    /// or failed without telling whether it took effect (then it may take
+    /// effect at any point after `invoke`, or never).
     pub ret: Option<(Time, Ret)>,
 }
 
@@ -218,6 +230,23 @@ impl Recorder {
     /// may have taken effect).
     pub fn abandon(&mut self, op: Invoked) {
         self.push(op, None);
+    }
+
+    /// Records that the operation returned an error now that says it did
+    /// not take effect ([`Ret::Failed`]).
+    pub fn fail(&mut self, op: Invoked) {
+        self.finish(op, Ret::Failed);
+    }
+
+    /// Records that the operation returned an error now:
+    /// [`Recorder::abandon`] if the error says it may have taken effect
+    /// (`KvError::may_have_applied`), else [`Recorder::fail`].
+    pub fn error(&mut self, op: Invoked, may_have_applied: bool) {
+        if may_have_applied {
+            self.abandon(op);
+        } else {
+            self.fail(op);
+        }
     }
 
     fn push(&mut self, op: Invoked, ret: Option<(Time, Ret)>) {
@@ -304,7 +333,7 @@ impl fmt::Display for Violation {
                 for r in ops.iter().take(SHOW_OPS) {
                     let ret = match &r.ret {
                         Some((t, v)) => format!("ret {t} {v:?}"),
-                        None => "never returned".to_string(),
+                        None => "outcome unknown".to_string(),
                     };
                     write!(
                         f,
@@ -429,6 +458,7 @@ fn check_shape(r: &Record) -> Result<(), Violation> {
         return bad("returned before it was invoked");
     }
     let fits = match r.call {
+        _ if *ret == Ret::Failed => true,
         Call::Get { .. } => matches!(ret, Ret::Value(_)),
         Call::InsertIfAbsent { .. }
         | Call::Insert { .. }
@@ -448,6 +478,9 @@ fn check_shape(r: &Record) -> Result<(), Violation> {
 /// The model's step: the state after `call` from `state`, if `ret` (None =
 /// unknown) is what the sequential model answers.
 fn step(state: Option<u64>, call: Call, ret: Option<&Ret>) -> Option<Option<u64>> {
+    if ret == Some(&Ret::Failed) {
+        return Some(state);
+    }
     let (applies, next) = match call {
         Call::Get { .. } => {
             return match ret {
@@ -657,6 +690,8 @@ impl KeyFacts {
             let f = keys.entry(k).or_default();
             for r in ops {
                 let (ret_t, ret) = match &r.ret {
+                    // It did nothing: no fact about the key.
+                    Some((_, Ret::Failed)) => continue,
                     Some((t, v)) => (*t, Some(v)),
                     None => (Time::MAX, None),
                 };
@@ -824,7 +859,9 @@ pub struct TimedWrite {
 
 /// Whether `final_value` (the key read back after every operation
 /// finished) is a state a linearizable execution could end in, given the
-/// key's value before the run and the writes that took effect on it.
+/// key's value before the run and the writes that returned success on it
+/// (writes that failed determinately are left out; those whose outcome is
+/// unknown go to [`final_value_possible_with`]).
 ///
 /// With no writes the key must still hold `initial`. Otherwise the last
 /// write in some linearization is one that no other write strictly follows
@@ -842,6 +879,33 @@ pub fn final_value_possible(
     writes
         .iter()
         .any(|w| w.ret >= latest_invoke && w.value == final_value)
+}
+
+/// A write to a key whose outcome is unknown (it returned an error that
+/// says it may have taken effect): it may have taken effect at any point
+/// after `invoke`, or never.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaybeWrite {
+    /// When it was invoked.
+    pub invoke: u64,
+    /// The value it wrote, `None` if it deleted the key.
+    pub value: Option<u64>,
+}
+
+/// [`final_value_possible`] with writes of unknown outcome too: each may be
+/// the last write of the linearization (it may take effect after
+/// everything else), or may never have taken effect — so the final value
+/// is possible if one of them wrote it, or if it is possible from the
+/// writes that returned alone (a `maybe` write that took effect before
+/// the last of those changes nothing at the end).
+pub fn final_value_possible_with(
+    initial: Option<u64>,
+    writes: &[TimedWrite],
+    maybe: &[MaybeWrite],
+    final_value: Option<u64>,
+) -> bool {
+    maybe.iter().any(|w| w.value == final_value)
+        || final_value_possible(initial, writes, final_value)
 }
 
 #[cfg(test)]
@@ -1115,6 +1179,93 @@ mod tests {
     }
 
     #[test]
+    fn an_error_is_recorded_as_failed_or_unknown() {
+        let clock = Arc::new(Clock::new());
+        let mut r = Recorder::new(3, clock);
+        let op = r.invoke(ins(1, 10));
+        r.error(op, false);
+        let op = r.invoke(del(1));
+        r.error(op, true);
+        let recs = r.into_records();
+        assert!(matches!(recs[0].ret, Some((_, Ret::Failed))));
+        assert_eq!(recs[1].ret, None);
+        assert_eq!(recs[1].thread, 3);
+    }
+
+    #[test]
+    fn a_failed_write_never_takes_effect() {
+        let init = [(1, 10)];
+        // The failed update returned before the get began: 11 was never
+        // written.
+        let failed = |then: Ret| {
+            vec![
+                rec(0, upd(1, 11), 1, 2, Ret::Failed),
+                rec(1, get(1), 3, 4, then),
+            ]
+        };
+        check(&init, failed(Ret::Value(Some(10)))).unwrap();
+        assert!(matches!(
+            check(&init, failed(Ret::Value(Some(11)))),
+            Err(Violation::NotLinearizable { key: 1, .. })
+        ));
+        // The same write with an unknown outcome may have taken effect, or
+        // not.
+        for seen in [10, 11] {
+            let recs = vec![
+                Record {
+                    thread: 0,
+                    call: upd(1, 11),
+                    invoke: 1,
+                    ret: None,
+                },
+                rec(1, get(1), 3, 4, Ret::Value(Some(seen))),
+            ];
+            check(&init, recs).unwrap();
+        }
+        // A failed delete does not remove the key, for gets and scans.
+        let recs = vec![
+            rec(0, del(1), 1, 2, Ret::Failed),
+            rec(1, scan(0, 5), 3, 4, Ret::Entries(vec![])),
+        ];
+        assert!(matches!(
+            check(&init, recs),
+            Err(Violation::MissingKey { key: 1, .. })
+        ));
+        // Nor does a scan see a failed insert's value.
+        let recs = vec![
+            rec(0, Call::Insert { key: 2, value: 20 }, 1, 2, Ret::Failed),
+            rec(1, scan(0, 5), 3, 4, Ret::Entries(vec![(1, 10), (2, 20)])),
+        ];
+        assert!(matches!(
+            check(&init, recs),
+            Err(Violation::ValueNeverHeld { key: 2, .. })
+        ));
+        // A failed get or scan answers nothing and constrains nothing.
+        let recs = vec![
+            rec(0, get(1), 1, 2, Ret::Failed),
+            rec(0, scan(0, 5), 3, 4, Ret::Failed),
+        ];
+        let c = check(&init, recs).unwrap();
+        assert_eq!((c.single_ops, c.scans), (1, 1));
+    }
+
+    #[test]
+    fn final_value_with_unknown_outcomes() {
+        let w = |invoke, ret, value| TimedWrite { invoke, ret, value };
+        let m = |invoke, value| MaybeWrite { invoke, value };
+        // A write of unknown outcome may be last, or may never have landed.
+        let done = [w(1, 2, Some(5))];
+        let maybe = [m(3, Some(6))];
+        assert!(final_value_possible_with(None, &done, &maybe, Some(6)));
+        assert!(final_value_possible_with(None, &done, &maybe, Some(5)));
+        assert!(!final_value_possible_with(None, &done, &maybe, None));
+        // With no write that returned, the initial value stays possible.
+        assert!(final_value_possible_with(Some(1), &[], &maybe, Some(1)));
+        assert!(final_value_possible_with(Some(1), &[], &[m(1, None)], None));
+        assert!(!final_value_possible_with(Some(1), &[], &maybe, Some(2)));
+    }
+
+    #[test]
     fn final_value_check() {
         let w = |invoke, ret, value| TimedWrite { invoke, ret, value };
         assert!(final_value_possible(Some(1), &[], Some(1)));
@@ -1307,7 +1458,7 @@ mod tests {
                         let end = (now + gap + dur) * 64 + t as u64;
                         let at = inv + (end - inv) * point / 8;
                         now += gap + dur;
-                        planned.push((at, t, call, inv, end, pend == 0, prior));
+                        planned.push((at, t, call, inv, end, pend, prior));
                         if pend == 0 {
                             break;
                         }
@@ -1316,7 +1467,9 @@ mod tests {
                 planned.sort_by_key(|p| p.0);
                 let mut state = init;
                 let mut recs = Vec::new();
-                for (_, t, call, inv, end, pending, prior) in planned {
+                for (_, t, call, inv, end, pend, prior) in planned {
+                    // 0: never returned; 1: failed, did not take effect.
+                    let (pending, failed) = (pend == 0, pend == 1);
                     let before = state;
                     let applies = match call {
                         Call::Get { .. } => false,
@@ -1329,9 +1482,10 @@ mod tests {
                         _ => Ret::Applied(applies),
                     };
                     // A never-returned op takes effect here or not at all.
-                    if !pending || prior {
+                    if (!pending || prior) && !failed {
                         state = step(before, call, Some(&answer)).expect("model answer");
                     }
+                    let answer = if failed { Ret::Failed } else { answer };
                     let ret = (!pending).then_some((end, answer));
                     recs.push(Record {
                         thread: t,

@@ -22,6 +22,7 @@ use zerocopy::FromBytes;
 
 use crate::cache::ModelView;
 use crate::error::{check_first_keys, transfer, KvError};
+use crate::held::HeldLocks;
 use crate::io::Io;
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
@@ -43,10 +44,12 @@ pub struct KvClientConfig {
     /// Attempts an operation makes (lock contention, frozen model, torn
     /// leaves) before it fails with [`KvError::TooManyRetries`].
     pub max_attempts: u64,
-    /// The id this client's chain locks carry: the one its memory node's
-    /// lease handed out ([`super::lease::LeaseClient::owner`]), so the node
-    /// can release them if this process dies holding them;
-    /// [`LockOwner::ANONYMOUS`] for clients without a lease (in-process).
+    /// The id every chain lock of this client carries: the one its memory
+    /// node's lease handed out ([`super::lease::LeaseClient::owner`]), so
+    /// the node can release them if this process dies holding them;
+    /// [`LockOwner::ANONYMOUS`] for clients without a lease (in the memory
+    /// node's process: they cannot die apart from it). Never
+    /// [`LockOwner::AGENT`], the retraining agent's (refused at connect).
     pub lock_owner: LockOwner,
 }
 
@@ -73,8 +76,13 @@ pub(crate) struct ClientShared {
     pub(crate) locator: Locator,
     pub(crate) models: Vec<RwLock<Arc<ModelView>>>,
     pub(crate) sessions: Mutex<Vec<Arc<SessionCounters>>>,
-    // Last: sessions hold channels of this engine.
+    /// Leaf numbers drawn for a split that found its SLT full and could
+    /// not give them back: the next split takes one instead of drawing.
+    spare_leaves: Mutex<Vec<u64>>,
+    // Sessions hold channels of this engine.
     pub(crate) engine: TransferEngine,
+    /// Dropped after the engine (see its `Drop`).
+    pub(crate) held: HeldLocks,
 }
 
 impl ClientShared {
@@ -87,6 +95,23 @@ impl ClientShared {
 
     pub(crate) fn install(&self, m: usize, v: ModelView) {
         *self.models[m].write().unwrap_or_else(|e| e.into_inner()) = Arc::new(v);
+    }
+
+    /// A spare leaf number, if the client keeps one.
+    pub(crate) fn take_spare_leaf(&self) -> Option<u64> {
+        self.spare_leaves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+    }
+
+    /// Keeps leaf number `leaf_no` (drawn, never written) for a later
+    /// split.
+    pub(crate) fn keep_spare_leaf(&self, leaf_no: u64) {
+        self.spare_leaves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(leaf_no);
     }
 }
 
@@ -137,6 +162,12 @@ impl KvClient {
             return Err(KvError::BadConfig {
                 field: "session_buffer",
                 reason: "must be at least 4096 bytes",
+            });
+        }
+        if cfg.lock_owner == LockOwner::AGENT {
+            return Err(KvError::BadConfig {
+                field: "lock_owner",
+                reason: "the retraining agent's id; a compute node's locks name a lease or none",
             });
         }
         if cfg.max_attempts == 0 {
@@ -213,7 +244,9 @@ impl KvClient {
             locator,
             models: views,
             sessions: Mutex::new(Vec::new()),
+            spare_leaves: Mutex::new(Vec::new()),
             engine,
+            held: HeldLocks::default(),
         };
         drop(io);
         Ok(Self {
@@ -231,6 +264,14 @@ impl KvClient {
     /// not (3-RTT writes).
     pub fn ordered(&self) -> bool {
         self.shared.ordered
+    }
+
+    /// Chain locks this client may still hold: a lock or release of one
+    /// of its sessions failed without saying whether it landed, and no
+    /// later operation has released it yet (each operation, and
+    /// [`KvSession::flush`], tries; see [`KvError::LockMaybeHeld`]).
+    pub fn locks_maybe_held(&self) -> usize {
+        self.shared.held.count()
     }
 
     /// Models in the pool.
@@ -268,6 +309,8 @@ impl KvClient {
             c.add_into(&mut s);
         }
         s.engine = self.shared.engine.counters().total;
+        s.locks_maybe_held = self.shared.held.count() as u64;
+        s.locks_released_late = self.shared.held.resolved();
         s.model_bytes = self.model_bytes();
         s
     }

@@ -1,5 +1,20 @@
 //! [`KvError`]: every way a key-value operation or a client connection
-//! fails, naming what was wrong.
+//! fails, naming what was wrong — and whether the operation may have taken
+//! effect ([`KvError::may_have_applied`]).
+//!
+//! An error is *determinate* unless it says otherwise: the operation that
+//! returned it did not take effect. Two variants wrap the error that was
+//! met and change what it means:
+//! - [`KvError::Indeterminate`]: the operation failed after a write of it
+//!   may have reached the pool (its write batch failed part-way, its
+//!   unlock did, or an error came after its data was written): it may or
+//!   may not have taken effect, and a history checker must treat it as an
+//!   operation with an unknown outcome;
+//! - [`KvError::LockMaybeHeld`]: a chain lock of this client may still be
+//!   held because its lock or its release failed without saying whether it
+//!   landed. The client recorded it and releases it itself at the start of
+//!   a later operation (see `held`); if the process dies first, the memory
+//!   node's lease reaper releases it (leased owners only).
 
 use core::fmt;
 
@@ -9,12 +24,16 @@ use rolex_core::model::ModelError;
 
 use rolex_engine::TransferError;
 
-/// A key-value store failure. Whatever it is, the pool is left consistent:
-/// an operation that fails changed nothing, or completed.
+/// A key-value store failure. Whatever it is, the pool is left readable:
+/// every key present is found. Unless the error is (or wraps)
+/// [`KvError::Indeterminate`], the operation that returned it did not take
+/// effect; [`KvError::may_have_applied`] tells.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum KvError {
-    /// The transfer engine failed an operation.
+    /// The transfer engine failed an operation. Determinate as such: a
+    /// failure after a write may have landed comes wrapped in
+    /// [`KvError::Indeterminate`].
     Transfer {
         /// What the store was doing.
         during: &'static str,
@@ -112,6 +131,15 @@ pub enum KvError {
         /// The previous model's first key (`None` for model 0).
         prev: Option<u64>,
     },
+    /// An operation of the fabric was not confirmed in time (so far: a
+    /// posted unlock, reported as the `release` of a
+    /// [`KvError::LockMaybeHeld`]). Determinate as such.
+    Timeout {
+        /// What the store was doing.
+        during: &'static str,
+        /// How long it waited.
+        waited: core::time::Duration,
+    },
     /// A leaf's bytes are not a leaf of this pool.
     Leaf {
         /// The model whose chain it is in.
@@ -121,13 +149,75 @@ pub enum KvError {
         /// What is wrong with it.
         error: LeafError,
     },
-    /// The pool holds something the protocol never produces.
+    /// The pool holds something the protocol never produces. Determinate
+    /// as such (met before anything was written); met after a write it
+    /// comes wrapped in [`KvError::Indeterminate`].
     Inconsistent {
         /// What.
         what: &'static str,
         /// The model concerned.
         model: u64,
     },
+    /// The operation failed after a write of it may have reached the pool:
+    /// it may or may not have taken effect (a write or unlock batch failed,
+    /// a held lock was found changed after the write, or the retraining
+    /// request after a completed split failed). `error` is what failed.
+    Indeterminate(Box<KvError>),
+    /// A chain lock of this client may still be held: its lock `CAS` or its
+    /// release failed (or was not confirmed in time) without saying whether
+    /// it landed. The client recorded it and releases it at the start of a
+    /// later operation of any of its sessions
+    /// ([`crate::KvClient::locks_maybe_held`] counts those not yet
+    /// released); the memory node's lease reaper releases it if this
+    /// process dies first. Determinate as such: the operation wrote
+    /// nothing, unless `after` is indeterminate (its writes failed
+    /// part-way) or the whole error comes wrapped in
+    /// [`KvError::Indeterminate`] (its writes landed, then the release
+    /// failed).
+    LockMaybeHeld {
+        /// The model whose chain it is.
+        model: u64,
+        /// Why the release (or the lock) failed.
+        release: Box<KvError>,
+        /// The error that made the operation release its lock unchanged,
+        /// if one did.
+        after: Option<Box<KvError>>,
+    },
+}
+
+impl KvError {
+    /// Whether the operation that returned this error may have taken
+    /// effect (`false`: it certainly did not).
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            Self::Indeterminate(_) => true,
+            Self::LockMaybeHeld { after, .. } => {
+                after.as_ref().is_some_and(|e| e.may_have_applied())
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a chain lock of this client may still be held after this
+    /// error (the client releases it itself later; see
+    /// [`KvError::LockMaybeHeld`]).
+    pub fn lock_may_be_held(&self) -> bool {
+        match self {
+            Self::Indeterminate(e) => e.lock_may_be_held(),
+            Self::LockMaybeHeld { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// This error, marked as one after which the operation may have taken
+    /// effect (unchanged if it already is).
+    pub(crate) fn indeterminate(self) -> Self {
+        if self.may_have_applied() {
+            self
+        } else {
+            Self::Indeterminate(Box::new(self))
+        }
+    }
 }
 
 impl fmt::Display for KvError {
@@ -189,6 +279,9 @@ impl fmt::Display for KvError {
                 key,
                 prev: None,
             } => write!(f, "model {model}'s first key is {key}, not 0"),
+            Self::Timeout { during, waited } => {
+                write!(f, "{during}: not confirmed within {waited:?}")
+            }
             Self::Leaf { model, leaf, error } => write!(
                 f,
                 "model {model}, leaf {} of region {}: {error}",
@@ -196,6 +289,23 @@ impl fmt::Display for KvError {
                 leaf.region()
             ),
             Self::Inconsistent { what, model } => write!(f, "model {model}: {what}"),
+            Self::Indeterminate(e) => write!(f, "{e} (the operation may have taken effect)"),
+            Self::LockMaybeHeld {
+                model,
+                release,
+                after: None,
+            } => write!(
+                f,
+                "model {model}: a chain lock may still be held ({release}); the client releases it later"
+            ),
+            Self::LockMaybeHeld {
+                model,
+                release,
+                after: Some(after),
+            } => write!(
+                f,
+                "{after}; then model {model}: a chain lock may still be held ({release}); the client releases it later"
+            ),
         }
     }
 }
@@ -264,6 +374,32 @@ mod tests {
             e.to_string(),
             "model 2's first key 5 is not above the previous model's, 5"
         );
+    }
+
+    #[test]
+    fn errors_say_whether_they_may_have_applied() {
+        let failed = KvError::Transfer {
+            during: "writing a split",
+            error: TransferError::EngineShutDown,
+        };
+        assert!(!failed.may_have_applied() && !failed.lock_may_be_held());
+        let maybe = failed.clone().indeterminate();
+        assert!(maybe.may_have_applied());
+        assert_eq!(maybe.clone().indeterminate(), maybe, "wrapped once");
+        assert!(maybe
+            .to_string()
+            .ends_with("(the operation may have taken effect)"));
+        let held = |after: Option<KvError>| KvError::LockMaybeHeld {
+            model: 3,
+            release: Box::new(failed.clone()),
+            after: after.map(Box::new),
+        };
+        assert!(held(None).lock_may_be_held() && !held(None).may_have_applied());
+        assert!(!held(Some(failed.clone())).may_have_applied());
+        assert!(held(Some(maybe.clone())).may_have_applied());
+        let landed = held(None).indeterminate();
+        assert!(landed.may_have_applied() && landed.lock_may_be_held());
+        assert!(!KvError::SltFull { model: 1 }.may_have_applied());
     }
 
     #[test]

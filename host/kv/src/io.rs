@@ -78,13 +78,43 @@ impl Io {
     }
 
     /// Posts `ops` as one doorbell batch and waits: one dependent round
-    /// trip. Returns each op's value (old word of an atomic, else 0).
+    /// trip. Returns each op's value (old word of an atomic, else 0), or
+    /// the first op's error (then the others' outcomes are unknown to the
+    /// caller: use [`Io::run_each`] where they matter).
     pub(crate) fn run(
         &mut self,
         pool: &MrDesc,
         ops: &[Op],
         during: &'static str,
     ) -> Result<&[u64], KvError> {
+        self.post_and_wait(pool, ops, during)?;
+        self.values.clear();
+        for r in self.results.drain(..) {
+            self.values.push(r.map_err(transfer(during))?);
+        }
+        Ok(&self.values)
+    }
+
+    /// [`Io::run`] with each op's own outcome: `Err` only when nothing was
+    /// posted (the engine is shut down); otherwise one result per op, in
+    /// order, so a caller knows which of a batch's writes and atomics may
+    /// have landed.
+    pub(crate) fn run_each(
+        &mut self,
+        pool: &MrDesc,
+        ops: &[Op],
+        during: &'static str,
+    ) -> Result<&[Result<u64, TransferError>], KvError> {
+        self.post_and_wait(pool, ops, during)?;
+        Ok(&self.results)
+    }
+
+    fn post_and_wait(
+        &mut self,
+        pool: &MrDesc,
+        ops: &[Op],
+        during: &'static str,
+    ) -> Result<(), KvError> {
         let mut batch = Vec::with_capacity(ops.len());
         for op in ops {
             batch.push(match *op {
@@ -135,12 +165,7 @@ impl Io {
         self.cur.rtts += 1;
         self.ch
             .run(&batch, &mut self.results)
-            .map_err(transfer(during))?;
-        self.values.clear();
-        for r in self.results.drain(..) {
-            self.values.push(r.map_err(transfer(during))?);
-        }
-        Ok(&self.values)
+            .map_err(transfer(during))
     }
 
     /// Copies read-buffer bytes `[local, local + out.len())` into `out`.
@@ -162,6 +187,23 @@ impl Io {
         self.wbuf
             .write(local, bytes)
             .map_err(transfer("filling a session buffer"))
+    }
+
+    /// Stages `writes` (pool offset, bytes) one after another in the write
+    /// buffer and returns their WRITEs, in the same order.
+    pub(crate) fn stage_writes(&self, writes: &[(u64, &[u8])]) -> Result<Vec<Op>, KvError> {
+        let mut ops = Vec::with_capacity(writes.len() + 1);
+        let mut local = 0u64;
+        for &(remote, bytes) in writes {
+            self.stage(local, bytes)?;
+            ops.push(Op::Write {
+                remote,
+                local,
+                len: bytes.len() as u64,
+            });
+            local += (bytes.len() as u64).next_multiple_of(8);
+        }
+        Ok(ops)
     }
 
     /// Reads `len` pool bytes at `remote`: one round trip per read-buffer

@@ -10,10 +10,14 @@
 //! in `rolex-core`. The hosted memory node is `rolex-memnode`.
 //!
 //! - [`client`]: [`KvClient`], [`KvClientConfig`].
-//! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase).
+//! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase);
+//!   its private `lock` takes and releases chain locks, `split` splits a
+//!   full leaf.
 //! - `cache` (private): what a compute node caches.
 //! - `io` (private): a session's queue pair and buffers, one doorbell batch
 //!   per round trip.
+//! - `held` (private): chain locks whose lock or release failed without
+//!   saying whether it landed, and their safe release.
 //! - [`pool_info`]: [`PoolInfo`], what a client connects to.
 //! - [`stats`]: [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
 //! - [`error`]: [`KvError`], what failed and where.
@@ -24,6 +28,7 @@
 mod cache;
 pub mod client;
 pub mod error;
+mod held;
 mod io;
 pub mod lease;
 pub mod pool_info;

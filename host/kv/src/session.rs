@@ -44,30 +44,97 @@
 //!   operation of the session waits for it before it starts, so no operation
 //!   of this session can overtake its own unlock: **3 dependent round
 //!   trips**.
-//! - a split adds one round trip for `FAA alloc_num` + `FAA` SLT count; the
+//! - a split (see below) adds the claim of a leaf and an SLT slot (1), and
+//!   writes `B` and `A'` in one batch on an ordered fabric, in two on an
+//!   unordered one, its unlock posted like an unordered write's: **3 round
+//!   trips + 1 posted** on an ordered fabric, **5 + 1 posted** on an
+//!   unordered one (one more than a single unordered batch would take: the
+//!   price of never shrinking a leaf before its new synonym is whole). The
 //!   claim of SLT slot 128 enqueues the model in the CirQ (2 more).
 //!
 //! A held lock is a `ChainLock` guard, and only the guard releases it: with
 //! the writes, unchanged, or — on every error after the lock — unchanged
 //! before the error is returned, in the same round trips as the unlock of
-//! a write that changed nothing (its docs list each path).
+//! a write that changed nothing (its docs list each path). A lock or
+//! release that fails without saying whether it landed is recorded as
+//! *maybe held* and released by a later operation (module `held`), and the
+//! error says so ([`KvError::LockMaybeHeld`]). Every lock word carries the
+//! client's configured owner (`KvClientConfig::lock_owner`: the lease's id
+//! for a compute node in another process).
+//!
+//! # Splits: the new leaf is complete before the old one shrinks
+//!
+//! A full owner `X = [lo, hi]` (holding the chain lock) splits into
+//! `A' = [lo, mid − 1]` (same leaf, linked to `B`) and a new synonym
+//! `B = [mid, hi]` (linked to `X`'s old successor):
+//! 1. claim an SLT slot and a leaf in one batch — or, if the SLT is full,
+//!    give the leaf back (`CAS` on `alloc_num`, or keep it as the client's
+//!    spare for its next split): a full SLT consumes no leaf;
+//! 2. write `B` and its SLT slot; then `X`'s SLT slot (when `X` is a
+//!    synonym) and `A'`. On an unordered fabric the second batch is posted
+//!    only once the first completed without error; on an ordered one both
+//!    go in one batch in that order (an ordered fabric applies a batch in
+//!    posting order, so a crash or a failure leaves a prefix of it; should
+//!    `B` or its slot report an error while a later write of the batch
+//!    succeeded, `B` is written again, lock held, before anything else);
+//! 3. post the unlock, which points the LT entry at `B`'s slot when `X` is
+//!    the training leaf.
+//!
+//! Nothing links to `B` before `A'` lands, so a writer that dies (or fails)
+//! anywhere before that leaves `X` whole and `B` an unreachable leaf (one
+//! leaf and one SLT slot lost, no key); once `A'` landed, `B` was already
+//! complete. The agent walks chains by the leaves' `next` links, never by
+//! the SLT, so an unreachable `B` is not part of any chain.
+//!
+//! Readers at every intermediate state: between `B`'s write and `A'`'s, the
+//! keys of `[mid, hi]` are in both `X` and `B`. No reader sees both copies:
+//! a get and a scan step reach a leaf only by the chase from the training
+//! leaf, following `next` words, and accept a leaf only if its fences
+//! contain the key (a scan goes on from `fence_hi + 1` through that leaf's
+//! own `next`). Before `A'` lands, `X` covers `[mid, hi]` and links past
+//! `B`; after it, `A'` stops at `mid − 1` and links to `B`, already whole.
+//! So each key has exactly one owner on the chase at any instant, and a
+//! scan's cursor moves through disjoint fences. `B` may be in the batch a
+//! reader planned from its cache (a cache that learned it, or an SLT whose
+//! `X` slot names it while `A'` did not land — a link batch that failed
+//! part-way): a leaf in the batch that the chase does not reach is never
+//! looked at. And a batch that read `A'` may hold an older `B`
+//! (reads of one batch are unordered): `B` was complete before `A'` was
+//! posted, so an older read of it is a leaf that does not validate (zeros,
+//! as allocated) and is read again alone.
+//!
+//! # Errors: applied or not
+//!
+//! An error is determinate ([`KvError::may_have_applied`] is `false`: the
+//! operation did not take effect) when it comes before any write of the
+//! operation was posted — a failed lock, read, chase, claim, or a split's
+//! first batch on an unordered fabric (`B` is unreachable until `A'`
+//! lands). Once a write may have landed — a write or write-and-unlock
+//! batch with an error in it, a split's `A'` batch, a held lock found
+//! changed by the unlock of an ordered write, the retraining request after
+//! a completed split — the error is wrapped in [`KvError::Indeterminate`].
+//! An error of the previous operation's posted unlock is reported by the
+//! next operation, which did not run (determinate for it: the one whose
+//! unlock it was had returned, its writes complete).
+
+mod lock;
+mod split;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
-use rolex_core::layout::{
-    CirqError, CirqHeader, EditError, Leaf, LeafError, LeafRegion, ModelRecord, ModelState, Slot,
-};
+use rolex_core::entry::{LeafAddr, SltHeader};
+use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, LeafError};
 use rolex_core::wire::MrDesc;
+use rolex_engine::TransferError;
 
 use crate::cache::ModelView;
 use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
 use crate::stats::{KvOp, SessionCounters};
-use rolex_engine::callback::{CompletionFlag, OnValue};
+use lock::{ChainLock, PendingUnlock};
 
 /// Re-reads of one torn leaf before an operation gives up.
 const MAX_TORN: u32 = 100_000;
@@ -145,174 +212,6 @@ struct SplitInput<'a> {
     value: u64,
     at: &'a ChainAt,
     owner: Owner,
-}
-
-/// Split step 1's result: the new synonym leaf `B` and its SLT slot.
-#[derive(Clone, Copy, Debug)]
-struct Claim {
-    leaf: LeafAddr,
-    slot: u8,
-}
-
-/// Split step 2's result: the two leaves a split writes.
-struct Halves {
-    /// `A'`: `X`'s first half, same version line, `fence_hi` shrunk, linked
-    /// to `B`.
-    a: Vec<u8>,
-    /// `B`: the second half, linked to `X`'s old successor.
-    b: Vec<u8>,
-    /// `X`'s old successor (`B`'s SLT slot points on to it).
-    successor: LtEntry,
-}
-
-impl Halves {
-    /// `X`'s pairs (its validated entries; none if it does not validate)
-    /// with the new pair, cut in two at the middle key.
-    fn cut(s: &SplitInput<'_>, claim: Claim, leaf_size: u64) -> Result<Self, KvError> {
-        let model = s.at.m as u64;
-        let x = Leaf::from_bytes(&s.owner.bytes).map_err(bad_leaf(model, s.owner.addr))?;
-        let (x_lo, x_hi, x_next) = (x.fence_lo(), x.fence_hi(), x.next());
-        let mut entries: Vec<Slot> = match x.validate() {
-            Ok(v) => v.entries().to_vec(),
-            Err(_) => Vec::new(),
-        };
-        let pos = entries.partition_point(|e| e.key() < s.key);
-        entries.insert(pos, Slot::new(s.key, s.value));
-        let mid = entries.len() / 2;
-        let mid_key = entries[mid].key();
-        let inconsistent = |_| KvError::Inconsistent {
-            what: "a split produced an invalid leaf",
-            model,
-        };
-        let b_link = LtEntry::for_leaf(claim.leaf).with_pointer(claim.slot);
-        let mut a = s.owner.bytes.clone();
-        let al = Leaf::from_bytes_mut(&mut a).map_err(bad_leaf(model, s.owner.addr))?;
-        al.init(x_lo, mid_key - 1).map_err(inconsistent)?;
-        al.set_entries(&entries[..mid]).map_err(inconsistent)?;
-        al.set_next(b_link).map_err(inconsistent)?;
-        al.seal();
-        let mut b = vec![0u8; leaf_size as usize];
-        let bl = Leaf::from_bytes_mut(&mut b).map_err(bad_leaf(model, claim.leaf))?;
-        bl.init(mid_key, x_hi).map_err(inconsistent)?;
-        bl.set_entries(&entries[mid..]).map_err(inconsistent)?;
-        bl.set_next(x_next).map_err(inconsistent)?;
-        bl.seal();
-        Ok(Halves {
-            a,
-            b,
-            successor: x_next,
-        })
-    }
-}
-
-/// Split step 3: where a split's bytes go, and the LT word its release
-/// leaves.
-struct SplitWrites {
-    halves: Halves,
-    b_off: u64,
-    /// `B`'s SLT slot: `B`, pointing on to `X`'s old successor.
-    b_slot: (u64, [u8; 8]),
-    /// `X`'s SLT slot when `X` is a synonym: `X`, pointing on to `B`.
-    x_slot: Option<(u64, [u8; 8])>,
-    a_off: u64,
-    /// The LT entry after the release: the word before the lock, pointing
-    /// at `B`'s slot when `X` is the training leaf.
-    unlock_to: LtEntry,
-}
-
-impl SplitWrites {
-    /// Places `halves` for the split `s` that claimed `claim`, in a chain
-    /// whose LT word was `unlocked` before the lock.
-    fn place(
-        region: LeafRegion,
-        s: &SplitInput<'_>,
-        claim: Claim,
-        halves: Halves,
-        unlocked: LtEntry,
-    ) -> Result<Self, KvError> {
-        let record = &s.at.view.record;
-        let b_off = region.leaf_offset(claim.leaf)?;
-        let b_slot_entry = LtEntry::for_leaf(claim.leaf).with_pointer(halves.successor.pointer());
-        let b_slot = (
-            record.slt_slot_offset(claim.slot)?,
-            b_slot_entry.raw().to_le_bytes(),
-        );
-        let (x_slot, unlock_to) = if s.owner.slot == 0 {
-            (None, unlocked.with_pointer(claim.slot))
-        } else {
-            let x_entry = LtEntry::for_leaf(s.owner.addr).with_pointer(claim.slot);
-            let x_slot = (
-                record.slt_slot_offset(s.owner.slot)?,
-                x_entry.raw().to_le_bytes(),
-            );
-            (Some(x_slot), unlocked)
-        };
-        let a_off = region.leaf_offset(s.owner.addr)?;
-        Ok(SplitWrites {
-            halves,
-            b_off,
-            b_slot,
-            x_slot,
-            a_off,
-            unlock_to,
-        })
-    }
-
-    /// The writes in posting order: `B` is written before (ordered fabric)
-    /// or with (unordered: readers validate `B`) the `A'` that makes it
-    /// reachable.
-    fn in_order(&self) -> Vec<(u64, &[u8])> {
-        let mut writes: Vec<(u64, &[u8])> = vec![
-            (self.b_off, &self.halves.b),
-            (self.b_slot.0, &self.b_slot.1),
-        ];
-        if let Some((off, bytes)) = &self.x_slot {
-            writes.push((*off, bytes));
-        }
-        writes.push((self.a_off, &self.halves.a));
-        writes
-    }
-}
-
-/// A chain this session holds locked: the LT entry at `lt_off` of model
-/// `model`, which the lock's CAS turned from `unlocked` into `locked`. It
-/// is released exactly once, through this guard:
-/// - a write that changed its leaves: [`ChainLock::release`] with the
-///   writes (one batch with the unlocking CAS on an ordered fabric; on an
-///   unordered one the CAS is posted once the writes completed);
-/// - a write that changed nothing, a split that found the SLT full:
-///   [`ChainLock::release_unchanged`];
-/// - every error after the lock — the unordered read of the chain, a chase
-///   that does not end in the chain, a leaf that refuses its key, the
-///   synonym claim, a full leaf region, a split that cannot be laid out:
-///   [`ChainLock::abort`], which releases it unchanged, the same way, and
-///   hands the error back;
-/// - none of those (a panic): `Drop` posts the unchanged release through
-///   the engine without waiting for it (best effort: the session is gone
-///   or failing; the memory node's lease reaper is the backstop for a dead
-///   process).
-///
-/// A release that was posted spends the guard even if it failed: its CAS
-/// may have landed, and a second one could free the lock of a later holder
-/// whose locked word is the same (a session of this client that locked the
-/// same chain from the same word).
-#[must_use = "a locked chain must be released"]
-struct ChainLock {
-    model: u64,
-    lt_off: u64,
-    unlocked: LtEntry,
-    locked: u64,
-    /// `Some` until a release was posted: what `Drop` posts through.
-    shared: Option<Arc<ClientShared>>,
-}
-
-/// An unlock posted and not awaited (unordered fabric).
-struct PendingUnlock {
-    flag: Arc<CompletionFlag>,
-    /// The locked word the unlocking CAS expects.
-    locked: u64,
-    /// The model whose chain it releases.
-    model: u64,
 }
 
 /// One thread's session (see the module docs). Not shared between
@@ -396,10 +295,15 @@ impl KvSession {
         self.counted(KvOp::Scan, |s| s.scan_inner(lo, hi, usize::MAX))
     }
 
-    /// Waits for this session's posted unlock, if any (the next operation
-    /// does this itself).
+    /// Waits for this session's posted unlock, if any, and retries the
+    /// release of every chain lock the client may still hold (the next
+    /// operation does both itself). An error is the posted unlock's (see
+    /// [`KvError::LockMaybeHeld`]); [`crate::KvClient::locks_maybe_held`]
+    /// counts the locks still not released.
     pub fn flush(&mut self) -> Result<(), KvError> {
-        self.settle()
+        self.settle()?;
+        self.resolve_held();
+        Ok(())
     }
 
     fn counted<T>(
@@ -408,40 +312,16 @@ impl KvSession {
         f: impl FnOnce(&mut Self) -> Result<T, KvError>,
     ) -> Result<T, KvError> {
         self.io.cur = Default::default();
-        let r = self.settle().and_then(|()| f(self));
+        let r = self.settle().and_then(|()| {
+            self.resolve_held();
+            f(self)
+        });
         self.io.cur.ops = 1;
         self.counters.per_op[op.index()].add(&self.io.cur);
         r
     }
 
     // ---- shared pieces -------------------------------------------------
-
-    fn settle(&mut self) -> Result<(), KvError> {
-        if let Some(p) = self.pending.take() {
-            match p.flag.wait(Duration::from_secs(30)) {
-                Some(Ok(v)) if v == p.locked => {}
-                Some(Ok(_)) => {
-                    return Err(KvError::Inconsistent {
-                        what: "a posted unlock found its entry changed",
-                        model: p.model,
-                    })
-                }
-                Some(Err(error)) => {
-                    return Err(KvError::Transfer {
-                        during: "unlocking a chain",
-                        error,
-                    })
-                }
-                None => {
-                    return Err(KvError::TooManyRetries {
-                        op: "unlock",
-                        attempts: 1,
-                    })
-                }
-            }
-        }
-        Ok(())
-    }
 
     fn view_for(&self, key: u64) -> (usize, Arc<ModelView>) {
         let m = self.shared.locator.locate(key);
@@ -645,6 +525,8 @@ impl KvSession {
             match self.modify_locked(key, kind, &at, lock, &batch)? {
                 Locked::Done(v) => return Ok(v),
                 Locked::SltFull => {
+                    // Its unlock lands before this operation locks again.
+                    self.settle()?;
                     let now = Instant::now();
                     let deadline = *slt_deadline.get_or_insert_with(|| {
                         self.counters.slt_full_waits.fetch_add(1, Relaxed);
@@ -663,76 +545,6 @@ impl KvSession {
             op: "write",
             attempts: self.shared.cfg.max_attempts,
         })
-    }
-
-    /// Locks the chain `at` (module docs, "Writes"): CAS its LT entry from
-    /// the cached word to the same word locked by this client, reading the
-    /// record's state word in the same batch, and the chain's leaves — in
-    /// that batch on an ordered fabric (the READs run after the CAS), in a
-    /// second round trip once the lock is held on an unordered one. Returns
-    /// the lock and where each leaf landed in the read buffer; `None` when
-    /// the CAS failed (stale cached word, retired or frozen model, another
-    /// writer): the cache was corrected or the session backed off, and the
-    /// caller retries.
-    fn lock_chain(
-        &mut self,
-        at: &ChainAt,
-        attempt: u64,
-    ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
-        let pool = self.shared.pool.clone();
-        let ordered = self.shared.ordered;
-        let j = at.j as usize;
-        let lt_off = at.view.record.lt_entry_offset(at.j)?;
-        let exp = LtEntry::from_raw(at.view.lt[j].load(Relaxed));
-        let locked = exp.locked_by(self.shared.cfg.lock_owner).raw();
-        let mut ops = vec![
-            Op::Cas {
-                remote: lt_off,
-                expected: exp.raw(),
-                new: locked,
-            },
-            Op::Read {
-                remote: at.view.offset + ModelRecord::STATE_OFFSET,
-                local: 0,
-                len: 8,
-            },
-        ];
-        let batch = if ordered {
-            self.plan_reads(8, &mut ops)?
-        } else {
-            Vec::new()
-        };
-        let old = self.io.run(&pool, &ops, "locking a chain")?[0];
-        if old != exp.raw() {
-            self.io.cur.retries += 1;
-            let o = LtEntry::from_raw(old);
-            if !o.is_locked() {
-                // Our cached word was stale (a new synonym pointer).
-                at.view.lt[j].store(old, Relaxed);
-                return Ok(None);
-            }
-            let state = ModelState::from_raw(self.io.local_u64(0)?);
-            if state.is_retired() {
-                self.refresh(at.m)?;
-            } else {
-                self.backoff(attempt);
-            }
-            return Ok(None);
-        }
-        let lock = ChainLock {
-            model: at.m as u64,
-            lt_off,
-            unlocked: exp,
-            locked,
-            shared: Some(self.shared.clone()),
-        };
-        if ordered {
-            return Ok(Some((lock, batch)));
-        }
-        match self.read_chain(&pool) {
-            Ok(batch) => Ok(Some((lock, batch))),
-            Err(e) => Err(lock.abort(self, e)),
-        }
     }
 
     /// READs the leaves of `self.chain` in one round trip.
@@ -765,7 +577,7 @@ impl KvSession {
                 bytes,
                 old,
             } => {
-                let unlocked = lock.unlocked;
+                let unlocked = lock.unlocked();
                 lock.release(self, &[(leaf_off, &bytes)], unlocked)?;
                 Ok(Locked::Done(old))
             }
@@ -837,157 +649,6 @@ impl KvSession {
             bytes: owner.bytes,
             old,
         })
-    }
-
-    /// Splits the full owner `X` of `s.key` while inserting `s.key` →
-    /// `s.value`, holding `lock` on its chain:
-    /// 1. [`Self::claim_synonym`]: claim a leaf `B` and an SLT slot for it
-    ///    (one round trip); an SLT already full releases the lock unchanged
-    ///    and reports [`Locked::SltFull`];
-    /// 2. [`Halves::cut`]: `X`'s pairs and the new one, cut in two — `A'`
-    ///    (`X`'s first half, `fence_hi` shrunk, linked to `B`) and `B` (the
-    ///    second half, linked to `X`'s old successor); no I/O;
-    /// 3. [`SplitWrites::place`] and the release: `B`, its SLT slot, `X`'s
-    ///    slot when `X` is a synonym, then `A'`, written with the unlock,
-    ///    which points the LT entry at the new slot when `X` is the
-    ///    training leaf;
-    /// 4. [`Self::learn_split`]: the cache learns the new link and synonym;
-    ///    the claim of SLT slot 128 enqueues the model for retraining.
-    ///
-    /// An error in steps 1 to 3 before the release aborts the lock.
-    fn split(&mut self, s: SplitInput<'_>, lock: ChainLock) -> Result<Locked, KvError> {
-        let claim = match self.claim_synonym(&s.at.view) {
-            Ok(Some(claim)) => claim,
-            Ok(None) => {
-                lock.release_unchanged(self)?;
-                return Ok(Locked::SltFull);
-            }
-            Err(e) => return Err(lock.abort(self, e)),
-        };
-        let planned = Halves::cut(&s, claim, self.leaf_size).and_then(|halves| {
-            SplitWrites::place(self.shared.region, &s, claim, halves, lock.unlocked)
-        });
-        let writes = match planned {
-            Ok(writes) => writes,
-            Err(e) => return Err(lock.abort(self, e)),
-        };
-        lock.release(self, &writes.in_order(), writes.unlock_to)?;
-        self.learn_split(&s, claim, writes.unlock_to)?;
-        Ok(Locked::Done(None))
-    }
-
-    /// Split step 1: `FAA alloc_num` and `FAA` the model's SLT count in one
-    /// batch. `None`: the SLT has no slot left (the leaf number drawn is
-    /// left unused); [`KvError::LeafRegionFull`]: no leaf left.
-    fn claim_synonym(&mut self, view: &ModelView) -> Result<Option<Claim>, KvError> {
-        let pool = self.shared.pool.clone();
-        let region = self.shared.region;
-        let slt0 = view.record.slt_slot_offset(0)?;
-        let got = self.io.run(
-            &pool,
-            &[
-                Op::Faa {
-                    remote: region.alloc_num_offset(),
-                    add: 1,
-                },
-                Op::Faa {
-                    remote: slt0,
-                    add: 1,
-                },
-            ],
-            "allocating a synonym leaf",
-        )?;
-        let (leaf_no, fetched) = (got[0], got[1]);
-        let Ok(slot) = SltHeader::claimed_slot(fetched) else {
-            return Ok(None);
-        };
-        let leaf = region.claim(leaf_no).map_err(|_| KvError::LeafRegionFull {
-            capacity: region.capacity(),
-        })?;
-        Ok(Some(Claim { leaf, slot }))
-    }
-
-    /// Split step 4, after the release: what the cache learns, and the
-    /// retraining request at the SLT's last slot.
-    fn learn_split(
-        &mut self,
-        s: &SplitInput<'_>,
-        claim: Claim,
-        unlocked_to: LtEntry,
-    ) -> Result<(), KvError> {
-        let view = &s.at.view;
-        view.lt[s.at.j as usize].store(unlocked_to.raw(), Relaxed);
-        let mut synonyms: Vec<LeafAddr> = s.owner.path.iter().skip(1).copied().collect();
-        if !s.owner.path.is_empty() {
-            synonyms.push(s.owner.addr);
-        }
-        synonyms.push(claim.leaf);
-        view.learn(s.at.j, synonyms);
-        self.counters.synonym_leaves.fetch_add(1, Relaxed);
-        if SltHeader::triggers_retraining(claim.slot) {
-            self.enqueue(s.at.m as u64)?;
-        }
-        Ok(())
-    }
-
-    /// Writes `writes` and releases `lock` (locked word → `to`): in one
-    /// batch on an ordered fabric; on an unordered one, the unlock is
-    /// posted after the writes completed and not awaited (the next
-    /// operation waits for it, [`Self::settle`]). Only [`ChainLock`]'s
-    /// release calls this.
-    fn write_and_unlock(
-        &mut self,
-        lock: &ChainLock,
-        writes: &[(u64, &[u8])],
-        to: u64,
-    ) -> Result<(), KvError> {
-        let pool = self.shared.pool.clone();
-        let mut ops = Vec::with_capacity(writes.len() + 1);
-        let mut local = 0u64;
-        for &(remote, bytes) in writes {
-            self.io.stage(local, bytes)?;
-            ops.push(Op::Write {
-                remote,
-                local,
-                len: bytes.len() as u64,
-            });
-            local += (bytes.len() as u64).next_multiple_of(8);
-        }
-        if self.shared.ordered {
-            ops.push(Op::Cas {
-                remote: lock.lt_off,
-                expected: lock.locked,
-                new: to,
-            });
-            let got = *self
-                .io
-                .run(&pool, &ops, "writing and unlocking")?
-                .last()
-                .unwrap_or(&0);
-            if got != lock.locked {
-                return Err(KvError::Inconsistent {
-                    what: "a held lock changed under its holder",
-                    model: lock.model,
-                });
-            }
-            return Ok(());
-        }
-        if !ops.is_empty() {
-            self.io.run(&pool, &ops, "writing a locked chain")?;
-        }
-        let flag = CompletionFlag::new();
-        self.io.cur.posted += 1;
-        self.io.cur.atomics += 1;
-        self.shared
-            .engine
-            .submit_cas((&pool, lock.lt_off), lock.locked, to, OnValue::flag(&flag))
-            .map_err(crate::error::transfer("posting an unlock"))?;
-        self.pending = Some(PendingUnlock {
-            flag,
-            locked: lock.locked,
-            model: lock.model,
-        });
-        Ok(())
     }
 
     /// Puts model `m` into the retraining queue. A queue that stays full
@@ -1189,52 +850,9 @@ impl KvSession {
     }
 }
 
-impl ChainLock {
-    /// Writes `writes` and releases the lock, leaving the LT entry at `to`
-    /// (see [`KvSession::write_and_unlock`] for the round trips).
-    fn release(
-        mut self,
-        s: &mut KvSession,
-        writes: &[(u64, &[u8])],
-        to: LtEntry,
-    ) -> Result<(), KvError> {
-        // Spent from here on, whatever the post's outcome (see the type).
-        self.shared = None;
-        s.write_and_unlock(&self, writes, to.raw())
-    }
-
-    /// Releases the lock with nothing written, the LT entry back to the
-    /// word it held before the lock.
-    fn release_unchanged(self, s: &mut KvSession) -> Result<(), KvError> {
-        let to = self.unlocked;
-        self.release(s, &[], to)
-    }
-
-    /// Releases the lock unchanged after `error` and returns `error` — or
-    /// the release's own error if that failed (the lock's fate is then the
-    /// more urgent news).
-    fn abort(self, s: &mut KvSession, error: KvError) -> KvError {
-        match self.release_unchanged(s) {
-            Ok(()) => error,
-            Err(release) => release,
-        }
-    }
-}
-
-impl Drop for ChainLock {
-    fn drop(&mut self) {
-        // Only reached with no release posted (a panic between lock and
-        // release): nobody else changes a locked word, so restoring it is
-        // safe. Not awaited, not counted: the session is unwinding.
-        if let Some(shared) = self.shared.take() {
-            let _ = shared.engine.submit_cas(
-                (&shared.pool, self.lt_off),
-                self.locked,
-                self.unlocked.raw(),
-                OnValue::callback(|_| {}),
-            );
-        }
-    }
+/// The first error among a batch's `results`.
+fn first_error(results: &[Result<u64, TransferError>]) -> Option<TransferError> {
+    results.iter().find_map(|r| r.as_ref().err().cloned())
 }
 
 /// The error of leaf `leaf`'s bytes, met in a chain of model `model`, not

@@ -146,6 +146,12 @@ pub struct KvStats {
     pub model_misses: u64,
     /// Inserts that waited for a full SLT to be retrained.
     pub slt_full_waits: u64,
+    /// Chain locks the client may still hold (see
+    /// [`crate::KvClient::locks_maybe_held`]), when the stats were taken.
+    pub locks_maybe_held: u64,
+    /// Chain locks whose lock or release failed without saying whether it
+    /// landed, and which a retry released since (or found not held).
+    pub locks_released_late: u64,
     /// The client engine's own counters.
     pub engine: CounterSnapshot,
     /// What the client caches.
@@ -176,6 +182,8 @@ impl KvStats {
         self.retrain_requests += other.retrain_requests;
         self.model_misses += other.model_misses;
         self.slt_full_waits += other.slt_full_waits;
+        self.locks_maybe_held += other.locks_maybe_held;
+        self.locks_released_late += other.locks_released_late;
         self.engine += other.engine;
         self.model_bytes.total += other.model_bytes.total;
         self.model_bytes.learned += other.model_bytes.learned;

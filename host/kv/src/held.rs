@@ -1,0 +1,239 @@
+//! Chain locks whose fate this compute node does not know, and how it
+//! releases them without ever freeing a lock it does not hold.
+//!
+//! A lock `CAS` or an unlock `CAS` that ends in an error completion may
+//! still have landed (a fabric may fail an operation after it applied),
+//! and one not confirmed in time may land later. Such a lock is *maybe
+//! held*: the client records it ([`MaybeHeld`], kept by [`HeldLocks`]) and
+//! a later operation of any of its sessions retries the release — a `CAS`
+//! from the locked word to the word the release meant to leave, after any
+//! writes that must land first. The retry is harmless when the lock was
+//! released already (the word differs, the `CAS` fails) — unless a lock was
+//! taken since with the very same word: a lock word names its holder by
+//! owner id only, and every session of a process (every client configured
+//! with the same owner) writes the same id. So a retry runs only while no
+//! other lock of this process is being taken, held or released on that
+//! chain:
+//!
+//! - a process-wide table of [`Stripe`]s (a hash of the pool and the LT
+//!   entry) counts the locks of this process that are being taken, are
+//!   held, or whose release is not yet confirmed: [`Stripe::enter`] before
+//!   the lock `CAS`, [`Stripe::leave`] once that `CAS` failed, its outcome
+//!   went into a [`MaybeHeld`], or the release was confirmed;
+//! - a retry holds its stripe *exclusively*, which it gets only while that
+//!   count is 0; meanwhile [`Stripe::enter`] refuses and the writer backs
+//!   off as from a busy lock, so no lock of this process on the chain is
+//!   taken under the retry;
+//! - an in-flight `CAS` of ours (an unlock not confirmed in time, or posted
+//!   by a dropped or panicking session) keeps its count until its
+//!   completion is seen: nothing is retried while it may still land.
+//!
+//! Owner ids are per process: a leased id is held by one process at a
+//! time, and [`rolex_core::entry::LockOwner::ANONYMOUS`] clients live in
+//! the memory node's process. If the process dies with locks maybe held,
+//! the memory node's lease reaper releases the leased ones.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
+use std::sync::{Arc, Mutex};
+
+use rolex_core::wire::MrDesc;
+use rolex_engine::callback::CompletionFlag;
+
+/// Stripes of the process-wide table.
+const STRIPES: usize = 4096;
+/// The stripe word's bit for "a retry holds it"; the rest counts locks.
+const EXCLUSIVE: u64 = 1 << 63;
+
+static TABLE: [AtomicU64; STRIPES] = [const { AtomicU64::new(0) }; STRIPES];
+
+/// The stripe of the process-wide table that one LT entry of one pool
+/// falls in (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stripe(&'static AtomicU64);
+
+impl Stripe {
+    /// The stripe of the LT entry at `lt_off` in `pool`.
+    pub(crate) fn of(pool: &MrDesc, lt_off: u64) -> Self {
+        Self::at(pool.ptr.wrapping_add(lt_off))
+    }
+
+    /// The stripe of the word at `addr` in the memory node.
+    fn at(addr: u64) -> Self {
+        // Fibonacci hashing of the word index (LT entries are 8-byte
+        // words): neighbouring entries land far apart.
+        let h = (addr >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Self(&TABLE[(h >> 52) as usize % STRIPES])
+    }
+
+    /// Counts a lock of this process about to be taken in this stripe;
+    /// `false` (nothing counted) while a retry holds it exclusively.
+    pub(crate) fn enter(self) -> bool {
+        let mut v = self.0.load(Acquire);
+        loop {
+            if v & EXCLUSIVE != 0 {
+                return false;
+            }
+            match self.0.compare_exchange_weak(v, v + 1, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => v = now,
+            }
+        }
+    }
+
+    /// Uncounts a lock [`Stripe::enter`] counted.
+    pub(crate) fn leave(self) {
+        self.0.fetch_sub(1, AcqRel);
+    }
+
+    /// Takes the stripe exclusively if no lock of this process is counted
+    /// in it.
+    fn try_exclusive(self) -> bool {
+        self.0
+            .compare_exchange(0, EXCLUSIVE, AcqRel, Acquire)
+            .is_ok()
+    }
+
+    /// Ends [`Stripe::try_exclusive`].
+    fn end_exclusive(self) {
+        self.0.fetch_and(!EXCLUSIVE, AcqRel);
+    }
+
+    /// Runs `f` holding the stripe exclusively; `None` (without running
+    /// it) if a lock of this process is counted in the stripe.
+    pub(crate) fn exclusively<T>(self, f: impl FnOnce() -> T) -> Option<T> {
+        if !self.try_exclusive() {
+            return None;
+        }
+        let out = f();
+        self.end_exclusive();
+        Some(out)
+    }
+}
+
+/// A chain lock this client may still hold (see the module docs).
+#[derive(Debug)]
+pub(crate) struct MaybeHeld {
+    /// Pool offset of its LT entry.
+    pub(crate) lt_off: u64,
+    /// Its stripe.
+    pub(crate) stripe: Stripe,
+    /// The word while this client holds it.
+    pub(crate) locked: u64,
+    /// The word its release leaves.
+    pub(crate) to: u64,
+    /// A `CAS` of ours on the word whose completion has not been seen; it
+    /// still counts in the stripe.
+    pub(crate) inflight: Option<Arc<CompletionFlag>>,
+    /// Writes that must land before the release: (pool offset, bytes).
+    pub(crate) repair: Vec<(u64, Vec<u8>)>,
+}
+
+/// The locks a client may still hold.
+#[derive(Debug, Default)]
+pub(crate) struct HeldLocks {
+    list: Mutex<Vec<MaybeHeld>>,
+    /// Entries recorded and not yet resolved (including those a
+    /// resolution pass holds).
+    count: AtomicUsize,
+    /// Entries resolved so far.
+    resolved: AtomicU64,
+}
+
+impl HeldLocks {
+    /// Records `lock`.
+    pub(crate) fn record(&self, lock: MaybeHeld) {
+        self.count.fetch_add(1, AcqRel);
+        self.list
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lock);
+    }
+
+    /// Locks recorded and not yet resolved.
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Acquire)
+    }
+
+    /// Locks recorded and resolved since the client connected.
+    pub(crate) fn resolved(&self) -> u64 {
+        self.resolved.load(Acquire)
+    }
+
+    /// Counts a lock settled by a retry right away (never recorded).
+    pub(crate) fn note_resolved(&self) {
+        self.resolved.fetch_add(1, AcqRel);
+    }
+
+    /// Takes every entry for a resolution pass (another pass may hold
+    /// some: each entry is in one pass at a time).
+    pub(crate) fn take(&self) -> Vec<MaybeHeld> {
+        std::mem::take(&mut *self.list.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Ends a pass: `kept` go back, `resolved` more are done.
+    pub(crate) fn put_back(&self, kept: Vec<MaybeHeld>, resolved: usize) {
+        if !kept.is_empty() {
+            self.list
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(kept);
+        }
+        self.count.fetch_sub(resolved, AcqRel);
+        self.resolved.fetch_add(resolved as u64, AcqRel);
+    }
+}
+
+impl Drop for HeldLocks {
+    fn drop(&mut self) {
+        // Dropped after the client's engine, which failed every operation
+        // still in flight: no `CAS` of ours can land any more, so the
+        // stripes may forget them (the locks themselves are the lease
+        // reaper's now).
+        for e in self
+            .list
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            if e.inflight.is_some() {
+                e.stripe.leave();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stripe() -> Stripe {
+        // A stripe of its own: no other test of this process uses it.
+        static MINE: AtomicU64 = AtomicU64::new(0);
+        Stripe(&MINE)
+    }
+
+    #[test]
+    fn a_retry_excludes_new_locks_and_waits_for_held_ones() {
+        let s = stripe();
+        assert!(s.enter(), "a lock being taken");
+        assert_eq!(s.exclusively(|| ()), None, "a retry waits for it");
+        s.leave();
+        let inside = s.exclusively(|| {
+            assert!(!s.enter(), "no lock is taken under a retry");
+            7
+        });
+        assert_eq!(inside, Some(7));
+        assert!(s.enter(), "taken again once the retry ended");
+        s.leave();
+        assert_eq!(s.0.load(Acquire), 0);
+    }
+
+    #[test]
+    fn stripes_spread_entries() {
+        let mut seen = std::collections::HashSet::new();
+        for j in 0..1024u64 {
+            seen.insert(Stripe::at((1 << 20) + 8 * j).0 as *const AtomicU64);
+        }
+        assert!(seen.len() > 1000, "{} stripes for 1024 entries", seen.len());
+    }
+}

@@ -1,0 +1,638 @@
+//! Chain locks: taking one ([`KvSession::lock_chain`]), the guard that
+//! releases it ([`ChainLock`]) on every path, and what happens when a lock
+//! or a release fails without saying whether it landed.
+//!
+//! Invariant: every lock this session takes is released exactly once —
+//! confirmed, or handed to the client's record of locks it may still hold
+//! (module `held`), which a later operation releases. A lock's word always
+//! carries the client's configured owner. Every lock counts in its stripe
+//! of the process-wide table from before its `CAS` until its release is
+//! confirmed or recorded, so a retried release never frees a lock another
+//! session of this process took with the same word.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rolex_core::entry::LtEntry;
+use rolex_core::layout::{ModelRecord, ModelState};
+use rolex_engine::callback::{CompletionFlag, OnValue};
+use rolex_engine::TransferError;
+
+use super::{ChainAt, KvSession, LeafReads};
+use crate::client::ClientShared;
+use crate::error::KvError;
+use crate::held::{MaybeHeld, Stripe};
+use crate::io::Op;
+
+/// How long the next operation waits for a posted unlock before it
+/// records the lock as maybe held and fails.
+const UNLOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The words of one chain lock: the LT entry at `lt_off` of model `model`,
+/// which the lock's `CAS` turned from `unlocked` into `locked`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LockWord {
+    model: u64,
+    lt_off: u64,
+    stripe: Stripe,
+    unlocked: LtEntry,
+    locked: u64,
+}
+
+impl LockWord {
+    /// This lock as maybe held, its release leaving `to` once `repair` is
+    /// written.
+    fn maybe_held(self, to: u64, repair: Vec<(u64, Vec<u8>)>) -> MaybeHeld {
+        MaybeHeld {
+            lt_off: self.lt_off,
+            stripe: self.stripe,
+            locked: self.locked,
+            to,
+            inflight: None,
+            repair,
+        }
+    }
+}
+
+/// A chain this session holds locked. It is released exactly once,
+/// through this guard:
+/// - a write that changed its leaves: [`ChainLock::release`] with the
+///   writes (one batch with the unlocking `CAS` on an ordered fabric; on an
+///   unordered one the `CAS` is posted once the writes completed);
+/// - a split whose leaves are written: [`ChainLock::post_release`];
+/// - a write that changed nothing, a split that found the SLT full:
+///   [`ChainLock::release_unchanged`];
+/// - every error after the lock — the unordered read of the chain, a chase
+///   that does not end in the chain, a leaf that refuses its key, the
+///   synonym claim, a full leaf region, a split that cannot be laid out or
+///   whose writes failed: [`ChainLock::abort`], which releases it
+///   unchanged and hands the error back;
+/// - a split whose new leaf may be incomplete while the leaf linking to it
+///   may have landed: [`ChainLock::keep`], which records it as maybe held
+///   with the new leaf to write again before the release;
+/// - none of those (a panic): `Drop` posts the unchanged release without
+///   waiting and records the lock as maybe held until its completion is
+///   seen.
+///
+/// A release whose `CAS` fails, or whose outcome is unknown, spends the
+/// guard too: the lock goes to the client's record of locks it may hold
+/// (see [`KvError::LockMaybeHeld`]), whose retry cannot free a later
+/// holder's lock.
+#[must_use = "a locked chain must be released"]
+pub(super) struct ChainLock {
+    word: LockWord,
+    /// `Some` until a release was posted: what `Drop` posts through.
+    shared: Option<Arc<ClientShared>>,
+}
+
+/// An unlock posted and not awaited.
+pub(super) struct PendingUnlock {
+    flag: Arc<CompletionFlag>,
+    word: LockWord,
+    /// The word the unlock leaves.
+    to: u64,
+}
+
+impl PendingUnlock {
+    /// This unlock as maybe held until its completion is seen (it still
+    /// counts in its stripe).
+    fn in_flight(self) -> MaybeHeld {
+        MaybeHeld {
+            inflight: Some(self.flag),
+            ..self.word.maybe_held(self.to, Vec::new())
+        }
+    }
+}
+
+/// Whether writes went out and landed.
+enum Written {
+    /// Every one completed.
+    All,
+    /// None was posted.
+    Not(KvError),
+    /// One failed: any of them may have landed.
+    Maybe(KvError),
+}
+
+impl KvSession {
+    /// Locks the chain `at` (module docs, "Writes"): CAS its LT entry from
+    /// the cached word to the same word locked by this client, reading the
+    /// record's state word in the same batch, and the chain's leaves — in
+    /// that batch on an ordered fabric (the READs run after the CAS), in a
+    /// second round trip once the lock is held on an unordered one. Returns
+    /// the lock and where each leaf landed in the read buffer; `None` when
+    /// the CAS failed (stale cached word, retired or frozen model, another
+    /// writer, or a retried release of this process holding the chain's
+    /// stripe): the cache was corrected or the session backed off, and the
+    /// caller retries. A lock `CAS` that failed without saying whether it
+    /// landed is recorded as maybe held (and the error says so).
+    pub(super) fn lock_chain(
+        &mut self,
+        at: &ChainAt,
+        attempt: u64,
+    ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
+        let pool = self.shared.pool.clone();
+        let ordered = self.shared.ordered;
+        let owner = self.shared.cfg.lock_owner;
+        let j = at.j as usize;
+        let lt_off = at.view.record.lt_entry_offset(at.j)?;
+        let exp = LtEntry::from_raw(at.view.lt[j].load(Relaxed));
+        let locked = exp.locked_by(owner).raw();
+        let word = LockWord {
+            model: at.m as u64,
+            lt_off,
+            stripe: Stripe::of(&pool, lt_off),
+            unlocked: exp,
+            locked,
+        };
+        let mut ops = vec![
+            Op::Cas {
+                remote: lt_off,
+                expected: exp.raw(),
+                new: locked,
+            },
+            Op::Read {
+                remote: at.view.offset + ModelRecord::STATE_OFFSET,
+                local: 0,
+                len: 8,
+            },
+        ];
+        let batch = if ordered {
+            self.plan_reads(8, &mut ops)?
+        } else {
+            Vec::new()
+        };
+        if !word.stripe.enter() {
+            // A retried release of this process holds the stripe.
+            self.io.cur.retries += 1;
+            self.backoff(attempt);
+            return Ok(None);
+        }
+        let (cas, reads) = match self.io.run_each(&pool, &ops, "locking a chain") {
+            Ok(r) => (r[0].clone(), super::first_error(&r[1..])),
+            Err(e) => {
+                word.stripe.leave();
+                return Err(e);
+            }
+        };
+        let during = "locking a chain";
+        let old = match cas {
+            Ok(old) => old,
+            Err(error) => {
+                // The lock may have landed.
+                let failed = KvError::Transfer { during, error };
+                return Err(
+                    match self.lost_release(word, exp.raw(), failed.clone(), Vec::new()) {
+                        Ok(()) => failed,
+                        Err(e) => e,
+                    },
+                );
+            }
+        };
+        if old != exp.raw() {
+            word.stripe.leave();
+            self.io.cur.retries += 1;
+            let o = LtEntry::from_raw(old);
+            if !o.is_locked() {
+                // Our cached word was stale (a new synonym pointer).
+                at.view.lt[j].store(old, Relaxed);
+                return Ok(None);
+            }
+            if let Some(error) = reads {
+                return Err(KvError::Transfer { during, error });
+            }
+            let state = ModelState::from_raw(self.io.local_u64(0)?);
+            if state.is_retired() {
+                self.refresh(at.m)?;
+            } else {
+                if o.owner() == owner {
+                    // Maybe a lock of ours whose release is to be retried.
+                    self.resolve_held();
+                }
+                self.backoff(attempt);
+            }
+            return Ok(None);
+        }
+        let lock = ChainLock {
+            word,
+            shared: Some(self.shared.clone()),
+        };
+        if let Some(error) = reads {
+            return Err(lock.abort(self, KvError::Transfer { during, error }));
+        }
+        if ordered {
+            return Ok(Some((lock, batch)));
+        }
+        match self.read_chain(&pool) {
+            Ok(batch) => Ok(Some((lock, batch))),
+            Err(e) => Err(lock.abort(self, e)),
+        }
+    }
+
+    /// Waits for this session's posted unlock, if any. An unlock that
+    /// failed is retried at once (see [`Self::lost_release`]); one still
+    /// unconfirmed after [`UNLOCK_WAIT`] is recorded as maybe held. An
+    /// error goes to the operation that settles, before it ran: it did not
+    /// take effect (the one whose unlock it was had already returned).
+    pub(super) fn settle(&mut self) -> Result<(), KvError> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let w = p.word;
+        match p.flag.wait(UNLOCK_WAIT) {
+            Some(Ok(v)) if v == w.locked => {
+                w.stripe.leave();
+                Ok(())
+            }
+            Some(Ok(_)) => {
+                w.stripe.leave();
+                Err(KvError::Inconsistent {
+                    what: "a posted unlock found its entry changed",
+                    model: w.model,
+                })
+            }
+            Some(Err(error)) => {
+                let failed = KvError::Transfer {
+                    during: "unlocking a chain",
+                    error,
+                };
+                self.lost_release(w, p.to, failed, Vec::new())
+            }
+            None => {
+                self.shared.held.record(p.in_flight());
+                Err(KvError::LockMaybeHeld {
+                    model: w.model,
+                    release: Box::new(KvError::Timeout {
+                        during: "unlocking a chain",
+                        waited: UNLOCK_WAIT,
+                    }),
+                    after: None,
+                })
+            }
+        }
+    }
+
+    /// Releases `w` with nothing written, leaving `to`: one awaited `CAS`
+    /// on an ordered fabric, a posted one on an unordered fabric.
+    fn unlock(&mut self, w: LockWord, to: u64) -> Result<(), KvError> {
+        if !self.shared.ordered {
+            return self.post_unlock(w, to);
+        }
+        let pool = self.shared.pool.clone();
+        let cas = Op::Cas {
+            remote: w.lt_off,
+            expected: w.locked,
+            new: to,
+        };
+        let got = match self.io.run_each(&pool, &[cas], "unlocking a chain") {
+            Ok(r) => r[0].clone(),
+            Err(e) => return self.lost_release(w, to, e, Vec::new()),
+        };
+        self.unlocked(w, to, got, None)
+    }
+
+    /// What an awaited unlocking `CAS` of `w` (meant to leave `to`) that
+    /// returned `got` means, after writes that failed with `write_err` (if
+    /// any; then the operation may have taken effect).
+    fn unlocked(
+        &mut self,
+        w: LockWord,
+        to: u64,
+        got: Result<u64, TransferError>,
+        write_err: Option<KvError>,
+    ) -> Result<(), KvError> {
+        let wrote = |r: Result<(), KvError>| match (&write_err, r) {
+            (None, r) => r,
+            (Some(e), Ok(())) => Err(e.clone().indeterminate()),
+            (Some(e), Err(KvError::LockMaybeHeld { model, release, .. })) => {
+                Err(KvError::LockMaybeHeld {
+                    model,
+                    release,
+                    after: Some(Box::new(e.clone().indeterminate())),
+                })
+            }
+            (Some(_), Err(other)) => Err(other.indeterminate()),
+        };
+        match got {
+            Ok(v) if v == w.locked => {
+                w.stripe.leave();
+                wrote(Ok(()))
+            }
+            Ok(_) => {
+                w.stripe.leave();
+                wrote(Err(KvError::Inconsistent {
+                    what: "a held lock changed under its holder",
+                    model: w.model,
+                }))
+            }
+            Err(error) => {
+                let failed = KvError::Transfer {
+                    during: "unlocking a chain",
+                    error,
+                };
+                wrote(self.lost_release(w, to, failed, Vec::new()))
+            }
+        }
+    }
+
+    /// Posts the `CAS` releasing `w` to `to` and does not wait for it: the
+    /// next operation of this session (or its `Drop`) does
+    /// ([`Self::settle`]).
+    fn post_unlock(&mut self, w: LockWord, to: u64) -> Result<(), KvError> {
+        let pool = self.shared.pool.clone();
+        let flag = CompletionFlag::new();
+        self.io.cur.posted += 1;
+        self.io.cur.atomics += 1;
+        match self
+            .shared
+            .engine
+            .submit_cas((&pool, w.lt_off), w.locked, to, OnValue::flag(&flag))
+        {
+            Ok(()) => {
+                let posted = PendingUnlock { flag, word: w, to };
+                debug_assert!(self.pending.is_none(), "two unlocks in flight");
+                if let Some(older) = self.pending.replace(posted) {
+                    // An operation settles its unlock before it locks
+                    // again; should one not, the older unlock is watched
+                    // by the client (counted until its completion is seen).
+                    self.shared.held.record(older.in_flight());
+                }
+                Ok(())
+            }
+            Err(error) => {
+                // Not posted: the lock is still held.
+                let failed = KvError::Transfer {
+                    during: "posting an unlock",
+                    error,
+                };
+                self.lost_release(w, to, failed, Vec::new())
+            }
+        }
+    }
+
+    /// Writes `writes` and releases `w` (locked word → `to`): in one batch
+    /// on an ordered fabric; on an unordered one, the unlock is posted
+    /// after the writes completed and not awaited. If a write fails, the
+    /// release leaves the word unchanged (`w`'s unlocked word) and the
+    /// error is indeterminate.
+    fn write_and_unlock(
+        &mut self,
+        w: LockWord,
+        writes: &[(u64, &[u8])],
+        to: u64,
+    ) -> Result<(), KvError> {
+        let pool = self.shared.pool.clone();
+        let mut ops = match self.io.stage_writes(writes) {
+            Ok(ops) => ops,
+            Err(e) => return Err(self.unlock_after(w, e)),
+        };
+        if !self.shared.ordered {
+            return match self.write(&ops, "writing a locked chain") {
+                Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
+                Written::Not(e) => Err(self.unlock_after(w, e)),
+                Written::Maybe(e) => Err(self.unlock_after(w, e.indeterminate())),
+            };
+        }
+        let during = "writing and unlocking";
+        ops.push(Op::Cas {
+            remote: w.lt_off,
+            expected: w.locked,
+            new: to,
+        });
+        let (write_err, got) = match self.io.run_each(&pool, &ops, during) {
+            Ok(r) => {
+                let (cas, data) = r.split_last().unwrap_or((&Ok(0), &[]));
+                let write_err =
+                    super::first_error(data).map(|error| KvError::Transfer { during, error });
+                (write_err, cas.clone())
+            }
+            // Nothing posted, nothing written: release it unchanged.
+            Err(e) => return Err(self.unlock_after(w, e)),
+        };
+        // The writes landed (or may have, with an error): whatever the
+        // unlock's fate, the operation may have taken effect.
+        let r = self.unlocked(w, to, got, write_err.clone());
+        match (write_err, r) {
+            (None, Err(e)) => Err(e.indeterminate()),
+            (_, r) => r,
+        }
+    }
+
+    /// Posts `ops` (staged writes) as one batch and waits.
+    fn write(&mut self, ops: &[Op], during: &'static str) -> Written {
+        let pool = self.shared.pool.clone();
+        match self.io.run_each(&pool, ops, during) {
+            Ok(r) => match super::first_error(r) {
+                None => Written::All,
+                Some(error) => Written::Maybe(KvError::Transfer { during, error }),
+            },
+            Err(e) => Written::Not(e),
+        }
+    }
+
+    /// Releases `w` unchanged after `error` and returns `error` — or, if
+    /// the release failed too, [`KvError::LockMaybeHeld`] carrying both,
+    /// or the release's own error (a changed lock word: the more urgent
+    /// news), indeterminate if `error` was.
+    fn unlock_after(&mut self, w: LockWord, error: KvError) -> KvError {
+        match self.unlock(w, w.unlocked.raw()) {
+            Ok(()) => error,
+            Err(KvError::LockMaybeHeld {
+                model,
+                release,
+                after: None,
+            }) => KvError::LockMaybeHeld {
+                model,
+                release,
+                after: Some(Box::new(error)),
+            },
+            Err(other) if error.may_have_applied() => other.indeterminate(),
+            Err(other) => other,
+        }
+    }
+
+    /// The release of `w` (to `to`, after the `repair` writes) failed with
+    /// `error` without saying whether its `CAS` landed, or the lock `CAS`
+    /// did: stop counting it as a live lock, retry the release once at
+    /// once, and record it as maybe held if that does not settle it.
+    /// `Ok` if the retry settled it; else [`KvError::LockMaybeHeld`].
+    pub(super) fn lost_release(
+        &mut self,
+        w: LockWord,
+        to: u64,
+        error: KvError,
+        repair: Vec<(u64, Vec<u8>)>,
+    ) -> Result<(), KvError> {
+        w.stripe.leave();
+        let mut e = w.maybe_held(to, repair);
+        if self.retry_release(&mut e) {
+            self.shared.held.note_resolved();
+            return Ok(());
+        }
+        self.shared.held.record(e);
+        Err(KvError::LockMaybeHeld {
+            model: w.model,
+            release: Box::new(error),
+            after: None,
+        })
+    }
+
+    /// One pass over the client's locks maybe held: each whose own `CAS`
+    /// completed and whose stripe no lock of this process counts in is
+    /// released again (its repair writes first). Costs its round trips to
+    /// the operation that runs it; failures leave the lock recorded.
+    pub(super) fn resolve_held(&mut self) {
+        if self.shared.held.count() == 0 {
+            return;
+        }
+        let mut entries = self.shared.held.take();
+        let before = entries.len();
+        entries.retain_mut(|e| !self.retry_release(e));
+        let resolved = before - entries.len();
+        self.shared.held.put_back(entries, resolved);
+    }
+
+    /// Tries to settle `e`; `true` when this client no longer holds it.
+    fn retry_release(&mut self, e: &mut MaybeHeld) -> bool {
+        if let Some(flag) = &e.inflight {
+            match flag.result() {
+                None => return false,
+                Some(r) => {
+                    e.inflight = None;
+                    e.stripe.leave();
+                    if r.is_ok() {
+                        // It landed (released) or found the word changed
+                        // (not ours any more, or never was).
+                        return true;
+                    }
+                }
+            }
+        }
+        e.stripe
+            .exclusively(|| self.release_exclusively(e))
+            .unwrap_or(false)
+    }
+
+    /// [`Self::retry_release`] holding `e`'s stripe: its repair writes,
+    /// then the `CAS` from its locked word. A `CAS` that completes settles
+    /// it: it released the lock, or the word was not ours any more.
+    fn release_exclusively(&mut self, e: &MaybeHeld) -> bool {
+        if !e.repair.is_empty() {
+            let writes: Vec<(u64, &[u8])> = e
+                .repair
+                .iter()
+                .map(|(off, b)| (*off, b.as_slice()))
+                .collect();
+            let ops = match self.io.stage_writes(&writes) {
+                Ok(ops) => ops,
+                Err(_) => return false,
+            };
+            if !matches!(self.write(&ops, "repairing a split"), Written::All) {
+                return false;
+            }
+        }
+        let pool = self.shared.pool.clone();
+        let cas = Op::Cas {
+            remote: e.lt_off,
+            expected: e.locked,
+            new: e.to,
+        };
+        self.io.cur.retries += 1;
+        matches!(
+            self.io
+                .run_each(&pool, &[cas], "releasing a chain lock again"),
+            Ok([Ok(_)])
+        )
+    }
+}
+
+impl ChainLock {
+    /// The LT word before the lock.
+    pub(super) fn unlocked(&self) -> LtEntry {
+        self.word.unlocked
+    }
+
+    /// Spends the guard: from here on the release's outcome decides.
+    fn spend(mut self) -> LockWord {
+        self.shared = None;
+        self.word
+    }
+
+    /// Writes `writes` and releases the lock, leaving the LT entry at `to`
+    /// (see [`KvSession::write_and_unlock`] for the round trips).
+    pub(super) fn release(
+        self,
+        s: &mut KvSession,
+        writes: &[(u64, &[u8])],
+        to: LtEntry,
+    ) -> Result<(), KvError> {
+        s.write_and_unlock(self.spend(), writes, to.raw())
+    }
+
+    /// Posts the release, leaving the LT entry at `to`, without waiting
+    /// for it, on any fabric (a split's, once its leaves are written).
+    pub(super) fn post_release(self, s: &mut KvSession, to: LtEntry) -> Result<(), KvError> {
+        s.post_unlock(self.spend(), to.raw())
+    }
+
+    /// Releases the lock with nothing written, the LT entry back to the
+    /// word it held before the lock.
+    pub(super) fn release_unchanged(self, s: &mut KvSession) -> Result<(), KvError> {
+        let w = self.spend();
+        s.unlock(w, w.unlocked.raw())
+    }
+
+    /// Releases the lock unchanged after `error` and returns `error`,
+    /// joined by the release's own if that failed too
+    /// ([`KvSession::unlock_after`]).
+    pub(super) fn abort(self, s: &mut KvSession, error: KvError) -> KvError {
+        s.unlock_after(self.spend(), error)
+    }
+
+    /// Keeps the lock until `repair` is written (after `error`), then
+    /// releases it unchanged: at once if that works, else by a later
+    /// operation ([`KvError::LockMaybeHeld`]).
+    pub(super) fn keep(
+        self,
+        s: &mut KvSession,
+        repair: Vec<(u64, Vec<u8>)>,
+        error: KvError,
+    ) -> Result<(), KvError> {
+        let w = self.spend();
+        s.lost_release(w, w.unlocked.raw(), error, repair)
+    }
+}
+
+impl Drop for ChainLock {
+    fn drop(&mut self) {
+        // Only reached with no release posted (a panic between lock and
+        // release): nobody else changes a locked word, so restoring it is
+        // safe. Not awaited, not counted: the session is unwinding; the
+        // lock stays counted and recorded until its completion is seen.
+        if let Some(shared) = self.shared.take() {
+            let w = self.word;
+            let flag = CompletionFlag::new();
+            let posted = shared.engine.submit_cas(
+                (&shared.pool, w.lt_off),
+                w.locked,
+                w.unlocked.raw(),
+                OnValue::flag(&flag),
+            );
+            let mut held = w.maybe_held(w.unlocked.raw(), Vec::new());
+            match posted {
+                Ok(()) => held.inflight = Some(flag),
+                Err(_) => w.stripe.leave(),
+            }
+            shared.held.record(held);
+        }
+    }
+}
+
+impl Drop for KvSession {
+    fn drop(&mut self) {
+        // Its unlock confirmed, or handed to the client's record (whose
+        // error has no one left to go to).
+        let _ = self.settle();
+    }
+}
