@@ -217,6 +217,9 @@ fn a_split_cut_after_its_new_leaf_loses_no_key_and_its_writer_releases_the_lock(
     keys.push((2, 2));
     keys.sort();
     every_key_found(&reader, &keys);
+    // The insert's unlock may still be in flight (unordered fabric): wait
+    // for it, or the freeze below may meet it past its deadline.
+    session.flush().unwrap();
     node.retrain_now(0).unwrap();
     every_key_found(&reader, &keys);
 }
@@ -249,6 +252,7 @@ fn a_split_cut_after_its_new_leaf_loses_no_key_when_its_writer_dies() {
     }
     keys.sort();
     every_key_found(&next, &keys);
+    s.flush().unwrap();
     node.retrain_now(0).unwrap();
     every_key_found(&next, &keys);
     eprintln!(
@@ -376,8 +380,9 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
             let mut n = 0u64;
             while !stop.load(SeqCst) && n < 100 {
                 for m in 0..node.model_count() {
-                    node.retrain_now(m).unwrap();
-                    n += 1;
+                    if common::retrain_unless_busy(&node, m) {
+                        n += 1;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }

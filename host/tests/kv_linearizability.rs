@@ -3,6 +3,8 @@
 //! the recorded history is checked against a sequential `BTreeMap` model
 //! (`rolex_checker`).
 
+mod common;
+
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
@@ -54,8 +56,9 @@ fn run(unordered: bool, seed: u64) {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 for m in 0..node.model_count() {
-                    node.retrain_now(m).unwrap();
-                    n += 1;
+                    if common::retrain_unless_busy(&node, m) {
+                        n += 1;
+                    }
                 }
                 passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_micros(200));

@@ -85,3 +85,17 @@ pub fn small_kv_node(pairs: &[(u64, u64)]) -> rolex_host::memnode::MemoryNode {
     )
     .expect("small memory node")
 }
+
+/// Retrains model `m` while compute nodes run: `true` if it was retrained,
+/// `false` if the freeze met a lock held past its deadline (the designed
+/// outcome under contention: the agent thaws and retries later). Any other
+/// error fails the test.
+pub fn retrain_unless_busy(node: &rolex_host::memnode::MemoryNode, m: u64) -> bool {
+    match node.retrain_now(m) {
+        Ok(_) => true,
+        Err(rolex_host::memnode::MemoryNodeError::Agent(
+            rolex_host::memnode::AgentError::FreezeDeadline { .. },
+        )) => false,
+        Err(e) => panic!("retraining model {m}: {e}"),
+    }
+}
