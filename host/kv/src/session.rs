@@ -33,9 +33,14 @@
 //!
 //! The writer locks its chain by `CAS` on the training leaf's LT entry
 //! (the cached word is the `expected`; a mismatch returns the current word).
-//! A failed lock reads the record's state word in the same batch: `RETIRED`
-//! → refresh and redo (retired LT entries stay locked forever), `FROZEN` or
-//! another writer → back off and retry.
+//! The lock's batch also reads the record's state word and model id: a
+//! record that is `RETIRED`, or whose space was reused (another model id or
+//! generation) → refresh and redo (a lock that landed there is released
+//! unchanged); `FROZEN` or another writer → back off and retry. A retired
+//! record's space is reused only after a grace period, so a writer never
+//! locks through a view it has not seen live for longer than
+//! `KvClientConfig::model_max_age`: such a view is refreshed first (see
+//! the `cache` module).
 //! - ordered fabric: batch 1 = CAS + READ state + READ chain (the READs run
 //!   after the CAS); batch 2 = WRITE the leaves + CAS unlock (after the
 //!   data): **2 round trips**.
@@ -129,7 +134,7 @@ use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, LeafError};
 use rolex_core::wire::MrDesc;
 use rolex_engine::TransferError;
 
-use crate::cache::ModelView;
+use crate::cache::{clock_ns, ModelView};
 use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
@@ -346,6 +351,11 @@ impl KvSession {
         Ok(())
     }
 
+    /// `KvClientConfig::model_max_age` in nanoseconds.
+    fn max_age_ns(&self) -> u64 {
+        u64::try_from(self.shared.cfg.model_max_age.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     fn backoff(&mut self, attempt: u64) {
         // xorshift jitter so contending sessions drift apart.
         self.rng ^= self.rng << 13;
@@ -483,6 +493,8 @@ impl KvSession {
         for attempt in 0..self.shared.cfg.max_attempts {
             let ChainAt { m, view, j } = self.chain_at(key);
             let dir = self.shared.sb.directory_entry_offset(m as u64)?;
+            let posted = clock_ns();
+            let fresh = view.age_ns(posted) <= self.max_age_ns();
             let mut ops = vec![Op::Read {
                 remote: dir,
                 local: 0,
@@ -494,6 +506,11 @@ impl KvSession {
                 self.io.cur.retries += 1;
                 self.refresh(m)?;
                 continue;
+            }
+            if fresh {
+                // Seen live within the grace period before, so the
+                // directory still naming it means the same record.
+                view.seen_live(posted);
             }
             match self.chase(m as u64, key, self.chain[0], 0, &batch)? {
                 Chase::Owner(owner) => {
