@@ -188,6 +188,9 @@ pub struct AgentStats {
     pub model_region_free: u64,
     /// New records placed in the space of retired ones.
     pub records_reused: u64,
+    /// Retrainings refused because the model region was really full
+    /// (published in the model's record for compute nodes).
+    pub refusals: u64,
     /// CirQ entries that named no model of the directory (skipped, and
     /// reported as a [`Notice`]).
     pub cirq_unknown: u64,
@@ -668,8 +671,35 @@ impl<M: PoolMemory> Agent<M> {
     /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
     /// clear links, unlock. A failure before the switch thaws the old
     /// record; one after it is [`AgentError::RollForward`] (see the module
-    /// docs).
+    /// docs). A model region too full for the new record even once every
+    /// retired record's grace period has passed is published in the old
+    /// record ([`Self::refuse`]).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
+        let at = p.record_at;
+        let r = self.install_steps(p);
+        if let Err(AgentError::ModelRegionFull { needed, .. }) = r {
+            self.refuse(at, needed)?;
+        }
+        r
+    }
+
+    /// Publishes in the live record at `at` (its retraining thawed or never
+    /// frozen) that a retraining needing `needed` bytes was refused, if the
+    /// model region is really full: not even the records in their grace
+    /// period would make room. Compute nodes that find the model's SLT full
+    /// then fail at once ("pool full") instead of waiting for a retraining
+    /// that cannot come; the next successful retraining's record has no
+    /// such mark.
+    fn refuse(&mut self, at: u64, needed: u64) -> Result<(), AgentError> {
+        if self.space.largest_eventually() >= needed {
+            return Ok(());
+        }
+        self.stats.refusals += 1;
+        Ok(self.mem.store(at + ModelRecord::REFUSED_OFFSET, needed)?)
+    }
+
+    /// [`Self::install`]'s steps.
+    fn install_steps(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         self.check_pool()?;
         let model_id = p.model_id;
         self.settle(model_id)?;

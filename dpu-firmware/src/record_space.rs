@@ -131,6 +131,13 @@ impl RecordSpace {
         self.ready.values().copied().fold(tail, u64::max)
     }
 
+    /// The largest record that will fit once every retired record's grace
+    /// period has passed (nothing else changing).
+    pub fn largest_eventually(&self) -> u64 {
+        let mut all = self.clone();
+        all.largest(u64::MAX)
+    }
+
     /// Room for a record of `size` bytes at `now`: the first reusable block
     /// that fits, else past the bump pointer; `None` if neither has room.
     pub fn alloc(&mut self, size: u64, now: u64) -> Option<u64> {
@@ -184,6 +191,9 @@ mod tests {
         assert_eq!(s.free_bytes(), (0, 80));
         assert_eq!(s.reused(), 1);
         assert_eq!(s.largest(60), 2000 - 1500);
+        s.retire(1400, 100, 60);
+        assert_eq!(s.largest(60), 500);
+        assert_eq!(s.largest_eventually(), 600);
     }
 
     #[test]

@@ -85,6 +85,13 @@
 //! 3. post the unlock, which points the LT entry at `B`'s slot when `X` is
 //!    the training leaf.
 //!
+//! An insert that finds the SLT full waits for the model's retraining
+//! (refreshing the model, up to `KvClientConfig::slt_full_wait`), unless
+//! the model's record says the agent refused to retrain it for want of
+//! model-region space (`ModelRecord::refused`, read with the record the
+//! refresh reads anyway): then it fails at once with
+//! [`KvError::PoolFull`].
+//!
 //! Nothing links to `B` before `A'` lands, so a writer that dies (or fails)
 //! anywhere before that leaves `X` whole and `B` an unreachable leaf (one
 //! leaf and one SLT slot lost, no key); once `A'` landed, `B` was already
@@ -544,6 +551,14 @@ impl KvSession {
                 Locked::SltFull => {
                     // Its unlock lands before this operation locks again.
                     self.settle()?;
+                    let refused = self.shared.view(at.m).record.refused();
+                    if refused != 0 {
+                        // The agent cannot retrain the model: no wait.
+                        return Err(KvError::PoolFull {
+                            model: at.m as u64,
+                            needed: refused,
+                        });
+                    }
                     let now = Instant::now();
                     let deadline = *slt_deadline.get_or_insert_with(|| {
                         self.counters.slt_full_waits.fetch_add(1, Relaxed);

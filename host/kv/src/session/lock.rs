@@ -222,6 +222,8 @@ impl KvSession {
                     shared: Some(self.shared.clone()),
                 }
                 .release_unchanged(self)?;
+                // Its unlock lands before this operation locks again.
+                self.settle()?;
             } else {
                 word.stripe.leave();
             }
