@@ -675,22 +675,27 @@ impl<M: PoolMemory> Agent<M> {
     /// retired record's grace period has passed is published in the old
     /// record ([`Self::refuse`]).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
-        let at = p.record_at;
+        let model_id = p.model_id;
         let r = self.install_steps(p);
         if let Err(AgentError::ModelRegionFull { needed, .. }) = r {
-            self.refuse(at, needed)?;
+            self.refuse(model_id, needed)?;
         }
         r
     }
 
-    /// Publishes in the live record at `at` (its retraining thawed or never
-    /// frozen) that a retraining needing `needed` bytes was refused, if the
-    /// model region is really full: not even the records in their grace
-    /// period would make room. Compute nodes that find the model's SLT full
+    /// Publishes in model `model_id`'s current record (its retraining
+    /// thawed or never frozen: still live) that a retraining needing
+    /// `needed` bytes was refused, if the model region is really full: not
+    /// even the records in their grace period would make room. Compute nodes that find the model's SLT full
     /// then fail at once ("pool full") instead of waiting for a retraining
     /// that cannot come; the next successful retraining's record has no
     /// such mark.
-    fn refuse(&mut self, at: u64, needed: u64) -> Result<(), AgentError> {
+    fn refuse(&mut self, model_id: u64, needed: u64) -> Result<(), AgentError> {
+        // The record the directory names now (a retraining that found the
+        // model retrained since its preparation refused the current one).
+        let Some(&at) = self.records.get(model_id as usize) else {
+            return Ok(());
+        };
         if self.space.largest_eventually() >= needed {
             return Ok(());
         }
@@ -1407,6 +1412,12 @@ mod tests {
             Err(AgentError::ModelRegionFull { .. })
         ));
         assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+        // Really full (nothing retired to wait for): published for compute
+        // nodes in the record.
+        let refused = mem.load(at + ModelRecord::REFUSED_OFFSET).unwrap();
+        assert!(refused > 64, "{refused}");
+        assert_eq!(agent.stats().refusals, 1);
+        assert_eq!(agent.record(at).unwrap().refused(), refused);
     }
 
     /// The CirQ as a compute node sees it: `FAA` the tail for a ticket,
