@@ -21,14 +21,17 @@
 //!    created meanwhile are thus carried over, as training leaves of the new
 //!    record (equivalent to listing them in its SLT, and it keeps the new SLT
 //!    empty for the next round).
-//! 4. **Build** the new record `R'` beside the old one (bump allocation in
-//!    the model region; retired records are never reused, because stale
-//!    compute nodes may still `CAS` their LT entries): LT = every leaf in
-//!    key order, *locked*; fences = their `fence_lo`; empty SLT; segments.
+//! 4. **Build** the new record `R'` beside the old one, in space of the
+//!    model region that no compute node can still be using
+//!    ([`crate::record_space`]: first fit among records retired longer
+//!    than [`AgentConfig::record_grace`] ago, else past the highest record):
+//!    LT = every leaf in key order, *locked*; fences = their `fence_lo`;
+//!    empty SLT; segments.
 //! 5. **Switch** `D[m] := R'` (one 8-byte write): **the point of no
 //!    return**. Then mark `R` retired with a forward pointer to `R'`. `R`'s
-//!    LT entries stay locked forever, so a stale writer can never write
-//!    through `R`.
+//!    LT entries stay locked until its space is reused, so a stale writer
+//!    never writes through `R`; `R`'s space is given back to the model
+//!    region, reusable once the grace period has passed.
 //! 6. Leaf by leaf, clear the `next` link of the leaf of `R'` (each is now a
 //!    training leaf with an empty chain; re-sealed), then unlock its LT
 //!    entry in `R'`. Until then writers of that leaf back off; readers
@@ -93,6 +96,7 @@ use crate::error::{AgentError, Inconsistency, PoolError};
 use crate::histogram::Histogram;
 use crate::leaves::{check_tiling, leaf_buffer, read_leaf, walk_model, LeafInfo};
 use crate::memory::PoolMemory;
+use crate::record_space::RecordSpace;
 
 /// How the agent decides what to retrain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +120,14 @@ pub struct AgentConfig {
     pub retry_backoff_min: Duration,
     /// The most a failing model is left alone. 1 s by default.
     pub retry_backoff_max: Duration,
+    /// How long a retired model record stays untouched before its space is
+    /// reused, on the agent's clock. It must exceed the longest a compute
+    /// node uses a cached record it has not seen live
+    /// (`rolex_kv::KvClientConfig::model_max_age`, 500 ms by default) plus
+    /// the longest one request stays in flight, so that no stale compute
+    /// node's `CAS` or READ meets another model's record (see
+    /// [`crate::record_space`]). 2 s by default.
+    pub record_grace: Duration,
 }
 
 impl Default for AgentConfig {
@@ -126,6 +138,7 @@ impl Default for AgentConfig {
             freeze_deadline: Duration::from_millis(20),
             retry_backoff_min: Duration::from_millis(1),
             retry_backoff_max: Duration::from_secs(1),
+            record_grace: Duration::from_secs(2),
         }
     }
 }
@@ -168,8 +181,16 @@ pub struct AgentStats {
     pub failures: u64,
     /// The last of them.
     pub last_failure: Option<Failure>,
-    /// Bytes of the model region used by records so far.
+    /// Bytes of the model region up to the end of its highest record in
+    /// use or waiting (records below it may be free: see the next two).
     pub model_region_used: u64,
+    /// Bytes of retired records, in their grace period or reusable.
+    pub model_region_free: u64,
+    /// New records placed in the space of retired ones.
+    pub records_reused: u64,
+    /// Retrainings refused because the model region was really full
+    /// (published in the model's record for compute nodes).
+    pub refusals: u64,
     /// CirQ entries that named no model of the directory (skipped, and
     /// reported as a [`Notice`]).
     pub cirq_unknown: u64,
@@ -307,8 +328,7 @@ pub struct Agent<M: PoolMemory> {
     sb: Superblock,
     region: LeafRegion,
     cfg: AgentConfig,
-    next_free: u64,
-    region_end: u64,
+    space: RecordSpace,
     /// Current record offset of each model (the agent alone writes the
     /// directory, so this mirror is exact).
     records: Vec<u64>,
@@ -334,7 +354,14 @@ impl<M: PoolMemory> Agent<M> {
         let mut head = [0u8; Superblock::SIZE as usize];
         mem.read(0, &mut head)?;
         let sb = Superblock::read(&head)?;
-        let region_end = sb.model_region_offset() + sb.model_region_len();
+        let start = sb.model_region_offset();
+        let region_end = start + sb.model_region_len();
+        if !(start..=region_end).contains(&next_free) {
+            return Err(AgentError::BadConfig {
+                field: "next_free",
+                value: next_free,
+            });
+        }
         let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
         mem.read(sb.leaf_region_offset(), &mut lrh)?;
         let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
@@ -350,8 +377,7 @@ impl<M: PoolMemory> Agent<M> {
             sb,
             region,
             cfg,
-            next_free,
-            region_end,
+            space: RecordSpace::new(start, region_end, next_free, ns(cfg.record_grace)),
             records: Vec::new(),
             slts: Vec::new(),
             pending: BTreeSet::new(),
@@ -369,7 +395,7 @@ impl<M: PoolMemory> Agent<M> {
             agent.slts.push(r.slt_offset());
             agent.backoff.push(Backoff::default());
         }
-        agent.stats.model_region_used = next_free - sb.model_region_offset();
+        agent.stats.model_region_used = agent.space.extent();
         Ok(agent)
     }
 
@@ -388,10 +414,12 @@ impl<M: PoolMemory> Agent<M> {
         self.stats
     }
 
-    /// The first model-region byte no record uses (where the next record
-    /// goes); a restarted agent attaches with it.
+    /// The first model-region byte past every record in use or retired
+    /// (where bump allocation goes on); a restarted agent attaches with it
+    /// (and does not reuse the retired records below it: the free space is
+    /// kept in the agent's memory only).
     pub fn next_free(&self) -> u64 {
-        self.next_free
+        self.space.next_free()
     }
 
     /// The oldest notice not taken yet.
@@ -643,8 +671,40 @@ impl<M: PoolMemory> Agent<M> {
     /// Steps 2–6: freeze, re-walk (refit if needed), build, switch, retire,
     /// clear links, unlock. A failure before the switch thaws the old
     /// record; one after it is [`AgentError::RollForward`] (see the module
-    /// docs).
+    /// docs). A model region too full for the new record even once every
+    /// retired record's grace period has passed is published in the old
+    /// record ([`Self::refuse`]).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
+        let model_id = p.model_id;
+        let r = self.install_steps(p);
+        if let Err(AgentError::ModelRegionFull { needed, .. }) = r {
+            self.refuse(model_id, needed)?;
+        }
+        r
+    }
+
+    /// Publishes in model `model_id`'s current record (its retraining
+    /// thawed or never frozen: still live) that a retraining needing
+    /// `needed` bytes was refused, if the model region is really full: not
+    /// even the records in their grace period would make room. Compute nodes that find the model's SLT full
+    /// then fail at once ("pool full") instead of waiting for a retraining
+    /// that cannot come; the next successful retraining's record has no
+    /// such mark.
+    fn refuse(&mut self, model_id: u64, needed: u64) -> Result<(), AgentError> {
+        // The record the directory names now (a retraining that found the
+        // model retrained since its preparation refused the current one).
+        let Some(&at) = self.records.get(model_id as usize) else {
+            return Ok(());
+        };
+        if self.space.largest_eventually() >= needed {
+            return Ok(());
+        }
+        self.stats.refusals += 1;
+        Ok(self.mem.store(at + ModelRecord::REFUSED_OFFSET, needed)?)
+    }
+
+    /// [`Self::install`]'s steps.
+    fn install_steps(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         self.check_pool()?;
         let model_id = p.model_id;
         self.settle(model_id)?;
@@ -667,11 +727,13 @@ impl<M: PoolMemory> Agent<M> {
                 what: Inconsistency::AlreadyFrozen,
             });
         }
-        // Room for the largest record this model can need: every LT leaf
-        // plus every SLT slot, one segment per leaf.
-        let max_leaves = r.leaf_count() + SltHeader::CAPACITY;
-        let needed = ModelRecord::size_for(max_leaves, max_leaves)?;
-        let left = self.region_end - self.next_free;
+        // Room for the record as prepared (at most one segment per leaf):
+        // a region without it is refused before anything is frozen. The
+        // record's exact size is known under the freeze (step 4), which
+        // thaws if that does not fit.
+        let n = (p.leaves.len() as u64).max(1);
+        let needed = ModelRecord::size_for(n, n)?;
+        let left = self.space.largest(self.mem.now_ns());
         if needed > left {
             return Err(AgentError::ModelRegionFull { needed, left });
         }
@@ -691,6 +753,7 @@ impl<M: PoolMemory> Agent<M> {
             }
         };
         if let Err(e) = self.switch(&built) {
+            self.space.unused(built.at, built.size);
             self.thaw(frozen)?;
             return Err(e);
         }
@@ -831,7 +894,10 @@ impl<M: PoolMemory> Agent<M> {
         s.freeze_ns_total += report.freeze_ns;
         s.freeze_ns_max = s.freeze_ns_max.max(report.freeze_ns);
         s.freeze_hist.record(report.freeze_ns);
-        s.model_region_used = self.next_free - self.sb.model_region_offset();
+        s.model_region_used = self.space.extent();
+        let (waiting, ready) = self.space.free_bytes();
+        s.model_region_free = waiting + ready;
+        s.records_reused = self.space.reused();
     }
 
     /// Steps 3–4 under the freeze of record `r` (at `at`, state `state`
@@ -852,7 +918,10 @@ impl<M: PoolMemory> Agent<M> {
         let n = leaves.len() as u64;
         Ok(Built {
             at: new_at,
+            size: record.total_len()?,
             record,
+            old_at: at,
+            old_size: r.total_len()?,
             retire_at: at + ModelRecord::STATE_OFFSET,
             retired: state.frozen().retired(new_at)?.raw(),
             report: RetrainReport {
@@ -941,11 +1010,12 @@ impl<M: PoolMemory> Agent<M> {
         Ok(fit_model(&fences, r.epsilon())?)
     }
 
-    /// Step 4: writes the new record beside `r` at the model region's next
-    /// free byte — LT = every leaf of `leaves` in key order, *locked* by
-    /// the agent; fences = their `fence_lo`; an empty SLT; `segments` —
-    /// and moves the free byte past it. Nothing points at it yet. Returns
-    /// its offset, its header and the keys its leaves hold.
+    /// Step 4: writes the new record beside `r` in free space of the model
+    /// region ([`RecordSpace::alloc`]: no compute node can still use it) —
+    /// LT = every leaf of `leaves` in key order, *locked* by the agent;
+    /// fences = their `fence_lo`; an empty SLT; `segments`. Nothing points
+    /// at it yet (its space is given back if writing it fails). Returns its
+    /// offset, its header and the keys its leaves hold.
     fn build_record(
         &mut self,
         r: &ModelRecord,
@@ -955,7 +1025,32 @@ impl<M: PoolMemory> Agent<M> {
     ) -> Result<(u64, ModelRecord, u64), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
-        let new_at = self.next_free;
+        let size = ModelRecord::size_for(n, segments.len() as u64)?;
+        let now = self.mem.now_ns();
+        let Some(new_at) = self.space.alloc(size, now) else {
+            return Err(AgentError::ModelRegionFull {
+                needed: size,
+                left: self.space.largest(now),
+            });
+        };
+        let written = self.write_record(new_at, r, state, leaves, segments, keys);
+        if written.is_err() {
+            self.space.unused(new_at, size);
+        }
+        written.map(|nr| (new_at, nr, keys))
+    }
+
+    /// Step 4's writes: the record for `leaves` and `segments` at `new_at`.
+    fn write_record(
+        &mut self,
+        new_at: u64,
+        r: &ModelRecord,
+        state: ModelState,
+        leaves: &[LeafInfo],
+        segments: &[ModelSegment],
+        keys: u64,
+    ) -> Result<ModelRecord, AgentError> {
+        let n = leaves.len() as u64;
         let nr = ModelRecord::new(
             new_at,
             &ModelRecordParams {
@@ -971,7 +1066,6 @@ impl<M: PoolMemory> Agent<M> {
             },
         )?;
         nr.check(new_at, &self.sb)?;
-        let size = ModelRecord::size_for(n, segments.len() as u64)?;
         let mut lt = Vec::with_capacity(leaves.len() * 8);
         let mut fb = Vec::with_capacity(leaves.len() * 8);
         for l in leaves {
@@ -993,8 +1087,7 @@ impl<M: PoolMemory> Agent<M> {
         self.mem
             .write(nr.slt_offset(), &[0u8; ModelRecord::SLT_SIZE as usize])?;
         self.mem.write(nr.segments_offset(), &sg)?;
-        self.next_free += size;
-        Ok((new_at, nr, keys))
+        Ok(nr)
     }
 
     /// Step 5: the switch — the model's directory word to the new record
@@ -1017,6 +1110,8 @@ impl<M: PoolMemory> Agent<M> {
         if !sw.retired {
             self.retire(&sw.built)?;
             sw.retired = true;
+            let now = self.mem.now_ns();
+            self.space.retire(sw.built.old_at, sw.built.old_size, now);
         }
         while sw.done < sw.built.leaves.len() {
             self.release_leaf(&sw.built, sw.done)?;
@@ -1026,7 +1121,8 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Step 5, after the switch: marks the old record retired with a
-    /// forward pointer to the new one (its LT entries stay locked forever).
+    /// forward pointer to the new one (its LT entries stay locked until its
+    /// space is reused, after the grace period).
     fn retire(&self, b: &Built) -> Result<(), PoolError> {
         Ok(self.mem.store(b.retire_at, b.retired)?)
     }
@@ -1067,9 +1163,13 @@ struct Frozen {
 /// A record built beside the old one (steps 3–4), not yet switched in,
 /// with everything the steps after the switch need.
 struct Built {
-    /// Its pool offset.
+    /// Its pool offset and bytes.
     at: u64,
+    size: u64,
     record: ModelRecord,
+    /// The old record's pool offset and bytes (given back once retired).
+    old_at: u64,
+    old_size: u64,
     /// Every leaf of the new record, in LT order.
     leaves: Vec<LeafInfo>,
     /// The old record's state word, and its value once retired.
@@ -1249,6 +1349,56 @@ mod tests {
     }
 
     #[test]
+    fn retired_records_are_reused_after_their_grace_period() {
+        let (mem, next_free) = load(40);
+        let grace = 1_000;
+        let cfg = AgentConfig {
+            record_grace: Duration::from_nanos(grace),
+            ..AgentConfig::default()
+        };
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let region = sb.leaf_region().unwrap();
+        let models = agent.records().len() as u64;
+        let size = ModelRecord::size_for(4, 4).unwrap();
+        let room = sb.model_region_offset() + sb.model_region_len() - next_free;
+        // Far more retrainings than the region holds records.
+        let rounds = 40 * room / size;
+        let first = agent.records()[0];
+        for i in 0..rounds {
+            let m = i % models;
+            let old = agent.records()[m as usize];
+            let r = agent.retrain(m).unwrap();
+            // Never the space of a record retired less than the grace ago.
+            assert_ne!(r.new_record, old);
+            mem.advance(grace / 4);
+        }
+        let s = agent.stats();
+        assert_eq!(s.retrains, rounds);
+        assert!(s.records_reused > rounds / 2, "{s:?}");
+        assert!(s.model_region_used <= sb.model_region_len());
+        // The first record's space serves some model now: its state and id
+        // tell a stale reader so.
+        let now = ModelRecord::read(&{
+            let mut b = [0u8; ModelRecord::SIZE as usize];
+            mem.read(first, &mut b).unwrap();
+            b
+        })
+        .unwrap();
+        assert!(now.model_id() != 0 || now.state().generation() != 0);
+        // Every key is still found from the current records.
+        let mut buf = leaf_buffer(&region);
+        let mut keys = 0;
+        for m in 0..models {
+            let r = agent.record(agent.records()[m as usize]).unwrap();
+            assert_eq!(r.model_id(), m);
+            let leaves = walk_model(&mem, &region, &r, &mut buf).unwrap();
+            keys += leaves.iter().map(|l| u64::from(l.count)).sum::<u64>();
+        }
+        assert_eq!(keys, 40);
+    }
+
+    #[test]
     fn a_full_model_region_is_refused_before_freezing() {
         let (mem, _) = load(40);
         let mut head = [0u8; 128];
@@ -1262,6 +1412,12 @@ mod tests {
             Err(AgentError::ModelRegionFull { .. })
         ));
         assert!(!ModelState::from_raw(mem.load(at).unwrap()).is_frozen());
+        // Really full (nothing retired to wait for): published for compute
+        // nodes in the record.
+        let refused = mem.load(at + ModelRecord::REFUSED_OFFSET).unwrap();
+        assert!(refused > 64, "{refused}");
+        assert_eq!(agent.stats().refusals, 1);
+        assert_eq!(agent.record(at).unwrap().refused(), refused);
     }
 
     /// The CirQ as a compute node sees it: `FAA` the tail for a ticket,

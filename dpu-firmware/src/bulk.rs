@@ -44,7 +44,8 @@ pub struct BulkConfig {
     /// Leaves the region holds beyond the loaded ones (synonym leaves).
     pub spare_leaves: u64,
     /// Bytes of the model region beyond the loaded records (the records
-    /// retraining will build; retired records are never reused).
+    /// retraining will build; retired records are reused after the
+    /// agent's grace period).
     pub model_region_spare: u64,
 }
 

@@ -137,7 +137,8 @@ pub enum AgentError {
     ModelRegionFull {
         /// Bytes a record may need.
         needed: u64,
-        /// Bytes left.
+        /// The largest record that fits now: the biggest reusable block of
+        /// retired records, or the room past the highest record.
         left: u64,
     },
     /// The directory has no model `model_id`.

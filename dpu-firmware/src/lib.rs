@@ -16,6 +16,8 @@
 //!   their fit are `rolex_core::model`'s, as the clients' prediction).
 //! - [`leaves`] — reading and validating leaves and chains from the pool.
 //! - [`agent`] — the retraining service, [`Agent`].
+//! - [`record_space`] — [`RecordSpace`], the model region's free space:
+//!   retired records reused after a grace period.
 //! - [`histogram`] — [`Histogram`], the freeze-time histogram.
 //! - [`error`] — [`AgentError`].
 #![cfg_attr(not(test), no_std)]
@@ -31,6 +33,7 @@ pub mod histogram;
 pub mod leaves;
 pub mod memory;
 pub mod reap;
+pub mod record_space;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Failure, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
@@ -38,6 +41,7 @@ pub use error::{AgentError, Inconsistency, PoolError};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};
+pub use record_space::RecordSpace;
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -374,8 +374,8 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
     let (failed_windows, errors, maybe) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let mut history = History::new(pairs.iter().copied());
     std::thread::scope(|scope| {
-        // Retired records are not reused yet: a bounded number of
-        // retrainings, so the model region lasts.
+        // A bounded number of retrainings: the test is about faults, not
+        // about how long the model region lasts (see kv_records).
         let retrainer = scope.spawn(|| {
             let mut n = 0u64;
             while !stop.load(SeqCst) && n < 100 {

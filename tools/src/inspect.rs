@@ -164,8 +164,12 @@ fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
                     let at = r.lt_entry_offset(j).ok()?;
                     read_u64(pool, at).map(LtEntry::from_raw)
                 });
+                let refused = match r.refused() {
+                    0 => String::new(),
+                    n => format!(", retraining refused (model region full: needs {n} bytes)"),
+                };
                 println!(
-                    "model {m}: record {word}, generation {}, {} leaves, keys [{:#x}, {:#x}]{}{}",
+                    "model {m}: record {word}, generation {}, {} leaves, keys [{:#x}, {:#x}]{}{}{refused}",
                     state.generation(),
                     r.leaf_count(),
                     r.first_key(),

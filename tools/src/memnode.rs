@@ -9,7 +9,11 @@
 //! insert fresh keys for `--duration` seconds while the agent's own thread
 //! (pinned to `--cores` CPUs) retrains models as their SLTs fill; the
 //! agent's CPU per million inserts comes from that phase. Every inserted
-//! key is read back at the end.
+//! key is read back at the end. The insert phase's report gives the
+//! retraining throughput (keys and retrainings per second of the agent's
+//! busy time — wall time inside retraining steps — and retrainings per
+//! second of the phase) and the model region's use (retired records, reuse,
+//! retrainings refused for want of room).
 //!
 //! With `--fabric libfabric:PROVIDER --listen ADDR:PORT` (or `--fabric
 //! verbs[:DEVICE]` in a build with the verbs backend) it instead serves
@@ -21,7 +25,9 @@
 //! `memory node listening on ADDR:PORT …` as its first stdout line, and
 //! runs (retraining agent and the engine's progress) until it is
 //! terminated by a signal (SIGINT, SIGTERM or SIGKILL: nothing is kept on
-//! disk, so the default dispositions are the clean stop).
+//! disk, so the default dispositions are the clean stop). Meanwhile each
+//! progress line on stderr gives the same throughput since the previous
+//! line, and the model region's use.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -34,8 +40,8 @@ use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
 use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{AgentStats, MemoryNode, MemoryNodeConfig};
 use rolex_host::memnode::{LeaseConfig, LeaseServer};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::Fabric;
 
 use crate::dataset::{DataSetArgs, EmptyFile};
@@ -341,20 +347,25 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let n_ins = inserted.load(Ordering::Relaxed);
     let retrains = a.retrains - b.retrains;
     let keys_retrained = a.keys_retrained - b.keys_retrained;
-    let busy = (st.retrain_busy_ns - base.retrain_busy_ns) as f64 / 1e9;
     let cpu = (st.agent_cpu_ns - base.agent_cpu_ns) as f64 / 1e9;
     println!(
         "inserts: {} in {:.1} s by {} client(s), {} synonym leaves",
         n_ins, args.duration, args.clients, st.synonym_leaves
     );
     println!(
-        "agent: {} retrainings, {} keys retrained ({:.1} M keys/s while retraining), {} CirQ entries, {} failures",
+        "agent: {} retrainings, {} keys retrained, {}, {} CirQ entries, {} failures",
         retrains,
         keys_retrained,
-        keys_retrained as f64 / busy.max(1e-9) / 1e6,
+        Throughput {
+            retrains,
+            keys: keys_retrained,
+            busy_ns: st.retrain_busy_ns - base.retrain_busy_ns,
+            wall: phase,
+        },
         a.cirq_pops - b.cirq_pops,
         st.agent_errors
     );
+    println!("{}", RegionUse(&a));
     let h = a.freeze_hist;
     println!(
         "freeze (all {} retrainings of the run): p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
@@ -498,6 +509,7 @@ fn serve(
     let mut leased = 0;
     let mut progress = (0, 0);
     let mut ticks = 0u64;
+    let mut last = (node_.stats(), Instant::now());
     loop {
         std::thread::sleep(Duration::from_millis(200));
         ticks += 1;
@@ -517,10 +529,20 @@ fn serve(
         let st = node_.stats();
         if (st.agent.retrains, st.synonym_leaves) != progress {
             progress = (st.agent.retrains, st.synonym_leaves);
+            let (before, since) = &last;
+            let rate = Throughput {
+                retrains: st.agent.retrains - before.agent.retrains,
+                keys: st.agent.keys_retrained - before.agent.keys_retrained,
+                busy_ns: st.retrain_busy_ns - before.retrain_busy_ns,
+                wall: since.elapsed(),
+            };
             eprintln!(
-                "retrained {} model(s) so far; {} synonym leaves created by compute nodes",
-                progress.0, progress.1
+                "retrained {} model(s) so far ({rate} since the last report); {} synonym leaves created by compute nodes; {}",
+                progress.0,
+                progress.1,
+                RegionUse(&st.agent)
             );
+            last = (st, Instant::now());
         }
         let errors = st.agent_errors;
         if errors > reported {
@@ -529,6 +551,51 @@ fn serve(
                 eprintln!("agent error ({errors} so far): {e}");
             }
         }
+    }
+}
+
+/// Retraining throughput over an interval: keys retrained per second of
+/// the agent's busy time (wall time inside retraining steps), and
+/// retrainings per second of busy time and of the interval.
+struct Throughput {
+    retrains: u64,
+    keys: u64,
+    busy_ns: u64,
+    wall: Duration,
+}
+
+impl std::fmt::Display for Throughput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let busy = self.busy_ns as f64 / 1e9;
+        if busy <= 0.0 {
+            return write!(f, "no retraining time");
+        }
+        write!(
+            f,
+            "{:.2} M keys/s and {:.0} retrainings/s while retraining, {:.1} retrainings/s over {:.1} s",
+            self.keys as f64 / busy / 1e6,
+            self.retrains as f64 / busy,
+            self.retrains as f64 / self.wall.as_secs_f64().max(1e-9),
+            self.wall.as_secs_f64()
+        )
+    }
+}
+
+/// The model region's use: its extent, the retired records' bytes, the
+/// records reused and the retrainings refused for want of room.
+struct RegionUse<'a>(&'a AgentStats);
+
+impl std::fmt::Display for RegionUse<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.0;
+        write!(
+            f,
+            "model region: {} KiB used, {} KiB of it retired records, {} records reused, {} retrainings refused (full)",
+            a.model_region_used >> 10,
+            a.model_region_free >> 10,
+            a.records_reused,
+            a.refusals
+        )
     }
 }
 

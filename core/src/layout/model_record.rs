@@ -336,7 +336,9 @@ impl ModelSegment {
 ///     88     8  slt_offset       pool offset of SLT: 256 words, word 0 the
 ///                                SltHeader, words 1..=255 LtEntry
 ///     96     8  segments_offset  pool offset of g ModelSegment (40 B each)
-///    104     8  reserved         0
+///    104     8  refused          bytes a retraining of this model needed and
+///                                the model region did not have (0: none); set
+///                                by the agent when the region is really full
 /// 112 + 0        8n  LT
 /// 112 + 8n       8n  fence table
 /// 112 + 16n    2048  SLT
@@ -361,7 +363,7 @@ pub struct ModelRecord {
     fences_offset: U64,
     slt_offset: U64,
     segments_offset: U64,
-    reserved: U64,
+    refused: U64,
 }
 
 const _: () = assert!(core::mem::size_of::<ModelRecord>() == 112);
@@ -371,6 +373,9 @@ impl ModelRecord {
     pub const SIZE: u64 = core::mem::size_of::<Self>() as u64;
     /// Offset of the state word within the record.
     pub const STATE_OFFSET: u64 = core::mem::offset_of!(Self, state) as u64;
+    /// Offset of the `refused` word within the record (written by the
+    /// agent only, read by compute nodes with the record).
+    pub const REFUSED_OFFSET: u64 = core::mem::offset_of!(Self, refused) as u64;
     /// Bytes of an SLT.
     pub const SLT_SIZE: u64 = SltHeader::SLOTS as u64 * 8;
 
@@ -414,7 +419,7 @@ impl ModelRecord {
             fences_offset: U64::new(fences),
             slt_offset: U64::new(slt),
             segments_offset: U64::new(segments),
-            reserved: U64::new(0),
+            refused: U64::new(0),
         };
         record.check_fields()?;
         Ok(record)
@@ -439,6 +444,15 @@ impl ModelRecord {
     /// Replaces the state word.
     pub fn set_state(&mut self, state: ModelState) {
         self.state.set(state.raw());
+    }
+
+    /// Bytes a retraining of this model needed and the model region did
+    /// not have, even counting the records still in their grace period (0:
+    /// none). While it is nonzero the model's SLT will not be emptied: a
+    /// writer that finds the SLT full fails at once ("pool full") instead
+    /// of waiting for a retraining.
+    pub fn refused(&self) -> u64 {
+        self.refused.get()
     }
 
     /// The directory slot served.
@@ -657,6 +671,8 @@ mod tests {
         let at = 4096;
         let r = ModelRecord::new(at, &params(10)).unwrap();
         assert_eq!(ModelRecord::STATE_OFFSET, 0);
+        assert_eq!(ModelRecord::REFUSED_OFFSET, 104);
+        assert_eq!(r.refused(), 0);
         assert_eq!(r.lt_offset(), at + 112);
         assert_eq!(r.fences_offset(), at + 112 + 80);
         assert_eq!(r.slt_offset(), at + 112 + 160);

@@ -24,7 +24,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 /// lock's owner (`lock:1 | region:7 | pointer:8 | owner:16 | leaf:32`).
 /// Version 4: a CirQ slot carries its ticket's tag (`tag:32 | model_id+1:32`),
 /// so a skipped producer's late write is never taken for a later ticket's.
-pub const LAYOUT_VERSION: u32 = 4;
+/// Version 5: a model record's word at 104 (reserved before) is `refused`,
+/// the bytes a retraining needed when the model region was really full.
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

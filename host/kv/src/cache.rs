@@ -9,13 +9,23 @@
 //! stale; readers follow the leaves' own `next` links and writers learn the
 //! current LT word from a failed `CAS`, so a stale cache costs round trips,
 //! never correctness.
+//!
+//! A retired record's space is reused by the memory node after a grace
+//! period (`rolex_dpu::AgentConfig::record_grace`), so a cached record's
+//! *words* stay safe to `CAS` only for a while after it was last seen live:
+//! each view keeps when that was ([`ModelView::age_ns`], measured from
+//! before the READ that saw it), and a writer refreshes a view older than
+//! `KvClientConfig::model_max_age` before it locks through it. A record read
+//! after its space was reused names another model or generation, and the
+//! reader refreshes (see `fetch_model` and the lock's check).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
+use std::time::Instant;
 
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
-use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, Superblock};
+use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, ModelState, Superblock};
 use rolex_core::model::owning_leaf;
 
 /// One model as cached (see the module docs).
@@ -30,6 +40,17 @@ pub(crate) struct ModelView {
     pub(crate) fences: Vec<u64>,
     /// Synonyms after each training leaf, in chain order, as last learned.
     chains: RwLock<HashMap<u64, Vec<LeafAddr>>>,
+    /// [`clock_ns`] before the latest READ that found this record live and
+    /// this model's (0: never).
+    seen_live_ns: AtomicU64,
+}
+
+/// Nanoseconds since this process first asked (a monotonic clock for the
+/// views' ages).
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl ModelView {
@@ -99,7 +120,29 @@ impl ModelView {
             lt,
             fences,
             chains: RwLock::new(chains),
+            seen_live_ns: AtomicU64::new(0),
         })
+    }
+
+    /// Notes that a READ posted at `at_ns` ([`clock_ns`]) found the record
+    /// live and this model's, with the cached generation.
+    pub(crate) fn seen_live(&self, at_ns: u64) {
+        self.seen_live_ns.fetch_max(at_ns, Relaxed);
+    }
+
+    /// Nanoseconds from when the record was last seen live to `now_ns`.
+    pub(crate) fn age_ns(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.seen_live_ns.load(Relaxed))
+    }
+
+    /// Whether a record header's first words (state and model id) name the
+    /// record this view caches, live: same model, same generation, not
+    /// retired. Anything else is a stale view (retired, or the space
+    /// reused by another record).
+    pub(crate) fn is_current(&self, state: ModelState, model_id: u64) -> bool {
+        model_id == self.record.model_id()
+            && !state.is_retired()
+            && state.generation() == self.record.state().generation()
     }
 
     /// The training leaf that owns `key` (a key of this model), and whether

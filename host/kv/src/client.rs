@@ -20,7 +20,7 @@ use rolex_core::model::Locator;
 use rolex_core::wire::MrDesc;
 use zerocopy::FromBytes;
 
-use crate::cache::ModelView;
+use crate::cache::{clock_ns, ModelView};
 use crate::error::{check_first_keys, transfer, KvError};
 use crate::held::HeldLocks;
 use crate::io::Io;
@@ -44,6 +44,13 @@ pub struct KvClientConfig {
     /// Attempts an operation makes (lock contention, frozen model, torn
     /// leaves) before it fails with [`KvError::TooManyRetries`].
     pub max_attempts: u64,
+    /// How long after a cached model record was last seen live a writer
+    /// may still lock through it; an older view is refreshed first. The
+    /// memory node reuses a retired record's space only after its grace
+    /// period (`rolex_dpu::AgentConfig::record_grace`, 2 s by default),
+    /// which must exceed this plus the longest a request stays in flight.
+    /// 500 ms by default.
+    pub model_max_age: Duration,
     /// The id every chain lock of this client carries: the one its memory
     /// node's lease handed out ([`super::lease::LeaseClient::owner`]), so
     /// the node can release them if this process dies holding them;
@@ -61,6 +68,7 @@ impl Default for KvClientConfig {
             session_buffer: 64 * 1024,
             slt_full_wait: Duration::from_secs(10),
             max_attempts: 1_000_000,
+            model_max_age: Duration::from_millis(500),
             lock_owner: LockOwner::ANONYMOUS,
         }
     }
@@ -328,23 +336,25 @@ pub(crate) fn fetch_model(
         let at = io.read_u64(pool, dir, "reading a directory word")?;
         let head = io.read_bytes(pool, at, ModelRecord::SIZE, "reading a model record")?;
         let r = ModelRecord::read(&head)?;
-        r.check(at, sb)?;
-        if r.model_id() != m {
-            return Err(KvError::Inconsistent {
-                what: "the directory names a record of another model",
-                model: m,
-            });
-        }
-        if r.state().is_retired() {
-            // The directory was switched before the record was retired, so
-            // re-reading it finds the successor.
+        if r.model_id() != m || r.state().is_retired() {
+            // Retired (the directory was switched before the record was
+            // retired, so re-reading it finds the successor), or its space
+            // was reused since the directory word was read: stale.
             continue;
         }
+        r.check(at, sb)?;
+        let t = clock_ns();
         let bytes = io.read_bytes(pool, at, r.total_len()?, "reading a model's tables")?;
-        return Ok(ModelView::parse(at, &bytes, sb)?);
+        let v = ModelView::parse(at, &bytes, sb)?;
+        if !v.is_current(v.record.state(), m) {
+            // Retired or reused between the two READs.
+            continue;
+        }
+        v.seen_live(t);
+        return Ok(v);
     }
     Err(KvError::Inconsistent {
-        what: "the directory keeps naming a retired record",
+        what: "the directory keeps naming a retired or reused record",
         model: m,
     })
 }

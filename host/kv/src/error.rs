@@ -71,6 +71,17 @@ pub enum KvError {
         /// The model.
         model: u64,
     },
+    /// The memory node is out of memory for this write: the model's synonym
+    /// leaf table is full and the memory node's agent refused to retrain
+    /// the model because its model region has no room for the new record
+    /// (it published that in the model's record). The insert did not
+    /// happen; reads, updates and deletes of present keys go on.
+    PoolFull {
+        /// The model.
+        model: u64,
+        /// Bytes the model's retraining needed.
+        needed: u64,
+    },
     /// The retraining queue stayed full for the whole bounded wait of the
     /// insert that had to queue its model (the memory node's agent is not
     /// consuming, or is waiting out abandoned tickets). The insert itself
@@ -236,6 +247,10 @@ impl fmt::Display for KvError {
                 f,
                 "model {model}: synonym leaf table full and not retrained in time"
             ),
+            Self::PoolFull { model, needed } => write!(
+                f,
+                "pool full: model {model}'s synonym leaf table is full and the memory node has no room to retrain it (a new record needs {needed} bytes)"
+            ),
             Self::CirqFull {
                 model,
                 ticket,
@@ -400,6 +415,11 @@ mod tests {
         let landed = held(None).indeterminate();
         assert!(landed.may_have_applied() && landed.lock_may_be_held());
         assert!(!KvError::SltFull { model: 1 }.may_have_applied());
+        assert!(!KvError::PoolFull {
+            model: 1,
+            needed: 8
+        }
+        .may_have_applied());
     }
 
     #[test]

@@ -33,9 +33,14 @@
 //!
 //! The writer locks its chain by `CAS` on the training leaf's LT entry
 //! (the cached word is the `expected`; a mismatch returns the current word).
-//! A failed lock reads the record's state word in the same batch: `RETIRED`
-//! → refresh and redo (retired LT entries stay locked forever), `FROZEN` or
-//! another writer → back off and retry.
+//! The lock's batch also reads the record's state word and model id: a
+//! record that is `RETIRED`, or whose space was reused (another model id or
+//! generation) → refresh and redo (a lock that landed there is released
+//! unchanged); `FROZEN` or another writer → back off and retry. A retired
+//! record's space is reused only after a grace period, so a writer never
+//! locks through a view it has not seen live for longer than
+//! `KvClientConfig::model_max_age`: such a view is refreshed first (see
+//! the `cache` module).
 //! - ordered fabric: batch 1 = CAS + READ state + READ chain (the READs run
 //!   after the CAS); batch 2 = WRITE the leaves + CAS unlock (after the
 //!   data): **2 round trips**.
@@ -79,6 +84,13 @@
 //!    succeeded, `B` is written again, lock held, before anything else);
 //! 3. post the unlock, which points the LT entry at `B`'s slot when `X` is
 //!    the training leaf.
+//!
+//! An insert that finds the SLT full waits for the model's retraining
+//! (refreshing the model, up to `KvClientConfig::slt_full_wait`), unless
+//! the model's record says the agent refused to retrain it for want of
+//! model-region space (`ModelRecord::refused`, read with the record the
+//! refresh reads anyway): then it fails at once with
+//! [`KvError::PoolFull`].
 //!
 //! Nothing links to `B` before `A'` lands, so a writer that dies (or fails)
 //! anywhere before that leaves `X` whole and `B` an unreachable leaf (one
@@ -129,7 +141,7 @@ use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, LeafError};
 use rolex_core::wire::MrDesc;
 use rolex_engine::TransferError;
 
-use crate::cache::ModelView;
+use crate::cache::{clock_ns, ModelView};
 use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
@@ -346,6 +358,11 @@ impl KvSession {
         Ok(())
     }
 
+    /// `KvClientConfig::model_max_age` in nanoseconds.
+    fn max_age_ns(&self) -> u64 {
+        u64::try_from(self.shared.cfg.model_max_age.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     fn backoff(&mut self, attempt: u64) {
         // xorshift jitter so contending sessions drift apart.
         self.rng ^= self.rng << 13;
@@ -483,6 +500,8 @@ impl KvSession {
         for attempt in 0..self.shared.cfg.max_attempts {
             let ChainAt { m, view, j } = self.chain_at(key);
             let dir = self.shared.sb.directory_entry_offset(m as u64)?;
+            let posted = clock_ns();
+            let fresh = view.age_ns(posted) <= self.max_age_ns();
             let mut ops = vec![Op::Read {
                 remote: dir,
                 local: 0,
@@ -494,6 +513,11 @@ impl KvSession {
                 self.io.cur.retries += 1;
                 self.refresh(m)?;
                 continue;
+            }
+            if fresh {
+                // Seen live within the grace period before, so the
+                // directory still naming it means the same record.
+                view.seen_live(posted);
             }
             match self.chase(m as u64, key, self.chain[0], 0, &batch)? {
                 Chase::Owner(owner) => {
@@ -527,6 +551,14 @@ impl KvSession {
                 Locked::SltFull => {
                     // Its unlock lands before this operation locks again.
                     self.settle()?;
+                    let refused = self.shared.view(at.m).record.refused();
+                    if refused != 0 {
+                        // The agent cannot retrain the model: no wait.
+                        return Err(KvError::PoolFull {
+                            model: at.m as u64,
+                            needed: refused,
+                        });
+                    }
                     let now = Instant::now();
                     let deadline = *slt_deadline.get_or_insert_with(|| {
                         self.counters.slt_full_waits.fetch_add(1, Relaxed);

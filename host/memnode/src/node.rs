@@ -56,8 +56,8 @@ pub struct MemoryNodeConfig {
     /// (plus a fixed 1024).
     pub spare_leaf_factor: f64,
     /// Bytes of model region for the records retraining builds (retired
-    /// records are not reused); `None`: 16 times the loaded records plus
-    /// 4 MiB.
+    /// records are reused after `record_grace`); `None`: 16 times the
+    /// loaded records plus 4 MiB.
     pub model_region_spare: Option<u64>,
     /// SLT slots used that make the agent retrain a model (compute nodes
     /// enqueue at 128 regardless).
@@ -66,6 +66,10 @@ pub struct MemoryNodeConfig {
     /// locks before it thaws the model and retries it later; see
     /// `rolex_dpu::AgentConfig::freeze_deadline`.
     pub freeze_deadline: Duration,
+    /// How long a retired model record stays untouched before the agent
+    /// reuses its space; longer than compute nodes' `model_max_age` plus a
+    /// request's time in flight. See `rolex_dpu::AgentConfig::record_grace`.
+    pub record_grace: Duration,
     /// How long a CirQ ticket may stay unwritten before the agent skips it
     /// as abandoned (its producer died or stalled between its `FAA` and its
     /// WRITE); see `rolex_dpu::AgentConfig::cirq_abandon_after`.
@@ -104,6 +108,7 @@ impl Default for MemoryNodeConfig {
             retrain_trigger: 128,
             freeze_deadline: AgentConfig::default().freeze_deadline,
             cirq_abandon_after: AgentConfig::default().cirq_abandon_after,
+            record_grace: AgentConfig::default().record_grace,
             retraining_thread: true,
             idle_park: Duration::from_millis(10),
             cores: 1,
@@ -516,6 +521,7 @@ impl MemoryNode {
                 retrain_trigger: cfg.retrain_trigger,
                 cirq_abandon_after: cfg.cirq_abandon_after,
                 freeze_deadline: cfg.freeze_deadline,
+                record_grace: cfg.record_grace,
                 ..AgentConfig::default()
             },
             plan.next_free(),

@@ -20,6 +20,7 @@ use rolex_engine::callback::{CompletionFlag, OnValue};
 use rolex_engine::TransferError;
 
 use super::{ChainAt, KvSession, LeafReads};
+use crate::cache::clock_ns;
 use crate::client::ClientShared;
 use crate::error::KvError;
 use crate::held::{MaybeHeld, Stripe};
@@ -28,6 +29,10 @@ use crate::io::Op;
 /// How long the next operation waits for a posted unlock before it
 /// records the lock as maybe held and fails.
 const UNLOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Bytes of a record's head a lock reads in its batch: the state word and
+/// the model id.
+const IDENTITY_LEN: u64 = 16;
 
 /// The words of one chain lock: the LT entry at `lt_off` of model `model`,
 /// which the lock's `CAS` turned from `unlocked` into `locked`.
@@ -135,6 +140,14 @@ impl KvSession {
         let pool = self.shared.pool.clone();
         let ordered = self.shared.ordered;
         let owner = self.shared.cfg.lock_owner;
+        let posted = clock_ns();
+        if at.view.age_ns(posted) > self.max_age_ns() {
+            // Its space may be reused by the time the CAS lands: check the
+            // record before locking through it.
+            self.io.cur.retries += 1;
+            self.refresh(at.m)?;
+            return Ok(None);
+        }
         let j = at.j as usize;
         let lt_off = at.view.record.lt_entry_offset(at.j)?;
         let exp = LtEntry::from_raw(at.view.lt[j].load(Relaxed));
@@ -155,11 +168,11 @@ impl KvSession {
             Op::Read {
                 remote: at.view.offset + ModelRecord::STATE_OFFSET,
                 local: 0,
-                len: 8,
+                len: IDENTITY_LEN,
             },
         ];
         let batch = if ordered {
-            self.plan_reads(8, &mut ops)?
+            self.plan_reads(IDENTITY_LEN, &mut ops)?
         } else {
             Vec::new()
         };
@@ -190,6 +203,36 @@ impl KvSession {
                 );
             }
         };
+        // The record's state and model id, read in the batch: still this
+        // view's record, live (a reused record names another model or
+        // generation)?
+        let current = match reads {
+            Some(_) => None,
+            None => {
+                let state = ModelState::from_raw(self.io.local_u64(0)?);
+                let id = self.io.local_u64(8)?;
+                Some(at.view.is_current(state, id))
+            }
+        };
+        if current == Some(false) {
+            self.io.cur.retries += 1;
+            if old == exp.raw() {
+                ChainLock {
+                    word,
+                    shared: Some(self.shared.clone()),
+                }
+                .release_unchanged(self)?;
+                // Its unlock lands before this operation locks again.
+                self.settle()?;
+            } else {
+                word.stripe.leave();
+            }
+            self.refresh(at.m)?;
+            return Ok(None);
+        }
+        if current == Some(true) {
+            at.view.seen_live(posted);
+        }
         if old != exp.raw() {
             word.stripe.leave();
             self.io.cur.retries += 1;
@@ -202,16 +245,12 @@ impl KvSession {
             if let Some(error) = reads {
                 return Err(KvError::Transfer { during, error });
             }
-            let state = ModelState::from_raw(self.io.local_u64(0)?);
-            if state.is_retired() {
-                self.refresh(at.m)?;
-            } else {
-                if o.owner() == owner {
-                    // Maybe a lock of ours whose release is to be retried.
-                    self.resolve_held();
-                }
-                self.backoff(attempt);
+            // Live (checked above): frozen, or another writer holds it.
+            if o.owner() == owner {
+                // Maybe a lock of ours whose release is to be retried.
+                self.resolve_held();
             }
+            self.backoff(attempt);
             return Ok(None);
         }
         let lock = ChainLock {
