@@ -57,7 +57,7 @@ use crate::fabric::{
 };
 use crate::memnode::{key_hash, DataSetDesc};
 use crate::plot::{self, Bucket, Cdf};
-use crate::ycsb::{self, Op, Plan, Workload};
+use crate::ycsb::{self, KeySets, Op, Plan, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rolex_checker::{final_value_possible, TimedWrite};
@@ -65,8 +65,8 @@ use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, OpStats, PoolInfo};
-use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats, PoolInfo};
+use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
 };
@@ -937,68 +937,201 @@ fn verify(
     Ok(all)
 }
 
-/// Runs `rolex bench`.
+/// Runs `rolex bench`, step by step: check the arguments, plan the run
+/// and its key sets ([`Setup::prepare`]), start or reach the memory node
+/// and connect the compute nodes ([`Store::start`]), generate the
+/// operations ([`generate_streams`]), run them ([`run_workload`]), merge
+/// what the threads saw ([`Merged::from_threads`]), derive the figures and
+/// measure the raw baseline ([`Figures::measure`]), read every written key
+/// back ([`verify_final`]), then print ([`Report`]) and plot, and fail if
+/// anything did not verify ([`verdict`]).
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     validate(&args)?;
-    let share = args.compute_count;
-    let plan = Plan::new(
-        args.workload,
-        args.ops
-            .checked_mul(share as u64)
-            .ok_or("--ops × --compute-count overflows")?,
-        args.threads
-            .checked_mul(share)
-            .ok_or("--threads × --compute-count overflows")?,
-        args.zipf,
-        args.data.seed,
-    )?;
-    let remote = match &args.memnode {
-        Some(server) => {
-            let r = fetch_remote(&args, server)?;
-            let keys = remote_keys(&args, server, &r)?;
-            Some((r, keys))
-        }
-        None => None,
-    };
-    // This process's threads of the plan.
-    let base = args.compute_index * args.threads;
-    let (remote, sets) = match remote {
-        // The memory node loaded its whole data set: new keys come from
-        // its gaps, the same in every process of the run.
-        Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
-        None => (
-            None,
-            plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
-        ),
-    };
-    // A lease, so the memory node releases this process's chain locks if
-    // it dies holding them.
-    let lease = match (&remote, &args.memnode) {
-        (Some(r), Some(server)) => r
-            .desc
-            .lease
-            .map(|port| acquire_lease(server, port, &args.token))
-            .transpose()?,
-        _ => None,
-    };
-    let lock_owner = lease
-        .as_ref()
-        .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
     let quiet = args.json;
+    let setup = Setup::prepare(&args)?;
+    let store = Store::start(&args, &setup, quiet)?;
+    let before = Snapshot::take(&store);
+    let ctx = RunCtx {
+        streams: generate_streams(&setup.plan, &setup.sets, args.ops)?,
+        epoch: Instant::now(),
+        start: Barrier::new(args.threads),
+        activity: store.node.as_ref().map(|n| n.activity()),
+    };
+    let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
+    let after = Snapshot::take(&store);
+    let mut merged = Merged::from_threads(outs, ctx.epoch);
+    let figures = Figures::measure(&args, &setup, &store, &ctx, (&before, &after), &merged)?;
+    let written = merged.writes.len();
+    let writes = std::mem::take(&mut merged.writes);
+    merged
+        .problems
+        .merge(verify_final(&args, &setup, &store, &ctx, writes)?);
+    let report = Report {
+        args: &args,
+        setup: &setup,
+        store: &store,
+        counters: (&before, &after),
+        merged: &merged,
+        figures: &figures,
+        verified: merged.problems.count == 0,
+        written,
+    };
+    if args.json {
+        report.print_json();
+    } else {
+        report.print_table();
+    }
+    if let Some(path) = &args.plot {
+        plot_run(&args, &setup, &ctx, &merged, path)?;
+    }
+    verdict(&merged.problems)
+}
 
+/// Step 1: the plan, the key sets and, against a remote memory node, its
+/// pool and this process's lease.
+struct Setup {
+    plan: Plan,
+    sets: KeySets,
+    /// The memory node in another process, if the run is against one.
+    remote: Option<Remote>,
+    /// This process's first thread of the plan.
+    base: usize,
+    /// What this process's chain locks carry: its lease's id, if it holds
+    /// one.
+    lock_owner: LockOwner,
+    /// Held until the run ends, so the memory node releases this
+    /// process's chain locks if it dies holding them.
+    _lease: Option<LeaseClient>,
+}
+
+impl Setup {
+    /// Plans `args`'s run: every process's threads (`--compute-count` of
+    /// them share the plan), and the key sets — the run's inserts held out
+    /// of the local data set, or new keys from the gaps of the remote
+    /// memory node's, whose key set is rebuilt here.
+    fn prepare(args: &BenchArgs) -> Result<Self, BenchError> {
+        let share = args.compute_count;
+        let plan = Plan::new(
+            args.workload,
+            args.ops
+                .checked_mul(share as u64)
+                .ok_or("--ops × --compute-count overflows")?,
+            args.threads
+                .checked_mul(share)
+                .ok_or("--threads × --compute-count overflows")?,
+            args.zipf,
+            args.data.seed,
+        )?;
+        let remote = match &args.memnode {
+            Some(server) => {
+                let r = fetch_remote(args, server)?;
+                let keys = remote_keys(args, server, &r)?;
+                Some((r, keys))
+            }
+            None => None,
+        };
+        let (remote, sets) = match remote {
+            // The memory node loaded its whole data set: new keys come from
+            // its gaps, the same in every process of the run.
+            Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
+            None => (
+                None,
+                plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
+            ),
+        };
+        let lease = match (&remote, &args.memnode) {
+            (Some(r), Some(server)) => r
+                .desc
+                .lease
+                .map(|port| acquire_lease(server, port, &args.token))
+                .transpose()?,
+            _ => None,
+        };
+        let lock_owner = lease
+            .as_ref()
+            .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
+        Ok(Setup {
+            plan,
+            sets,
+            remote,
+            base: args.compute_index * args.threads,
+            lock_owner,
+            _lease: lease,
+        })
+    }
+
+    /// This process's threads of the plan.
+    fn mine(&self, args: &BenchArgs) -> std::ops::Range<usize> {
+        self.base..self.base + args.threads
+    }
+}
+
+/// Step 2: the memory node — started here and bulk-loaded, or the remote
+/// one's pool — and the compute nodes connected to it.
+struct Store {
+    /// The memory node, when it runs in this process.
+    node: Option<MemoryNode>,
+    pool: PoolInfo,
+    load_time: Duration,
+    /// Slots per leaf of the pool.
+    leaf_slots: u32,
+    clients: Vec<KvClient>,
+}
+
+impl Store {
+    /// Starts the store `setup` plans: the local memory node (loaded with
+    /// the key set) unless the run is against a remote one, then
+    /// `--clients` compute nodes, each with an engine of its own.
+    fn start(args: &BenchArgs, setup: &Setup, quiet: bool) -> Result<Self, BenchError> {
+        let engine_cfg = engine_config(args)?;
+        let mn_cfg = memory_node_config(args, setup, engine_cfg.clone());
+        let leaf_slots = mn_cfg.leaf_slots;
+        let (node, pool, load_time) = match &setup.remote {
+            Some(r) => (None, r.pool.clone(), Duration::ZERO),
+            None => {
+                let (node, load_time) = bulk_load(mn_cfg, &setup.sets.loaded, quiet)?;
+                let pool = node.pool();
+                (Some(node), pool, load_time)
+            }
+        };
+        let clients = (0..args.clients)
+            .map(|_| {
+                KvClient::connect(
+                    KvClientConfig {
+                        engine: engine_cfg.clone(),
+                        lock_owner: setup.lock_owner,
+                        ..KvClientConfig::default()
+                    },
+                    &pool,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Store {
+            node,
+            pool,
+            load_time,
+            leaf_slots,
+            clients,
+        })
+    }
+}
+
+/// The memory node's configuration: the pool's shape from the arguments
+/// (or the remote node's leaf size), with room for the run's inserts.
+fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> MemoryNodeConfig {
     let defaults = MemoryNodeConfig::default();
-    let engine_cfg = engine_config(&args)?;
-    let leaf_slots = match &remote {
+    let leaf_slots = match &setup.remote {
         Some(r) => r.desc.leaf_slots,
         None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
     };
     let fill = args.fill.unwrap_or(defaults.fill);
+    let inserts = setup.plan.total_inserts();
     // Room for the run's inserts even if every synonym leaf ends half full.
     let loaded_leaves =
-        (sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
-    let insert_leaves = 2.0 * plan.total_inserts() as f64 / f64::from(leaf_slots);
-    let mn_cfg = MemoryNodeConfig {
-        engine: engine_cfg.clone(),
+        (setup.sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
+    let insert_leaves = 2.0 * inserts as f64 / f64::from(leaf_slots);
+    MemoryNodeConfig {
+        engine,
         leaf_slots,
         fill,
         epsilon: args.epsilon.unwrap_or(defaults.epsilon),
@@ -1006,223 +1139,340 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             .spare_leaf_factor
             .max(0.25 + insert_leaves / loaded_leaves),
         ..defaults
-    };
-    let (node, pool, load_time) = match &remote {
-        Some(r) => (None, r.pool.clone(), Duration::ZERO),
-        None => {
-            let sp = spinner(format!("bulk-loading {} keys", sets.loaded.len()));
-            let pairs: Vec<(u64, u64)> = sets
-                .loaded
-                .iter()
-                .map(|&k| (k, ycsb::load_value(k)))
-                .collect();
-            let load_start = Instant::now();
-            let node = MemoryNode::start(mn_cfg.clone(), &pairs);
-            let load_time = load_start.elapsed();
-            drop(pairs);
-            if quiet {
-                sp.finish_and_clear();
-            } else {
-                sp.finish_with_message(format!(
-                    "bulk-loaded {} keys in {:.2} s",
-                    sets.loaded.len(),
-                    load_time.as_secs_f64()
-                ));
-            }
-            let node = node?;
-            let pool = node.pool();
-            (Some(node), pool, load_time)
-        }
-    };
-    let clients = (0..args.clients)
-        .map(|_| {
-            KvClient::connect(
-                KvClientConfig {
-                    engine: engine_cfg.clone(),
-                    lock_owner,
-                    ..KvClientConfig::default()
-                },
-                &pool,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    }
+}
 
-    // The run.
-    let before = merged_stats(&clients);
-    let node_before = node.as_ref().map(|n| n.stats());
-    let sp = spinner(format!("generating {} operations", args.ops));
-    // Every process's streams: another process's values are checked too.
-    let streams: Vec<Vec<Op>> = std::thread::scope(|s| {
+/// Starts a memory node holding `loaded` (each key with its load value),
+/// behind a spinner; returns it and how long the load took.
+fn bulk_load(
+    cfg: MemoryNodeConfig,
+    loaded: &[u64],
+    quiet: bool,
+) -> Result<(MemoryNode, Duration), BenchError> {
+    let sp = spinner(format!("bulk-loading {} keys", loaded.len()));
+    let pairs: Vec<(u64, u64)> = loaded.iter().map(|&k| (k, ycsb::load_value(k))).collect();
+    let load_start = Instant::now();
+    let node = MemoryNode::start(cfg, &pairs);
+    let load_time = load_start.elapsed();
+    drop(pairs);
+    if quiet {
+        sp.finish_and_clear();
+    } else {
+        sp.finish_with_message(format!(
+            "bulk-loaded {} keys in {:.2} s",
+            loaded.len(),
+            load_time.as_secs_f64()
+        ));
+    }
+    Ok((node?, load_time))
+}
+
+/// The counters a run's figures are differences of: the compute nodes',
+/// and the local memory node's.
+struct Snapshot {
+    clients: KvStats,
+    node: Option<MemoryNodeStats>,
+}
+
+impl Snapshot {
+    fn take(store: &Store) -> Self {
+        Snapshot {
+            clients: merged_stats(&store.clients),
+            node: store.node.as_ref().map(|n| n.stats()),
+        }
+    }
+}
+
+/// Step 3: every process's operation streams (another process's values
+/// are checked too), generated before the clock starts.
+fn generate_streams(plan: &Plan, sets: &KeySets, ops: u64) -> Result<Vec<Vec<Op>>, BenchError> {
+    let sp = spinner(format!("generating {ops} operations"));
+    let streams = std::thread::scope(|s| {
         let hs: Vec<_> = (0..plan.threads())
-            .map(|t| {
-                let (plan, sets) = (&plan, &sets);
-                s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>())
-            })
+            .map(|t| s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>()))
             .collect();
         hs.into_iter()
             .map(|h| h.join().map_err(|_| "generating operations panicked"))
             .collect::<Result<_, _>>()
     })?;
     sp.finish_and_clear();
-    let ctx = RunCtx {
-        streams,
-        epoch: Instant::now(),
-        start: Barrier::new(args.threads),
-        activity: node.as_ref().map(|n| n.activity()),
-    };
-    let outs = with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
-        run_thread(&clients[t % clients.len()], &ctx, base + t, done, abort)
-    })?;
-    let began = outs.iter().map(|o| o.began).min().unwrap_or(ctx.epoch);
-    let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
-    let elapsed = ended - began;
-    let after = merged_stats(&clients);
-    let node_after = node.as_ref().map(|n| n.stats());
+    Ok(streams)
+}
 
-    let mut by_kind = vec![Histogram::new(); KINDS.len()];
-    let mut per_interval: Vec<u64> = Vec::new();
-    let mut insert_retraining = Histogram::new();
-    let mut insert_quiet = Histogram::new();
-    let mut writes: HashMap<u64, Vec<TimedWrite>> = HashMap::new();
-    let mut problems = Problems::default();
-    let mut gets = 0;
-    for o in outs {
-        for (all, h) in by_kind.iter_mut().zip(&o.latency) {
-            all.merge(h);
+/// Step 4: this process's threads run their streams, dealt round-robin
+/// over the compute nodes, behind a progress bar.
+fn run_workload(
+    args: &BenchArgs,
+    store: &Store,
+    ctx: &RunCtx,
+    base: usize,
+    quiet: bool,
+) -> Result<Vec<ThreadOut>, BenchError> {
+    let clients = &store.clients;
+    with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
+        run_thread(&clients[t % clients.len()], ctx, base + t, done, abort)
+    })
+}
+
+/// Step 5: the threads' outputs merged.
+struct Merged {
+    /// Latencies per operation kind (indexed as [`KINDS`]).
+    by_kind: Vec<Histogram>,
+    /// Operations completed in each [`INTERVAL_NS`] since the epoch.
+    per_interval: Vec<u64>,
+    insert_retraining: Histogram,
+    insert_quiet: Histogram,
+    /// Per key, each thread's last write to it.
+    writes: HashMap<u64, Vec<TimedWrite>>,
+    problems: Problems,
+    gets: u64,
+    /// When the first operation began and the last ended.
+    began: Instant,
+    ended: Instant,
+}
+
+impl Merged {
+    /// Merges the threads' outputs; `epoch` stands for the start of a run
+    /// without threads.
+    fn from_threads(outs: Vec<ThreadOut>, epoch: Instant) -> Self {
+        let began = outs.iter().map(|o| o.began).min().unwrap_or(epoch);
+        let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
+        let mut m = Merged {
+            by_kind: vec![Histogram::new(); KINDS.len()],
+            per_interval: Vec::new(),
+            insert_retraining: Histogram::new(),
+            insert_quiet: Histogram::new(),
+            writes: HashMap::new(),
+            problems: Problems::default(),
+            gets: 0,
+            began,
+            ended,
+        };
+        for o in outs {
+            for (all, h) in m.by_kind.iter_mut().zip(&o.latency) {
+                all.merge(h);
+            }
+            if m.per_interval.len() < o.per_interval.len() {
+                m.per_interval.resize(o.per_interval.len(), 0);
+            }
+            for (a, b) in m.per_interval.iter_mut().zip(&o.per_interval) {
+                *a += b;
+            }
+            m.insert_retraining.merge(&o.insert_retraining);
+            m.insert_quiet.merge(&o.insert_quiet);
+            for (k, w) in o.writes {
+                m.writes.entry(k).or_default().push(w);
+            }
+            m.problems.merge(o.problems);
+            m.gets += o.gets;
         }
-        if per_interval.len() < o.per_interval.len() {
-            per_interval.resize(o.per_interval.len(), 0);
-        }
-        for (a, b) in per_interval.iter_mut().zip(&o.per_interval) {
-            *a += b;
-        }
-        insert_retraining.merge(&o.insert_retraining);
-        insert_quiet.merge(&o.insert_quiet);
-        for (k, w) in o.writes {
-            writes.entry(k).or_default().push(w);
-        }
-        problems.merge(o.problems);
-        gets += o.gets;
+        m
     }
-    let per: Vec<OpStats> = KvOp::ALL
-        .iter()
-        .map(|&k| diff(&before.op(k), &after.op(k)))
-        .collect();
-    let total_ops: u64 = per.iter().map(|o| o.ops).sum();
-    let total_retries: u64 = per.iter().map(|o| o.retries).sum();
-    let get = per[0];
+}
 
-    // The fabric's own limit for the bytes a get reads.
-    let leaves_per_get = get.leaves_per_op();
-    let (raw_reads_n, raw_len) = if get.ops > 0 {
-        let n = leaves_per_get.round().max(1.0) as usize;
-        (
-            n,
-            (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
-        )
-    } else {
-        // No gets ran: one leaf, as a get of a fresh cache reads.
-        (1, rolex_core::layout::Leaf::size_for(leaf_slots))
-    };
-    let raw_mops = raw_reads(
-        &clients,
-        &pool.desc,
-        &ctx.streams[base..base + args.threads],
-        &sets.loaded,
-        RawSpec {
-            reads: raw_reads_n,
-            len: raw_len,
-            batches: gets.clamp(RAW_MIN, RAW_MAX),
-        },
-        quiet,
-    )? / 1e6;
+/// Step 6: the run's figures, and the fabric's own limit measured with the
+/// same threads and compute nodes.
+struct Figures {
+    /// Per operation kind (indexed as [`KvOp::ALL`]), over the run only.
+    per: Vec<OpStats>,
+    total_ops: u64,
+    total_retries: u64,
+    leaves_per_get: f64,
+    mops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    raw_mops: f64,
+    /// Retrains over the run (`None`: the memory node is remote).
+    retrains: Option<u64>,
+    synonym_leaves: Option<u64>,
+    model_bytes: ModelBytes,
+}
 
-    let written = writes.len();
+impl Figures {
+    /// The figures of a run between the counters `(before, after)`, and
+    /// the raw baseline: doorbell batches reading what an average get
+    /// reads, at the workload's own keys.
+    fn measure(
+        args: &BenchArgs,
+        setup: &Setup,
+        store: &Store,
+        ctx: &RunCtx,
+        (before, after): (&Snapshot, &Snapshot),
+        merged: &Merged,
+    ) -> Result<Self, BenchError> {
+        let per: Vec<OpStats> = KvOp::ALL
+            .iter()
+            .map(|&k| diff(&before.clients.op(k), &after.clients.op(k)))
+            .collect();
+        let get = per[0];
+        // The fabric's own limit for the bytes a get reads.
+        let leaves_per_get = get.leaves_per_op();
+        let (raw_reads_n, raw_len) = if get.ops > 0 {
+            let n = leaves_per_get.round().max(1.0) as usize;
+            (
+                n,
+                (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
+            )
+        } else {
+            // No gets ran: one leaf, as a get of a fresh cache reads.
+            (1, rolex_core::layout::Leaf::size_for(store.leaf_slots))
+        };
+        let raw_mops = raw_reads(
+            &store.clients,
+            &store.pool.desc,
+            &ctx.streams[setup.mine(args)],
+            &setup.sets.loaded,
+            RawSpec {
+                reads: raw_reads_n,
+                len: raw_len,
+                batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
+            },
+            args.json,
+        )? / 1e6;
+        let mut latency = Histogram::new();
+        merged.by_kind.iter().for_each(|h| latency.merge(h));
+        let elapsed = merged.ended - merged.began;
+        let retrains = match (&before.node, &after.node) {
+            (Some(b), Some(a)) => Some(a.agent.retrains - b.agent.retrains),
+            _ => None,
+        };
+        Ok(Figures {
+            total_ops: per.iter().map(|o| o.ops).sum(),
+            total_retries: per.iter().map(|o| o.retries).sum(),
+            per,
+            leaves_per_get,
+            mops: args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6,
+            p50_us: latency.quantile(0.5) as f64 / 1e3,
+            p99_us: latency.quantile(0.99) as f64 / 1e3,
+            raw_mops,
+            retrains,
+            synonym_leaves: after.node.as_ref().map(|a| a.synonym_leaves),
+            model_bytes: store.clients[0].model_bytes(),
+        })
+    }
+}
+
+/// Step 7: reads every key this process's threads wrote back and checks
+/// it against the writes (see [`verify`]).
+fn verify_final(
+    args: &BenchArgs,
+    setup: &Setup,
+    store: &Store,
+    ctx: &RunCtx,
+    writes: HashMap<u64, Vec<TimedWrite>>,
+) -> Result<Problems, BenchError> {
     // A final value another process wrote to the key (checked against its
     // stream) stands: this process cannot know when that write landed.
-    let mine = base..base + args.threads;
+    let shared = args.compute_count > 1;
+    let mine = setup.mine(args);
     let by_others = |key: u64, got: Option<u64>| {
-        share > 1
+        shared
             && got.is_some_and(|v| {
                 ycsb::writer_of(v).is_some_and(|(t, _)| !mine.contains(&t)) && ctx.value_ok(key, v)
             })
     };
-    problems.merge(verify(
-        &clients,
-        &sets.loaded,
+    verify(
+        &store.clients,
+        &setup.sets.loaded,
         writes,
         args.threads,
-        quiet,
+        args.json,
         &by_others,
-    )?);
-    let verified = problems.count == 0;
-    let mut latency = Histogram::new();
-    by_kind.iter().for_each(|h| latency.merge(h));
+    )
+}
 
-    let mops = args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
-    let p50 = latency.quantile(0.5) as f64 / 1e3;
-    let p99 = latency.quantile(0.99) as f64 / 1e3;
-    let retrains = match (&node_before, &node_after) {
-        (Some(b), Some(a)) => Some(a.agent.retrains - b.agent.retrains),
-        _ => None,
-    };
-    let synonym_leaves = node_after.as_ref().map(|a| a.synonym_leaves);
-    let model_bytes = clients[0].model_bytes();
-    let r2 = |x: f64| (x * 100.0).round() / 100.0;
-    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+/// Step 8: what a run prints, as a table or one JSON line.
+struct Report<'a> {
+    args: &'a BenchArgs,
+    setup: &'a Setup,
+    store: &'a Store,
+    /// The counters before and after the run.
+    counters: (&'a Snapshot, &'a Snapshot),
+    merged: &'a Merged,
+    figures: &'a Figures,
+    verified: bool,
+    /// Keys read back by the final check.
+    written: usize,
+}
 
-    if args.json {
-        let per_kind = |f: &dyn Fn(&OpStats) -> f64| {
+/// `x` rounded to 2 decimals.
+fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// `x` rounded to 3 decimals.
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+impl Report<'_> {
+    /// The JSON line: its keys and their order are the command's contract.
+    fn print_json(&self) {
+        let (args, f) = (self.args, self.figures);
+        let per_kind = |get: &dyn Fn(&OpStats) -> f64| {
             json_object(
                 KvOp::ALL
                     .iter()
-                    .zip(&per)
-                    .map(|(k, o)| (k.name(), serde_json::json!(f(o)).to_string())),
+                    .zip(&f.per)
+                    .map(|(k, o)| (k.name(), serde_json::json!(get(o)).to_string())),
             )
         };
         let v = |x: serde_json::Value| x.to_string();
         let line = json_object([
             ("workload", v(args.workload.name().into())),
-            ("keys", v(sets.loaded.len().into())),
+            ("keys", v(self.setup.sets.loaded.len().into())),
             ("ops", v(args.ops.into())),
             ("threads", v(args.threads.into())),
-            ("mops", v(r3(mops).into())),
-            ("p50_us", v(r2(p50).into())),
-            ("p99_us", v(r2(p99).into())),
+            ("mops", v(r3(f.mops).into())),
+            ("p50_us", v(r2(f.p50_us).into())),
+            ("p99_us", v(r2(f.p99_us).into())),
             ("rtt_per_op", per_kind(&|o| r3(o.rtt_per_op()))),
             ("bytes_per_op", per_kind(&|o| r2(o.bytes_per_op()))),
-            ("leaves_per_get", v(r3(leaves_per_get).into())),
+            ("leaves_per_get", v(r3(f.leaves_per_get).into())),
             (
                 "retries_per_op",
-                v(r3(ratio(total_retries, total_ops)).into()),
+                v(r3(ratio(f.total_retries, f.total_ops)).into()),
             ),
-            ("retrains", v(retrains.into())),
-            ("synonym_leaves", v(synonym_leaves.into())),
-            ("model_bytes", v(model_bytes.total.into())),
-            ("raw_read_mops", v(r3(raw_mops).into())),
-            ("verified", v(verified.into())),
+            ("retrains", v(f.retrains.into())),
+            ("synonym_leaves", v(f.synonym_leaves.into())),
+            ("model_bytes", v(f.model_bytes.total.into())),
+            ("raw_read_mops", v(r3(f.raw_mops).into())),
+            ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
-    } else {
-        let fabric = if args.unordered {
-            "unordered"
-        } else {
-            "ordered"
-        };
+    }
+
+    /// The table, for a person.
+    fn print_table(&self) {
+        self.print_setting();
+        self.print_per_op();
+        self.print_speed();
+        self.print_retraining();
+        self.print_outcome();
+    }
+
+    /// The workload, the key set and the fabric.
+    fn print_setting(&self) {
+        let (args, store, sets) = (self.args, self.store, &self.setup.sets);
         println!(
             "workload        {} ({} ops, {} threads, {} client(s), θ = {})",
             args.workload, args.ops, args.threads, args.clients, args.zipf
         );
-        match (&node_after, &args.memnode) {
+        match (&self.counters.1.node, &args.memnode) {
             (Some(na), _) => {
                 println!(
                     "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
                     sets.loaded.len(),
-                    load_time.as_secs_f64(),
+                    store.load_time.as_secs_f64(),
                     na.models,
                     na.leaves_loaded,
-                    plan.total_inserts()
+                    self.setup.plan.total_inserts()
                 );
+                let fabric = if args.unordered {
+                    "unordered"
+                } else {
+                    "ordered"
+                };
                 println!(
                     "fabric          loopback, {fabric}, injected RTT {} µs",
                     args.rtt_us
@@ -1232,7 +1482,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 println!(
                     "keys            {} held by the memory node ({})",
                     sets.loaded.len(),
-                    remote.as_ref().map(|r| r.desc.encode()).unwrap_or_default()
+                    self.setup
+                        .remote
+                        .as_ref()
+                        .map(|r| r.desc.encode())
+                        .unwrap_or_default()
                 );
                 let name = args.fabric.name();
                 println!(
@@ -1240,7 +1494,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                     server.as_deref().unwrap_or("?"),
                     args.compute_index,
                     args.compute_count,
-                    if clients[0].engine().ordered() {
+                    if store.clients[0].engine().ordered() {
                         "ordered"
                     } else {
                         "unordered"
@@ -1248,8 +1502,12 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
+    }
+
+    /// Round trips, bytes, leaves and retries per operation kind.
+    fn print_per_op(&self) {
         println!("per op          rtts    bytes   leaves  retries  ops");
-        for (k, o) in KvOp::ALL.iter().zip(&per) {
+        for (k, o) in KvOp::ALL.iter().zip(&self.figures.per) {
             if o.ops > 0 {
                 println!(
                     "  {:<12} {:>6.3} {:>8.1} {:>8.3} {:>8.4}  {}",
@@ -1262,14 +1520,24 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
+    }
+
+    /// Throughput beside the raw baseline, latency, and insert latency
+    /// split by the agent's activity.
+    fn print_speed(&self) {
+        let f = self.figures;
+        let (mops, raw_mops) = (f.mops, f.raw_mops);
         println!(
             "throughput      {mops:.3} Mops/s  (raw batched reads of the same bytes: {raw_mops:.3} Mops/s, ratio {:.2})",
             if raw_mops > 0.0 { mops / raw_mops } else { 0.0 }
         );
-        println!("latency         p50 {p50:.2} µs   p99 {p99:.2} µs");
+        println!(
+            "latency         p50 {:.2} µs   p99 {:.2} µs",
+            f.p50_us, f.p99_us
+        );
         for (h, when) in [
-            (&insert_quiet, "agent idle"),
-            (&insert_retraining, "agent retraining"),
+            (&self.merged.insert_quiet, "agent idle"),
+            (&self.merged.insert_retraining, "agent retraining"),
         ] {
             if h.count() > 0 {
                 println!(
@@ -1280,76 +1548,103 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
-        if let (Some(node_before), Some(node_after), Some(retrains)) =
-            (&node_before, &node_after, retrains)
-        {
-            println!(
-                "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
-                node_after.synonym_leaves,
-                node_after.agent.freeze_ns_max as f64 / 1e3
-            );
-            let agent_cpu_s = node_after
-                .agent_cpu_ns
-                .saturating_sub(node_before.agent_cpu_ns) as f64
-                / 1e9;
-            let inserts = after
-                .op(KvOp::Insert)
-                .ops
-                .saturating_sub(before.op(KvOp::Insert).ops);
-            if inserts > 0 {
-                println!(
-                    "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
-                    agent_cpu_s * 1e6 / inserts as f64
-                );
-            } else {
-                println!("agent CPU       {agent_cpu_s:.3} s over the run");
-            }
-        } else {
+    }
+
+    /// The local memory node's retraining and its CPU cost.
+    fn print_retraining(&self) {
+        let (before, after) = self.counters;
+        let (Some(node_before), Some(node_after), Some(retrains)) =
+            (&before.node, &after.node, self.figures.retrains)
+        else {
             println!("retraining      on the memory node (see its own figures)");
+            return;
+        };
+        println!(
+            "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
+            node_after.synonym_leaves,
+            node_after.agent.freeze_ns_max as f64 / 1e3
+        );
+        let agent_cpu_s = node_after
+            .agent_cpu_ns
+            .saturating_sub(node_before.agent_cpu_ns) as f64
+            / 1e9;
+        let inserts = after
+            .clients
+            .op(KvOp::Insert)
+            .ops
+            .saturating_sub(before.clients.op(KvOp::Insert).ops);
+        if inserts > 0 {
+            println!(
+                "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
+                agent_cpu_s * 1e6 / inserts as f64
+            );
+        } else {
+            println!("agent CPU       {agent_cpu_s:.3} s over the run");
         }
+    }
+
+    /// The models' footprint and the verification.
+    fn print_outcome(&self) {
+        let model_bytes = self.figures.model_bytes;
+        let held = self.setup.sets.loaded.len() as u64 + self.setup.plan.total_inserts();
         println!(
             "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",
             model_bytes.total,
-            model_bytes.total as f64 * 1e6 / (sets.loaded.len() as u64 + plan.total_inserts()) as f64,
+            model_bytes.total as f64 * 1e6 / held as f64,
             model_bytes.learned
         );
         println!(
-            "verified        {} ({written} written keys read back)",
-            if verified { "yes" } else { "NO" }
+            "verified        {} ({} written keys read back)",
+            if self.verified { "yes" } else { "NO" },
+            self.written
         );
     }
-    if let Some(path) = &args.plot {
-        let secs = |t: Instant| (t - ctx.epoch).as_secs_f64();
-        let title = format!(
-            "rolex bench {} ({} keys, {} ops, {} threads, {})",
-            args.workload,
-            sets.loaded.len(),
-            args.ops,
-            args.threads,
-            args.fabric.name()
-        );
-        draw_run(
-            path,
-            &title,
-            &by_kind,
-            &per_interval,
-            (secs(began), secs(ended)),
-        )?;
-        if !args.json {
-            println!("plot            {}", path.display());
-        }
-    }
-    if !verified {
-        for p in &problems.first {
-            eprintln!("mismatch: {p}");
-        }
-        return Err(format!(
-            "verification failed: {} problem(s) in the run's answers or final state",
-            problems.count
-        )
-        .into());
+}
+
+/// `--plot`: draws the run into `path` (and names it in the table).
+fn plot_run(
+    args: &BenchArgs,
+    setup: &Setup,
+    ctx: &RunCtx,
+    merged: &Merged,
+    path: &Path,
+) -> Result<(), BenchError> {
+    let secs = |t: Instant| (t - ctx.epoch).as_secs_f64();
+    let title = format!(
+        "rolex bench {} ({} keys, {} ops, {} threads, {})",
+        args.workload,
+        setup.sets.loaded.len(),
+        args.ops,
+        args.threads,
+        args.fabric.name()
+    );
+    draw_run(
+        path,
+        &title,
+        &merged.by_kind,
+        &merged.per_interval,
+        (secs(merged.began), secs(merged.ended)),
+    )?;
+    if !args.json {
+        println!("plot            {}", path.display());
     }
     Ok(())
+}
+
+/// Step 9: the run fails if any answer or final value did not verify,
+/// naming the first problems.
+fn verdict(problems: &Problems) -> Result<(), BenchError> {
+    if problems.count == 0 {
+        return Ok(());
+    }
+    for p in &problems.first {
+        eprintln!("mismatch: {p}");
+    }
+    Err(format!(
+        "verification failed: {} problem(s) in the run's answers or final state",
+        problems.count
+    )
+    .into())
 }
 
 /// `--plot`: the latency CDF of every kind that ran and the throughput
