@@ -47,6 +47,8 @@ pub(crate) struct Io {
     wbuf: MrHandle,
     results: Vec<Result<u64, TransferError>>,
     values: Vec<u64>,
+    /// Each op of the last batch: its value if it completed.
+    completed: Vec<Option<u64>>,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
 }
@@ -68,6 +70,7 @@ impl Io {
             wbuf,
             results: Vec::new(),
             values: Vec::new(),
+            completed: Vec::new(),
             cur: OpStats::default(),
         })
     }
@@ -78,7 +81,9 @@ impl Io {
     }
 
     /// Posts `ops` as one doorbell batch and waits: one dependent round
-    /// trip. Returns each op's value (old word of an atomic, else 0).
+    /// trip. Returns each op's value (old word of an atomic, else 0), or
+    /// the first op's error — the others' outcomes are then
+    /// [`Io::completed`].
     pub(crate) fn run(
         &mut self,
         pool: &MrDesc,
@@ -133,14 +138,31 @@ impl Io {
             });
         }
         self.cur.rtts += 1;
+        self.completed.clear();
         self.ch
             .run(&batch, &mut self.results)
             .map_err(transfer(during))?;
         self.values.clear();
+        let mut first_error = None;
         for r in self.results.drain(..) {
-            self.values.push(r.map_err(transfer(during))?);
+            self.completed.push(r.as_ref().ok().copied());
+            match r {
+                Ok(v) => self.values.push(v),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
         }
-        Ok(&self.values)
+        match first_error {
+            Some(e) => Err(transfer(during)(e)),
+            None => Ok(&self.values),
+        }
+    }
+
+    /// Op `i` of the last batch [`Io::run`] posted: its value if it
+    /// completed — it took effect, whatever became of the others.
+    pub(crate) fn completed(&self, i: usize) -> Option<u64> {
+        self.completed.get(i).copied().flatten()
     }
 
     /// Copies read-buffer bytes `[local, local + out.len())` into `out`.

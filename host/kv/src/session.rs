@@ -282,7 +282,8 @@ impl SplitWrites {
 ///   unordered one the CAS is posted once the writes completed);
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
-/// - every error after the lock — the unordered read of the chain, a chase
+/// - every error after the lock — a READ of the locking batch that failed
+///   while its CAS took the lock, the unordered read of the chain, a chase
 ///   that does not end in the chain, a leaf that refuses its key, the
 ///   synonym claim, a full leaf region, a split that cannot be laid out:
 ///   [`ChainLock::abort`], which releases it unchanged, the same way, and
@@ -673,7 +674,11 @@ impl KvSession {
     /// the lock and where each leaf landed in the read buffer; `None` when
     /// the CAS failed (stale cached word, retired or frozen model, another
     /// writer): the cache was corrected or the session backed off, and the
-    /// caller retries.
+    /// caller retries. If a READ of the batch failed while its CAS took the
+    /// lock, the lock is released and the error returned; if the CAS itself
+    /// failed it may or may not have taken the lock, and the word is left
+    /// as it is: its locked form is the same for every session of this
+    /// client's lock owner, so this session cannot tell its own lock.
     fn lock_chain(
         &mut self,
         at: &ChainAt,
@@ -702,7 +707,22 @@ impl KvSession {
         } else {
             Vec::new()
         };
-        let old = self.io.run(&pool, &ops, "locking a chain")?[0];
+        let lock = |shared: &Arc<ClientShared>| ChainLock {
+            model: at.m as u64,
+            lt_off,
+            unlocked: exp,
+            locked,
+            shared: Some(shared.clone()),
+        };
+        let old = match self.io.run(&pool, &ops, "locking a chain").map(|v| v[0]) {
+            Ok(old) => old,
+            // The CAS took the lock though a READ of its batch failed.
+            Err(e) if self.io.completed(0) == Some(exp.raw()) => {
+                let held = lock(&self.shared);
+                return Err(held.abort(self, e));
+            }
+            Err(e) => return Err(e),
+        };
         if old != exp.raw() {
             self.io.cur.retries += 1;
             let o = LtEntry::from_raw(old);
@@ -719,13 +739,7 @@ impl KvSession {
             }
             return Ok(None);
         }
-        let lock = ChainLock {
-            model: at.m as u64,
-            lt_off,
-            unlocked: exp,
-            locked,
-            shared: Some(self.shared.clone()),
-        };
+        let lock = lock(&self.shared);
         if ordered {
             return Ok(Some((lock, batch)));
         }
