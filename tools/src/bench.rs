@@ -44,6 +44,18 @@
 //! process is then accepted. The JSON keys are the same; `retrains` and
 //! `synonym_leaves`, which only the memory node knows, are `null`.
 //!
+//! `--inject-failures P` (loopback only) makes each operation the compute
+//! nodes post fail with probability P (`rolex_host::Faults`; the memory
+//! node's own engine is spared): an error completion, half of them after
+//! the operation took effect. The run goes on: a failed operation is
+//! counted (`failed_ops`), the write it attempted is one that may or may
+//! not have taken effect ([`final_possible`]), a key whose insert failed
+//! may be absent, and steps that only read (connecting, the final reads)
+//! are retried. Every run reports `locks_held_end`: the chains still
+//! locked once the threads stopped and the agent went idle, counted as
+//! `rolex inspect --models` counts them (`null` against a remote memory
+//! node, where other processes may still hold some).
+//!
 //! `--plot FILE.svg` draws the run (`crate::plot`): the latency CDF of each
 //! operation kind that ran and the throughput over the run. Each thread
 //! records every operation's latency in a histogram of its kind (merged
@@ -66,11 +78,13 @@ use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats, PoolInfo};
+use rolex_host::kv::{KvError, KvSession};
 use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
-    Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
+    Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, TransferEngine,
+    TransferError, Unordered,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -146,6 +160,12 @@ pub struct BenchArgs {
     /// Injected round-trip time of every fabric operation, in µs.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     rtt_us: f64,
+    /// Fail each operation the compute nodes post with probability P
+    /// (loopback only): error completions, half after the operation took
+    /// effect, half before. A failed operation is counted (`failed_ops`)
+    /// and the run goes on; its key's outcome is unknown to the checks.
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    inject_failures: Option<f64>,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -221,6 +241,18 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.data.n == Some(0) {
         return Err("-n must be at least 1".into());
     }
+    if let Some(p) = args.inject_failures {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("--inject-failures {p} must be in [0, 1]").into());
+        }
+        if !matches!(args.fabric, FabricArg::Loopback) || args.memnode.is_some() {
+            return Err(format!(
+                "--inject-failures fails operations of the loopback NIC: it needs --fabric loopback, not {}",
+                args.fabric.name()
+            )
+            .into());
+        }
+    }
     match (&args.fabric, &args.memnode) {
         (FabricArg::Loopback, Some(_)) => {
             return Err("--memnode needs --fabric libfabric:PROVIDER or verbs".into())
@@ -285,6 +317,18 @@ fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
         pin_workers: false,
         ..EngineConfig::default()
     })
+}
+
+/// The compute nodes' engine: `engine` (the memory node's), with
+/// `--inject-failures`'s faults on its loopback NIC.
+fn client_engine(args: &BenchArgs, mut engine: EngineConfig) -> EngineConfig {
+    if let (Some(probability), Fabric::Loopback(lb)) = (args.inject_failures, &mut engine.fabric) {
+        lb.faults = Some(Faults {
+            probability,
+            seed: args.data.seed,
+        });
+    }
+    engine
 }
 
 /// The local address this machine would use to reach `server`
@@ -532,15 +576,117 @@ struct ThreadOut {
     /// before and after the insert) and while it was not.
     insert_retraining: Histogram,
     insert_quiet: Histogram,
-    /// Per key, this thread's last write (its writes never overlap, so the
-    /// earlier ones cannot be the final value).
-    writes: HashMap<u64, TimedWrite>,
+    /// Per key, this thread's writes that may be its final value.
+    writes: HashMap<u64, KeyWrites>,
     /// Problems in the answers (see [`RunCtx::check_value`]).
     problems: Problems,
     gets: u64,
+    /// Operations that returned an error (with injected faults; otherwise
+    /// an error ends the run).
+    failed: u64,
     /// When the thread began its first and finished its last operation.
     began: Instant,
     ended: Instant,
+}
+
+impl ThreadOut {
+    fn new() -> Self {
+        ThreadOut {
+            latency: vec![Histogram::new(); KINDS.len()],
+            per_interval: Vec::with_capacity(1024),
+            insert_retraining: Histogram::new(),
+            insert_quiet: Histogram::new(),
+            writes: HashMap::new(),
+            problems: Problems::default(),
+            gets: 0,
+            failed: 0,
+            began: Instant::now(),
+            ended: Instant::now(),
+        }
+    }
+
+    /// Records operation `op`, invoked at `inv` and returned at `ret` (ns
+    /// since the epoch), and the write it made or may have made.
+    fn record(&mut self, op: &Op, (inv, ret): (u64, u64), write: Option<Write>) {
+        self.latency[kind(op)].record(ret - inv);
+        let slot = (ret / INTERVAL_NS) as usize;
+        if slot >= self.per_interval.len() {
+            self.per_interval.resize(slot + 1, 0);
+        }
+        self.per_interval[slot] += 1;
+        if let Some(w) = write {
+            let timed = |value| TimedWrite {
+                invoke: inv,
+                ret,
+                value: Some(value),
+            };
+            let (key, value, applied) = match w {
+                Write::Applied { key, value } => (key, value, true),
+                Write::Unknown { key, value } => (key, value, false),
+            };
+            self.writes
+                .entry(key)
+                .or_default()
+                .add(timed(value), applied);
+        }
+    }
+}
+
+/// A write an operation of the run made.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// It returned: `key` holds `value` from some point of its interval.
+    Applied { key: u64, value: u64 },
+    /// It returned an error: it may or may not have taken effect.
+    Unknown { key: u64, value: u64 },
+}
+
+/// One thread's writes to one key that can be the key's final value: its
+/// last write that returned, and the failed writes after it, each of
+/// which may or may not have taken effect. Earlier writes cannot be final:
+/// a later write of the same thread that took effect strictly follows
+/// them.
+///
+/// A failed write's interval ends when its error returned: every
+/// operation the store posts for it has completed by then, so it cannot
+/// take effect later.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct KeyWrites {
+    applied: Option<TimedWrite>,
+    unknown: Vec<TimedWrite>,
+}
+
+impl KeyWrites {
+    fn add(&mut self, w: TimedWrite, applied: bool) {
+        if applied {
+            self.applied = Some(w);
+            self.unknown.clear();
+        } else {
+            self.unknown.push(w);
+        }
+    }
+}
+
+/// Whether `got`, read back at the end, is a value a linearizable
+/// execution of the run could leave in a key whose value before the run
+/// was `initial`, given each thread's writes to it ([`KeyWrites`]).
+///
+/// [`final_value_possible`] over the writes that returned, or over those
+/// and one failed write of the value read back: if the final value is a
+/// failed write's, that write took effect (and other failed writes need
+/// not have); otherwise none need have. So these cases are all there is.
+fn final_possible(initial: Option<u64>, writes: &[KeyWrites], got: Option<u64>) -> bool {
+    let applied: Vec<TimedWrite> = writes.iter().filter_map(|w| w.applied).collect();
+    final_value_possible(initial, &applied, got)
+        || writes
+            .iter()
+            .flat_map(|w| &w.unknown)
+            .filter(|u| u.value == got)
+            .any(|u| {
+                let mut with = applied.clone();
+                with.push(*u);
+                final_value_possible(initial, &with, got)
+            })
 }
 
 /// What every run thread shares.
@@ -555,6 +701,9 @@ struct RunCtx {
     start: Barrier,
     /// Whether the memory node is retraining (splits insert latencies).
     activity: Option<AgentActivity>,
+    /// Whether faults are injected: an operation that fails is counted
+    /// and the run goes on.
+    faults: bool,
 }
 
 impl RunCtx {
@@ -596,7 +745,153 @@ impl RunCtx {
     }
 }
 
-/// Runs one thread's stream. Errors abort the whole run.
+/// An operation of a stream that returned an error.
+struct Failed {
+    /// The call and its error, as the run's error names them (`get KEY:
+    /// …`, `update KEY: …`).
+    message: String,
+    /// The write it attempted, which may or may not have taken effect.
+    write: Option<Write>,
+}
+
+impl Failed {
+    /// `call` (e.g. `get KEY`) failed with `error`, attempting `write`.
+    fn new(call: std::fmt::Arguments<'_>, error: KvError, write: Option<Write>) -> Self {
+        Failed {
+            message: format!("{call}: {error}"),
+            write,
+        }
+    }
+}
+
+/// One thread running its stream: its session, and what it saw.
+struct StreamRun<'a> {
+    session: KvSession,
+    ctx: &'a RunCtx,
+    out: ThreadOut,
+    /// Keys whose insert by this thread returned an error: they may be
+    /// absent, until an answer shows them present.
+    unsure: HashSet<u64>,
+}
+
+impl StreamRun<'_> {
+    /// Nanoseconds since the run's epoch.
+    fn now(&self) -> u64 {
+        self.ctx.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Runs `op` and checks its answers; returns the write it made.
+    fn execute(&mut self, op: Op) -> Result<Option<Write>, Failed> {
+        match op {
+            Op::Read(key) => self.get("get", key).map(|()| None),
+            Op::Update { key, value } => self.update("update", key, value),
+            Op::ReadModifyWrite { key, value } => {
+                self.get("read-modify-write's get", key)?;
+                self.update("read-modify-write's update", key, value)
+            }
+            Op::Insert { key, value } => self.insert(key, value),
+            Op::Scan { from, len } => self.scan(from, len).map(|()| None),
+        }
+    }
+
+    fn get(&mut self, what: &str, key: u64) -> Result<(), Failed> {
+        let got = self
+            .session
+            .get(key)
+            .map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
+        self.out.gets += 1;
+        self.check_present(what, key, got);
+        Ok(())
+    }
+
+    fn update(&mut self, what: &str, key: u64, value: u64) -> Result<Option<Write>, Failed> {
+        let prior = self.session.update(key, value).map_err(|error| {
+            Failed::new(
+                format_args!("update {key}"),
+                error,
+                Some(Write::Unknown { key, value }),
+            )
+        })?;
+        if prior.is_none() && self.unsure.contains(&key) {
+            // Its insert did not take effect: the update wrote nothing.
+            return Ok(None);
+        }
+        self.check_present(what, key, prior);
+        Ok(Some(Write::Applied { key, value }))
+    }
+
+    fn insert(&mut self, key: u64, value: u64) -> Result<Option<Write>, Failed> {
+        let busy = || self.ctx.activity.as_ref().is_some_and(|a| a.busy());
+        let before = busy();
+        let start = self.now();
+        let r = self.session.insert(key, value);
+        let took = self.now() - start;
+        if before || busy() {
+            self.out.insert_retraining.record(took);
+        } else {
+            self.out.insert_quiet.record(took);
+        }
+        let prior = r.map_err(|error| {
+            self.unsure.insert(key);
+            Failed::new(
+                format_args!("insert {key}"),
+                error,
+                Some(Write::Unknown { key, value }),
+            )
+        })?;
+        if let Some(v) = prior {
+            self.out
+                .problems
+                .push(|| format!("insert of new key {key} found it present with {v}"));
+        }
+        Ok(Some(Write::Applied { key, value }))
+    }
+
+    fn scan(&mut self, from: u64, len: usize) -> Result<(), Failed> {
+        let entries = self
+            .session
+            .scan(from, len)
+            .map_err(|error| Failed::new(format_args!("scan {from} {len}"), error, None))?;
+        let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
+        let at_from = entries.first().is_some_and(|e| e.0 == from);
+        // A key whose insert failed may be absent: the scan starts later.
+        let first_ok = at_from
+            || (self.unsure.contains(&from) && !entries.first().is_some_and(|e| e.0 <= from));
+        if at_from {
+            self.unsure.remove(&from);
+        }
+        let p = &mut self.out.problems;
+        if !sorted || !first_ok || entries.len() > len {
+            p.push(|| {
+                format!(
+                    "scan from present key {from} for {len}: {} entries, sorted {sorted}, starts at it {first_ok}",
+                    entries.len()
+                )
+            });
+        }
+        for &(k, v) in &entries {
+            if !self.ctx.value_ok(k, v) {
+                p.push(|| format!("scan returned key {k} with {v}, never written to it"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `got`, the value of `key` (present when issued) that `what`
+    /// saw — unless it is absent and its insert failed.
+    fn check_present(&mut self, what: &str, key: u64, got: Option<u64>) {
+        if got.is_some() {
+            self.unsure.remove(&key);
+        } else if self.unsure.contains(&key) {
+            return;
+        }
+        self.ctx.check_value(&mut self.out.problems, what, key, got);
+    }
+}
+
+/// Runs one thread's stream. Errors abort the whole run, unless faults
+/// are injected: then a failed operation is counted, and the write it
+/// attempted recorded as one that may or may not have taken effect.
 fn run_thread(
     client: &KvClient,
     ctx: &RunCtx,
@@ -604,113 +899,35 @@ fn run_thread(
     done: &AtomicU64,
     abort: &AtomicBool,
 ) -> Result<ThreadOut, String> {
-    let mut session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
-    let mut out = ThreadOut {
-        latency: vec![Histogram::new(); KINDS.len()],
-        per_interval: Vec::with_capacity(1024),
-        insert_retraining: Histogram::new(),
-        insert_quiet: Histogram::new(),
-        writes: HashMap::new(),
-        problems: Problems::default(),
-        gets: 0,
-        began: Instant::now(),
-        ended: Instant::now(),
+    let session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
+    let mut run = StreamRun {
+        session,
+        ctx,
+        out: ThreadOut::new(),
+        unsure: HashSet::new(),
     };
-    let now = || ctx.epoch.elapsed().as_nanos() as u64;
-    let p = &mut out.problems;
     ctx.start.wait();
-    out.began = Instant::now();
+    run.out.began = Instant::now();
     let mut since = 0;
     // One clock read per operation: the previous return stands for this
     // invocation. It is earlier than the real one, which only widens the
     // write's interval (the final-state check stays sound) and adds the
     // loop's few nanoseconds to the latency.
-    let mut inv = now();
-    for &op in &ctx.streams[t] {
+    let mut inv = run.now();
+    for op in &ctx.streams[t] {
         if abort.load(Ordering::Relaxed) {
             break;
         }
-        let written = match op {
-            Op::Read(key) => {
-                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
-                out.gets += 1;
-                ctx.check_value(p, "get", key, got);
-                None
+        let write = match run.execute(*op) {
+            Ok(write) => write,
+            Err(f) if ctx.faults => {
+                run.out.failed += 1;
+                f.write
             }
-            Op::Update { key, value } => {
-                let prior = session
-                    .update(key, value)
-                    .map_err(|e| format!("update {key}: {e}"))?;
-                ctx.check_value(p, "update", key, prior);
-                Some((key, value))
-            }
-            Op::ReadModifyWrite { key, value } => {
-                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
-                out.gets += 1;
-                ctx.check_value(p, "read-modify-write's get", key, got);
-                let prior = session
-                    .update(key, value)
-                    .map_err(|e| format!("update {key}: {e}"))?;
-                ctx.check_value(p, "read-modify-write's update", key, prior);
-                Some((key, value))
-            }
-            Op::Insert { key, value } => {
-                let busy = || ctx.activity.as_ref().is_some_and(|a| a.busy());
-                let before = busy();
-                let start = now();
-                let prior = session
-                    .insert(key, value)
-                    .map_err(|e| format!("insert {key}: {e}"))?;
-                let took = now() - start;
-                if before || busy() {
-                    out.insert_retraining.record(took);
-                } else {
-                    out.insert_quiet.record(took);
-                }
-                if let Some(v) = prior {
-                    p.push(|| format!("insert of new key {key} found it present with {v}"));
-                }
-                Some((key, value))
-            }
-            Op::Scan { from, len } => {
-                let entries = session
-                    .scan(from, len)
-                    .map_err(|e| format!("scan {from} {len}: {e}"))?;
-                let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
-                let first_ok = entries.first().is_some_and(|e| e.0 == from);
-                if !sorted || !first_ok || entries.len() > len {
-                    p.push(|| {
-                        format!(
-                            "scan from present key {from} for {len}: {} entries, sorted {sorted}, starts at it {first_ok}",
-                            entries.len()
-                        )
-                    });
-                }
-                for &(k, v) in &entries {
-                    if !ctx.value_ok(k, v) {
-                        p.push(|| format!("scan returned key {k} with {v}, never written to it"));
-                    }
-                }
-                None
-            }
+            Err(f) => return Err(f.message),
         };
-        let ret = now();
-        out.latency[kind(&op)].record(ret - inv);
-        let slot = (ret / INTERVAL_NS) as usize;
-        if slot >= out.per_interval.len() {
-            out.per_interval.resize(slot + 1, 0);
-        }
-        out.per_interval[slot] += 1;
-        if let Some((key, value)) = written {
-            out.writes.insert(
-                key,
-                TimedWrite {
-                    invoke: inv,
-                    ret,
-                    value: Some(value),
-                },
-            );
-        }
+        let ret = run.now();
+        run.out.record(op, (inv, ret), write);
         inv = ret;
         since += 1;
         if since == PROGRESS_EVERY {
@@ -718,11 +935,16 @@ fn run_thread(
             since = 0;
         }
     }
-    // The unordered fabric's last unlock may still be in flight.
-    session.flush().map_err(|e| format!("thread {t}: {e}"))?;
-    out.ended = Instant::now();
+    // The unordered fabric's last unlock may still be in flight. With
+    // injected faults it may fail: the locks counted at the end show it.
+    if let Err(e) = run.session.flush() {
+        if !ctx.faults {
+            return Err(format!("thread {t}: {e}"));
+        }
+    }
+    run.out.ended = Instant::now();
     done.fetch_add(since, Ordering::Relaxed);
-    Ok(out)
+    Ok(run.out)
 }
 
 /// Runs `f(t)` on `threads` threads while a progress bar follows `done`;
@@ -800,6 +1022,9 @@ struct RawSpec {
     len: u64,
     /// Batches over all threads.
     batches: u64,
+    /// Whether faults are injected: a read that failed still made its
+    /// round trip, and counts.
+    faults: bool,
 }
 
 /// The raw fabric baseline: each thread posts doorbell batches of `reads`
@@ -819,6 +1044,7 @@ fn raw_reads(
         reads,
         len,
         batches,
+        faults,
     } = spec;
     let threads = streams.len();
     let len = len.clamp(8, pool.len);
@@ -875,7 +1101,9 @@ fn raw_reads(
             ch.run(&ops, &mut results)
                 .map_err(|e| format!("raw reads: {e}"))?;
             if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                return Err(format!("raw reads: {e}"));
+                if !faults {
+                    return Err(format!("raw reads: {e}"));
+                }
             }
             if (i + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
@@ -891,20 +1119,20 @@ fn raw_reads(
     Ok(batches as f64 / (end - t0).as_secs_f64().max(1e-9))
 }
 
-/// Reads every written key back and checks it; returns the problems.
+/// Reads every written key back and checks it ([`final_possible`]);
+/// returns the problems.
 fn verify(
     clients: &[KvClient],
     loaded: &[u64],
-    writes: HashMap<u64, Vec<TimedWrite>>,
-    threads: usize,
-    quiet: bool,
+    writes: HashMap<u64, Vec<KeyWrites>>,
+    args: &BenchArgs,
     by_others: &(dyn Fn(u64, Option<u64>) -> bool + Sync),
 ) -> Result<Problems, BenchError> {
-    let keys: Vec<(u64, Vec<TimedWrite>)> = writes.into_iter().collect();
+    let keys: Vec<(u64, Vec<KeyWrites>)> = writes.into_iter().collect();
     let n = keys.len() as u64;
-    let per = keys.len().div_ceil(threads.max(1)).max(1);
-    let chunks: Vec<&[(u64, Vec<TimedWrite>)]> = keys.chunks(per).collect();
-    let found = with_progress(chunks.len(), n, "verify", quiet, |t, done, abort| {
+    let per = keys.len().div_ceil(args.threads.max(1)).max(1);
+    let chunks: Vec<&[(u64, Vec<KeyWrites>)]> = keys.chunks(per).collect();
+    let found = with_progress(chunks.len(), n, "verify", args.json, |t, done, abort| {
         let mut s = clients[t % clients.len()]
             .session()
             .map_err(|e| format!("verify: {e}"))?;
@@ -913,18 +1141,14 @@ fn verify(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let got = s.get(*key).map_err(|e| format!("verify: get {key}: {e}"))?;
+            let got =
+                retry_injected(|| s.get(*key)).map_err(|e| format!("verify: get {key}: {e}"))?;
             let initial = loaded
                 .binary_search(key)
                 .is_ok()
                 .then(|| ycsb::load_value(*key));
-            if !final_value_possible(initial, w, got) && !by_others(*key, got) {
-                problems.push(|| {
-                    format!(
-                        "key {key}: read back {got:?}, but the run's last writes were {:?}",
-                        w.iter().map(|w| w.value).collect::<Vec<_>>()
-                    )
-                });
+            if !final_possible(initial, w, got) && !by_others(*key, got) {
+                problems.push(|| mismatch(*key, got, w));
             }
             if (i as u64 + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
@@ -937,10 +1161,46 @@ fn verify(
     Ok(all)
 }
 
+/// What a key read back as `got` should have held, given the writes `w`.
+fn mismatch(key: u64, got: Option<u64>, w: &[KeyWrites]) -> String {
+    let applied: Vec<Option<u64>> = w
+        .iter()
+        .filter_map(|w| w.applied)
+        .map(|w| w.value)
+        .collect();
+    let unknown: Vec<Option<u64>> = w.iter().flat_map(|w| &w.unknown).map(|w| w.value).collect();
+    let mut s = format!("key {key}: read back {got:?}, but the run's last writes were {applied:?}");
+    if !unknown.is_empty() {
+        s += &format!(" (and failed writes, which may have taken effect, {unknown:?})");
+    }
+    s
+}
+
+/// Tries of a step that only reads (connecting, a verifying get) that
+/// fails with an injected fault, before the run gives up.
+const INJECTED_TRIES: u32 = 1000;
+
+/// Runs `f`, again while it fails with an injected fault, at most
+/// [`INJECTED_TRIES`] times: for steps that only read, so a failed try
+/// leaves nothing to undo. (Without injected faults, one try.)
+fn retry_injected<T>(mut f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvError> {
+    let mut tries = 1;
+    loop {
+        match f() {
+            Err(KvError::Transfer {
+                error: TransferError::InjectedFault { .. },
+                ..
+            }) if tries < INJECTED_TRIES => tries += 1,
+            r => return r,
+        }
+    }
+}
+
 /// Runs `rolex bench`, step by step: check the arguments, plan the run
 /// and its key sets ([`Setup::prepare`]), start or reach the memory node
 /// and connect the compute nodes ([`Store::start`]), generate the
-/// operations ([`generate_streams`]), run them ([`run_workload`]), merge
+/// operations ([`generate_streams`]), run them ([`run_workload`]) and
+/// count the locks left once the run settled ([`settled_locks`]), merge
 /// what the threads saw ([`Merged::from_threads`]), derive the figures and
 /// measure the raw baseline ([`Figures::measure`]), read every written key
 /// back ([`verify_final`]), then print ([`Report`]) and plot, and fail if
@@ -956,9 +1216,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         epoch: Instant::now(),
         start: Barrier::new(args.threads),
         activity: store.node.as_ref().map(|n| n.activity()),
+        faults: args.inject_failures.is_some(),
     };
     let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
     let after = Snapshot::take(&store);
+    let locks_held_end = settled_locks(&store)?;
     let mut merged = Merged::from_threads(outs, ctx.epoch);
     let figures = Figures::measure(&args, &setup, &store, &ctx, (&before, &after), &merged)?;
     let written = merged.writes.len();
@@ -975,6 +1237,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         figures: &figures,
         verified: merged.problems.count == 0,
         written,
+        locks_held_end,
     };
     if args.json {
         report.print_json();
@@ -1085,6 +1348,11 @@ impl Store {
     fn start(args: &BenchArgs, setup: &Setup, quiet: bool) -> Result<Self, BenchError> {
         let engine_cfg = engine_config(args)?;
         let mn_cfg = memory_node_config(args, setup, engine_cfg.clone());
+        let client_cfg = KvClientConfig {
+            engine: client_engine(args, engine_cfg),
+            lock_owner: setup.lock_owner,
+            ..KvClientConfig::default()
+        };
         let leaf_slots = mn_cfg.leaf_slots;
         let (node, pool, load_time) = match &setup.remote {
             Some(r) => (None, r.pool.clone(), Duration::ZERO),
@@ -1094,17 +1362,10 @@ impl Store {
                 (Some(node), pool, load_time)
             }
         };
+        // Connecting only reads: a try that met an injected fault is
+        // simply made again.
         let clients = (0..args.clients)
-            .map(|_| {
-                KvClient::connect(
-                    KvClientConfig {
-                        engine: engine_cfg.clone(),
-                        lock_owner: setup.lock_owner,
-                        ..KvClientConfig::default()
-                    },
-                    &pool,
-                )
-            })
+            .map(|_| retry_injected(|| KvClient::connect(client_cfg.clone(), &pool)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Store {
             node,
@@ -1214,6 +1475,34 @@ fn run_workload(
     })
 }
 
+/// How long the end of a run waits for the retraining agent to go idle
+/// before it counts the locks left.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Step 4, once the threads stopped (their last posted unlocks awaited):
+/// the chains still locked when the run has settled — after the local
+/// memory node's agent was idle for a few looks in a row (at most
+/// [`SETTLE`]: an agent that never settles holds its locks, which then
+/// count) — over every model's current LT, as `rolex inspect --models`
+/// counts them. `None` when the memory node is remote: other processes
+/// may still be running there.
+fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
+    let Some(node) = &store.node else {
+        return Ok(None);
+    };
+    let activity = node.activity();
+    let deadline = Instant::now() + SETTLE;
+    let mut idle_looks = 0;
+    while idle_looks < 3 && Instant::now() < deadline {
+        idle_looks = if activity.busy() { 0 } else { idle_looks + 1 };
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pool = node.pool_handle();
+    let bytes = pool.to_vec(0, pool.len() as usize)?;
+    let held = crate::inspect::locked_chains(&bytes)?;
+    Ok(Some(held.values().sum()))
+}
+
 /// Step 5: the threads' outputs merged.
 struct Merged {
     /// Latencies per operation kind (indexed as [`KINDS`]).
@@ -1222,10 +1511,12 @@ struct Merged {
     per_interval: Vec<u64>,
     insert_retraining: Histogram,
     insert_quiet: Histogram,
-    /// Per key, each thread's last write to it.
-    writes: HashMap<u64, Vec<TimedWrite>>,
+    /// Per key, each thread's writes that may be its final value.
+    writes: HashMap<u64, Vec<KeyWrites>>,
     problems: Problems,
     gets: u64,
+    /// Operations that returned an error.
+    failed: u64,
     /// When the first operation began and the last ended.
     began: Instant,
     ended: Instant,
@@ -1245,6 +1536,7 @@ impl Merged {
             writes: HashMap::new(),
             problems: Problems::default(),
             gets: 0,
+            failed: 0,
             began,
             ended,
         };
@@ -1265,6 +1557,7 @@ impl Merged {
             }
             m.problems.merge(o.problems);
             m.gets += o.gets;
+            m.failed += o.failed;
         }
         m
     }
@@ -1326,6 +1619,7 @@ impl Figures {
                 reads: raw_reads_n,
                 len: raw_len,
                 batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
+                faults: args.inject_failures.is_some(),
             },
             args.json,
         )? / 1e6;
@@ -1359,7 +1653,7 @@ fn verify_final(
     setup: &Setup,
     store: &Store,
     ctx: &RunCtx,
-    writes: HashMap<u64, Vec<TimedWrite>>,
+    writes: HashMap<u64, Vec<KeyWrites>>,
 ) -> Result<Problems, BenchError> {
     // A final value another process wrote to the key (checked against its
     // stream) stands: this process cannot know when that write landed.
@@ -1371,14 +1665,7 @@ fn verify_final(
                 ycsb::writer_of(v).is_some_and(|(t, _)| !mine.contains(&t)) && ctx.value_ok(key, v)
             })
     };
-    verify(
-        &store.clients,
-        &setup.sets.loaded,
-        writes,
-        args.threads,
-        args.json,
-        &by_others,
-    )
+    verify(&store.clients, &setup.sets.loaded, writes, args, &by_others)
 }
 
 /// Step 8: what a run prints, as a table or one JSON line.
@@ -1393,6 +1680,9 @@ struct Report<'a> {
     verified: bool,
     /// Keys read back by the final check.
     written: usize,
+    /// Chains locked once the run settled (`None`: the memory node is
+    /// remote).
+    locks_held_end: Option<u64>,
 }
 
 /// `x` rounded to 2 decimals.
@@ -1437,6 +1727,8 @@ impl Report<'_> {
             ("synonym_leaves", v(f.synonym_leaves.into())),
             ("model_bytes", v(f.model_bytes.total.into())),
             ("raw_read_mops", v(r3(f.raw_mops).into())),
+            ("failed_ops", v(self.merged.failed.into())),
+            ("locks_held_end", v(self.locks_held_end.into())),
             ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
@@ -1593,6 +1885,20 @@ impl Report<'_> {
             model_bytes.total as f64 * 1e6 / held as f64,
             model_bytes.learned
         );
+        match self.args.inject_failures {
+            Some(p) => println!(
+                "failed ops      {} (each operation failed with probability {p})",
+                self.merged.failed
+            ),
+            None => println!(
+                "failed ops      {} (no failures injected)",
+                self.merged.failed
+            ),
+        }
+        match self.locks_held_end {
+            Some(n) => println!("locks held end  {n} chains locked once the run settled"),
+            None => println!("locks held end  unknown here (the memory node is remote)"),
+        }
         println!(
             "verified        {} ({} written keys read back)",
             if self.verified { "yes" } else { "NO" },
@@ -1778,6 +2084,7 @@ mod tests {
             epoch: Instant::now(),
             start: Barrier::new(1),
             activity: None,
+            faults: false,
         };
         assert!(ctx.value_ok(5, load_value(5)));
         assert!(!ctx.value_ok(7, load_value(5)));
@@ -1797,6 +2104,47 @@ mod tests {
             p.push(|| "x".into());
         }
         assert_eq!((p.count, p.first.len()), (22, KEEP_PROBLEMS));
+    }
+
+    #[test]
+    fn failed_writes_may_or_may_not_be_the_final_value() {
+        let w = |invoke, ret, value| TimedWrite {
+            invoke,
+            ret,
+            value: Some(value),
+        };
+        let (initial, a, b) = (Some(1), 10, 20);
+        // One thread: a applied (0–1), then b failed (2–3).
+        let mut one = KeyWrites::default();
+        one.add(w(0, 1, a), true);
+        one.add(w(2, 3, b), false);
+        let writes = [one.clone()];
+        assert!(final_possible(initial, &writes, Some(a)), "b did not apply");
+        assert!(final_possible(initial, &writes, Some(b)), "b applied");
+        assert!(!final_possible(initial, &writes, initial), "a applied");
+        // A failed write that a returned write strictly follows is not
+        // kept: it cannot be final.
+        one.add(w(4, 5, a), true);
+        assert_eq!(one.unknown, []);
+        // Only a failed write: the key may keep its value, or take it.
+        let mut only = KeyWrites::default();
+        only.add(w(0, 1, b), false);
+        let writes = [only.clone()];
+        assert!(final_possible(initial, &writes, initial));
+        assert!(final_possible(initial, &writes, Some(b)));
+        assert!(!final_possible(initial, &writes, Some(a)));
+        // Another thread's applied write strictly after the failed one.
+        let mut later = KeyWrites::default();
+        later.add(w(5, 6, a), true);
+        assert!(!final_possible(
+            initial,
+            &[only.clone(), later.clone()],
+            Some(b)
+        ));
+        // ... or overlapping it: either may be last.
+        let mut overlap = KeyWrites::default();
+        overlap.add(w(1, 6, a), true);
+        assert!(final_possible(initial, &[only, overlap], Some(b)));
     }
 
     #[test]
