@@ -44,6 +44,18 @@
 //! process is then accepted. The JSON keys are the same; `retrains` and
 //! `synonym_leaves`, which only the memory node knows, are `null`.
 //!
+//! `--inject-failures P` (loopback only) makes each operation the compute
+//! nodes post fail with probability P (`rolex_host::Faults`; the memory
+//! node's own engine is spared): an error completion, half of them after
+//! the operation took effect. The run goes on: a failed operation is
+//! counted (`failed_ops`), the write it attempted is one that may or may
+//! not have taken effect ([`final_possible`]), a key whose insert failed
+//! may be absent, and steps that only read (connecting, the final reads)
+//! are retried. Every run reports `locks_held_end`: the chains still
+//! locked once the threads stopped and the agent went idle, counted as
+//! `rolex inspect --models` counts them (`null` against a remote memory
+//! node, where other processes may still hold some).
+//!
 //! `--plot FILE.svg` draws the run (`crate::plot`): the latency CDF of each
 //! operation kind that ran and the throughput over the run. Each thread
 //! records every operation's latency in a histogram of its kind (merged
@@ -57,7 +69,7 @@ use crate::fabric::{
 };
 use crate::memnode::{key_hash, DataSetDesc};
 use crate::plot::{self, Bucket, Cdf};
-use crate::ycsb::{self, Op, Plan, Workload};
+use crate::ycsb::{self, KeySets, Op, Plan, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rolex_checker::{final_value_possible, TimedWrite};
@@ -65,12 +77,14 @@ use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, OpStats, PoolInfo};
-use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats, PoolInfo};
+use rolex_host::kv::{KvError, KvSession};
+use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
-    Access, BatchOp, EngineConfig, Fabric, LoopbackConfig, MrDesc, TransferEngine, Unordered,
+    Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, TransferEngine,
+    TransferError, Unordered,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -146,6 +160,12 @@ pub struct BenchArgs {
     /// Injected round-trip time of every fabric operation, in µs.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     rtt_us: f64,
+    /// Fail each operation the compute nodes post with probability P
+    /// (loopback only): error completions, half after the operation took
+    /// effect, half before. A failed operation is counted (`failed_ops`)
+    /// and the run goes on; its key's outcome is unknown to the checks.
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    inject_failures: Option<f64>,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -221,6 +241,18 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if args.data.n == Some(0) {
         return Err("-n must be at least 1".into());
     }
+    if let Some(p) = args.inject_failures {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("--inject-failures {p} must be in [0, 1]").into());
+        }
+        if !matches!(args.fabric, FabricArg::Loopback) || args.memnode.is_some() {
+            return Err(format!(
+                "--inject-failures fails operations of the loopback NIC: it needs --fabric loopback, not {}",
+                args.fabric.name()
+            )
+            .into());
+        }
+    }
     match (&args.fabric, &args.memnode) {
         (FabricArg::Loopback, Some(_)) => {
             return Err("--memnode needs --fabric libfabric:PROVIDER or verbs".into())
@@ -285,6 +317,18 @@ fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
         pin_workers: false,
         ..EngineConfig::default()
     })
+}
+
+/// The compute nodes' engine: `engine` (the memory node's), with
+/// `--inject-failures`'s faults on its loopback NIC.
+fn client_engine(args: &BenchArgs, mut engine: EngineConfig) -> EngineConfig {
+    if let (Some(probability), Fabric::Loopback(lb)) = (args.inject_failures, &mut engine.fabric) {
+        lb.faults = Some(Faults {
+            probability,
+            seed: args.data.seed,
+        });
+    }
+    engine
 }
 
 /// The local address this machine would use to reach `server`
@@ -532,15 +576,117 @@ struct ThreadOut {
     /// before and after the insert) and while it was not.
     insert_retraining: Histogram,
     insert_quiet: Histogram,
-    /// Per key, this thread's last write (its writes never overlap, so the
-    /// earlier ones cannot be the final value).
-    writes: HashMap<u64, TimedWrite>,
+    /// Per key, this thread's writes that may be its final value.
+    writes: HashMap<u64, KeyWrites>,
     /// Problems in the answers (see [`RunCtx::check_value`]).
     problems: Problems,
     gets: u64,
+    /// Operations that returned an error (with injected faults; otherwise
+    /// an error ends the run).
+    failed: u64,
     /// When the thread began its first and finished its last operation.
     began: Instant,
     ended: Instant,
+}
+
+impl ThreadOut {
+    fn new() -> Self {
+        ThreadOut {
+            latency: vec![Histogram::new(); KINDS.len()],
+            per_interval: Vec::with_capacity(1024),
+            insert_retraining: Histogram::new(),
+            insert_quiet: Histogram::new(),
+            writes: HashMap::new(),
+            problems: Problems::default(),
+            gets: 0,
+            failed: 0,
+            began: Instant::now(),
+            ended: Instant::now(),
+        }
+    }
+
+    /// Records operation `op`, invoked at `inv` and returned at `ret` (ns
+    /// since the epoch), and the write it made or may have made.
+    fn record(&mut self, op: &Op, (inv, ret): (u64, u64), write: Option<Write>) {
+        self.latency[kind(op)].record(ret - inv);
+        let slot = (ret / INTERVAL_NS) as usize;
+        if slot >= self.per_interval.len() {
+            self.per_interval.resize(slot + 1, 0);
+        }
+        self.per_interval[slot] += 1;
+        if let Some(w) = write {
+            let timed = |value| TimedWrite {
+                invoke: inv,
+                ret,
+                value: Some(value),
+            };
+            let (key, value, applied) = match w {
+                Write::Applied { key, value } => (key, value, true),
+                Write::Unknown { key, value } => (key, value, false),
+            };
+            self.writes
+                .entry(key)
+                .or_default()
+                .add(timed(value), applied);
+        }
+    }
+}
+
+/// A write an operation of the run made.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// It returned: `key` holds `value` from some point of its interval.
+    Applied { key: u64, value: u64 },
+    /// It returned an error: it may or may not have taken effect.
+    Unknown { key: u64, value: u64 },
+}
+
+/// One thread's writes to one key that can be the key's final value: its
+/// last write that returned, and the failed writes after it, each of
+/// which may or may not have taken effect. Earlier writes cannot be final:
+/// a later write of the same thread that took effect strictly follows
+/// them.
+///
+/// A failed write's interval ends when its error returned: every
+/// operation the store posts for it has completed by then, so it cannot
+/// take effect later.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct KeyWrites {
+    applied: Option<TimedWrite>,
+    unknown: Vec<TimedWrite>,
+}
+
+impl KeyWrites {
+    fn add(&mut self, w: TimedWrite, applied: bool) {
+        if applied {
+            self.applied = Some(w);
+            self.unknown.clear();
+        } else {
+            self.unknown.push(w);
+        }
+    }
+}
+
+/// Whether `got`, read back at the end, is a value a linearizable
+/// execution of the run could leave in a key whose value before the run
+/// was `initial`, given each thread's writes to it ([`KeyWrites`]).
+///
+/// [`final_value_possible`] over the writes that returned, or over those
+/// and one failed write of the value read back: if the final value is a
+/// failed write's, that write took effect (and other failed writes need
+/// not have); otherwise none need have. So these cases are all there is.
+fn final_possible(initial: Option<u64>, writes: &[KeyWrites], got: Option<u64>) -> bool {
+    let applied: Vec<TimedWrite> = writes.iter().filter_map(|w| w.applied).collect();
+    final_value_possible(initial, &applied, got)
+        || writes
+            .iter()
+            .flat_map(|w| &w.unknown)
+            .filter(|u| u.value == got)
+            .any(|u| {
+                let mut with = applied.clone();
+                with.push(*u);
+                final_value_possible(initial, &with, got)
+            })
 }
 
 /// What every run thread shares.
@@ -555,6 +701,9 @@ struct RunCtx {
     start: Barrier,
     /// Whether the memory node is retraining (splits insert latencies).
     activity: Option<AgentActivity>,
+    /// Whether faults are injected: an operation that fails is counted
+    /// and the run goes on.
+    faults: bool,
 }
 
 impl RunCtx {
@@ -596,7 +745,153 @@ impl RunCtx {
     }
 }
 
-/// Runs one thread's stream. Errors abort the whole run.
+/// An operation of a stream that returned an error.
+struct Failed {
+    /// The call and its error, as the run's error names them (`get KEY:
+    /// …`, `update KEY: …`).
+    message: String,
+    /// The write it attempted, which may or may not have taken effect.
+    write: Option<Write>,
+}
+
+impl Failed {
+    /// `call` (e.g. `get KEY`) failed with `error`, attempting `write`.
+    fn new(call: std::fmt::Arguments<'_>, error: KvError, write: Option<Write>) -> Self {
+        Failed {
+            message: format!("{call}: {error}"),
+            write,
+        }
+    }
+}
+
+/// One thread running its stream: its session, and what it saw.
+struct StreamRun<'a> {
+    session: KvSession,
+    ctx: &'a RunCtx,
+    out: ThreadOut,
+    /// Keys whose insert by this thread returned an error: they may be
+    /// absent, until an answer shows them present.
+    unsure: HashSet<u64>,
+}
+
+impl StreamRun<'_> {
+    /// Nanoseconds since the run's epoch.
+    fn now(&self) -> u64 {
+        self.ctx.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Runs `op` and checks its answers; returns the write it made.
+    fn execute(&mut self, op: Op) -> Result<Option<Write>, Failed> {
+        match op {
+            Op::Read(key) => self.get("get", key).map(|()| None),
+            Op::Update { key, value } => self.update("update", key, value),
+            Op::ReadModifyWrite { key, value } => {
+                self.get("read-modify-write's get", key)?;
+                self.update("read-modify-write's update", key, value)
+            }
+            Op::Insert { key, value } => self.insert(key, value),
+            Op::Scan { from, len } => self.scan(from, len).map(|()| None),
+        }
+    }
+
+    fn get(&mut self, what: &str, key: u64) -> Result<(), Failed> {
+        let got = self
+            .session
+            .get(key)
+            .map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
+        self.out.gets += 1;
+        self.check_present(what, key, got);
+        Ok(())
+    }
+
+    fn update(&mut self, what: &str, key: u64, value: u64) -> Result<Option<Write>, Failed> {
+        let prior = self.session.update(key, value).map_err(|error| {
+            Failed::new(
+                format_args!("update {key}"),
+                error,
+                Some(Write::Unknown { key, value }),
+            )
+        })?;
+        if prior.is_none() && self.unsure.contains(&key) {
+            // Its insert did not take effect: the update wrote nothing.
+            return Ok(None);
+        }
+        self.check_present(what, key, prior);
+        Ok(Some(Write::Applied { key, value }))
+    }
+
+    fn insert(&mut self, key: u64, value: u64) -> Result<Option<Write>, Failed> {
+        let busy = || self.ctx.activity.as_ref().is_some_and(|a| a.busy());
+        let before = busy();
+        let start = self.now();
+        let r = self.session.insert(key, value);
+        let took = self.now() - start;
+        if before || busy() {
+            self.out.insert_retraining.record(took);
+        } else {
+            self.out.insert_quiet.record(took);
+        }
+        let prior = r.map_err(|error| {
+            self.unsure.insert(key);
+            Failed::new(
+                format_args!("insert {key}"),
+                error,
+                Some(Write::Unknown { key, value }),
+            )
+        })?;
+        if let Some(v) = prior {
+            self.out
+                .problems
+                .push(|| format!("insert of new key {key} found it present with {v}"));
+        }
+        Ok(Some(Write::Applied { key, value }))
+    }
+
+    fn scan(&mut self, from: u64, len: usize) -> Result<(), Failed> {
+        let entries = self
+            .session
+            .scan(from, len)
+            .map_err(|error| Failed::new(format_args!("scan {from} {len}"), error, None))?;
+        let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
+        let at_from = entries.first().is_some_and(|e| e.0 == from);
+        // A key whose insert failed may be absent: the scan starts later.
+        let first_ok = at_from
+            || (self.unsure.contains(&from) && !entries.first().is_some_and(|e| e.0 <= from));
+        if at_from {
+            self.unsure.remove(&from);
+        }
+        let p = &mut self.out.problems;
+        if !sorted || !first_ok || entries.len() > len {
+            p.push(|| {
+                format!(
+                    "scan from present key {from} for {len}: {} entries, sorted {sorted}, starts at it {first_ok}",
+                    entries.len()
+                )
+            });
+        }
+        for &(k, v) in &entries {
+            if !self.ctx.value_ok(k, v) {
+                p.push(|| format!("scan returned key {k} with {v}, never written to it"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `got`, the value of `key` (present when issued) that `what`
+    /// saw — unless it is absent and its insert failed.
+    fn check_present(&mut self, what: &str, key: u64, got: Option<u64>) {
+        if got.is_some() {
+            self.unsure.remove(&key);
+        } else if self.unsure.contains(&key) {
+            return;
+        }
+        self.ctx.check_value(&mut self.out.problems, what, key, got);
+    }
+}
+
+/// Runs one thread's stream. Errors abort the whole run, unless faults
+/// are injected: then a failed operation is counted, and the write it
+/// attempted recorded as one that may or may not have taken effect.
 fn run_thread(
     client: &KvClient,
     ctx: &RunCtx,
@@ -604,113 +899,35 @@ fn run_thread(
     done: &AtomicU64,
     abort: &AtomicBool,
 ) -> Result<ThreadOut, String> {
-    let mut session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
-    let mut out = ThreadOut {
-        latency: vec![Histogram::new(); KINDS.len()],
-        per_interval: Vec::with_capacity(1024),
-        insert_retraining: Histogram::new(),
-        insert_quiet: Histogram::new(),
-        writes: HashMap::new(),
-        problems: Problems::default(),
-        gets: 0,
-        began: Instant::now(),
-        ended: Instant::now(),
+    let session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
+    let mut run = StreamRun {
+        session,
+        ctx,
+        out: ThreadOut::new(),
+        unsure: HashSet::new(),
     };
-    let now = || ctx.epoch.elapsed().as_nanos() as u64;
-    let p = &mut out.problems;
     ctx.start.wait();
-    out.began = Instant::now();
+    run.out.began = Instant::now();
     let mut since = 0;
     // One clock read per operation: the previous return stands for this
     // invocation. It is earlier than the real one, which only widens the
     // write's interval (the final-state check stays sound) and adds the
     // loop's few nanoseconds to the latency.
-    let mut inv = now();
-    for &op in &ctx.streams[t] {
+    let mut inv = run.now();
+    for op in &ctx.streams[t] {
         if abort.load(Ordering::Relaxed) {
             break;
         }
-        let written = match op {
-            Op::Read(key) => {
-                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
-                out.gets += 1;
-                ctx.check_value(p, "get", key, got);
-                None
+        let write = match run.execute(*op) {
+            Ok(write) => write,
+            Err(f) if ctx.faults => {
+                run.out.failed += 1;
+                f.write
             }
-            Op::Update { key, value } => {
-                let prior = session
-                    .update(key, value)
-                    .map_err(|e| format!("update {key}: {e}"))?;
-                ctx.check_value(p, "update", key, prior);
-                Some((key, value))
-            }
-            Op::ReadModifyWrite { key, value } => {
-                let got = session.get(key).map_err(|e| format!("get {key}: {e}"))?;
-                out.gets += 1;
-                ctx.check_value(p, "read-modify-write's get", key, got);
-                let prior = session
-                    .update(key, value)
-                    .map_err(|e| format!("update {key}: {e}"))?;
-                ctx.check_value(p, "read-modify-write's update", key, prior);
-                Some((key, value))
-            }
-            Op::Insert { key, value } => {
-                let busy = || ctx.activity.as_ref().is_some_and(|a| a.busy());
-                let before = busy();
-                let start = now();
-                let prior = session
-                    .insert(key, value)
-                    .map_err(|e| format!("insert {key}: {e}"))?;
-                let took = now() - start;
-                if before || busy() {
-                    out.insert_retraining.record(took);
-                } else {
-                    out.insert_quiet.record(took);
-                }
-                if let Some(v) = prior {
-                    p.push(|| format!("insert of new key {key} found it present with {v}"));
-                }
-                Some((key, value))
-            }
-            Op::Scan { from, len } => {
-                let entries = session
-                    .scan(from, len)
-                    .map_err(|e| format!("scan {from} {len}: {e}"))?;
-                let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
-                let first_ok = entries.first().is_some_and(|e| e.0 == from);
-                if !sorted || !first_ok || entries.len() > len {
-                    p.push(|| {
-                        format!(
-                            "scan from present key {from} for {len}: {} entries, sorted {sorted}, starts at it {first_ok}",
-                            entries.len()
-                        )
-                    });
-                }
-                for &(k, v) in &entries {
-                    if !ctx.value_ok(k, v) {
-                        p.push(|| format!("scan returned key {k} with {v}, never written to it"));
-                    }
-                }
-                None
-            }
+            Err(f) => return Err(f.message),
         };
-        let ret = now();
-        out.latency[kind(&op)].record(ret - inv);
-        let slot = (ret / INTERVAL_NS) as usize;
-        if slot >= out.per_interval.len() {
-            out.per_interval.resize(slot + 1, 0);
-        }
-        out.per_interval[slot] += 1;
-        if let Some((key, value)) = written {
-            out.writes.insert(
-                key,
-                TimedWrite {
-                    invoke: inv,
-                    ret,
-                    value: Some(value),
-                },
-            );
-        }
+        let ret = run.now();
+        run.out.record(op, (inv, ret), write);
         inv = ret;
         since += 1;
         if since == PROGRESS_EVERY {
@@ -718,11 +935,16 @@ fn run_thread(
             since = 0;
         }
     }
-    // The unordered fabric's last unlock may still be in flight.
-    session.flush().map_err(|e| format!("thread {t}: {e}"))?;
-    out.ended = Instant::now();
+    // The unordered fabric's last unlock may still be in flight. With
+    // injected faults it may fail: the locks counted at the end show it.
+    if let Err(e) = run.session.flush() {
+        if !ctx.faults {
+            return Err(format!("thread {t}: {e}"));
+        }
+    }
+    run.out.ended = Instant::now();
     done.fetch_add(since, Ordering::Relaxed);
-    Ok(out)
+    Ok(run.out)
 }
 
 /// Runs `f(t)` on `threads` threads while a progress bar follows `done`;
@@ -800,6 +1022,9 @@ struct RawSpec {
     len: u64,
     /// Batches over all threads.
     batches: u64,
+    /// Whether faults are injected: a read that failed still made its
+    /// round trip, and counts.
+    faults: bool,
 }
 
 /// The raw fabric baseline: each thread posts doorbell batches of `reads`
@@ -819,6 +1044,7 @@ fn raw_reads(
         reads,
         len,
         batches,
+        faults,
     } = spec;
     let threads = streams.len();
     let len = len.clamp(8, pool.len);
@@ -875,7 +1101,9 @@ fn raw_reads(
             ch.run(&ops, &mut results)
                 .map_err(|e| format!("raw reads: {e}"))?;
             if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                return Err(format!("raw reads: {e}"));
+                if !faults {
+                    return Err(format!("raw reads: {e}"));
+                }
             }
             if (i + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
@@ -891,20 +1119,20 @@ fn raw_reads(
     Ok(batches as f64 / (end - t0).as_secs_f64().max(1e-9))
 }
 
-/// Reads every written key back and checks it; returns the problems.
+/// Reads every written key back and checks it ([`final_possible`]);
+/// returns the problems.
 fn verify(
     clients: &[KvClient],
     loaded: &[u64],
-    writes: HashMap<u64, Vec<TimedWrite>>,
-    threads: usize,
-    quiet: bool,
+    writes: HashMap<u64, Vec<KeyWrites>>,
+    args: &BenchArgs,
     by_others: &(dyn Fn(u64, Option<u64>) -> bool + Sync),
 ) -> Result<Problems, BenchError> {
-    let keys: Vec<(u64, Vec<TimedWrite>)> = writes.into_iter().collect();
+    let keys: Vec<(u64, Vec<KeyWrites>)> = writes.into_iter().collect();
     let n = keys.len() as u64;
-    let per = keys.len().div_ceil(threads.max(1)).max(1);
-    let chunks: Vec<&[(u64, Vec<TimedWrite>)]> = keys.chunks(per).collect();
-    let found = with_progress(chunks.len(), n, "verify", quiet, |t, done, abort| {
+    let per = keys.len().div_ceil(args.threads.max(1)).max(1);
+    let chunks: Vec<&[(u64, Vec<KeyWrites>)]> = keys.chunks(per).collect();
+    let found = with_progress(chunks.len(), n, "verify", args.json, |t, done, abort| {
         let mut s = clients[t % clients.len()]
             .session()
             .map_err(|e| format!("verify: {e}"))?;
@@ -913,18 +1141,14 @@ fn verify(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let got = s.get(*key).map_err(|e| format!("verify: get {key}: {e}"))?;
+            let got =
+                retry_injected(|| s.get(*key)).map_err(|e| format!("verify: get {key}: {e}"))?;
             let initial = loaded
                 .binary_search(key)
                 .is_ok()
                 .then(|| ycsb::load_value(*key));
-            if !final_value_possible(initial, w, got) && !by_others(*key, got) {
-                problems.push(|| {
-                    format!(
-                        "key {key}: read back {got:?}, but the run's last writes were {:?}",
-                        w.iter().map(|w| w.value).collect::<Vec<_>>()
-                    )
-                });
+            if !final_possible(initial, w, got) && !by_others(*key, got) {
+                problems.push(|| mismatch(*key, got, w));
             }
             if (i as u64 + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
@@ -937,68 +1161,238 @@ fn verify(
     Ok(all)
 }
 
-/// Runs `rolex bench`.
+/// What a key read back as `got` should have held, given the writes `w`.
+fn mismatch(key: u64, got: Option<u64>, w: &[KeyWrites]) -> String {
+    let applied: Vec<Option<u64>> = w
+        .iter()
+        .filter_map(|w| w.applied)
+        .map(|w| w.value)
+        .collect();
+    let unknown: Vec<Option<u64>> = w.iter().flat_map(|w| &w.unknown).map(|w| w.value).collect();
+    let mut s = format!("key {key}: read back {got:?}, but the run's last writes were {applied:?}");
+    if !unknown.is_empty() {
+        s += &format!(" (and failed writes, which may have taken effect, {unknown:?})");
+    }
+    s
+}
+
+/// Tries of a step that only reads (connecting, a verifying get) that
+/// fails with an injected fault, before the run gives up.
+const INJECTED_TRIES: u32 = 1000;
+
+/// Runs `f`, again while it fails with an injected fault, at most
+/// [`INJECTED_TRIES`] times: for steps that only read, so a failed try
+/// leaves nothing to undo. (Without injected faults, one try.)
+fn retry_injected<T>(mut f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvError> {
+    let mut tries = 1;
+    loop {
+        match f() {
+            Err(KvError::Transfer {
+                error: TransferError::InjectedFault { .. },
+                ..
+            }) if tries < INJECTED_TRIES => tries += 1,
+            r => return r,
+        }
+    }
+}
+
+/// Runs `rolex bench`, step by step: check the arguments, plan the run
+/// and its key sets ([`Setup::prepare`]), start or reach the memory node
+/// and connect the compute nodes ([`Store::start`]), generate the
+/// operations ([`generate_streams`]), run them ([`run_workload`]) and
+/// count the locks left once the run settled ([`settled_locks`]), merge
+/// what the threads saw ([`Merged::from_threads`]), derive the figures and
+/// measure the raw baseline ([`Figures::measure`]), read every written key
+/// back ([`verify_final`]), then print ([`Report`]) and plot, and fail if
+/// anything did not verify ([`verdict`]).
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     validate(&args)?;
-    let share = args.compute_count;
-    let plan = Plan::new(
-        args.workload,
-        args.ops
-            .checked_mul(share as u64)
-            .ok_or("--ops × --compute-count overflows")?,
-        args.threads
-            .checked_mul(share)
-            .ok_or("--threads × --compute-count overflows")?,
-        args.zipf,
-        args.data.seed,
-    )?;
-    let remote = match &args.memnode {
-        Some(server) => {
-            let r = fetch_remote(&args, server)?;
-            let keys = remote_keys(&args, server, &r)?;
-            Some((r, keys))
-        }
-        None => None,
-    };
-    // This process's threads of the plan.
-    let base = args.compute_index * args.threads;
-    let (remote, sets) = match remote {
-        // The memory node loaded its whole data set: new keys come from
-        // its gaps, the same in every process of the run.
-        Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
-        None => (
-            None,
-            plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
-        ),
-    };
-    // A lease, so the memory node releases this process's chain locks if
-    // it dies holding them.
-    let lease = match (&remote, &args.memnode) {
-        (Some(r), Some(server)) => r
-            .desc
-            .lease
-            .map(|port| acquire_lease(server, port, &args.token))
-            .transpose()?,
-        _ => None,
-    };
-    let lock_owner = lease
-        .as_ref()
-        .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
     let quiet = args.json;
+    let setup = Setup::prepare(&args)?;
+    let store = Store::start(&args, &setup, quiet)?;
+    let before = Snapshot::take(&store);
+    let ctx = RunCtx {
+        streams: generate_streams(&setup.plan, &setup.sets, args.ops)?,
+        epoch: Instant::now(),
+        start: Barrier::new(args.threads),
+        activity: store.node.as_ref().map(|n| n.activity()),
+        faults: args.inject_failures.is_some(),
+    };
+    let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
+    let after = Snapshot::take(&store);
+    let locks_held_end = settled_locks(&store)?;
+    let mut merged = Merged::from_threads(outs, ctx.epoch);
+    let figures = Figures::measure(&args, &setup, &store, &ctx, (&before, &after), &merged)?;
+    let written = merged.writes.len();
+    let writes = std::mem::take(&mut merged.writes);
+    merged
+        .problems
+        .merge(verify_final(&args, &setup, &store, &ctx, writes)?);
+    let report = Report {
+        args: &args,
+        setup: &setup,
+        store: &store,
+        counters: (&before, &after),
+        merged: &merged,
+        figures: &figures,
+        verified: merged.problems.count == 0,
+        written,
+        locks_held_end,
+    };
+    if args.json {
+        report.print_json();
+    } else {
+        report.print_table();
+    }
+    if let Some(path) = &args.plot {
+        plot_run(&args, &setup, &ctx, &merged, path)?;
+    }
+    verdict(&merged.problems)
+}
 
+/// Step 1: the plan, the key sets and, against a remote memory node, its
+/// pool and this process's lease.
+struct Setup {
+    plan: Plan,
+    sets: KeySets,
+    /// The memory node in another process, if the run is against one.
+    remote: Option<Remote>,
+    /// This process's first thread of the plan.
+    base: usize,
+    /// What this process's chain locks carry: its lease's id, if it holds
+    /// one.
+    lock_owner: LockOwner,
+    /// Held until the run ends, so the memory node releases this
+    /// process's chain locks if it dies holding them.
+    _lease: Option<LeaseClient>,
+}
+
+impl Setup {
+    /// Plans `args`'s run: every process's threads (`--compute-count` of
+    /// them share the plan), and the key sets — the run's inserts held out
+    /// of the local data set, or new keys from the gaps of the remote
+    /// memory node's, whose key set is rebuilt here.
+    fn prepare(args: &BenchArgs) -> Result<Self, BenchError> {
+        let share = args.compute_count;
+        let plan = Plan::new(
+            args.workload,
+            args.ops
+                .checked_mul(share as u64)
+                .ok_or("--ops × --compute-count overflows")?,
+            args.threads
+                .checked_mul(share)
+                .ok_or("--threads × --compute-count overflows")?,
+            args.zipf,
+            args.data.seed,
+        )?;
+        let remote = match &args.memnode {
+            Some(server) => {
+                let r = fetch_remote(args, server)?;
+                let keys = remote_keys(args, server, &r)?;
+                Some((r, keys))
+            }
+            None => None,
+        };
+        let (remote, sets) = match remote {
+            // The memory node loaded its whole data set: new keys come from
+            // its gaps, the same in every process of the run.
+            Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
+            None => (
+                None,
+                plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
+            ),
+        };
+        let lease = match (&remote, &args.memnode) {
+            (Some(r), Some(server)) => r
+                .desc
+                .lease
+                .map(|port| acquire_lease(server, port, &args.token))
+                .transpose()?,
+            _ => None,
+        };
+        let lock_owner = lease
+            .as_ref()
+            .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
+        Ok(Setup {
+            plan,
+            sets,
+            remote,
+            base: args.compute_index * args.threads,
+            lock_owner,
+            _lease: lease,
+        })
+    }
+
+    /// This process's threads of the plan.
+    fn mine(&self, args: &BenchArgs) -> std::ops::Range<usize> {
+        self.base..self.base + args.threads
+    }
+}
+
+/// Step 2: the memory node — started here and bulk-loaded, or the remote
+/// one's pool — and the compute nodes connected to it.
+struct Store {
+    /// The memory node, when it runs in this process.
+    node: Option<MemoryNode>,
+    pool: PoolInfo,
+    load_time: Duration,
+    /// Slots per leaf of the pool.
+    leaf_slots: u32,
+    clients: Vec<KvClient>,
+}
+
+impl Store {
+    /// Starts the store `setup` plans: the local memory node (loaded with
+    /// the key set) unless the run is against a remote one, then
+    /// `--clients` compute nodes, each with an engine of its own.
+    fn start(args: &BenchArgs, setup: &Setup, quiet: bool) -> Result<Self, BenchError> {
+        let engine_cfg = engine_config(args)?;
+        let mn_cfg = memory_node_config(args, setup, engine_cfg.clone());
+        let client_cfg = KvClientConfig {
+            engine: client_engine(args, engine_cfg),
+            lock_owner: setup.lock_owner,
+            ..KvClientConfig::default()
+        };
+        let leaf_slots = mn_cfg.leaf_slots;
+        let (node, pool, load_time) = match &setup.remote {
+            Some(r) => (None, r.pool.clone(), Duration::ZERO),
+            None => {
+                let (node, load_time) = bulk_load(mn_cfg, &setup.sets.loaded, quiet)?;
+                let pool = node.pool();
+                (Some(node), pool, load_time)
+            }
+        };
+        // Connecting only reads: a try that met an injected fault is
+        // simply made again.
+        let clients = (0..args.clients)
+            .map(|_| retry_injected(|| KvClient::connect(client_cfg.clone(), &pool)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Store {
+            node,
+            pool,
+            load_time,
+            leaf_slots,
+            clients,
+        })
+    }
+}
+
+/// The memory node's configuration: the pool's shape from the arguments
+/// (or the remote node's leaf size), with room for the run's inserts.
+fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> MemoryNodeConfig {
     let defaults = MemoryNodeConfig::default();
-    let engine_cfg = engine_config(&args)?;
-    let leaf_slots = match &remote {
+    let leaf_slots = match &setup.remote {
         Some(r) => r.desc.leaf_slots,
         None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
     };
     let fill = args.fill.unwrap_or(defaults.fill);
+    let inserts = setup.plan.total_inserts();
     // Room for the run's inserts even if every synonym leaf ends half full.
     let loaded_leaves =
-        (sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
-    let insert_leaves = 2.0 * plan.total_inserts() as f64 / f64::from(leaf_slots);
-    let mn_cfg = MemoryNodeConfig {
-        engine: engine_cfg.clone(),
+        (setup.sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
+    let insert_leaves = 2.0 * inserts as f64 / f64::from(leaf_slots);
+    MemoryNodeConfig {
+        engine,
         leaf_slots,
         fill,
         epsilon: args.epsilon.unwrap_or(defaults.epsilon),
@@ -1006,223 +1400,371 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
             .spare_leaf_factor
             .max(0.25 + insert_leaves / loaded_leaves),
         ..defaults
-    };
-    let (node, pool, load_time) = match &remote {
-        Some(r) => (None, r.pool.clone(), Duration::ZERO),
-        None => {
-            let sp = spinner(format!("bulk-loading {} keys", sets.loaded.len()));
-            let pairs: Vec<(u64, u64)> = sets
-                .loaded
-                .iter()
-                .map(|&k| (k, ycsb::load_value(k)))
-                .collect();
-            let load_start = Instant::now();
-            let node = MemoryNode::start(mn_cfg.clone(), &pairs);
-            let load_time = load_start.elapsed();
-            drop(pairs);
-            if quiet {
-                sp.finish_and_clear();
-            } else {
-                sp.finish_with_message(format!(
-                    "bulk-loaded {} keys in {:.2} s",
-                    sets.loaded.len(),
-                    load_time.as_secs_f64()
-                ));
-            }
-            let node = node?;
-            let pool = node.pool();
-            (Some(node), pool, load_time)
-        }
-    };
-    let clients = (0..args.clients)
-        .map(|_| {
-            KvClient::connect(
-                KvClientConfig {
-                    engine: engine_cfg.clone(),
-                    lock_owner,
-                    ..KvClientConfig::default()
-                },
-                &pool,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    }
+}
 
-    // The run.
-    let before = merged_stats(&clients);
-    let node_before = node.as_ref().map(|n| n.stats());
-    let sp = spinner(format!("generating {} operations", args.ops));
-    // Every process's streams: another process's values are checked too.
-    let streams: Vec<Vec<Op>> = std::thread::scope(|s| {
+/// Starts a memory node holding `loaded` (each key with its load value),
+/// behind a spinner; returns it and how long the load took.
+fn bulk_load(
+    cfg: MemoryNodeConfig,
+    loaded: &[u64],
+    quiet: bool,
+) -> Result<(MemoryNode, Duration), BenchError> {
+    let sp = spinner(format!("bulk-loading {} keys", loaded.len()));
+    let pairs: Vec<(u64, u64)> = loaded.iter().map(|&k| (k, ycsb::load_value(k))).collect();
+    let load_start = Instant::now();
+    let node = MemoryNode::start(cfg, &pairs);
+    let load_time = load_start.elapsed();
+    drop(pairs);
+    if quiet {
+        sp.finish_and_clear();
+    } else {
+        sp.finish_with_message(format!(
+            "bulk-loaded {} keys in {:.2} s",
+            loaded.len(),
+            load_time.as_secs_f64()
+        ));
+    }
+    Ok((node?, load_time))
+}
+
+/// The counters a run's figures are differences of: the compute nodes',
+/// and the local memory node's.
+struct Snapshot {
+    clients: KvStats,
+    node: Option<MemoryNodeStats>,
+}
+
+impl Snapshot {
+    fn take(store: &Store) -> Self {
+        Snapshot {
+            clients: merged_stats(&store.clients),
+            node: store.node.as_ref().map(|n| n.stats()),
+        }
+    }
+}
+
+/// Step 3: every process's operation streams (another process's values
+/// are checked too), generated before the clock starts.
+fn generate_streams(plan: &Plan, sets: &KeySets, ops: u64) -> Result<Vec<Vec<Op>>, BenchError> {
+    let sp = spinner(format!("generating {ops} operations"));
+    let streams = std::thread::scope(|s| {
         let hs: Vec<_> = (0..plan.threads())
-            .map(|t| {
-                let (plan, sets) = (&plan, &sets);
-                s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>())
-            })
+            .map(|t| s.spawn(move || plan.stream(t, sets).collect::<Vec<Op>>()))
             .collect();
         hs.into_iter()
             .map(|h| h.join().map_err(|_| "generating operations panicked"))
             .collect::<Result<_, _>>()
     })?;
     sp.finish_and_clear();
-    let ctx = RunCtx {
-        streams,
-        epoch: Instant::now(),
-        start: Barrier::new(args.threads),
-        activity: node.as_ref().map(|n| n.activity()),
-    };
-    let outs = with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
-        run_thread(&clients[t % clients.len()], &ctx, base + t, done, abort)
-    })?;
-    let began = outs.iter().map(|o| o.began).min().unwrap_or(ctx.epoch);
-    let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
-    let elapsed = ended - began;
-    let after = merged_stats(&clients);
-    let node_after = node.as_ref().map(|n| n.stats());
+    Ok(streams)
+}
 
-    let mut by_kind = vec![Histogram::new(); KINDS.len()];
-    let mut per_interval: Vec<u64> = Vec::new();
-    let mut insert_retraining = Histogram::new();
-    let mut insert_quiet = Histogram::new();
-    let mut writes: HashMap<u64, Vec<TimedWrite>> = HashMap::new();
-    let mut problems = Problems::default();
-    let mut gets = 0;
-    for o in outs {
-        for (all, h) in by_kind.iter_mut().zip(&o.latency) {
-            all.merge(h);
-        }
-        if per_interval.len() < o.per_interval.len() {
-            per_interval.resize(o.per_interval.len(), 0);
-        }
-        for (a, b) in per_interval.iter_mut().zip(&o.per_interval) {
-            *a += b;
-        }
-        insert_retraining.merge(&o.insert_retraining);
-        insert_quiet.merge(&o.insert_quiet);
-        for (k, w) in o.writes {
-            writes.entry(k).or_default().push(w);
-        }
-        problems.merge(o.problems);
-        gets += o.gets;
+/// Step 4: this process's threads run their streams, dealt round-robin
+/// over the compute nodes, behind a progress bar.
+fn run_workload(
+    args: &BenchArgs,
+    store: &Store,
+    ctx: &RunCtx,
+    base: usize,
+    quiet: bool,
+) -> Result<Vec<ThreadOut>, BenchError> {
+    let clients = &store.clients;
+    with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
+        run_thread(&clients[t % clients.len()], ctx, base + t, done, abort)
+    })
+}
+
+/// How long the end of a run waits for the retraining agent to go idle
+/// before it counts the locks left.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Step 4, once the threads stopped (their last posted unlocks awaited):
+/// the chains still locked when the run has settled — after the local
+/// memory node's agent was idle for a few looks in a row (at most
+/// [`SETTLE`]: an agent that never settles holds its locks, which then
+/// count) — over every model's current LT, as `rolex inspect --models`
+/// counts them. `None` when the memory node is remote: other processes
+/// may still be running there.
+fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
+    let Some(node) = &store.node else {
+        return Ok(None);
+    };
+    let activity = node.activity();
+    let deadline = Instant::now() + SETTLE;
+    let mut idle_looks = 0;
+    while idle_looks < 3 && Instant::now() < deadline {
+        idle_looks = if activity.busy() { 0 } else { idle_looks + 1 };
+        std::thread::sleep(Duration::from_millis(10));
     }
-    let per: Vec<OpStats> = KvOp::ALL
-        .iter()
-        .map(|&k| diff(&before.op(k), &after.op(k)))
-        .collect();
-    let total_ops: u64 = per.iter().map(|o| o.ops).sum();
-    let total_retries: u64 = per.iter().map(|o| o.retries).sum();
-    let get = per[0];
+    let pool = node.pool_handle();
+    let bytes = pool.to_vec(0, pool.len() as usize)?;
+    let held = crate::inspect::locked_chains(&bytes)?;
+    Ok(Some(held.values().sum()))
+}
 
-    // The fabric's own limit for the bytes a get reads.
-    let leaves_per_get = get.leaves_per_op();
-    let (raw_reads_n, raw_len) = if get.ops > 0 {
-        let n = leaves_per_get.round().max(1.0) as usize;
-        (
-            n,
-            (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
-        )
-    } else {
-        // No gets ran: one leaf, as a get of a fresh cache reads.
-        (1, rolex_core::layout::Leaf::size_for(leaf_slots))
-    };
-    let raw_mops = raw_reads(
-        &clients,
-        &pool.desc,
-        &ctx.streams[base..base + args.threads],
-        &sets.loaded,
-        RawSpec {
-            reads: raw_reads_n,
-            len: raw_len,
-            batches: gets.clamp(RAW_MIN, RAW_MAX),
-        },
-        quiet,
-    )? / 1e6;
+/// Step 5: the threads' outputs merged.
+struct Merged {
+    /// Latencies per operation kind (indexed as [`KINDS`]).
+    by_kind: Vec<Histogram>,
+    /// Operations completed in each [`INTERVAL_NS`] since the epoch.
+    per_interval: Vec<u64>,
+    insert_retraining: Histogram,
+    insert_quiet: Histogram,
+    /// Per key, each thread's writes that may be its final value.
+    writes: HashMap<u64, Vec<KeyWrites>>,
+    problems: Problems,
+    gets: u64,
+    /// Operations that returned an error.
+    failed: u64,
+    /// When the first operation began and the last ended.
+    began: Instant,
+    ended: Instant,
+}
 
-    let written = writes.len();
+impl Merged {
+    /// Merges the threads' outputs; `epoch` stands for the start of a run
+    /// without threads.
+    fn from_threads(outs: Vec<ThreadOut>, epoch: Instant) -> Self {
+        let began = outs.iter().map(|o| o.began).min().unwrap_or(epoch);
+        let ended = outs.iter().map(|o| o.ended).max().unwrap_or(began);
+        let mut m = Merged {
+            by_kind: vec![Histogram::new(); KINDS.len()],
+            per_interval: Vec::new(),
+            insert_retraining: Histogram::new(),
+            insert_quiet: Histogram::new(),
+            writes: HashMap::new(),
+            problems: Problems::default(),
+            gets: 0,
+            failed: 0,
+            began,
+            ended,
+        };
+        for o in outs {
+            for (all, h) in m.by_kind.iter_mut().zip(&o.latency) {
+                all.merge(h);
+            }
+            if m.per_interval.len() < o.per_interval.len() {
+                m.per_interval.resize(o.per_interval.len(), 0);
+            }
+            for (a, b) in m.per_interval.iter_mut().zip(&o.per_interval) {
+                *a += b;
+            }
+            m.insert_retraining.merge(&o.insert_retraining);
+            m.insert_quiet.merge(&o.insert_quiet);
+            for (k, w) in o.writes {
+                m.writes.entry(k).or_default().push(w);
+            }
+            m.problems.merge(o.problems);
+            m.gets += o.gets;
+            m.failed += o.failed;
+        }
+        m
+    }
+}
+
+/// Step 6: the run's figures, and the fabric's own limit measured with the
+/// same threads and compute nodes.
+struct Figures {
+    /// Per operation kind (indexed as [`KvOp::ALL`]), over the run only.
+    per: Vec<OpStats>,
+    total_ops: u64,
+    total_retries: u64,
+    leaves_per_get: f64,
+    mops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    raw_mops: f64,
+    /// Retrains over the run (`None`: the memory node is remote).
+    retrains: Option<u64>,
+    synonym_leaves: Option<u64>,
+    model_bytes: ModelBytes,
+}
+
+impl Figures {
+    /// The figures of a run between the counters `(before, after)`, and
+    /// the raw baseline: doorbell batches reading what an average get
+    /// reads, at the workload's own keys.
+    fn measure(
+        args: &BenchArgs,
+        setup: &Setup,
+        store: &Store,
+        ctx: &RunCtx,
+        (before, after): (&Snapshot, &Snapshot),
+        merged: &Merged,
+    ) -> Result<Self, BenchError> {
+        let per: Vec<OpStats> = KvOp::ALL
+            .iter()
+            .map(|&k| diff(&before.clients.op(k), &after.clients.op(k)))
+            .collect();
+        let get = per[0];
+        // The fabric's own limit for the bytes a get reads.
+        let leaves_per_get = get.leaves_per_op();
+        let (raw_reads_n, raw_len) = if get.ops > 0 {
+            let n = leaves_per_get.round().max(1.0) as usize;
+            (
+                n,
+                (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
+            )
+        } else {
+            // No gets ran: one leaf, as a get of a fresh cache reads.
+            (1, rolex_core::layout::Leaf::size_for(store.leaf_slots))
+        };
+        let raw_mops = raw_reads(
+            &store.clients,
+            &store.pool.desc,
+            &ctx.streams[setup.mine(args)],
+            &setup.sets.loaded,
+            RawSpec {
+                reads: raw_reads_n,
+                len: raw_len,
+                batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
+                faults: args.inject_failures.is_some(),
+            },
+            args.json,
+        )? / 1e6;
+        let mut latency = Histogram::new();
+        merged.by_kind.iter().for_each(|h| latency.merge(h));
+        let elapsed = merged.ended - merged.began;
+        let retrains = match (&before.node, &after.node) {
+            (Some(b), Some(a)) => Some(a.agent.retrains - b.agent.retrains),
+            _ => None,
+        };
+        Ok(Figures {
+            total_ops: per.iter().map(|o| o.ops).sum(),
+            total_retries: per.iter().map(|o| o.retries).sum(),
+            per,
+            leaves_per_get,
+            mops: args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6,
+            p50_us: latency.quantile(0.5) as f64 / 1e3,
+            p99_us: latency.quantile(0.99) as f64 / 1e3,
+            raw_mops,
+            retrains,
+            synonym_leaves: after.node.as_ref().map(|a| a.synonym_leaves),
+            model_bytes: store.clients[0].model_bytes(),
+        })
+    }
+}
+
+/// Step 7: reads every key this process's threads wrote back and checks
+/// it against the writes (see [`verify`]).
+fn verify_final(
+    args: &BenchArgs,
+    setup: &Setup,
+    store: &Store,
+    ctx: &RunCtx,
+    writes: HashMap<u64, Vec<KeyWrites>>,
+) -> Result<Problems, BenchError> {
     // A final value another process wrote to the key (checked against its
     // stream) stands: this process cannot know when that write landed.
-    let mine = base..base + args.threads;
+    let shared = args.compute_count > 1;
+    let mine = setup.mine(args);
     let by_others = |key: u64, got: Option<u64>| {
-        share > 1
+        shared
             && got.is_some_and(|v| {
                 ycsb::writer_of(v).is_some_and(|(t, _)| !mine.contains(&t)) && ctx.value_ok(key, v)
             })
     };
-    problems.merge(verify(
-        &clients,
-        &sets.loaded,
-        writes,
-        args.threads,
-        quiet,
-        &by_others,
-    )?);
-    let verified = problems.count == 0;
-    let mut latency = Histogram::new();
-    by_kind.iter().for_each(|h| latency.merge(h));
+    verify(&store.clients, &setup.sets.loaded, writes, args, &by_others)
+}
 
-    let mops = args.ops as f64 / elapsed.as_secs_f64().max(1e-9) / 1e6;
-    let p50 = latency.quantile(0.5) as f64 / 1e3;
-    let p99 = latency.quantile(0.99) as f64 / 1e3;
-    let retrains = match (&node_before, &node_after) {
-        (Some(b), Some(a)) => Some(a.agent.retrains - b.agent.retrains),
-        _ => None,
-    };
-    let synonym_leaves = node_after.as_ref().map(|a| a.synonym_leaves);
-    let model_bytes = clients[0].model_bytes();
-    let r2 = |x: f64| (x * 100.0).round() / 100.0;
-    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+/// Step 8: what a run prints, as a table or one JSON line.
+struct Report<'a> {
+    args: &'a BenchArgs,
+    setup: &'a Setup,
+    store: &'a Store,
+    /// The counters before and after the run.
+    counters: (&'a Snapshot, &'a Snapshot),
+    merged: &'a Merged,
+    figures: &'a Figures,
+    verified: bool,
+    /// Keys read back by the final check.
+    written: usize,
+    /// Chains locked once the run settled (`None`: the memory node is
+    /// remote).
+    locks_held_end: Option<u64>,
+}
 
-    if args.json {
-        let per_kind = |f: &dyn Fn(&OpStats) -> f64| {
+/// `x` rounded to 2 decimals.
+fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// `x` rounded to 3 decimals.
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+impl Report<'_> {
+    /// The JSON line: its keys and their order are the command's contract.
+    fn print_json(&self) {
+        let (args, f) = (self.args, self.figures);
+        let per_kind = |get: &dyn Fn(&OpStats) -> f64| {
             json_object(
                 KvOp::ALL
                     .iter()
-                    .zip(&per)
-                    .map(|(k, o)| (k.name(), serde_json::json!(f(o)).to_string())),
+                    .zip(&f.per)
+                    .map(|(k, o)| (k.name(), serde_json::json!(get(o)).to_string())),
             )
         };
         let v = |x: serde_json::Value| x.to_string();
         let line = json_object([
             ("workload", v(args.workload.name().into())),
-            ("keys", v(sets.loaded.len().into())),
+            ("keys", v(self.setup.sets.loaded.len().into())),
             ("ops", v(args.ops.into())),
             ("threads", v(args.threads.into())),
-            ("mops", v(r3(mops).into())),
-            ("p50_us", v(r2(p50).into())),
-            ("p99_us", v(r2(p99).into())),
+            ("mops", v(r3(f.mops).into())),
+            ("p50_us", v(r2(f.p50_us).into())),
+            ("p99_us", v(r2(f.p99_us).into())),
             ("rtt_per_op", per_kind(&|o| r3(o.rtt_per_op()))),
             ("bytes_per_op", per_kind(&|o| r2(o.bytes_per_op()))),
-            ("leaves_per_get", v(r3(leaves_per_get).into())),
+            ("leaves_per_get", v(r3(f.leaves_per_get).into())),
             (
                 "retries_per_op",
-                v(r3(ratio(total_retries, total_ops)).into()),
+                v(r3(ratio(f.total_retries, f.total_ops)).into()),
             ),
-            ("retrains", v(retrains.into())),
-            ("synonym_leaves", v(synonym_leaves.into())),
-            ("model_bytes", v(model_bytes.total.into())),
-            ("raw_read_mops", v(r3(raw_mops).into())),
-            ("verified", v(verified.into())),
+            ("retrains", v(f.retrains.into())),
+            ("synonym_leaves", v(f.synonym_leaves.into())),
+            ("model_bytes", v(f.model_bytes.total.into())),
+            ("raw_read_mops", v(r3(f.raw_mops).into())),
+            ("failed_ops", v(self.merged.failed.into())),
+            ("locks_held_end", v(self.locks_held_end.into())),
+            ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
-    } else {
-        let fabric = if args.unordered {
-            "unordered"
-        } else {
-            "ordered"
-        };
+    }
+
+    /// The table, for a person.
+    fn print_table(&self) {
+        self.print_setting();
+        self.print_per_op();
+        self.print_speed();
+        self.print_retraining();
+        self.print_outcome();
+    }
+
+    /// The workload, the key set and the fabric.
+    fn print_setting(&self) {
+        let (args, store, sets) = (self.args, self.store, &self.setup.sets);
         println!(
             "workload        {} ({} ops, {} threads, {} client(s), θ = {})",
             args.workload, args.ops, args.threads, args.clients, args.zipf
         );
-        match (&node_after, &args.memnode) {
+        match (&self.counters.1.node, &args.memnode) {
             (Some(na), _) => {
                 println!(
                     "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
                     sets.loaded.len(),
-                    load_time.as_secs_f64(),
+                    store.load_time.as_secs_f64(),
                     na.models,
                     na.leaves_loaded,
-                    plan.total_inserts()
+                    self.setup.plan.total_inserts()
                 );
+                let fabric = if args.unordered {
+                    "unordered"
+                } else {
+                    "ordered"
+                };
                 println!(
                     "fabric          loopback, {fabric}, injected RTT {} µs",
                     args.rtt_us
@@ -1232,7 +1774,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 println!(
                     "keys            {} held by the memory node ({})",
                     sets.loaded.len(),
-                    remote.as_ref().map(|r| r.desc.encode()).unwrap_or_default()
+                    self.setup
+                        .remote
+                        .as_ref()
+                        .map(|r| r.desc.encode())
+                        .unwrap_or_default()
                 );
                 let name = args.fabric.name();
                 println!(
@@ -1240,7 +1786,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                     server.as_deref().unwrap_or("?"),
                     args.compute_index,
                     args.compute_count,
-                    if clients[0].engine().ordered() {
+                    if store.clients[0].engine().ordered() {
                         "ordered"
                     } else {
                         "unordered"
@@ -1248,8 +1794,12 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
+    }
+
+    /// Round trips, bytes, leaves and retries per operation kind.
+    fn print_per_op(&self) {
         println!("per op          rtts    bytes   leaves  retries  ops");
-        for (k, o) in KvOp::ALL.iter().zip(&per) {
+        for (k, o) in KvOp::ALL.iter().zip(&self.figures.per) {
             if o.ops > 0 {
                 println!(
                     "  {:<12} {:>6.3} {:>8.1} {:>8.3} {:>8.4}  {}",
@@ -1262,14 +1812,24 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
+    }
+
+    /// Throughput beside the raw baseline, latency, and insert latency
+    /// split by the agent's activity.
+    fn print_speed(&self) {
+        let f = self.figures;
+        let (mops, raw_mops) = (f.mops, f.raw_mops);
         println!(
             "throughput      {mops:.3} Mops/s  (raw batched reads of the same bytes: {raw_mops:.3} Mops/s, ratio {:.2})",
             if raw_mops > 0.0 { mops / raw_mops } else { 0.0 }
         );
-        println!("latency         p50 {p50:.2} µs   p99 {p99:.2} µs");
+        println!(
+            "latency         p50 {:.2} µs   p99 {:.2} µs",
+            f.p50_us, f.p99_us
+        );
         for (h, when) in [
-            (&insert_quiet, "agent idle"),
-            (&insert_retraining, "agent retraining"),
+            (&self.merged.insert_quiet, "agent idle"),
+            (&self.merged.insert_retraining, "agent retraining"),
         ] {
             if h.count() > 0 {
                 println!(
@@ -1280,76 +1840,117 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
                 );
             }
         }
-        if let (Some(node_before), Some(node_after), Some(retrains)) =
-            (&node_before, &node_after, retrains)
-        {
-            println!(
-                "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
-                node_after.synonym_leaves,
-                node_after.agent.freeze_ns_max as f64 / 1e3
-            );
-            let agent_cpu_s = node_after
-                .agent_cpu_ns
-                .saturating_sub(node_before.agent_cpu_ns) as f64
-                / 1e9;
-            let inserts = after
-                .op(KvOp::Insert)
-                .ops
-                .saturating_sub(before.op(KvOp::Insert).ops);
-            if inserts > 0 {
-                println!(
-                    "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
-                    agent_cpu_s * 1e6 / inserts as f64
-                );
-            } else {
-                println!("agent CPU       {agent_cpu_s:.3} s over the run");
-            }
-        } else {
+    }
+
+    /// The local memory node's retraining and its CPU cost.
+    fn print_retraining(&self) {
+        let (before, after) = self.counters;
+        let (Some(node_before), Some(node_after), Some(retrains)) =
+            (&before.node, &after.node, self.figures.retrains)
+        else {
             println!("retraining      on the memory node (see its own figures)");
+            return;
+        };
+        println!(
+            "retraining      {retrains} retrains, {} synonym leaves, longest freeze {:.1} µs",
+            node_after.synonym_leaves,
+            node_after.agent.freeze_ns_max as f64 / 1e3
+        );
+        let agent_cpu_s = node_after
+            .agent_cpu_ns
+            .saturating_sub(node_before.agent_cpu_ns) as f64
+            / 1e9;
+        let inserts = after
+            .clients
+            .op(KvOp::Insert)
+            .ops
+            .saturating_sub(before.clients.op(KvOp::Insert).ops);
+        if inserts > 0 {
+            println!(
+                "agent CPU       {agent_cpu_s:.3} s over the run, {:.3} s per million inserts",
+                agent_cpu_s * 1e6 / inserts as f64
+            );
+        } else {
+            println!("agent CPU       {agent_cpu_s:.3} s over the run");
         }
+    }
+
+    /// The models' footprint and the verification.
+    fn print_outcome(&self) {
+        let model_bytes = self.figures.model_bytes;
+        let held = self.setup.sets.loaded.len() as u64 + self.setup.plan.total_inserts();
         println!(
             "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",
             model_bytes.total,
-            model_bytes.total as f64 * 1e6 / (sets.loaded.len() as u64 + plan.total_inserts()) as f64,
+            model_bytes.total as f64 * 1e6 / held as f64,
             model_bytes.learned
         );
+        match self.args.inject_failures {
+            Some(p) => println!(
+                "failed ops      {} (each operation failed with probability {p})",
+                self.merged.failed
+            ),
+            None => println!(
+                "failed ops      {} (no failures injected)",
+                self.merged.failed
+            ),
+        }
+        match self.locks_held_end {
+            Some(n) => println!("locks held end  {n} chains locked once the run settled"),
+            None => println!("locks held end  unknown here (the memory node is remote)"),
+        }
         println!(
-            "verified        {} ({written} written keys read back)",
-            if verified { "yes" } else { "NO" }
+            "verified        {} ({} written keys read back)",
+            if self.verified { "yes" } else { "NO" },
+            self.written
         );
     }
-    if let Some(path) = &args.plot {
-        let secs = |t: Instant| (t - ctx.epoch).as_secs_f64();
-        let title = format!(
-            "rolex bench {} ({} keys, {} ops, {} threads, {})",
-            args.workload,
-            sets.loaded.len(),
-            args.ops,
-            args.threads,
-            args.fabric.name()
-        );
-        draw_run(
-            path,
-            &title,
-            &by_kind,
-            &per_interval,
-            (secs(began), secs(ended)),
-        )?;
-        if !args.json {
-            println!("plot            {}", path.display());
-        }
-    }
-    if !verified {
-        for p in &problems.first {
-            eprintln!("mismatch: {p}");
-        }
-        return Err(format!(
-            "verification failed: {} problem(s) in the run's answers or final state",
-            problems.count
-        )
-        .into());
+}
+
+/// `--plot`: draws the run into `path` (and names it in the table).
+fn plot_run(
+    args: &BenchArgs,
+    setup: &Setup,
+    ctx: &RunCtx,
+    merged: &Merged,
+    path: &Path,
+) -> Result<(), BenchError> {
+    let secs = |t: Instant| (t - ctx.epoch).as_secs_f64();
+    let title = format!(
+        "rolex bench {} ({} keys, {} ops, {} threads, {})",
+        args.workload,
+        setup.sets.loaded.len(),
+        args.ops,
+        args.threads,
+        args.fabric.name()
+    );
+    draw_run(
+        path,
+        &title,
+        &merged.by_kind,
+        &merged.per_interval,
+        (secs(merged.began), secs(merged.ended)),
+    )?;
+    if !args.json {
+        println!("plot            {}", path.display());
     }
     Ok(())
+}
+
+/// Step 9: the run fails if any answer or final value did not verify,
+/// naming the first problems.
+fn verdict(problems: &Problems) -> Result<(), BenchError> {
+    if problems.count == 0 {
+        return Ok(());
+    }
+    for p in &problems.first {
+        eprintln!("mismatch: {p}");
+    }
+    Err(format!(
+        "verification failed: {} problem(s) in the run's answers or final state",
+        problems.count
+    )
+    .into())
 }
 
 /// `--plot`: the latency CDF of every kind that ran and the throughput
@@ -1483,6 +2084,7 @@ mod tests {
             epoch: Instant::now(),
             start: Barrier::new(1),
             activity: None,
+            faults: false,
         };
         assert!(ctx.value_ok(5, load_value(5)));
         assert!(!ctx.value_ok(7, load_value(5)));
@@ -1502,6 +2104,47 @@ mod tests {
             p.push(|| "x".into());
         }
         assert_eq!((p.count, p.first.len()), (22, KEEP_PROBLEMS));
+    }
+
+    #[test]
+    fn failed_writes_may_or_may_not_be_the_final_value() {
+        let w = |invoke, ret, value| TimedWrite {
+            invoke,
+            ret,
+            value: Some(value),
+        };
+        let (initial, a, b) = (Some(1), 10, 20);
+        // One thread: a applied (0–1), then b failed (2–3).
+        let mut one = KeyWrites::default();
+        one.add(w(0, 1, a), true);
+        one.add(w(2, 3, b), false);
+        let writes = [one.clone()];
+        assert!(final_possible(initial, &writes, Some(a)), "b did not apply");
+        assert!(final_possible(initial, &writes, Some(b)), "b applied");
+        assert!(!final_possible(initial, &writes, initial), "a applied");
+        // A failed write that a returned write strictly follows is not
+        // kept: it cannot be final.
+        one.add(w(4, 5, a), true);
+        assert_eq!(one.unknown, []);
+        // Only a failed write: the key may keep its value, or take it.
+        let mut only = KeyWrites::default();
+        only.add(w(0, 1, b), false);
+        let writes = [only.clone()];
+        assert!(final_possible(initial, &writes, initial));
+        assert!(final_possible(initial, &writes, Some(b)));
+        assert!(!final_possible(initial, &writes, Some(a)));
+        // Another thread's applied write strictly after the failed one.
+        let mut later = KeyWrites::default();
+        later.add(w(5, 6, a), true);
+        assert!(!final_possible(
+            initial,
+            &[only.clone(), later.clone()],
+            Some(b)
+        ));
+        // ... or overlapping it: either may be last.
+        let mut overlap = KeyWrites::default();
+        overlap.add(w(1, 6, a), true);
+        assert!(final_possible(initial, &[only, overlap], Some(b)));
     }
 
     #[test]

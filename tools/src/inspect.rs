@@ -145,25 +145,10 @@ pub fn run(args: InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
     for m in 0..sb.model_count() {
-        let at = sb.directory_entry_offset(m).map_err(InspectError::Layout)?;
-        let word = read_u64(pool, at).ok_or(InspectError::Layout(
-            rolex_core::layout::LayoutError::TooShort {
-                part: rolex_core::layout::Part::Directory,
-                needed: at + 8,
-                found: pool.len() as u64,
-            },
-        ))?;
-        let rec = pool
-            .get(word as usize..)
-            .ok_or(InspectError::Elf("directory word outside the pool"))
-            .and_then(|b| ModelRecord::read(b).map_err(InspectError::Layout));
+        let (word, rec) = model_record(pool, sb, m)?;
         match rec {
             Ok(r) => {
                 let state: ModelState = r.state();
-                let entries = (0..r.leaf_count()).filter_map(|j| {
-                    let at = r.lt_entry_offset(j).ok()?;
-                    read_u64(pool, at).map(LtEntry::from_raw)
-                });
                 let refused = match r.refused() {
                     0 => String::new(),
                     n => format!(", retraining refused (model region full: needs {n} bytes)"),
@@ -175,7 +160,7 @@ fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
                     r.first_key(),
                     r.key_hi(),
                     if state.is_frozen() { ", frozen" } else { "" },
-                    lock_summary(entries)
+                    lock_summary(&count_locks(lt_entries(pool, &r)))
                 );
             }
             Err(e) => println!("model {m}: record {word}: {e}"),
@@ -184,14 +169,66 @@ fn print_models(pool: &[u8], sb: &Superblock) -> Result<(), InspectError> {
     Ok(())
 }
 
-/// `", N chains locked (by …)"` naming who holds them — compute nodes by
-/// lease id, the retraining agent, unrecorded holders — or nothing when no
-/// chain is locked: an operator's first look at a stuck writer.
-fn lock_summary(entries: impl Iterator<Item = LtEntry>) -> String {
+/// Model `m`'s directory word and the record it names — or why that
+/// record does not read (printed, not fatal: the other models still are).
+fn model_record(
+    pool: &[u8],
+    sb: &Superblock,
+    m: u64,
+) -> Result<(u64, Result<ModelRecord, InspectError>), InspectError> {
+    let at = sb.directory_entry_offset(m).map_err(InspectError::Layout)?;
+    let word = read_u64(pool, at).ok_or(InspectError::Layout(
+        rolex_core::layout::LayoutError::TooShort {
+            part: rolex_core::layout::Part::Directory,
+            needed: at + 8,
+            found: pool.len() as u64,
+        },
+    ))?;
+    let rec = pool
+        .get(word as usize..)
+        .ok_or(InspectError::Elf("directory word outside the pool"))
+        .and_then(|b| ModelRecord::read(b).map_err(InspectError::Layout));
+    Ok((word, rec))
+}
+
+/// The LT entries of record `r` that lie inside `pool`.
+fn lt_entries<'a>(pool: &'a [u8], r: &'a ModelRecord) -> impl Iterator<Item = LtEntry> + 'a {
+    (0..r.leaf_count()).filter_map(move |j| {
+        let at = r.lt_entry_offset(j).ok()?;
+        read_u64(pool, at).map(LtEntry::from_raw)
+    })
+}
+
+/// Locked entries among `entries`, per holder.
+fn count_locks(entries: impl Iterator<Item = LtEntry>) -> BTreeMap<LockOwner, u64> {
     let mut by: BTreeMap<LockOwner, u64> = BTreeMap::new();
     for e in entries.filter(|e| e.is_locked()) {
         *by.entry(e.owner()).or_default() += 1;
     }
+    by
+}
+
+/// The chains locked in `pool` (a memory node's pool, from its superblock
+/// on), per holder, over the LT of every model's current record — what
+/// `--models` lists model by model. A record that does not read counts
+/// nothing; retired records, whose entries stay locked, are not current.
+pub fn locked_chains(pool: &[u8]) -> Result<BTreeMap<LockOwner, u64>, InspectError> {
+    let sb = Superblock::read(pool).map_err(InspectError::Layout)?;
+    let mut all: BTreeMap<LockOwner, u64> = BTreeMap::new();
+    for m in 0..sb.model_count() {
+        if let (_, Ok(r)) = model_record(pool, &sb, m)? {
+            for (owner, n) in count_locks(lt_entries(pool, &r)) {
+                *all.entry(owner).or_default() += n;
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// `", N chains locked (by …)"` naming who holds them — compute nodes by
+/// lease id, the retraining agent, unrecorded holders — or nothing when no
+/// chain is locked: an operator's first look at a stuck writer.
+fn lock_summary(by: &BTreeMap<LockOwner, u64>) -> String {
     if by.is_empty() {
         return String::new();
     }
@@ -505,7 +542,7 @@ mod tests {
     #[test]
     fn lock_summary_names_each_holder_and_is_silent_when_none() {
         let e = LtEntry::new(1, 0, 7).unwrap();
-        assert_eq!(lock_summary([e, e].into_iter()), "");
+        assert_eq!(lock_summary(&count_locks([e, e].into_iter())), "");
         let held = [
             e.locked_by(LockOwner(3)),
             e,
@@ -514,7 +551,7 @@ mod tests {
             e.with_lock(),
         ];
         assert_eq!(
-            lock_summary(held.into_iter()),
+            lock_summary(&count_locks(held.into_iter())),
             ", 4 chains locked (unrecorded: 1, compute node 3: 2, agent: 1)"
         );
     }

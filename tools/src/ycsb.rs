@@ -228,6 +228,10 @@ pub enum YcsbError {
     Unsorted {
         /// Index of the first key not above its predecessor.
         index: usize,
+        /// That key.
+        key: u64,
+        /// Its predecessor, at `index − 1`.
+        previous: u64,
     },
 }
 
@@ -259,9 +263,14 @@ impl fmt::Display for YcsbError {
                 "the memory node's key set has {gaps} gaps to draw new keys from, but the run \
                  inserts {inserts}: run fewer inserts"
             ),
-            YcsbError::Unsorted { index } => {
-                write!(f, "key set not strictly increasing at index {index}")
-            }
+            YcsbError::Unsorted {
+                index,
+                key,
+                previous,
+            } => write!(
+                f,
+                "key set not strictly increasing at index {index}: key {key} after {previous}"
+            ),
         }
     }
 }
@@ -579,9 +588,7 @@ impl Plan {
     /// thread's keys to insert. The held-out keys are a uniform random
     /// sample (per seed), so they follow the data set's distribution.
     pub fn split(&self, keys: Vec<u64>) -> Result<KeySets, YcsbError> {
-        if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
-            return Err(YcsbError::Unsorted { index: i + 1 });
-        }
+        check_sorted(&keys)?;
         let total = self.total_inserts();
         if total >= keys.len() as u64 {
             return Err(YcsbError::TooFewKeys {
@@ -615,9 +622,7 @@ impl Plan {
     /// the same memory node finds the first run's keys and values: give
     /// each writing run a fresh memory node.)
     pub fn split_fresh(&self, loaded: Vec<u64>) -> Result<KeySets, YcsbError> {
-        if let Some(i) = loaded.windows(2).position(|w| w[0] >= w[1]) {
-            return Err(YcsbError::Unsorted { index: i + 1 });
-        }
+        check_sorted(&loaded)?;
         let total = self.total_inserts();
         let wide: Vec<u64> = loaded
             .windows(2)
@@ -688,6 +693,19 @@ impl Plan {
             own,
             inserted: 0,
         }
+    }
+}
+
+/// [`YcsbError::Unsorted`] at the first key of `keys` not above its
+/// predecessor, if any.
+fn check_sorted(keys: &[u64]) -> Result<(), YcsbError> {
+    match keys.windows(2).position(|w| w[0] >= w[1]) {
+        Some(i) => Err(YcsbError::Unsorted {
+            index: i + 1,
+            key: keys[i + 1],
+            previous: keys[i],
+        }),
+        None => Ok(()),
     }
 }
 
@@ -918,7 +936,11 @@ mod tests {
         ));
         assert_eq!(
             plan.split(vec![1, 2, 2, 3]).unwrap_err(),
-            YcsbError::Unsorted { index: 2 }
+            YcsbError::Unsorted {
+                index: 2,
+                key: 2,
+                previous: 2
+            }
         );
         let sets = plan.split(keyset(11)).unwrap();
         assert_eq!(sets.loaded.len(), 1);
@@ -954,7 +976,11 @@ mod tests {
         ));
         assert_eq!(
             plan.split_fresh(vec![5, 1]).unwrap_err(),
-            YcsbError::Unsorted { index: 1 }
+            YcsbError::Unsorted {
+                index: 1,
+                key: 1,
+                previous: 5
+            }
         );
     }
 

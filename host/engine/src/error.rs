@@ -101,6 +101,8 @@ pub enum ConfigError {
     Bandwidth,
     /// A verbs option out of the range the hardware accepts.
     Verbs(&'static str),
+    /// The injected failure probability must be in `[0, 1]`.
+    FaultProbability,
 }
 
 impl fmt::Display for ConfigError {
@@ -113,6 +115,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroWindow => f.write_str("the unordered window must be at least 1"),
             ConfigError::Bandwidth => f.write_str("injected bandwidth must be positive and finite"),
             ConfigError::Verbs(why) => write!(f, "invalid verbs option: {why}"),
+            ConfigError::FaultProbability => {
+                f.write_str("the injected failure probability must be in [0, 1]")
+            }
         }
     }
 }
@@ -181,6 +186,16 @@ pub enum TransferError {
     /// error.
     PeerFailed {
         /// The address.
+        peer: NetAddr,
+    },
+    /// A fault injected by the loopback NIC ([`crate::Faults`]): the
+    /// operation completed with an error, and may or may not have taken
+    /// effect at the target — as after a real transport error, the
+    /// initiator cannot tell which, and an atomic's old value is lost.
+    InjectedFault {
+        /// The operation.
+        op: OpKind,
+        /// The peer it was aimed at.
         peer: NetAddr,
     },
     /// A send found no posted receive buffer at the peer within the wait
@@ -348,6 +363,10 @@ impl fmt::Display for TransferError {
             }
             UnknownPeer { peer } => write!(f, "unknown peer {peer}"),
             PeerFailed { peer } => write!(f, "peer {peer} has failed"),
+            InjectedFault { op, peer } => write!(
+                f,
+                "injected fault: {op} at peer {peer} failed (it may have taken effect)"
+            ),
             NoReceiveBuffer { peer, waited } => write!(
                 f,
                 "peer {peer} posted no receive buffer within {} ms",

@@ -36,7 +36,7 @@ pub mod watcher;
 pub use batch::{BatchOp, Channel};
 pub use callback::{CompletionFlag, OnDone, OnValue};
 pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
-pub use domain::loopback::{LoopbackConfig, Unordered};
+pub use domain::loopback::{Faults, LoopbackConfig, Unordered};
 pub use engine::{
     mr_desc_from_bytes, net_addr_from_bytes, single_write_pieces, EngineConfig, Fabric,
     PeerGroupHandle, TransferEngine, SPLIT_MIN,

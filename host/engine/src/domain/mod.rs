@@ -24,7 +24,7 @@ use std::time::Instant;
 use rolex_core::wire::NetAddr;
 
 use crate::counters::CounterSnapshot;
-use crate::error::TransferError;
+use crate::error::{OpKind, TransferError};
 use crate::region::Region;
 
 /// A remote location: which NIC, which key, which address.
@@ -105,6 +105,17 @@ impl WorkOp {
             | WorkOp::Cas { remote, .. }
             | WorkOp::Faa { remote, .. } => &remote.peer,
             WorkOp::Send { peer, .. } => peer,
+        }
+    }
+
+    /// Which kind of operation this is, as errors name it.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            WorkOp::Read { .. } => OpKind::Read,
+            WorkOp::Write { .. } => OpKind::Write,
+            WorkOp::Cas { .. } => OpKind::Cas,
+            WorkOp::Faa { .. } => OpKind::Faa,
+            WorkOp::Send { .. } => OpKind::Send,
         }
     }
 }

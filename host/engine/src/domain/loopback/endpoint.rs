@@ -9,7 +9,12 @@
 //! unordered mode, due operations run and complete in a seeded shuffle
 //! within windows of `window` operations (SRD-like); with injected latency
 //! or bandwidth an operation takes effect when its modelled time has come,
-//! and the poller sleeps until then instead of spinning.
+//! and the poller sleeps until then instead of spinning. With injected
+//! [`Faults`](super::Faults), each operation draws its fate once, when it
+//! is posted (so the faults of a seed follow the posting order, whatever
+//! the timing): it fails before it runs (nothing happens), or runs and
+//! then fails (its effect stays, its value is dropped), or completes; an
+//! operation that fails on its own keeps its own error.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::SeqCst;
@@ -18,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rolex_core::wire::{Access, NetAddr};
 
 use super::fabric::NicState;
@@ -36,11 +41,28 @@ enum Exec {
     NoBuffer,
 }
 
+/// An injected fault drawn for one operation (see [`super::Faults`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Fail without running: the target sees nothing.
+    Before,
+    /// Run, then fail: the effect stays, the result is an error.
+    After,
+}
+
+/// A posted operation and the fault drawn for it.
+struct Posted {
+    wr: WorkRequest,
+    fault: Option<Fault>,
+}
+
 /// A send waiting for the peer to post a receive buffer.
 struct WaitingSend {
     since: Instant,
     next_try: Instant,
     wr: WorkRequest,
+    /// The fault drawn when it first ran, applied once it is delivered.
+    fault: Option<Fault>,
 }
 
 /// A queue pair on the loopback NIC (see the module docs).
@@ -50,12 +72,14 @@ pub struct LoopbackEndpoint {
     /// Resolved peers (an address vector).
     peers: HashMap<NetAddr, Arc<NicState>>,
     /// Posted, not yet executed: `(due, request)`, due times non-decreasing.
-    inflight: VecDeque<(Instant, WorkRequest)>,
+    inflight: VecDeque<(Instant, Posted)>,
     waiting: VecDeque<WaitingSend>,
     ready: Vec<Completion>,
     link_free: Instant,
     rng: Option<StdRng>,
-    scratch: Vec<WorkRequest>,
+    /// The draws of injected faults, when configured.
+    fault_rng: Option<StdRng>,
+    scratch: Vec<Posted>,
     done_scratch: Vec<Completion>,
 }
 
@@ -64,6 +88,10 @@ impl LoopbackEndpoint {
         let rng = cfg
             .unordered
             .map(|u| StdRng::seed_from_u64(u.seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        // Another multiplier: the fault stream is not the shuffle's.
+        let fault_rng = cfg
+            .faults
+            .map(|f| StdRng::seed_from_u64(f.seed ^ salt.wrapping_mul(0xd6e8_feb8_6659_fd93)));
         LoopbackEndpoint {
             nic,
             cfg,
@@ -73,6 +101,7 @@ impl LoopbackEndpoint {
             ready: Vec::new(),
             link_free: Instant::now(),
             rng,
+            fault_rng,
             scratch: Vec::new(),
             done_scratch: Vec::new(),
         }
@@ -223,15 +252,36 @@ impl LoopbackEndpoint {
         out.push(Completion { wr_id, result });
     }
 
+    /// The injected fault of the next operation posted, if any: one draw
+    /// per operation, so the faults of a seed do not depend on outcomes.
+    fn draw_fault(&mut self) -> Option<Fault> {
+        let p = self.cfg.faults?.probability;
+        let x: f64 = self.fault_rng.as_mut()?.gen();
+        if x < p / 2.0 {
+            Some(Fault::Before)
+        } else if x < p {
+            Some(Fault::After)
+        } else {
+            None
+        }
+    }
+
     /// Runs one request now: completes it, or parks a send that found no
     /// receive buffer.
-    fn run(&mut self, wr: WorkRequest, now: Instant, out: &mut Vec<Completion>) {
+    fn run(&mut self, posted: Posted, now: Instant, out: &mut Vec<Completion>) {
+        let Posted { wr, fault } = posted;
+        if fault == Some(Fault::Before) {
+            let err = injected(&wr.op);
+            self.finish(wr.wr_id, Err(err), out);
+            return;
+        }
         match self.exec(&wr.op) {
-            Exec::Done(r) => self.finish(wr.wr_id, r, out),
+            Exec::Done(r) => self.finish(wr.wr_id, after(fault, &wr.op, r), out),
             Exec::NoBuffer => self.waiting.push_back(WaitingSend {
                 since: now,
                 next_try: now + SEND_RETRY,
                 wr,
+                fault,
             }),
         }
     }
@@ -260,6 +310,7 @@ impl LoopbackEndpoint {
             }
             match self.exec(&w.wr.op) {
                 Exec::Done(r) => {
+                    let r = after(w.fault, &w.wr.op, r);
                     let mut out = std::mem::take(&mut self.ready);
                     self.finish(w.wr.wr_id, r, &mut out);
                     self.ready = out;
@@ -282,6 +333,28 @@ impl LoopbackEndpoint {
     }
 }
 
+/// The error of an injected fault on `op`.
+fn injected(op: &WorkOp) -> TransferError {
+    TransferError::InjectedFault {
+        op: op.kind(),
+        peer: *op.peer(),
+    }
+}
+
+/// `result` of an operation that ran, under its drawn `fault`: an
+/// [`Fault::After`] turns a success into the injected error (the effect
+/// stays; an atomic's old value is dropped), an error of its own stands.
+fn after(
+    fault: Option<Fault>,
+    op: &WorkOp,
+    result: Result<u64, TransferError>,
+) -> Result<u64, TransferError> {
+    match (fault, result) {
+        (Some(Fault::After), Ok(_)) => Err(injected(op)),
+        (_, r) => r,
+    }
+}
+
 impl Endpoint for LoopbackEndpoint {
     fn post(&mut self, batch: &mut Vec<WorkRequest>) {
         if batch.is_empty() {
@@ -293,7 +366,8 @@ impl Endpoint for LoopbackEndpoint {
             let mut out = std::mem::take(&mut self.ready);
             for wr in batch.drain(..) {
                 self.nic.counters.count_posted(&wr.op);
-                self.run(wr, now, &mut out);
+                let fault = self.draw_fault();
+                self.run(Posted { wr, fault }, now, &mut out);
             }
             self.ready = out;
             return;
@@ -306,7 +380,8 @@ impl Endpoint for LoopbackEndpoint {
                 WorkOp::Send { data, .. } => data.len() as u64,
             };
             let due = self.due(now, bytes);
-            self.inflight.push_back((due, wr));
+            let fault = self.draw_fault();
+            self.inflight.push_back((due, Posted { wr, fault }));
         }
     }
 
@@ -315,20 +390,20 @@ impl Endpoint for LoopbackEndpoint {
         if !self.inflight.is_empty() {
             let mut due = std::mem::take(&mut self.scratch);
             while self.inflight.front().is_some_and(|(t, _)| *t <= now) {
-                if let Some((_, wr)) = self.inflight.pop_front() {
-                    due.push(wr);
+                if let Some((_, posted)) = self.inflight.pop_front() {
+                    due.push(posted);
                 }
             }
             let window = self.cfg.unordered.map_or(usize::MAX, |u| u.window.max(1));
             let mut done = std::mem::take(&mut self.done_scratch);
             while !due.is_empty() {
                 let take = due.len().min(window);
-                let mut chunk: Vec<WorkRequest> = due.drain(..take).collect();
+                let mut chunk: Vec<Posted> = due.drain(..take).collect();
                 if let Some(rng) = &mut self.rng {
                     chunk.shuffle(rng);
                 }
-                for wr in chunk {
-                    self.run(wr, now, &mut done);
+                for posted in chunk {
+                    self.run(posted, now, &mut done);
                 }
                 if let Some(rng) = &mut self.rng {
                     done.shuffle(rng);
@@ -357,7 +432,7 @@ impl Endpoint for LoopbackEndpoint {
         let ids: Vec<u64> = self
             .inflight
             .drain(..)
-            .map(|(_, wr)| wr.wr_id)
+            .map(|(_, posted)| posted.wr.wr_id)
             .chain(self.waiting.drain(..).map(|w| w.wr.wr_id))
             .collect();
         for wr_id in ids {

@@ -7,8 +7,12 @@
 //! every access is checked (key, bounds, right, atomic alignment) before
 //! anything moves. Options ([`LoopbackConfig`]): unordered delivery
 //! (seeded shuffle within a window, like EFA's SRD), injected latency and
-//! bandwidth per NIC, and fault injection (a failed NIC answers with
-//! errors). A send with no posted receive waits up to
+//! bandwidth per NIC, and fault injection: a failed NIC answers every
+//! operation with an error ([`Domain::set_failed`]), and with [`Faults`]
+//! each posted operation fails on its own with a seeded probability, some
+//! after they took effect at the target and some before, always with the
+//! same error ([`TransferError::InjectedFault`]), so the initiator cannot
+//! tell which. A send with no posted receive waits up to
 //! [`LoopbackConfig::recv_wait`], then fails with
 //! [`TransferError::NoReceiveBuffer`].
 
@@ -41,6 +45,24 @@ pub struct Unordered {
     pub window: usize,
 }
 
+/// Injected per-operation faults: each operation a loopback endpoint posts
+/// completes with [`TransferError::InjectedFault`] with probability
+/// `probability` — half of those after the operation took effect at the
+/// target (the write landed, the CAS or FAA changed the word, the message
+/// arrived), half before (nothing happened). Protection is kept: an
+/// operation that fails the NIC's checks changes nothing either way.
+///
+/// Deterministic for a seed: each endpoint draws from its own stream,
+/// derived from `seed` and the endpoint's number on its NIC, one draw per
+/// posted operation in posting order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Faults {
+    /// Probability that an operation fails, in `[0, 1]`.
+    pub probability: f64,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
 /// Options of the loopback NIC.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoopbackConfig {
@@ -53,6 +75,9 @@ pub struct LoopbackConfig {
     pub unordered: Option<Unordered>,
     /// How long a send waits for the peer to post a receive buffer.
     pub recv_wait: Duration,
+    /// Injected per-operation faults of this NIC's endpoints (`None`:
+    /// operations fail only on their own account).
+    pub faults: Option<Faults>,
 }
 
 impl Default for LoopbackConfig {
@@ -62,6 +87,7 @@ impl Default for LoopbackConfig {
             bandwidth_gbps: None,
             unordered: None,
             recv_wait: Duration::from_secs(1),
+            faults: None,
         }
     }
 }
@@ -77,6 +103,11 @@ impl LoopbackConfig {
         if let Some(b) = self.bandwidth_gbps {
             if !(b.is_finite() && b > 0.0) {
                 return Err(ConfigError::Bandwidth);
+            }
+        }
+        if let Some(f) = self.faults {
+            if !(0.0..=1.0).contains(&f.probability) {
+                return Err(ConfigError::FaultProbability);
             }
         }
         Ok(())
@@ -194,6 +225,7 @@ mod tests {
     //! new backend must do.
     use super::*;
     use crate::domain::{Completion, Endpoint, Local, Progress, Remote, WorkOp, WorkRequest};
+    use crate::error::OpKind;
     use rolex_core::wire::Access;
 
     fn region(len: u64) -> Arc<Region> {
@@ -314,5 +346,260 @@ mod tests {
         for d in a.iter().chain(&b) {
             d.shutdown();
         }
+    }
+
+    /// An initiator NIC that injects faults, a target NIC, and a region
+    /// registered on the target.
+    struct Faulty {
+        a: Arc<LoopbackDomain>,
+        b: Arc<LoopbackDomain>,
+        dst: Arc<Region>,
+        remote: Remote,
+    }
+
+    /// A host whose NIC injects `faults` (and shuffles when `unordered`),
+    /// a target host, and a region of `len` bytes on the target with
+    /// `access`.
+    fn faulty_pair(faults: Faults, unordered: bool, len: u64, access: Access) -> Faulty {
+        let cfg = LoopbackConfig {
+            faults: Some(faults),
+            unordered: unordered.then_some(Unordered { seed: 3, window: 8 }),
+            ..LoopbackConfig::default()
+        };
+        let a = open_host(&cfg, 1).unwrap().remove(0);
+        let b = open_host(&LoopbackConfig::default(), 1).unwrap().remove(0);
+        let dst = Region::alloc(len, access, 0, 0).unwrap();
+        let rkey = b.register(&dst).unwrap();
+        let remote = Remote {
+            peer: b.address(),
+            rkey,
+            addr: dst.addr(),
+        };
+        Faulty { a, b, dst, remote }
+    }
+
+    /// Posts `ops` on a new endpoint of `nic`, eight to a doorbell, and
+    /// polls until all completed; returns their results in posting order.
+    fn run_all(nic: &LoopbackDomain, ops: Vec<WorkOp>) -> Vec<Result<u64, TransferError>> {
+        let n = ops.len();
+        let mut ep = nic.open_endpoint().unwrap();
+        let mut batch = Vec::new();
+        let mut done = Vec::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            batch.push(WorkRequest {
+                wr_id: i as u64,
+                op,
+            });
+            if batch.len() == 8 {
+                ep.post(&mut batch);
+            }
+        }
+        ep.post(&mut batch);
+        while done.len() < n {
+            ep.poll(&mut done);
+        }
+        done.sort_by_key(|c: &Completion| c.wr_id);
+        done.into_iter().map(|c| c.result).collect()
+    }
+
+    fn word(r: &Region, offset: u64) -> u64 {
+        r.enter()
+            .unwrap()
+            .word(offset)
+            .unwrap()
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn is_injected(r: &Result<u64, TransferError>, kind: OpKind) -> bool {
+        matches!(r, Err(TransferError::InjectedFault { op, .. }) if *op == kind)
+    }
+
+    #[test]
+    fn injected_faults_fail_some_operations_after_they_applied_and_some_before() {
+        const N: u64 = 4000;
+        for unordered in [false, true] {
+            let faults = Faults {
+                probability: 0.3,
+                seed: 11,
+            };
+            let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
+            let faa = WorkOp::Faa { remote, add: 1 };
+            let results = run_all(&a, vec![faa; N as usize]);
+            let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
+            let failed = results
+                .iter()
+                .filter(|r| is_injected(r, OpKind::Faa))
+                .count() as u64;
+            assert_eq!(ok + failed, N, "only injected errors");
+            // Each FAA that took effect added one: the successes, and the
+            // failures injected after the operation applied.
+            let after = word(&dst, 0) - ok;
+            let before = failed - after;
+            println!(
+                "unordered {unordered}: {N} FAAs at p = {}: {ok} completed, {failed} failed \
+                 ({after} after applying, {before} before)",
+                faults.probability
+            );
+            assert!(after > 0 && before > 0, "both kinds of fault occur");
+            assert_eq!(a.counters().errors, failed);
+            a.shutdown();
+            b.shutdown();
+        }
+    }
+
+    #[test]
+    fn injected_faults_are_the_same_for_the_same_seed() {
+        let outcome = |seed: u64, unordered: bool| {
+            let faults = Faults {
+                probability: 0.2,
+                seed,
+            };
+            let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
+            let results = run_all(&a, vec![WorkOp::Faa { remote, add: 1 }; 500]);
+            let failed: Vec<bool> = results.iter().map(|r| r.is_err()).collect();
+            let applied = word(&dst, 0);
+            a.shutdown();
+            b.shutdown();
+            (failed, applied)
+        };
+        for unordered in [false, true] {
+            let first = outcome(5, unordered);
+            assert_eq!(first, outcome(5, unordered), "unordered {unordered}");
+            assert_ne!(first, outcome(6, unordered), "unordered {unordered}");
+        }
+    }
+
+    #[test]
+    fn a_faulted_cas_returns_no_value_whether_or_not_it_applied() {
+        // Every operation fails: each CAS 0 → i + 1 on its own word.
+        const WORDS: u64 = 1000;
+        let faults = Faults {
+            probability: 1.0,
+            seed: 2,
+        };
+        let Faulty { a, b, dst, remote } = faulty_pair(faults, false, WORDS * 8, Access::all());
+        let cas: Vec<WorkOp> = (0..WORDS)
+            .map(|i| WorkOp::Cas {
+                remote: Remote {
+                    addr: remote.addr + i * 8,
+                    ..remote
+                },
+                expected: 0,
+                new: i + 1,
+            })
+            .collect();
+        let results = run_all(&a, cas);
+        assert!(results.iter().all(|r| is_injected(r, OpKind::Cas)));
+        let applied = (0..WORDS).filter(|&i| word(&dst, i * 8) == i + 1).count() as u64;
+        let untouched = (0..WORDS).filter(|&i| word(&dst, i * 8) == 0).count() as u64;
+        println!(
+            "{WORDS} CASes at p = 1: all failed without a value; {applied} swapped, {untouched} not"
+        );
+        assert_eq!(applied + untouched, WORDS);
+        assert!(applied > 0 && untouched > 0);
+        a.shutdown();
+        b.shutdown();
+    }
+
+    #[test]
+    fn injected_faults_keep_protection() {
+        // Every operation fails, half of them after running: none of those
+        // that the NIC must refuse may change the target.
+        let faults = Faults {
+            probability: 1.0,
+            seed: 9,
+        };
+        let Faulty { a, b, dst, remote } = faulty_pair(faults, false, 64, Access::REMOTE_READ);
+        let src = region(64);
+        src.enter().unwrap().write(0, &[0xAB; 64]);
+        let local = Local {
+            region: src.clone(),
+            offset: 0,
+        };
+        let write = |remote: Remote, len: u64| WorkOp::Write {
+            local: Some(local.clone()),
+            remote,
+            len,
+            imm: None,
+        };
+        let refused = [
+            // No remote-write or atomic right on the region.
+            write(remote, 8),
+            WorkOp::Faa { remote, add: 1 },
+            // Outside the region, and an unknown key.
+            write(
+                Remote {
+                    addr: remote.addr + 60,
+                    ..remote
+                },
+                8,
+            ),
+            write(
+                Remote {
+                    rkey: remote.rkey ^ 1,
+                    ..remote
+                },
+                8,
+            ),
+        ];
+        let ops: Vec<WorkOp> = refused.iter().cycle().take(400).cloned().collect();
+        let results = run_all(&a, ops);
+        let protection = results
+            .iter()
+            .filter(|r| matches!(r, Err(TransferError::Protection { .. })))
+            .count();
+        let injected = results.iter().filter(|r| r.is_err()).count() - protection;
+        println!("400 refused operations at p = 1: {protection} protection errors, {injected} injected before running");
+        assert!(results.iter().all(|r| r.is_err()));
+        assert!(protection > 0 && injected > 0);
+        let mut bytes = [0u8; 64];
+        dst.enter().unwrap().read(0, &mut bytes);
+        assert_eq!(bytes, [0; 64], "the target is unchanged");
+        a.shutdown();
+        b.shutdown();
+    }
+
+    #[test]
+    fn fault_probability_outside_zero_one_is_refused() {
+        for p in [-0.1, 1.5, f64::NAN] {
+            let cfg = LoopbackConfig {
+                faults: Some(Faults {
+                    probability: p,
+                    seed: 0,
+                }),
+                ..LoopbackConfig::default()
+            };
+            assert_eq!(cfg.validate(), Err(ConfigError::FaultProbability));
+            assert!(matches!(
+                open_host(&cfg, 1),
+                Err(TransferError::Config(ConfigError::FaultProbability))
+            ));
+        }
+        for p in [0.0, 1.0] {
+            let faults = Some(Faults {
+                probability: p,
+                seed: 0,
+            });
+            let cfg = LoopbackConfig {
+                faults,
+                ..LoopbackConfig::default()
+            };
+            assert_eq!(cfg.validate(), Ok(()));
+        }
+        // Probability 0 fails nothing.
+        let Faulty { a, b, dst, remote } = faulty_pair(
+            Faults {
+                probability: 0.0,
+                seed: 1,
+            },
+            true,
+            8,
+            Access::all(),
+        );
+        let results = run_all(&a, vec![WorkOp::Faa { remote, add: 1 }; 200]);
+        assert!(results.iter().all(|r| r.is_ok()));
+        assert_eq!(word(&dst, 0), 200);
+        a.shutdown();
+        b.shutdown();
     }
 }
