@@ -342,18 +342,7 @@ fn a_full_slt_consumes_no_leaf_on_an_unordered_fabric() {
 /// One history on a fabric that fails on and off (see the module docs).
 fn flaky_history(unordered_fabric: bool, seed: u64) {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2 * 1000, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 2,
-            fill: 0.5,
-            epsilon: 1,
-            max_model_leaves: 3,
-            retrain_trigger: 2,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let node = common::churning_node(&pairs);
     let engine = if unordered_fabric {
         unordered(seed, Duration::ZERO)
     } else {

@@ -20,6 +20,8 @@
 //! have applied, and the session cannot yet tell its own lock word from
 //! another session's.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 
@@ -28,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Clock, History, Record, Recorder, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError, KvSession};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::MemoryNode;
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
 
 /// Keys `0, 1000, …, 63000`; the even ones loaded. Enough keys that each
@@ -132,18 +134,7 @@ fn round(s: &mut KvSession, rec: &mut Recorder, rng: &mut StdRng, t: usize, firs
 /// history and what was found.
 fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
     let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 2,
-            fill: 0.5,
-            epsilon: 1,
-            max_model_leaves: 3,
-            retrain_trigger: 2,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let node = common::churning_node(&pairs);
     let faults = Faults { probability, seed };
     let cfg = KvClientConfig {
         engine: engine(Some(faults), unordered, seed),

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Clock, History, Recorder, Ret};
 use rolex_host::kv::{KvClient, KvClientConfig};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
 fn run(unordered: bool, seed: u64) {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2 * 1000, i)).collect();
@@ -21,18 +20,7 @@ fn run(unordered: bool, seed: u64) {
             ..rolex_host::LoopbackConfig::default()
         });
     }
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 2,
-            fill: 0.5,
-            epsilon: 1,
-            max_model_leaves: 3,
-            retrain_trigger: 2,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let node = common::churning_node(&pairs);
     let cfg = KvClientConfig {
         engine,
         ..KvClientConfig::default()
