@@ -246,8 +246,27 @@ fn two_compute_processes_share_a_memory_node_and_match_loopback_figures() {
             workload,
         );
         assert!(far["retrains"].is_null(), "{far}");
-        for key in ["rtt_per_op", "bytes_per_op", "leaves_per_get", "keys"] {
+        for key in ["leaves_per_get", "keys"] {
             assert_eq!(far[key], near[key], "{workload} {key}: {far} vs {near}");
+        }
+        // Gets cost exactly what they cost on loopback. A writer re-reads a
+        // model record it has not seen live for `model_max_age` (500 ms)
+        // before locking through it (records are reused after a grace
+        // period), and the remote run lasts seconds where the loopback one
+        // lasts milliseconds: writes may pay that re-read now and then, a
+        // few percent at most here, never less than on loopback.
+        for key in ["rtt_per_op", "bytes_per_op"] {
+            for (kind, near_v) in near[key].as_object().expect("per-kind figures") {
+                let (f, n) = (far[key][kind].as_f64().unwrap(), near_v.as_f64().unwrap());
+                if kind == "get" {
+                    assert_eq!(f, n, "{workload} {key}.{kind}: {far} vs {near}");
+                } else {
+                    assert!(
+                        f >= n && f <= n * 1.05,
+                        "{workload} {key}.{kind}: {far} vs {near}"
+                    );
+                }
+            }
         }
     }
     // A fresh node (the values a run checks against are its own plan's):
