@@ -673,7 +673,7 @@ impl<M: PoolMemory> Agent<M> {
     /// record; one after it is [`AgentError::RollForward`] (see the module
     /// docs). A model region too full for the new record even once every
     /// retired record's grace period has passed is published in the old
-    /// record ([`Self::refuse`]).
+    /// record (`Agent::refuse`).
     pub fn install(&mut self, p: Prepared) -> Result<RetrainReport, AgentError> {
         let model_id = p.model_id;
         let r = self.install_steps(p);
