@@ -31,8 +31,8 @@ fn client(node: &MemoryNode, unordered: bool) -> KvClient {
     .unwrap()
 }
 
-#[test]
-fn round_trips_per_operation() {
+/// 1,000 keys (0, 10, 20, …) in half-full leaves, no retraining thread.
+fn half_full_node() -> (MemoryNode, Vec<(u64, u64)>) {
     let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
     let node = MemoryNode::start(
         MemoryNodeConfig {
@@ -43,6 +43,12 @@ fn round_trips_per_operation() {
         &pairs,
     )
     .unwrap();
+    (node, pairs)
+}
+
+#[test]
+fn round_trips_per_operation() {
+    let (node, pairs) = half_full_node();
     for unordered in [false, true] {
         let c = client(&node, unordered);
         assert_eq!(c.ordered(), !unordered);
@@ -86,16 +92,7 @@ fn round_trips_per_operation() {
 
 #[test]
 fn round_trips_per_split() {
-    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            fill: 0.5,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let (node, _) = half_full_node();
     for unordered in [false, true] {
         let c = client(&node, unordered);
         let mut s = c.session().unwrap();
