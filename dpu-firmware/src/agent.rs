@@ -199,6 +199,11 @@ pub struct AgentStats {
     pub cirq_abandoned: u64,
     /// Every freeze time, in nanoseconds (p50/p99/max).
     pub freeze_hist: Histogram,
+    /// Models in the directory (grows when a retraining splits a model).
+    pub models: u64,
+    /// Leaves held by the agent as free: dropped from their chains by a
+    /// retraining and not yet handed out again.
+    pub leaves_free: u64,
 }
 
 /// A retraining that failed in [`Agent::poll`], as [`AgentStats`] keeps
@@ -396,6 +401,7 @@ impl<M: PoolMemory> Agent<M> {
             agent.backoff.push(Backoff::default());
         }
         agent.stats.model_region_used = agent.space.extent();
+        agent.stats.models = agent.records.len() as u64;
         Ok(agent)
     }
 

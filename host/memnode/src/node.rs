@@ -137,6 +137,15 @@ pub struct MemoryNodeStats {
     pub leaf_capacity: u64,
     /// Bytes of the pool.
     pub pool_bytes: u64,
+    /// Leaves given back by retraining (emptied leaves dropped from their
+    /// chains) and not handed out again yet: waiting out their grace
+    /// period, or offered to compute nodes in a model's leaf stash.
+    pub leaves_free: u64,
+    /// Leaves that hold part of the store: allocated and not free.
+    pub leaves_live: u64,
+    /// Bytes of the pool in use: live leaves, and the model region's
+    /// records in use (retired records waiting or reusable excluded).
+    pub pool_bytes_used: u64,
     /// Retrainings that failed (the last error is kept by the node); a
     /// freeze past its deadline is not one (see `AgentStats::freeze_timeouts`).
     pub agent_errors: u64,
@@ -390,6 +399,7 @@ pub struct MemoryNode {
     keys_loaded: u64,
     leaves_loaded: u64,
     leaf_capacity: u64,
+    leaf_size: u64,
     alloc_num_offset: u64,
     /// The agent area of a file-backed pool: its handle (registered for
     /// local access only) and its path.
@@ -565,6 +575,7 @@ impl MemoryNode {
             keys_loaded: plan.key_count(),
             leaves_loaded: plan.leaf_count(),
             leaf_capacity: region.capacity(),
+            leaf_size: region.leaf_size(),
             alloc_num_offset: region.alloc_num_offset(),
             area,
             engine,
@@ -690,9 +701,15 @@ impl MemoryNode {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .0;
+        let allocated_leaves = allocated.min(self.leaf_capacity);
+        let leaves_free = agent.leaves_free.min(allocated_leaves);
+        let leaves_live = allocated_leaves - leaves_free;
+        let records_used = agent
+            .model_region_used
+            .saturating_sub(agent.model_region_free);
         MemoryNodeStats {
             agent,
-            models: self.plan_models,
+            models: agent.models.max(self.plan_models),
             keys_loaded: self.keys_loaded,
             leaves_loaded: self.leaves_loaded,
             leaves_allocated: allocated.min(self.leaf_capacity),
@@ -701,6 +718,9 @@ impl MemoryNode {
                 .saturating_sub(self.leaves_loaded),
             leaf_capacity: self.leaf_capacity,
             pool_bytes: self.mr.len(),
+            leaves_free,
+            leaves_live,
+            pool_bytes_used: leaves_live * self.leaf_size + records_used,
             agent_errors: errors,
             agent_cpu_ns: self.shared.cpu_ns.load(SeqCst),
             retrain_busy_ns: self.shared.retrain_ns.load(SeqCst),
