@@ -80,11 +80,11 @@
 //! stalled) is skipped with a [`Notice::AbandonedTicket`]; the SLT watch
 //! above retrains its model all the same (see `rolex_core::layout::CirqHeader`).
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
+use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -128,6 +128,13 @@ pub struct AgentConfig {
     /// node's `CAS` or READ meets another model's record (see
     /// [`crate::record_space`]). 2 s by default.
     pub record_grace: Duration,
+    /// Most free leaves a new record gets in its SLT's unused slots (at
+    /// most 255): the leaf of each slot for the compute node that claims
+    /// it, so splits reuse the leaves retraining freed at no extra round
+    /// trip. A record gets as many as its model's splits took since its
+    /// last retraining and its share of the free leaves, up to this. 128 by default (the slots a model
+    /// uses before it is queued).
+    pub leaf_stash: u64,
 }
 
 impl Default for AgentConfig {
@@ -139,6 +146,7 @@ impl Default for AgentConfig {
             retry_backoff_min: Duration::from_millis(1),
             retry_backoff_max: Duration::from_secs(1),
             record_grace: Duration::from_secs(2),
+            leaf_stash: SltHeader::RETRAIN_SLOT as u64,
         }
     }
 }
@@ -201,6 +209,11 @@ pub struct AgentStats {
     pub freeze_hist: Histogram,
     /// Models in the directory (grows when a retraining splits a model).
     pub models: u64,
+    /// Leaves retraining gave back: emptied leaves dropped from their
+    /// chains, and leaves a record's SLT named that no chain linked.
+    pub leaves_freed: u64,
+    /// Free leaves stashed in new records' SLTs for splits to reuse.
+    pub leaves_stashed: u64,
     /// Leaves held by the agent as free: dropped from their chains by a
     /// retraining and not yet handed out again.
     pub leaves_free: u64,
@@ -311,6 +324,9 @@ pub struct Prepared {
     model_id: u64,
     record_at: u64,
     leaves: Vec<LeafInfo>,
+    /// The leaves the new record would keep as prepared (see
+    /// [`keep_nonempty`]): what `segments` were fitted over.
+    kept: Vec<LeafAddr>,
     segments: Vec<ModelSegment>,
 }
 
@@ -350,6 +366,14 @@ pub struct Agent<M: PoolMemory> {
     unfinished: Vec<Switched>,
     /// Each model's failures (indexed like `records`).
     backoff: Vec<Backoff>,
+    /// Leaves given back (emptied leaves dropped by a retraining, leaves
+    /// left unlinked in a retired record's SLT), each with the clock from
+    /// which it may be handed out again (its grace period, as a retired
+    /// record's: no compute node still reads it through a stale cache).
+    free_leaves: VecDeque<(LeafAddr, u64)>,
+    /// Leaves stashed in each model's current record (indexed like
+    /// `records`).
+    stash_len: Vec<u64>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -392,6 +416,8 @@ impl<M: PoolMemory> Agent<M> {
             stall: None,
             unfinished: Vec::new(),
             backoff: Vec::new(),
+            free_leaves: VecDeque::new(),
+            stash_len: Vec::new(),
         };
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
@@ -399,6 +425,7 @@ impl<M: PoolMemory> Agent<M> {
             agent.records.push(at);
             agent.slts.push(r.slt_offset());
             agent.backoff.push(Backoff::default());
+            agent.stash_len.push(0);
         }
         agent.stats.model_region_used = agent.space.extent();
         agent.stats.models = agent.records.len() as u64;
@@ -417,7 +444,20 @@ impl<M: PoolMemory> Agent<M> {
 
     /// Statistics so far.
     pub fn stats(&self) -> AgentStats {
-        self.stats
+        let mut s = self.stats;
+        s.leaves_free = self.free_leaves.len() as u64 + self.stashed_unclaimed();
+        s
+    }
+
+    /// Leaves stashed in live records' SLTs and not claimed yet.
+    fn stashed_unclaimed(&self) -> u64 {
+        (0..self.records.len() as u64)
+            .filter(|&m| self.stash_len[m as usize] > 0)
+            .map(|m| {
+                let used = self.slt_used(m).unwrap_or(0);
+                self.stash_len[m as usize].saturating_sub(used)
+            })
+            .sum()
     }
 
     /// The first model-region byte past every record in use or retired
@@ -658,7 +698,8 @@ impl<M: PoolMemory> Agent<M> {
             .ok_or(AgentError::UnknownModel { model_id })?;
         let r = self.record(record_at)?;
         let leaves = walk_model(&self.mem, &self.region, &r, &mut self.buf)?;
-        let fences: Vec<u64> = leaves.iter().map(|l| l.fence_lo).collect();
+        let kept = keep_nonempty(&leaves);
+        let fences: Vec<u64> = kept.iter().map(|l| l.fence_lo).collect();
         // A racing split can make an unlocked walk skip or repeat a range;
         // such a fit is discarded under the freeze.
         let segments = if fences.windows(2).all(|w| w[0] < w[1]) {
@@ -670,6 +711,7 @@ impl<M: PoolMemory> Agent<M> {
             model_id,
             record_at,
             leaves,
+            kept: kept.iter().map(|l| l.addr).collect(),
             segments,
         })
     }
@@ -751,7 +793,7 @@ impl<M: PoolMemory> Agent<M> {
             self.stats.freeze_timeouts += 1;
         }
         let frozen = frozen?;
-        let built = match self.build(&r, at, state, &p) {
+        let mut built = match self.build(&r, at, state, &p) {
             Ok(built) => built,
             Err(e) => {
                 self.thaw(frozen)?;
@@ -760,6 +802,7 @@ impl<M: PoolMemory> Agent<M> {
         };
         if let Err(e) = self.switch(&built) {
             self.space.unused(built.at, built.size);
+            self.give_back_stash(core::mem::take(&mut built.stash));
             self.thaw(frozen)?;
             return Err(e);
         }
@@ -769,6 +812,7 @@ impl<M: PoolMemory> Agent<M> {
             t0,
             retired: false,
             done: 0,
+            freed: false,
         })
     }
 
@@ -918,11 +962,16 @@ impl<M: PoolMemory> Agent<M> {
         p: &Prepared,
     ) -> Result<Built, AgentError> {
         let model_id = r.model_id();
-        let leaves = self.rewalk(r, p)?;
+        let walked = self.rewalk(r, p)?;
+        let (leaves, dropped) = self.drop_empty(&walked)?;
         let segments = self.segments_for(r, p, &leaves)?;
-        let (new_at, record, keys) = self.build_record(r, state, &leaves, &segments)?;
+        let orphans = self.orphans(r, &walked)?;
+        let (new_at, record, keys, stash) = self.build_record(r, state, &leaves, &segments)?;
         let n = leaves.len() as u64;
         Ok(Built {
+            dropped,
+            orphans,
+            stash,
             at: new_at,
             size: record.total_len()?,
             record,
@@ -935,7 +984,7 @@ impl<M: PoolMemory> Agent<M> {
                 old_record: at,
                 new_record: new_at,
                 leaves: n,
-                synonyms_absorbed: n.saturating_sub(r.leaf_count()),
+                synonyms_absorbed: (walked.len() as u64).saturating_sub(r.leaf_count()),
                 keys,
                 segments: segments.len() as u64,
                 freeze_ns: 0,
@@ -1006,8 +1055,8 @@ impl<M: PoolMemory> Agent<M> {
         leaves: &[LeafInfo],
     ) -> Result<Vec<ModelSegment>, AgentError> {
         let same = !p.segments.is_empty()
-            && leaves.len() == p.leaves.len()
-            && leaves.iter().zip(&p.leaves).all(|(a, b)| a.addr == b.addr);
+            && leaves.len() == p.kept.len()
+            && leaves.iter().zip(&p.kept).all(|(a, b)| a.addr == *b);
         if same {
             return Ok(p.segments.clone());
         }
@@ -1028,7 +1077,7 @@ impl<M: PoolMemory> Agent<M> {
         state: ModelState,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
-    ) -> Result<(u64, ModelRecord, u64), AgentError> {
+    ) -> Result<(u64, ModelRecord, u64, Vec<(LeafAddr, u64)>), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
         let size = ModelRecord::size_for(n, segments.len() as u64)?;
@@ -1039,11 +1088,129 @@ impl<M: PoolMemory> Agent<M> {
                 left: self.space.largest(now),
             });
         };
-        let written = self.write_record(new_at, r, state, leaves, segments, keys);
-        if written.is_err() {
-            self.space.unused(new_at, size);
+        // As many leaves as the model's splits took since its last
+        // retraining, plus its share of the free leaves: a model that
+        // splits often gets them, and the free leaves circulate (a stash
+        // not claimed comes back when the model is retrained again), so
+        // free leaves do not pile up while splits draw new ones.
+        let splits = SltHeader::from_raw(self.mem.load(r.slt_offset())?).used();
+        let share = (self.free_leaves.len() as u64).div_ceil(self.records.len().max(1) as u64);
+        let stash = self.take_stash(now, splits.saturating_add(share));
+        let written = self
+            .write_record(new_at, r, state, leaves, segments, keys)
+            .and_then(|nr| self.write_stash(&nr, &stash).map(|()| nr));
+        match written {
+            Ok(nr) => Ok((new_at, nr, keys, stash)),
+            Err(e) => {
+                self.space.unused(new_at, size);
+                self.give_back_stash(stash);
+                Err(e)
+            }
         }
-        written.map(|nr| (new_at, nr, keys))
+    }
+
+    /// Up to `want` (at most [`AgentConfig::leaf_stash`]) free leaves
+    /// whose grace period is over at `now`, for a new record's SLT.
+    fn take_stash(&mut self, now: u64, want: u64) -> Vec<(LeafAddr, u64)> {
+        let cap = want.min(self.cfg.leaf_stash).min(SltHeader::CAPACITY) as usize;
+        let mut stash = Vec::new();
+        while stash.len() < cap {
+            match self.free_leaves.front() {
+                Some(&(_, ready_at)) if ready_at <= now => {
+                    stash.extend(self.free_leaves.pop_front());
+                }
+                _ => break,
+            }
+        }
+        stash
+    }
+
+    /// Leaves taken for a stash that did not go live: free again, first.
+    fn give_back_stash(&mut self, stash: Vec<(LeafAddr, u64)>) {
+        for l in stash.into_iter().rev() {
+            self.free_leaves.push_front(l);
+        }
+    }
+
+    /// Writes `stash` into the unused SLT slots 1, 2, … of the new record
+    /// `nr` (before it goes live): slot `i`'s word names the leaf the
+    /// compute node that claims slot `i` splits into (pointer 0: linked to
+    /// nothing until then).
+    fn write_stash(
+        &mut self,
+        nr: &ModelRecord,
+        stash: &[(LeafAddr, u64)],
+    ) -> Result<(), AgentError> {
+        let mut words = Vec::with_capacity(stash.len() * 8);
+        for (addr, _) in stash {
+            words.extend_from_slice(&LtEntry::for_leaf(*addr).raw().to_le_bytes());
+        }
+        if !words.is_empty() {
+            self.mem.write(nr.slt_slot_offset(1)?, &words)?;
+        }
+        Ok(())
+    }
+
+    /// Step 3's reclamation: `walked` (every leaf of the frozen model, in
+    /// key order) without the leaves that hold no key, each dropped
+    /// leaf's range handed to the kept leaf before it (whose `fence_hi`
+    /// grows over it). The first leaf is always kept: its `fence_lo` is
+    /// the model's first key. A leaf the unlocked walk saw empty is read
+    /// again (frozen: now stable) before it is dropped. Returns the kept
+    /// leaves (fences as the new record has them) and the dropped ones,
+    /// each with the index of the kept leaf that takes its range.
+    fn drop_empty(
+        &mut self,
+        walked: &[LeafInfo],
+    ) -> Result<(Vec<LeafInfo>, Vec<(usize, LeafInfo)>), AgentError> {
+        let mut kept: Vec<LeafInfo> = Vec::with_capacity(walked.len());
+        let mut dropped = Vec::new();
+        for l in walked {
+            let Some(last) = kept.last_mut() else {
+                kept.push(*l);
+                continue;
+            };
+            if l.count == 0 && read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?.count == 0
+            {
+                last.fence_hi = l.fence_hi;
+                dropped.push((kept.len() - 1, *l));
+            } else {
+                kept.push(*l);
+            }
+        }
+        Ok((kept, dropped))
+    }
+
+    /// Step 3's other reclamation: the leaves the frozen record `r`'s SLT
+    /// names that no chain links (`walked`), each with whether it was ever
+    /// handed out: stashed and never claimed (`false`: free at once), or
+    /// claimed by a split that stopped before it linked its new leaf
+    /// (`true`: free after the grace period, as its writer may still be
+    /// reading it). No compute node can link them any more (the model is
+    /// frozen, and retired after the switch).
+    fn orphans(
+        &self,
+        r: &ModelRecord,
+        walked: &[LeafInfo],
+    ) -> Result<Vec<(LeafAddr, bool)>, AgentError> {
+        let mut words = [0u8; ModelRecord::SLT_SIZE as usize];
+        self.mem.read(r.slt_offset(), &mut words)?;
+        let word =
+            |i: usize| u64::from_le_bytes(words[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+        let used = SltHeader::from_raw(word(0)).used();
+        let linked: BTreeSet<LeafAddr> = walked.iter().map(|l| l.addr).collect();
+        let mut out = Vec::new();
+        for i in 1..SltHeader::SLOTS {
+            let w = word(i);
+            if w == 0 {
+                continue;
+            }
+            let addr = LtEntry::from_raw(w).addr();
+            if !linked.contains(&addr) && self.region.leaf_offset(addr).is_ok() {
+                out.push((addr, i as u64 <= used));
+            }
+        }
+        Ok(out)
     }
 
     /// Step 4's writes: the record for `leaves` and `segments` at `new_at`.
@@ -1123,6 +1290,30 @@ impl<M: PoolMemory> Agent<M> {
             self.release_leaf(&sw.built, sw.done)?;
             sw.done += 1;
         }
+        if !sw.freed {
+            // Only now: a dropped leaf is marked freed when the leaf
+            // before it is released, and must be before it is reused.
+            sw.freed = true;
+            let now = self.mem.now_ns();
+            let ready_at = now.saturating_add(ns(self.cfg.record_grace));
+            let b = &sw.built;
+            // Never handed out: first in line.
+            for &(a, _) in b.orphans.iter().filter(|(_, claimed)| !claimed) {
+                self.free_leaves.push_front((a, now));
+            }
+            self.free_leaves.extend(
+                b.dropped
+                    .iter()
+                    .map(|(_, l)| l.addr)
+                    .chain(b.orphans.iter().filter(|(_, c)| *c).map(|(a, _)| *a))
+                    .map(|a| (a, ready_at)),
+            );
+            self.stats.leaves_freed += (b.dropped.len() + b.orphans.len()) as u64;
+            self.stats.leaves_stashed += b.stash.len() as u64;
+            if let Some(n) = self.stash_len.get_mut(b.report.model_id as usize) {
+                *n = b.stash.len() as u64;
+            }
+        }
         Ok(())
     }
 
@@ -1133,21 +1324,27 @@ impl<M: PoolMemory> Agent<M> {
         Ok(self.mem.store(b.retire_at, b.retired)?)
     }
 
-    /// Step 6 for leaf `j` of the new record: clears its `next` link (it
-    /// is a training leaf with an empty chain now; re-sealed), then
-    /// unlocks its LT entry.
+    /// Step 6 for leaf `j` of the new record: marks the emptied leaves
+    /// dropped after it freed, then clears its `next` link (it is a
+    /// training leaf with an empty chain now) and raises its `fence_hi`
+    /// over the dropped leaves' ranges (re-sealed), then unlocks its LT
+    /// entry. So a writer that locks it finds it covering its whole range,
+    /// and a reader with a stale cache that reaches a dropped leaf finds
+    /// it freed and refreshes. Idempotent.
     fn release_leaf(&mut self, b: &Built, j: usize) -> Result<(), PoolError> {
         let l = b.leaves[j];
-        if l.next.raw() != 0 {
-            let off = self.region.leaf_offset(l.addr)?;
-            read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
-            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
-                leaf: l.addr.leaf(),
-                error,
+        let drops = b.dropped.iter().filter(|(k, _)| *k == j);
+        let mut grows = false;
+        for (_, d) in drops {
+            grows = true;
+            self.rewrite_leaf(d.addr, Leaf::mark_freed)?;
+        }
+        if l.next.raw() != 0 || grows {
+            self.rewrite_leaf(l.addr, |leaf| {
+                leaf.clear_next();
+                // Never fails: the dropped leaves lie above it.
+                let _ = leaf.extend_fence_hi(l.fence_hi);
             })?;
-            leaf.clear_next();
-            leaf.seal();
-            self.mem.write(off, &self.buf)?;
         }
         self.mem.store(
             b.record.lt_entry_offset(j as u64)?,
@@ -1155,6 +1352,43 @@ impl<M: PoolMemory> Agent<M> {
         )?;
         Ok(())
     }
+}
+
+impl<M: PoolMemory> Agent<M> {
+    /// Reads the leaf at `addr` (validated), applies `edit`, seals and
+    /// writes it back.
+    fn rewrite_leaf(
+        &mut self,
+        addr: LeafAddr,
+        edit: impl FnOnce(&mut Leaf),
+    ) -> Result<(), PoolError> {
+        let off = self.region.leaf_offset(addr)?;
+        read_leaf(&self.mem, &self.region, addr, &mut self.buf)?;
+        let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(|error| PoolError::Leaf {
+            leaf: addr.leaf(),
+            error,
+        })?;
+        edit(leaf);
+        leaf.seal();
+        self.mem.write(off, &self.buf)?;
+        Ok(())
+    }
+}
+
+/// The leaves a new record keeps of `walked` (a model's leaves in key
+/// order): those holding a key, and the first; each dropped leaf's range
+/// goes to the kept leaf before it (whose `fence_hi` is raised). What
+/// [`Agent::prepare`] fits over; under the freeze,
+/// [`Agent::drop_empty`] confirms each empty leaf first.
+fn keep_nonempty(walked: &[LeafInfo]) -> Vec<LeafInfo> {
+    let mut kept: Vec<LeafInfo> = Vec::with_capacity(walked.len());
+    for l in walked {
+        match kept.last_mut() {
+            Some(last) if l.count == 0 => last.fence_hi = l.fence_hi,
+            _ => kept.push(*l),
+        }
+    }
+    kept
 }
 
 /// What [`Agent::freeze`] changed: the old record's state word (at
@@ -1176,8 +1410,17 @@ struct Built {
     /// The old record's pool offset and bytes (given back once retired).
     old_at: u64,
     old_size: u64,
-    /// Every leaf of the new record, in LT order.
+    /// Every leaf of the new record, in LT order (fences as it has them).
     leaves: Vec<LeafInfo>,
+    /// Emptied leaves of the old record it does not keep, each with the
+    /// index (in `leaves`) of the leaf that takes its range.
+    dropped: Vec<(usize, LeafInfo)>,
+    /// Leaves the old record's SLT names that no chain links, and whether
+    /// each was claimed (see [`Agent::orphans`]).
+    orphans: Vec<(LeafAddr, bool)>,
+    /// Free leaves stashed in the new record's SLT (with when they became
+    /// free).
+    stash: Vec<(LeafAddr, u64)>,
     /// The old record's state word, and its value once retired.
     retire_at: u64,
     retired: u64,
@@ -1196,6 +1439,8 @@ struct Switched {
     /// Leaves (a prefix of `built.leaves`) whose link is cleared and whose
     /// entry is unlocked.
     done: usize,
+    /// Whether the dropped and orphaned leaves went to the free list.
+    freed: bool,
 }
 
 #[cfg(test)]

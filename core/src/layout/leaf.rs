@@ -207,7 +207,8 @@ const _: () = assert!(core::mem::size_of::<LeafHeader>() == 48);
 ///     24         8  fence_hi  highest key the leaf may hold (inclusive)
 ///     32         8  next      synonym link, an LtEntry-format word (below)
 ///     40         4  count     slots in use, a prefix sorted by key
-///     44         4  flags     0 in layout version 1 (reserved: out-of-line values)
+///     44         4  flags     bit 31 FREED (given back by retraining: no keys,
+///                             no link); other bits 0 (reserved)
 ///     48    16 * L  slots     (key u64, value u64), keys strictly increasing
 ///                             over [0, count); unused slots are zero
 /// ```
@@ -260,6 +261,9 @@ impl Leaf {
     pub const COUNT_OFFSET: usize = core::mem::offset_of!(LeafHeader, count);
     /// Offset of the flags word.
     pub const FLAGS_OFFSET: usize = core::mem::offset_of!(LeafHeader, flags);
+    /// Flag: the leaf was freed by retraining (see [`Self::is_freed`]);
+    /// the only flag of layout version 6.
+    pub const FREED: u32 = 1 << 31;
 
     /// Bytes of a leaf with `slots` slots (`u32` slots cannot overflow).
     pub const fn size_for(slots: u32) -> u64 {
@@ -332,7 +336,12 @@ impl Leaf {
     /// Checks everything but the checksum: flags, fences, link, count, key
     /// order and key range.
     pub fn check_structure(&self) -> Result<(), LeafError> {
-        if self.flags() != 0 {
+        if self.flags() & !Self::FREED != 0 {
+            return Err(LeafError::UnknownFlags {
+                flags: self.flags(),
+            });
+        }
+        if self.is_freed() && (self.count() != 0 || self.next().raw() != 0) {
             return Err(LeafError::UnknownFlags {
                 flags: self.flags(),
             });
@@ -377,6 +386,40 @@ impl Leaf {
         }
         self.check_structure()?;
         Ok(ValidLeaf { leaf: self })
+    }
+
+    /// Whether the leaf was given back by retraining ([`Self::FREED`]): it
+    /// belongs to no chain, holds nothing, and a reader that reaches it
+    /// through a stale cache or link must refresh.
+    pub fn is_freed(&self) -> bool {
+        self.flags() & Self::FREED != 0
+    }
+
+    /// Marks the leaf freed ([`Self::FREED`]): no keys, no link, fences
+    /// kept (so a stale reader still sees which range it no longer
+    /// serves). Seal it before it is written to the pool.
+    pub fn mark_freed(&mut self) {
+        let (lo, hi, version) = (self.fence_lo(), self.fence_hi(), self.version());
+        self.as_mut_bytes().fill(0);
+        self.header.version.set(version);
+        self.header.fence_lo.set(lo);
+        self.header.fence_hi.set(hi);
+        self.header.flags.set(Self::FREED);
+    }
+
+    /// Raises the high fence to `fence_hi` (`≥` the current one): how
+    /// retraining hands an emptied successor's range to the leaf before
+    /// it. The keys held stay inside the fences. Seal it before it is
+    /// written to the pool.
+    pub fn extend_fence_hi(&mut self, fence_hi: u64) -> Result<(), EditError> {
+        if fence_hi < self.fence_hi() {
+            return Err(EditError::Invalid(LeafError::FencesInverted {
+                lo: self.fence_hi(),
+                hi: fence_hi,
+            }));
+        }
+        self.header.fence_hi.set(fence_hi);
+        Ok(())
     }
 
     /// Makes this an empty leaf for keys `[fence_lo, fence_hi]` with no

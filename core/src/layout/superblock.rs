@@ -26,7 +26,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 /// so a skipped producer's late write is never taken for a later ticket's.
 /// Version 5: a model record's word at 104 (reserved before) is `refused`,
 /// the bytes a retraining needed when the model region was really full.
-pub const LAYOUT_VERSION: u32 = 5;
+/// Version 6: a leaf's flag `FREED` marks a leaf retraining gave back, and
+/// the agent may fill a new record's unused SLT slots with free leaves
+/// (the slot's leaf, for the compute node that claims it).
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -40,6 +40,12 @@ pub(crate) struct ModelView {
     pub(crate) fences: Vec<u64>,
     /// Synonyms after each training leaf, in chain order, as last learned.
     chains: RwLock<HashMap<u64, Vec<LeafAddr>>>,
+    /// The SLT's slots as read (index = slot; slot 0 unused here): a slot
+    /// not claimed when it was read holds 0 or the free leaf the agent
+    /// stashed there for whoever claims it (see [`Self::stash_leaf`]).
+    slots: Vec<u64>,
+    /// Slots claimed when the SLT was read.
+    slots_used: u64,
     /// [`clock_ns`] before the latest READ that found this record live and
     /// this model's (0: never).
     seen_live_ns: AtomicU64,
@@ -95,6 +101,7 @@ impl ModelView {
             .map(|i| word(record.slt_offset() + 8 * i))
             .collect();
         let used = SltHeader::from_raw(slt[0]).used();
+        let stash = slt.clone();
         let mut chains = HashMap::new();
         if used > 0 {
             for (j, e) in lt.iter().enumerate() {
@@ -120,6 +127,8 @@ impl ModelView {
             lt,
             fences,
             chains: RwLock::new(chains),
+            slots: stash,
+            slots_used: used,
             seen_live_ns: AtomicU64::new(0),
         })
     }
@@ -150,6 +159,27 @@ impl ModelView {
     pub(crate) fn owner(&self, key: u64) -> (u64, bool) {
         let l = owning_leaf(&self.segments, self.record.epsilon(), &self.fences, key);
         (l.leaf, l.in_window)
+    }
+
+    /// The leaf the agent stashed in SLT slot `slot` for whoever claims
+    /// it, if any. The agent fills a record's unused slots before the
+    /// record goes live and nothing else writes an unclaimed slot, and a
+    /// claim (`FAA` of the slot count) only ever returns a slot unclaimed
+    /// when this view read the SLT: so a nonzero word cached for the slot
+    /// a claim returned is the stash.
+    pub(crate) fn stash_leaf(&self, slot: u8) -> Option<LeafAddr> {
+        let raw = *self.slots.get(usize::from(slot))?;
+        (u64::from(slot) > self.slots_used && raw != 0).then(|| LtEntry::from_raw(raw).addr())
+    }
+
+    /// Whether the record had stashed leaves left when this view read it
+    /// (a split then claims its slot without drawing a leaf).
+    pub(crate) fn has_stash(&self) -> bool {
+        self.slots
+            .iter()
+            .enumerate()
+            .skip(1)
+            .any(|(i, &raw)| i as u64 > self.slots_used && raw != 0)
     }
 
     /// Training leaf `j`'s address from the cached LT.

@@ -457,7 +457,9 @@ impl KvSession {
         for _ in 0..MAX_HOPS {
             let bytes = self.leaf(addr, batch)?;
             let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(model, addr))?;
-            if key < leaf.fence_lo() {
+            if key < leaf.fence_lo() || leaf.is_freed() {
+                // A freed leaf: retraining gave it back after the cache
+                // (or the link that led here) was read.
                 return Ok(Chase::Stale);
             }
             if key <= leaf.fence_hi() {

@@ -139,6 +139,9 @@ pub struct KvStats {
     pub per_op: [OpStats; 5],
     /// Synonym leaves this client created (leaf splits).
     pub synonym_leaves: u64,
+    /// Of them, leaves reused from a stash the memory node left in the
+    /// model's SLT (leaves retraining freed), instead of drawn new.
+    pub stash_leaves: u64,
     /// Models this client put into the retraining queue.
     pub retrain_requests: u64,
     /// Lookups where the model's window missed the owning leaf and the
@@ -179,6 +182,7 @@ impl KvStats {
             a.add(b);
         }
         self.synonym_leaves += other.synonym_leaves;
+        self.stash_leaves += other.stash_leaves;
         self.retrain_requests += other.retrain_requests;
         self.model_misses += other.model_misses;
         self.slt_full_waits += other.slt_full_waits;
@@ -225,6 +229,7 @@ atomic_op_stats!(
 pub(crate) struct SessionCounters {
     pub(crate) per_op: [AtomicOpStats; 5],
     pub(crate) synonym_leaves: AtomicU64,
+    pub(crate) stash_leaves: AtomicU64,
     pub(crate) retrain_requests: AtomicU64,
     pub(crate) model_misses: AtomicU64,
     pub(crate) slt_full_waits: AtomicU64,
@@ -236,6 +241,7 @@ impl SessionCounters {
             a.add(&b.load());
         }
         s.synonym_leaves += self.synonym_leaves.load(Relaxed);
+        s.stash_leaves += self.stash_leaves.load(Relaxed);
         s.retrain_requests += self.retrain_requests.load(Relaxed);
         s.model_misses += self.model_misses.load(Relaxed);
         s.slt_full_waits += self.slt_full_waits.load(Relaxed);

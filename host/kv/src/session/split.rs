@@ -202,24 +202,29 @@ impl KvSession {
     }
 
     /// Split step 1: `FAA` the model's SLT count and, unless the client
-    /// keeps a spare leaf, `FAA alloc_num`, in one batch. `None`: the SLT
-    /// has no slot left, and the leaf drawn went back (see
-    /// [`Self::give_back`]); [`KvError::LeafRegionFull`]: no leaf left
-    /// (the slot claimed stays unused).
+    /// keeps a spare leaf or the record has stashed leaves, `FAA
+    /// alloc_num`, in one batch. The claimed slot's stashed leaf, if the
+    /// agent left one there (`ModelView::stash_leaf`), is the new leaf; a
+    /// leaf drawn or spare and not needed is kept as the client's spare.
+    /// A stash that ran out costs one more round trip (the draw). `None`:
+    /// the SLT has no slot left, and the leaf drawn went back (see
+    /// [`Self::give_back`]); [`KvError::LeafRegionFull`]: no leaf left (the
+    /// slot claimed stays unused).
     fn claim_synonym(&mut self, view: &ModelView) -> Result<Option<Claim>, KvError> {
         let pool = self.shared.pool.clone();
         let region = self.shared.region;
         let slt0 = view.record.slt_slot_offset(0)?;
         let spare = self.shared.take_spare_leaf();
+        let draw = Op::Faa {
+            remote: region.alloc_num_offset(),
+            add: 1,
+        };
         let mut ops = vec![Op::Faa {
             remote: slt0,
             add: 1,
         }];
-        if spare.is_none() {
-            ops.push(Op::Faa {
-                remote: region.alloc_num_offset(),
-                add: 1,
-            });
+        if spare.is_none() && !view.has_stash() {
+            ops.push(draw);
         }
         let got = match self.io.run(&pool, &ops, "claiming a synonym slot and leaf") {
             Ok(got) => got.to_vec(),
@@ -231,14 +236,28 @@ impl KvSession {
                 return Err(e);
             }
         };
-        let leaf_no = spare.unwrap_or(got[got.len() - 1]);
+        let mut leaf_no = spare.or_else(|| got.get(1).copied());
         let Ok(slot) = SltHeader::claimed_slot(got[0]) else {
-            match spare {
-                Some(leaf_no) => self.shared.keep_spare_leaf(leaf_no),
-                None => self.give_back(leaf_no),
+            match (spare, leaf_no) {
+                (Some(leaf_no), _) => self.shared.keep_spare_leaf(leaf_no),
+                (None, Some(leaf_no)) => self.give_back(leaf_no),
+                (None, None) => {}
             }
             return Ok(None);
         };
+        if let Some(leaf) = view.stash_leaf(slot) {
+            if let Some(leaf_no) = leaf_no {
+                self.shared.keep_spare_leaf(leaf_no);
+            }
+            self.counters.stash_leaves.fetch_add(1, Relaxed);
+            return Ok(Some(Claim { leaf, slot }));
+        }
+        if leaf_no.is_none() {
+            // The stash ran out: draw (the slot stays claimed if this
+            // fails, as when the region is full).
+            leaf_no = Some(self.io.run(&pool, &[draw], "drawing a synonym leaf")?[0]);
+        }
+        let leaf_no = leaf_no.unwrap_or(u64::MAX);
         let leaf = region.claim(leaf_no).map_err(|_| KvError::LeafRegionFull {
             capacity: region.capacity(),
         })?;
