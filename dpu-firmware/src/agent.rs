@@ -1077,7 +1077,7 @@ impl<M: PoolMemory> Agent<M> {
         state: ModelState,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
-    ) -> Result<(u64, ModelRecord, u64, Vec<(LeafAddr, u64)>), AgentError> {
+    ) -> Result<(u64, ModelRecord, u64, Stash), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
         let size = ModelRecord::size_for(n, segments.len() as u64)?;
@@ -1162,7 +1162,7 @@ impl<M: PoolMemory> Agent<M> {
     fn drop_empty(
         &mut self,
         walked: &[LeafInfo],
-    ) -> Result<(Vec<LeafInfo>, Vec<(usize, LeafInfo)>), AgentError> {
+    ) -> Result<(Vec<LeafInfo>, Vec<Dropped>), AgentError> {
         let mut kept: Vec<LeafInfo> = Vec::with_capacity(walked.len());
         let mut dropped = Vec::new();
         for l in walked {
@@ -1375,6 +1375,14 @@ impl<M: PoolMemory> Agent<M> {
     }
 }
 
+/// Free leaves stashed in a record's SLT, each with the clock from which
+/// it was free.
+type Stash = Vec<(LeafAddr, u64)>;
+
+/// A leaf retraining dropped, with the index (among the kept leaves) of
+/// the leaf that takes its range.
+type Dropped = (usize, LeafInfo);
+
 /// The leaves a new record keeps of `walked` (a model's leaves in key
 /// order): those holding a key, and the first; each dropped leaf's range
 /// goes to the kept leaf before it (whose `fence_hi` is raised). What
@@ -1414,7 +1422,7 @@ struct Built {
     leaves: Vec<LeafInfo>,
     /// Emptied leaves of the old record it does not keep, each with the
     /// index (in `leaves`) of the leaf that takes its range.
-    dropped: Vec<(usize, LeafInfo)>,
+    dropped: Vec<Dropped>,
     /// Leaves the old record's SLT names that no chain links, and whether
     /// each was claimed (see [`Agent::orphans`]).
     orphans: Vec<(LeafAddr, bool)>,
