@@ -20,9 +20,13 @@ fn run(unordered: bool, seed: u64) {
             ..rolex_host::LoopbackConfig::default()
         });
     }
-    let node = common::churning_node(&pairs);
+    // Records and freed leaves are reused within the run (a grace period
+    // of 20 ms, clients refresh views older than 5 ms), so histories cover
+    // splits into leaves retraining freed.
+    let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
     let cfg = KvClientConfig {
         engine,
+        model_max_age: std::time::Duration::from_millis(5),
         ..KvClientConfig::default()
     };
     let clients = [
@@ -120,7 +124,11 @@ fn run(unordered: bool, seed: u64) {
     assert_eq!(checked.single_ops + checked.scans, 1200);
     let st = node.stats();
     let refreshes: u64 = clients.iter().map(|c| c.stats().total().refreshes).sum();
-    eprintln!("retrains {} refreshes {refreshes}", st.agent.retrains);
+    let stash: u64 = clients.iter().map(|c| c.stats().stash_leaves).sum();
+    eprintln!(
+        "retrains {} refreshes {refreshes}; leaves freed {}, splits into freed leaves {stash}",
+        st.agent.retrains, st.agent.leaves_freed
+    );
     assert!(st.agent.retrains > 0, "retraining ran during the test");
     assert!(refreshes > 0, "clients met retrained models");
     assert!(node.last_agent_error().is_none());

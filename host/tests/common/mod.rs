@@ -45,6 +45,19 @@ pub fn retrain_unless_busy(node: &rolex_host::memnode::MemoryNode, m: u64) -> bo
 /// of 2 slots loaded half full, models of at most 3 leaves, ε = 1, and a
 /// retraining request at the second SLT slot.
 pub fn churning_node(pairs: &[(u64, u64)]) -> rolex_host::memnode::MemoryNode {
+    churning_node_with_grace(
+        pairs,
+        rolex_host::memnode::MemoryNodeConfig::default().record_grace,
+    )
+}
+
+/// [`churning_node`] whose retired records and freed leaves are reused
+/// after `grace` (its clients must refresh cached models well within it:
+/// `KvClientConfig::model_max_age`).
+pub fn churning_node_with_grace(
+    pairs: &[(u64, u64)],
+    grace: std::time::Duration,
+) -> rolex_host::memnode::MemoryNode {
     rolex_host::memnode::MemoryNode::start(
         rolex_host::memnode::MemoryNodeConfig {
             leaf_slots: 2,
@@ -52,6 +65,7 @@ pub fn churning_node(pairs: &[(u64, u64)]) -> rolex_host::memnode::MemoryNode {
             epsilon: 1,
             max_model_leaves: 3,
             retrain_trigger: 2,
+            record_grace: grace,
             ..rolex_host::memnode::MemoryNodeConfig::default()
         },
         pairs,
