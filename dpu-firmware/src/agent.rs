@@ -85,6 +85,7 @@ use alloc::vec::Vec;
 use core::time::Duration;
 
 use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
+use rolex_core::layout::topology;
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
     ModelState, Pop, Superblock,
@@ -135,6 +136,12 @@ pub struct AgentConfig {
     /// last retraining and its share of the free leaves, up to this. 128 by default (the slots a model
     /// uses before it is queued).
     pub leaf_stash: u64,
+    /// Leaves of a model a retraining cuts out: a model grown past twice
+    /// this is cut into runs of at most this many leaves, each a model of
+    /// its own in a new directory slot (so keys beyond the loaded range,
+    /// which all go to the last model, make new models). 256 by default
+    /// (as bulk loading).
+    pub max_model_leaves: u64,
 }
 
 impl Default for AgentConfig {
@@ -147,6 +154,7 @@ impl Default for AgentConfig {
             retry_backoff_max: Duration::from_secs(1),
             record_grace: Duration::from_secs(2),
             leaf_stash: SltHeader::RETRAIN_SLOT as u64,
+            max_model_leaves: 256,
         }
     }
 }
@@ -214,6 +222,12 @@ pub struct AgentStats {
     pub leaves_freed: u64,
     /// Free leaves stashed in new records' SLTs for splits to reuse.
     pub leaves_stashed: u64,
+    /// Models cut into several by retraining (each adds
+    /// [`RetrainReport::new_models`] models).
+    pub models_cut: u64,
+    /// Cuts not made because the directory had no slot left (the model
+    /// was retrained whole).
+    pub cuts_refused: u64,
     /// Leaves held by the agent as free: dropped from their chains by a
     /// retraining and not yet handed out again.
     pub leaves_free: u64,
@@ -312,8 +326,11 @@ pub struct RetrainReport {
     pub synonyms_absorbed: u64,
     /// Keys in the model.
     pub keys: u64,
-    /// Segments of the new record.
+    /// Segments of the new records.
     pub segments: u64,
+    /// Models the retraining added: it cut a model grown past twice
+    /// [`AgentConfig::max_model_leaves`] leaves into several (0: not cut).
+    pub new_models: u64,
     /// Nanoseconds the model was frozen.
     pub freeze_ns: u64,
 }
@@ -331,6 +348,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Whether the kept leaves under the freeze are those prepared.
+    fn kept_unchanged(&self, leaves: &[LeafInfo]) -> bool {
+        leaves.len() == self.kept.len() && leaves.iter().zip(&self.kept).all(|(a, b)| a.addr == *b)
+    }
+
     /// The model.
     pub fn model_id(&self) -> u64 {
         self.model_id
@@ -374,6 +396,11 @@ pub struct Agent<M: PoolMemory> {
     /// Leaves stashed in each model's current record (indexed like
     /// `records`).
     stash_len: Vec<u64>,
+    /// The published topology: (first key, directory slot) in key order,
+    /// its blob's pool offset and bytes, and its epoch.
+    topology: Vec<(u64, u64)>,
+    topology_at: (u64, u64),
+    epoch: u64,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -418,7 +445,15 @@ impl<M: PoolMemory> Agent<M> {
             backoff: Vec::new(),
             free_leaves: VecDeque::new(),
             stash_len: Vec::new(),
+            topology: Vec::new(),
+            topology_at: (sb.upper_offset(), sb.upper_len()),
+            epoch: 0,
         };
+        let mut blob = alloc::vec![0u8; sb.upper_len() as usize];
+        agent.mem.read(sb.upper_offset(), &mut blob)?;
+        let t = topology::decode(&blob, sb.directory_capacity())?;
+        agent.epoch = t.epoch;
+        agent.topology = t.first_keys.into_iter().zip(t.ids).collect();
         for m in 0..sb.model_count() {
             let at = agent.mem.load(sb.directory_entry_offset(m)?)?;
             let r = agent.record(at)?;
@@ -801,8 +836,9 @@ impl<M: PoolMemory> Agent<M> {
             }
         };
         if let Err(e) = self.switch(&built) {
-            self.space.unused(built.at, built.size);
-            self.give_back_stash(core::mem::take(&mut built.stash));
+            // New slots written before the failure name records no
+            // topology lists: unreachable, and their space is reused.
+            self.unbuild(core::mem::take(&mut built.pieces), built.topology.take());
             self.thaw(frozen)?;
             return Err(e);
         }
@@ -811,6 +847,7 @@ impl<M: PoolMemory> Agent<M> {
             built,
             t0,
             retired: false,
+            published: false,
             done: 0,
             freed: false,
         })
@@ -846,7 +883,7 @@ impl<M: PoolMemory> Agent<M> {
                 self.stats.roll_forward_failures += 1;
                 let e = AgentError::RollForward {
                     model_id: sw.built.report.model_id,
-                    new_record: sw.built.at,
+                    new_record: sw.built.report.new_record,
                     locked: (sw.built.leaves.len() - sw.done) as u64,
                     cause,
                 };
@@ -938,6 +975,9 @@ impl<M: PoolMemory> Agent<M> {
     fn count(&mut self, report: &RetrainReport) {
         let s = &mut self.stats;
         s.retrains += 1;
+        if report.new_models > 0 {
+            s.models_cut += 1;
+        }
         s.keys_retrained += report.keys;
         s.leaves_retrained += report.leaves;
         s.synonyms_absorbed += report.synonyms_absorbed;
@@ -964,17 +1004,32 @@ impl<M: PoolMemory> Agent<M> {
         let model_id = r.model_id();
         let walked = self.rewalk(r, p)?;
         let (leaves, dropped) = self.drop_empty(&walked)?;
-        let segments = self.segments_for(r, p, &leaves)?;
         let orphans = self.orphans(r, &walked)?;
-        let (new_at, record, keys, stash) = self.build_record(r, state, &leaves, &segments)?;
+        // As many free leaves as the model's splits took since its last
+        // retraining, plus one, plus its share of the free leaves: a model
+        // that splits often gets many, and every model some, as splits
+        // land where they will. Stashes not claimed come back when their
+        // model is retrained again, so free leaves circulate instead of
+        // piling up while splits draw new ones.
+        let splits = SltHeader::from_raw(self.mem.load(r.slt_offset())?).used();
+        let share = (self.free_leaves.len() as u64).div_ceil(self.records.len().max(1) as u64);
+        let want = splits.saturating_add(1).saturating_add(share);
+        let starts = self.cut_points(&leaves);
+        let made = match self.build_pieces(r, state, p, &leaves, &starts, want) {
+            // No room for the cut: retrain the model whole (the region
+            // may have room for that, or the model is refused as usual).
+            Err(AgentError::ModelRegionFull { .. }) if !starts.is_empty() => {
+                self.stats.cuts_refused += 1;
+                self.build_pieces(r, state, p, &leaves, &[], want)
+            }
+            made => made,
+        };
+        let (pieces, topology, keys, segment_count) = made?;
         let n = leaves.len() as u64;
+        let new_at = pieces[0].at;
         Ok(Built {
             dropped,
             orphans,
-            stash,
-            at: new_at,
-            size: record.total_len()?,
-            record,
             old_at: at,
             old_size: r.total_len()?,
             retire_at: at + ModelRecord::STATE_OFFSET,
@@ -986,11 +1041,170 @@ impl<M: PoolMemory> Agent<M> {
                 leaves: n,
                 synonyms_absorbed: (walked.len() as u64).saturating_sub(r.leaf_count()),
                 keys,
-                segments: segments.len() as u64,
+                segments: segment_count,
+                new_models: pieces.len() as u64 - 1,
                 freeze_ns: 0,
             },
+            pieces,
+            topology,
             leaves,
         })
+    }
+
+    /// Step 4 for a model of `leaves` cut at `starts` (see
+    /// [`Self::cut_points`]; none: one record): the new records, each
+    /// with its share of `want` stashed leaves, and the topology blob
+    /// that lists them when there are several. Nothing points at any of
+    /// it yet; on an error nothing of it is kept. Returns them with the
+    /// keys the leaves hold and the segments of all the records.
+    fn build_pieces(
+        &mut self,
+        r: &ModelRecord,
+        state: ModelState,
+        p: &Prepared,
+        leaves: &[LeafInfo],
+        starts: &[usize],
+        want: u64,
+    ) -> Result<(Vec<Piece>, Option<NewTopology>, u64, u64), AgentError> {
+        let model_id = r.model_id();
+        let n = leaves.len() as u64;
+        if !starts.is_empty() && !p.kept_unchanged(leaves) {
+            // Each piece is fitted here anyway; counted as `segments_for`
+            // counts a refit.
+            self.stats.refits += 1;
+        }
+        let mut pieces: Vec<Piece> = Vec::with_capacity(starts.len() + 1);
+        let mut keys = 0;
+        let mut segment_count = 0;
+        for (i, &start) in core::iter::once(&0).chain(starts).enumerate() {
+            let end = starts.get(i).copied().unwrap_or(leaves.len());
+            let part = &leaves[start..end];
+            let params = PieceParams {
+                model_id: if i == 0 {
+                    model_id
+                } else {
+                    (self.records.len() + i - 1) as u64
+                },
+                first_key: part[0].fence_lo,
+                key_hi: part[part.len() - 1].fence_hi,
+                epsilon: r.epsilon(),
+                generation: if i == 0 { state.next_generation() } else { 0 },
+            };
+            let segments = if starts.is_empty() {
+                self.segments_for(r, p, part)
+            } else {
+                let fences: Vec<u64> = part.iter().map(|l| l.fence_lo).collect();
+                fit_model(&fences, r.epsilon()).map_err(AgentError::from)
+            };
+            let share = want.saturating_mul(part.len() as u64) / n.max(1);
+            let made = segments.and_then(|segments| {
+                segment_count += segments.len() as u64;
+                self.build_record(&params, part, &segments, share)
+            });
+            match made {
+                Ok((at, record, k, stash)) => {
+                    keys += k;
+                    pieces.push(Piece {
+                        model_id: params.model_id,
+                        at,
+                        size: record.total_len()?,
+                        record,
+                        start,
+                        stash,
+                    });
+                }
+                Err(e) => {
+                    self.unbuild(pieces, None);
+                    return Err(e);
+                }
+            }
+        }
+        let topology = match self.next_topology(&pieces) {
+            Ok(t) => t,
+            Err(e) => {
+                self.unbuild(pieces, None);
+                return Err(e);
+            }
+        };
+        Ok((pieces, topology, keys, segment_count))
+    }
+
+    /// Where a model of `leaves` (kept leaves, in key order) is cut into
+    /// several: nowhere while it has at most twice
+    /// [`AgentConfig::max_model_leaves`] leaves, or when the directory has
+    /// no slot left for the new models; else into runs of equal length of
+    /// at most `max_model_leaves`. Returns the index of each piece's first
+    /// leaf but the first's.
+    fn cut_points(&mut self, leaves: &[LeafInfo]) -> Vec<usize> {
+        let max = self.cfg.max_model_leaves.max(1);
+        let n = leaves.len() as u64;
+        if n <= max.saturating_mul(2) {
+            return Vec::new();
+        }
+        let k = n.div_ceil(max);
+        let free_slots = self
+            .sb
+            .directory_capacity()
+            .saturating_sub(self.records.len() as u64);
+        if k - 1 > free_slots {
+            self.stats.cuts_refused += 1;
+            return Vec::new();
+        }
+        let run = n.div_ceil(k);
+        (1..k)
+            .map(|i| (i * run) as usize)
+            .filter(|&i| i < leaves.len())
+            .collect()
+    }
+
+    /// The topology after a retraining that cut its model into `pieces`
+    /// (none when it was not cut): the blob, written in free model-region
+    /// space, and what the agent keeps of it. Nothing points at it yet.
+    fn next_topology(&mut self, pieces: &[Piece]) -> Result<Option<NewTopology>, AgentError> {
+        if pieces.len() < 2 {
+            return Ok(None);
+        }
+        let m = pieces[0].model_id;
+        let mut entries = Vec::with_capacity(self.topology.len() + pieces.len());
+        for &(first, id) in &self.topology {
+            if id == m {
+                entries.extend(pieces.iter().map(|p| (p.record.first_key(), p.model_id)));
+            } else {
+                entries.push((first, id));
+            }
+        }
+        let epoch = self.epoch + 1;
+        let bytes = topology::encode(epoch, &entries);
+        let len = bytes.len() as u64;
+        let now = self.mem.now_ns();
+        let Some(at) = self.space.alloc(len, now) else {
+            return Err(AgentError::ModelRegionFull {
+                needed: len,
+                left: self.space.largest(now),
+            });
+        };
+        if let Err(e) = self.mem.write(at, &bytes) {
+            self.space.unused(at, len);
+            return Err(e.into());
+        }
+        Ok(Some(NewTopology {
+            at,
+            len,
+            epoch,
+            entries,
+        }))
+    }
+
+    /// Gives back what a build that never went live took: its records'
+    /// space and stashes, and its topology blob's space.
+    fn unbuild(&mut self, pieces: Vec<Piece>, topology: Option<NewTopology>) {
+        for p in pieces {
+            self.space.unused(p.at, p.size);
+            self.give_back_stash(p.stash);
+        }
+        if let Some(t) = topology {
+            self.space.unused(t.at, t.len);
+        }
     }
 
     /// Step 3: the chains of the frozen record `r` again, now stable, in
@@ -1054,10 +1268,7 @@ impl<M: PoolMemory> Agent<M> {
         p: &Prepared,
         leaves: &[LeafInfo],
     ) -> Result<Vec<ModelSegment>, AgentError> {
-        let same = !p.segments.is_empty()
-            && leaves.len() == p.kept.len()
-            && leaves.iter().zip(&p.kept).all(|(a, b)| a.addr == *b);
-        if same {
+        if !p.segments.is_empty() && p.kept_unchanged(leaves) {
             return Ok(p.segments.clone());
         }
         self.stats.refits += 1;
@@ -1073,10 +1284,10 @@ impl<M: PoolMemory> Agent<M> {
     /// offset, its header and the keys its leaves hold.
     fn build_record(
         &mut self,
-        r: &ModelRecord,
-        state: ModelState,
+        piece: &PieceParams,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
+        want_stash: u64,
     ) -> Result<(u64, ModelRecord, u64, Stash), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
@@ -1088,16 +1299,9 @@ impl<M: PoolMemory> Agent<M> {
                 left: self.space.largest(now),
             });
         };
-        // As many leaves as the model's splits took since its last
-        // retraining, plus its share of the free leaves: a model that
-        // splits often gets them, and the free leaves circulate (a stash
-        // not claimed comes back when the model is retrained again), so
-        // free leaves do not pile up while splits draw new ones.
-        let splits = SltHeader::from_raw(self.mem.load(r.slt_offset())?).used();
-        let share = (self.free_leaves.len() as u64).div_ceil(self.records.len().max(1) as u64);
-        let stash = self.take_stash(now, splits.saturating_add(share));
+        let stash = self.take_stash(now, want_stash);
         let written = self
-            .write_record(new_at, r, state, leaves, segments, keys)
+            .write_record(new_at, piece, leaves, segments, keys)
             .and_then(|nr| self.write_stash(&nr, &stash).map(|()| nr));
         match written {
             Ok(nr) => Ok((new_at, nr, keys, stash)),
@@ -1217,8 +1421,7 @@ impl<M: PoolMemory> Agent<M> {
     fn write_record(
         &mut self,
         new_at: u64,
-        r: &ModelRecord,
-        state: ModelState,
+        piece: &PieceParams,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
         keys: u64,
@@ -1227,15 +1430,15 @@ impl<M: PoolMemory> Agent<M> {
         let nr = ModelRecord::new(
             new_at,
             &ModelRecordParams {
-                model_id: r.model_id(),
-                first_key: r.first_key(),
-                key_hi: r.key_hi(),
+                model_id: piece.model_id,
+                first_key: piece.first_key,
+                key_hi: piece.key_hi,
                 label_stride: 1,
                 segment_count: segments.len() as u64,
                 train_keys: keys,
                 leaf_count: n,
-                epsilon: r.epsilon(),
-                generation: state.next_generation(),
+                epsilon: piece.epsilon,
+                generation: piece.generation,
             },
         )?;
         nr.check(new_at, &self.sb)?;
@@ -1268,10 +1471,29 @@ impl<M: PoolMemory> Agent<M> {
     /// agent's mirror of it.
     fn switch(&mut self, built: &Built) -> Result<(), AgentError> {
         let m = built.report.model_id;
+        // The new models' slots first: no compute node reaches them before
+        // the topology names them (after the switch).
+        let new = &built.pieces[1..];
+        for p in new {
+            self.mem
+                .store(self.sb.directory_entry_offset(p.model_id)?, p.at)?;
+        }
+        if !new.is_empty() {
+            let count = self.records.len() as u64 + new.len() as u64;
+            self.mem.store(Superblock::MODEL_COUNT_OFFSET, count)?;
+        }
+        let first = &built.pieces[0];
         self.mem
-            .store(self.sb.directory_entry_offset(m)?, built.at)?;
-        self.records[m as usize] = built.at;
-        self.slts[m as usize] = built.record.slt_offset();
+            .store(self.sb.directory_entry_offset(m)?, first.at)?;
+        self.records[m as usize] = first.at;
+        self.slts[m as usize] = first.record.slt_offset();
+        for p in new {
+            self.records.push(p.at);
+            self.slts.push(p.record.slt_offset());
+            self.backoff.push(Backoff::default());
+            self.stash_len.push(0);
+        }
+        self.stats.models = self.records.len() as u64;
         Ok(())
     }
 
@@ -1285,6 +1507,12 @@ impl<M: PoolMemory> Agent<M> {
             sw.retired = true;
             let now = self.mem.now_ns();
             self.space.retire(sw.built.old_at, sw.built.old_size, now);
+        }
+        if !sw.published {
+            if let Some(t) = &sw.built.topology {
+                self.publish(t)?;
+            }
+            sw.published = true;
         }
         while sw.done < sw.built.leaves.len() {
             self.release_leaf(&sw.built, sw.done)?;
@@ -1309,10 +1537,33 @@ impl<M: PoolMemory> Agent<M> {
                     .map(|a| (a, ready_at)),
             );
             self.stats.leaves_freed += (b.dropped.len() + b.orphans.len()) as u64;
-            self.stats.leaves_stashed += b.stash.len() as u64;
-            if let Some(n) = self.stash_len.get_mut(b.report.model_id as usize) {
-                *n = b.stash.len() as u64;
+            for p in &b.pieces {
+                self.stats.leaves_stashed += p.stash.len() as u64;
+                if let Some(n) = self.stash_len.get_mut(p.model_id as usize) {
+                    *n = p.stash.len() as u64;
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Step 5, after the switch and the retirement, when the model was cut:
+    /// points the superblock at the new topology blob (`upper_len`, then
+    /// `upper_offset`: the one write that makes it the blob; see
+    /// `rolex_core::layout::topology`) and gives the old blob's space back
+    /// for reuse after the grace period. Until then compute nodes route
+    /// the new models' keys to the model's slot, whose record no longer
+    /// covers them, and read the topology again. Idempotent.
+    fn publish(&mut self, t: &NewTopology) -> Result<(), PoolError> {
+        self.mem.store(Superblock::UPPER_LEN_OFFSET, t.len)?;
+        self.mem.store(Superblock::UPPER_OFFSET_OFFSET, t.at)?;
+        if self.epoch < t.epoch {
+            let now = self.mem.now_ns();
+            let (old_at, old_len) = self.topology_at;
+            self.space.retire(old_at, old_len, now);
+            self.topology_at = (t.at, t.len);
+            self.topology = t.entries.clone();
+            self.epoch = t.epoch;
         }
         Ok(())
     }
@@ -1346,8 +1597,9 @@ impl<M: PoolMemory> Agent<M> {
                 let _ = leaf.extend_fence_hi(l.fence_hi);
             })?;
         }
+        let piece = b.piece_of(j);
         self.mem.store(
-            b.record.lt_entry_offset(j as u64)?,
+            piece.record.lt_entry_offset((j - piece.start) as u64)?,
             LtEntry::for_leaf(l.addr).raw(),
         )?;
         Ok(())
@@ -1411,10 +1663,11 @@ struct Frozen {
 /// A record built beside the old one (steps 3–4), not yet switched in,
 /// with everything the steps after the switch need.
 struct Built {
-    /// Its pool offset and bytes.
-    at: u64,
-    size: u64,
-    record: ModelRecord,
+    /// The new records: the model's own slot's first, then those of the
+    /// models it was cut into, in key order (one when it was not cut).
+    pieces: Vec<Piece>,
+    /// The topology blob listing the new models (when the model was cut).
+    topology: Option<NewTopology>,
     /// The old record's pool offset and bytes (given back once retired).
     old_at: u64,
     old_size: u64,
@@ -1426,14 +1679,51 @@ struct Built {
     /// Leaves the old record's SLT names that no chain links, and whether
     /// each was claimed (see [`Agent::orphans`]).
     orphans: Vec<(LeafAddr, bool)>,
-    /// Free leaves stashed in the new record's SLT (with when they became
-    /// free).
-    stash: Vec<(LeafAddr, u64)>,
     /// The old record's state word, and its value once retired.
     retire_at: u64,
     retired: u64,
     /// What the retraining did (`freeze_ns` is set once it is finished).
     report: RetrainReport,
+}
+
+impl Built {
+    /// The piece whose record lists leaf `j` (an index into `leaves`).
+    fn piece_of(&self, j: usize) -> &Piece {
+        let i = self.pieces.partition_point(|p| p.start <= j);
+        &self.pieces[i.saturating_sub(1)]
+    }
+}
+
+/// One new record of a retraining.
+struct Piece {
+    /// Its directory slot.
+    model_id: u64,
+    /// Its pool offset, bytes and header.
+    at: u64,
+    size: u64,
+    record: ModelRecord,
+    /// Index (in `Built::leaves`) of its first leaf.
+    start: usize,
+    /// Free leaves stashed in its SLT (with when they became free).
+    stash: Stash,
+}
+
+/// What a new record is made for.
+struct PieceParams {
+    model_id: u64,
+    first_key: u64,
+    key_hi: u64,
+    epsilon: u64,
+    generation: u16,
+}
+
+/// A topology blob written beside the current one, not yet published.
+struct NewTopology {
+    at: u64,
+    len: u64,
+    epoch: u64,
+    /// Its entries: (first key, directory slot), in key order.
+    entries: Vec<(u64, u64)>,
 }
 
 /// A retraining past its point of no return (the directory names the new
@@ -1444,6 +1734,8 @@ struct Switched {
     t0: u64,
     /// Whether the old record is retired.
     retired: bool,
+    /// Whether the new topology (if any) is published.
+    published: bool,
     /// Leaves (a prefix of `built.leaves`) whose link is cleared and whose
     /// entry is unlocked.
     done: usize,
@@ -1467,6 +1759,7 @@ mod tests {
             max_model_leaves: 4,
             spare_leaves: 64,
             model_region_spare: 1 << 16,
+            directory_spare: 64,
         };
         let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
         let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();

@@ -18,6 +18,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use rolex_core::entry::{LeafAddr, LtEntry};
+use rolex_core::layout::topology;
 use rolex_core::layout::{
     CirqHeader, Leaf, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment, PoolParams,
     Slot, Superblock,
@@ -47,6 +48,10 @@ pub struct BulkConfig {
     /// retraining will build; retired records are reused after the
     /// agent's grace period).
     pub model_region_spare: u64,
+    /// Directory slots beyond the loaded models: the models retraining
+    /// creates when it cuts a model that grew too large (the CirQ gets as
+    /// many slots as the directory).
+    pub directory_spare: u64,
 }
 
 /// One model of the plan.
@@ -97,7 +102,10 @@ impl BulkPlan {
         // Leaf i holds keys [iK, (i+1)K); leaf 0 also owns everything below.
         let fences = leaf_fences(keys, cfg.keys_per_leaf.into())?;
         let spans = plan_models(&fences, cfg.epsilon, cfg.max_model_leaves)?;
-        let upper_len = spans.len() as u64 * 8;
+        let upper_len = topology::len_for(spans.len() as u64).ok_or(AgentError::BadConfig {
+            field: "keys",
+            value: keys.len() as u64,
+        })?;
         let mut record_bytes = 0u64;
         let mut segs = Vec::with_capacity(spans.len());
         for span in &spans {
@@ -131,8 +139,8 @@ impl BulkPlan {
                     value: cfg.spare_leaves,
                 },
             )?,
-            directory_capacity: model_count,
-            cirq_capacity: model_count,
+            directory_capacity: model_count.saturating_add(cfg.directory_spare),
+            cirq_capacity: model_count.saturating_add(cfg.directory_spare),
             model_region_len,
         })?;
         sb.set_model_count(model_count);
@@ -224,16 +232,18 @@ impl BulkPlan {
         let sb = &self.sb;
         mem.write(0, sb.as_bytes())?;
         // CirQ: header, then empty slots.
-        let cirq = CirqHeader::new(self.models.len().max(1) as u64)?;
+        let cirq = CirqHeader::new(sb.directory_capacity().max(1))?;
         mem.write(sb.cirq_offset(), cirq.as_bytes())?;
         let zeros = vec![0u8; (sb.cirq_len() - CirqHeader::SIZE) as usize];
         mem.write(sb.cirq_offset() + CirqHeader::SIZE, &zeros)?;
-        // Upper blob: every model's first key, in directory order.
-        let mut upper = Vec::with_capacity(self.models.len() * 8);
-        for m in &self.models {
-            upper.extend_from_slice(&m.record.first_key().to_le_bytes());
-        }
-        mem.write(sb.upper_offset(), &upper)?;
+        // The topology: every model's first key and slot, in key order.
+        let entries: Vec<(u64, u64)> = self
+            .models
+            .iter()
+            .enumerate()
+            .map(|(m, p)| (p.record.first_key(), m as u64))
+            .collect();
+        mem.write(sb.upper_offset(), &topology::encode(0, &entries))?;
         let region = sb.leaf_region()?;
         let id = region.id();
         for (i, m) in self.models.iter().enumerate() {
@@ -306,6 +316,7 @@ mod tests {
             max_model_leaves: 16,
             spare_leaves: 64,
             model_region_spare: 1 << 16,
+            directory_spare: 64,
         }
     }
 

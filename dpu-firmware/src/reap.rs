@@ -85,6 +85,7 @@ mod tests {
             max_model_leaves: 4,
             spare_leaves: 64,
             model_region_spare: 1 << 16,
+            directory_spare: 64,
         };
         let pairs: Vec<(u64, u64)> = (0..64).map(|i| (i * 10, i)).collect();
         let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();

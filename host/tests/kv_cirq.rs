@@ -24,6 +24,9 @@ fn a_wedged_queue_is_back_pressure_and_the_agent_skips_abandoned_tickets() {
                 fill: 0.5,
                 epsilon: 2,
                 max_model_leaves: 4,
+                // A queue as small as the loaded models (no growth): the
+                // test fills it.
+                directory_spare: Some(0),
                 retraining_thread: false,
                 cirq_abandon_after: Duration::ZERO,
                 ..MemoryNodeConfig::default()

@@ -126,8 +126,8 @@ fn run(unordered: bool, seed: u64) {
     let refreshes: u64 = clients.iter().map(|c| c.stats().total().refreshes).sum();
     let stash: u64 = clients.iter().map(|c| c.stats().stash_leaves).sum();
     eprintln!(
-        "retrains {} refreshes {refreshes}; leaves freed {}, splits into freed leaves {stash}",
-        st.agent.retrains, st.agent.leaves_freed
+        "retrains {} refreshes {refreshes}; leaves freed {}, splits into freed leaves {stash}; models {} ({} cut)",
+        st.agent.retrains, st.agent.leaves_freed, st.models, st.agent.models_cut
     );
     assert!(st.agent.retrains > 0, "retraining ran during the test");
     assert!(refreshes > 0, "clients met retrained models");

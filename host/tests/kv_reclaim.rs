@@ -17,13 +17,15 @@ use rolex_host::memnode::{MemoryNode, MemoryNodeConfig, MemoryNodeError};
 /// The grace period of these tests' nodes.
 const GRACE: Duration = Duration::from_millis(10);
 
-fn node(pairs: &[(u64, u64)]) -> MemoryNode {
+/// Leaves of 4 slots loaded half full, models of at most
+/// `max_model_leaves` leaves, retrained by hand only.
+fn node(pairs: &[(u64, u64)], max_model_leaves: u64) -> MemoryNode {
     MemoryNode::start(
         MemoryNodeConfig {
             leaf_slots: 4,
             fill: 0.5,
             epsilon: 2,
-            max_model_leaves: 8,
+            max_model_leaves,
             retrain_trigger: 1000,
             retraining_thread: false,
             record_grace: GRACE,
@@ -76,7 +78,7 @@ fn a_sliding_window_many_times_the_store_runs_in_bounded_leaves() {
     }
     let pairs: Vec<(u64, u64)> = live.iter().map(|(&k, &v)| (k, v)).collect();
     let mut order: std::collections::VecDeque<u64> = pairs.iter().map(|p| p.0).collect();
-    let node = node(&pairs);
+    let node = node(&pairs, 8);
     let c = client(&node, Duration::from_millis(1));
     let mut s = c.session().unwrap();
     let start = node.stats();
@@ -140,7 +142,8 @@ fn a_sliding_window_many_times_the_store_runs_in_bounded_leaves() {
 fn a_reader_whose_cache_names_a_freed_leaf_refreshes() {
     // Keys 0, 10, 20, …: leaves of 2 keys at load.
     let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
-    let node = node(&pairs);
+    // Few models, so the few leaves freed here are not spread over many.
+    let node = node(&pairs, 64);
     // The stale reader never refreshes by age.
     let stale = client(&node, Duration::from_secs(3600));
     let mut r = stale.session().unwrap();
@@ -177,6 +180,16 @@ fn a_reader_whose_cache_names_a_freed_leaf_refreshes() {
             retrain_all(&node);
         }
     }
+    let st = node.stats();
+    eprintln!(
+        "models {} (cut {}), leaves freed {}, stashed {}, free {}, splits into stashed leaves {}",
+        st.models,
+        st.agent.models_cut,
+        st.agent.leaves_freed,
+        st.agent.leaves_stashed,
+        st.leaves_free,
+        w.stats().stash_leaves
+    );
     assert!(w.stats().stash_leaves > 0, "no split reused a freed leaf");
     assert_eq!(r.get(1005).unwrap(), Some(7));
     assert_eq!(r.get(1100).unwrap(), None);

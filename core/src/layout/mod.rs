@@ -27,6 +27,7 @@ mod leaf;
 mod leaf_region;
 mod model_record;
 mod superblock;
+pub mod topology;
 
 pub use agent_area::{
     log_record_size, log_ring_index, AgentArea, AgentAreaError, AgentState, LogRecord, LogRecords,
@@ -125,6 +126,8 @@ pub enum Field {
     LabelStride,
     /// A model's segment count (or a segment's label span).
     SegmentCount,
+    /// A checksum word.
+    Checksum,
 }
 
 impl fmt::Display for Field {
@@ -147,6 +150,7 @@ impl fmt::Display for Field {
             Self::Forward => "forward pointer",
             Self::LabelStride => "label stride",
             Self::SegmentCount => "segment count",
+            Self::Checksum => "checksum",
         })
     }
 }

@@ -3,16 +3,23 @@
 //! go through the I/O layer in `io` (doorbell batches), as its sessions' do.
 //!
 //! Connecting reads, with one-sided READs only: the superblock (checked,
-//! including its layout version), the leaf-region header, the upper blob
-//! (every model's first key, from which the locator's upper levels are
-//! fitted), and every model's record with its tables. Nothing is ever
-//! written at connect time, so a client that refuses a pool leaves it
-//! untouched.
+//! including its layout version), the leaf-region header, the topology
+//! blob (every model's first key and directory slot, from which the
+//! locator's upper levels are fitted; `rolex_core::layout::topology`), and
+//! every model's record with its tables. Nothing is ever written at
+//! connect time, so a client that refuses a pool leaves it untouched.
+//!
+//! The set of models grows while the store runs (the memory node cuts a
+//! model grown too large into several): a session that finds the model
+//! its cached topology names for a key not covering that key reads the
+//! topology again ([`ClientShared::refresh_topology`]), and a model it has
+//! not cached yet is read when first needed.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
+use rolex_core::layout::topology;
 use rolex_core::layout::{
     LayoutError, LeafRegion, LeafRegionHeader, ModelRecord, Part, Superblock, LAYOUT_VERSION,
 };
@@ -21,7 +28,7 @@ use rolex_core::wire::MrDesc;
 use zerocopy::FromBytes;
 
 use crate::cache::{clock_ns, ModelView};
-use crate::error::{check_first_keys, transfer, KvError};
+use crate::error::{transfer, KvError};
 use crate::held::HeldLocks;
 use crate::io::Io;
 use crate::pool_info::PoolInfo;
@@ -81,8 +88,10 @@ pub(crate) struct ClientShared {
     pub(crate) region: LeafRegion,
     pub(crate) ordered: bool,
     pub(crate) cfg: KvClientConfig,
-    pub(crate) locator: Locator,
-    pub(crate) models: Vec<RwLock<Arc<ModelView>>>,
+    /// The models' key ranges as last read.
+    pub(crate) topology: RwLock<Arc<Topology>>,
+    /// Cached models, by directory slot (`None`: not read yet).
+    pub(crate) models: Vec<RwLock<Option<Arc<ModelView>>>>,
     pub(crate) sessions: Mutex<Vec<Arc<SessionCounters>>>,
     /// Leaf numbers drawn for a split that found its SLT full and could
     /// not give them back: the next split takes one instead of drawing.
@@ -93,16 +102,130 @@ pub(crate) struct ClientShared {
     pub(crate) held: HeldLocks,
 }
 
+/// Which model serves which key range, as a client caches it: the
+/// locator over the models' first keys and each one's directory slot.
+#[derive(Debug)]
+pub(crate) struct Topology {
+    pub(crate) epoch: u64,
+    pub(crate) locator: Locator,
+    pub(crate) ids: Vec<u64>,
+}
+
+impl Topology {
+    /// The directory slot of the model that serves `key`.
+    pub(crate) fn route(&self, key: u64) -> usize {
+        self.ids
+            .get(self.locator.locate(key))
+            .map_or(0, |&id| id as usize)
+    }
+}
+
+/// Reads of a topology blob that did not decode (the superblock's words
+/// met half-updated, or the blob reused) before a client gives up.
+const TOPOLOGY_TRIES: u32 = 100;
+
+/// Reads the topology the superblock names: its two words in one READ,
+/// then the blob (see `rolex_core::layout::topology`), again while what
+/// was read does not decode.
+pub(crate) fn read_topology(
+    io: &mut Io,
+    pool: &MrDesc,
+    sb: &Superblock,
+    upper_epsilon: u64,
+) -> Result<Topology, KvError> {
+    let region = (
+        sb.model_region_offset(),
+        sb.model_region_offset() + sb.model_region_len(),
+    );
+    let mut last = (
+        0,
+        0,
+        LayoutError::TooShort {
+            part: Part::UpperLevels,
+            needed: topology::HEADER_SIZE,
+            found: 0,
+        },
+    );
+    for attempt in 0..TOPOLOGY_TRIES {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let words = io.read_bytes(
+            pool,
+            Superblock::UPPER_OFFSET_OFFSET,
+            16,
+            "reading the topology's place",
+        )?;
+        let word = |i: usize| u64::from_le_bytes(words[i..i + 8].try_into().unwrap_or([0; 8]));
+        let (offset, len) = (word(0), word(8));
+        let inside = offset >= region.0
+            && offset.checked_add(len).is_some_and(|end| end <= region.1)
+            && len >= topology::HEADER_SIZE;
+        if !inside {
+            last = (
+                offset,
+                len,
+                LayoutError::TooShort {
+                    part: Part::UpperLevels,
+                    needed: topology::HEADER_SIZE,
+                    found: len,
+                },
+            );
+            continue;
+        }
+        let blob = io.read_bytes(pool, offset, len, "reading the topology")?;
+        match topology::decode(&blob, sb.directory_capacity()) {
+            Ok(t) => {
+                let locator =
+                    Locator::new(t.first_keys, upper_epsilon).map_err(KvError::Locator)?;
+                return Ok(Topology {
+                    epoch: t.epoch,
+                    locator,
+                    ids: t.ids,
+                });
+            }
+            Err(e) => last = (offset, len, e),
+        }
+    }
+    Err(KvError::Topology {
+        offset: last.0,
+        len: last.1,
+        error: last.2,
+    })
+}
+
 impl ClientShared {
-    pub(crate) fn view(&self, m: usize) -> Arc<ModelView> {
-        self.models[m]
+    /// Model `m`'s cached view, if it was read.
+    pub(crate) fn view(&self, m: usize) -> Option<Arc<ModelView>> {
+        self.models
+            .get(m)?
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
     pub(crate) fn install(&self, m: usize, v: ModelView) {
-        *self.models[m].write().unwrap_or_else(|e| e.into_inner()) = Arc::new(v);
+        if let Some(slot) = self.models.get(m) {
+            *slot.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(v));
+        }
+    }
+
+    /// The topology as cached.
+    pub(crate) fn topology(&self) -> Arc<Topology> {
+        self.topology
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the topology again and keeps it if it is newer.
+    pub(crate) fn refresh_topology(&self, io: &mut Io) -> Result<(), KvError> {
+        let t = read_topology(io, &self.pool, &self.sb, self.cfg.upper_epsilon)?;
+        let mut g = self.topology.write().unwrap_or_else(|e| e.into_inner());
+        if t.epoch > g.epoch {
+            *g = Arc::new(t);
+        }
+        Ok(())
     }
 
     /// A spare leaf number, if the client keeps one.
@@ -151,7 +274,7 @@ pub struct KvClient {
 impl std::fmt::Debug for KvClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvClient")
-            .field("models", &self.shared.models.len())
+            .field("models", &self.shared.topology().ids.len())
             .field("ordered", &self.shared.ordered)
             .finish()
     }
@@ -218,29 +341,13 @@ impl KvClient {
                 found: lrh.len() as u64,
             })?;
         let region = header.check(&sb.leaf_region()?)?;
-        let models = sb.model_count();
-        if models == 0 || sb.upper_len() != models * 8 {
-            return Err(KvError::UpperBlob {
-                models,
-                bytes: sb.upper_len(),
-            });
-        }
-        let blob = io.read_bytes(
-            desc,
-            sb.upper_offset(),
-            sb.upper_len(),
-            "reading the upper levels",
-        )?;
-        let firsts: Vec<u64> = blob
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        let topology = read_topology(&mut io, desc, &sb, cfg.upper_epsilon)?;
+        let views: Vec<RwLock<Option<Arc<ModelView>>>> = (0..sb.directory_capacity())
+            .map(|_| RwLock::new(None))
             .collect();
-        check_first_keys(&firsts)?;
-        // Refuses first keys that do not increase, naming the model.
-        let locator = Locator::new(firsts, cfg.upper_epsilon).map_err(KvError::Locator)?;
-        let mut views = Vec::with_capacity(models as usize);
-        for m in 0..models {
-            views.push(RwLock::new(Arc::new(fetch_model(&mut io, desc, &sb, m)?)));
+        for &m in &topology.ids {
+            let v = fetch_model(&mut io, desc, &sb, m)?;
+            *views[m as usize].write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(v));
         }
         let ordered = engine.ordered();
         let shared = ClientShared {
@@ -249,7 +356,7 @@ impl KvClient {
             region,
             ordered,
             cfg,
-            locator,
+            topology: RwLock::new(Arc::new(topology)),
             models: views,
             sessions: Mutex::new(Vec::new()),
             spare_leaves: Mutex::new(Vec::new()),
@@ -282,9 +389,9 @@ impl KvClient {
         self.shared.held.count()
     }
 
-    /// Models in the pool.
+    /// Models in the pool, as this client last read its topology.
     pub fn model_count(&self) -> u64 {
-        self.shared.models.len() as u64
+        self.shared.topology().ids.len() as u64
     }
 
     /// The client's engine.
@@ -294,12 +401,15 @@ impl KvClient {
 
     /// Bytes the client caches (see [`ModelBytes`]).
     pub fn model_bytes(&self) -> ModelBytes {
-        let locator = &self.shared.locator;
-        let (mut total, mut learned) = (locator.cached_bytes(), locator.learned_bytes());
+        let t = self.shared.topology();
+        let ids = t.ids.len() as u64 * 8;
+        let (mut total, mut learned) = (t.locator.cached_bytes() + ids, t.locator.learned_bytes());
         for m in 0..self.shared.models.len() {
-            let (t, l) = self.shared.view(m).bytes();
-            total += t;
-            learned += l;
+            if let Some(v) = self.shared.view(m) {
+                let (t, l) = v.bytes();
+                total += t;
+                learned += l;
+            }
         }
         ModelBytes { total, learned }
     }

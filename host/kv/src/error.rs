@@ -125,22 +125,17 @@ pub enum KvError {
         /// Bytes of the registered region.
         registered: u64,
     },
-    /// The upper blob does not hold one first key (8 bytes) per model.
-    UpperBlob {
-        /// Models the superblock counts.
-        models: u64,
-        /// Bytes of the blob.
-        bytes: u64,
-    },
-    /// A model's first key is out of order: model 0's must be 0, every
-    /// other's above the one before.
-    FirstKey {
-        /// The model.
-        model: u64,
-        /// Its first key.
-        key: u64,
-        /// The previous model's first key (`None` for model 0).
-        prev: Option<u64>,
+    /// The topology blob (which model serves which key range; see
+    /// `rolex_core::layout::topology`) the superblock names did not
+    /// decode, read again and again: the pool is not one this client can
+    /// use.
+    Topology {
+        /// Pool offset of the blob the superblock named last.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// What was wrong with it.
+        error: LayoutError,
     },
     /// An operation of the fabric was not confirmed in time (so far: a
     /// posted unlock, reported as the `release` of a
@@ -277,23 +272,10 @@ impl fmt::Display for KvError {
                 f,
                 "the superblock describes a pool of {described} bytes, the registered region holds {registered}"
             ),
-            Self::UpperBlob { models, bytes } => write!(
+            Self::Topology { offset, len, error } => write!(
                 f,
-                "the upper blob holds {bytes} bytes for {models} models (8 per model)"
+                "the topology blob ({len} bytes at pool offset {offset}) does not decode: {error}"
             ),
-            Self::FirstKey {
-                model,
-                key,
-                prev: Some(prev),
-            } => write!(
-                f,
-                "model {model}'s first key {key} is not above the previous model's, {prev}"
-            ),
-            Self::FirstKey {
-                model,
-                key,
-                prev: None,
-            } => write!(f, "model {model}'s first key is {key}, not 0"),
             Self::Timeout { during, waited } => {
                 write!(f, "{during}: not confirmed within {waited:?}")
             }
@@ -327,29 +309,6 @@ impl fmt::Display for KvError {
 
 impl std::error::Error for KvError {}
 
-/// The first model whose first key is out of order in `firsts` (model `i`'s
-/// first key at index `i`): model 0's must be 0, every other's above the
-/// one before.
-pub(crate) fn check_first_keys(firsts: &[u64]) -> Result<(), KvError> {
-    if let Some(&key) = firsts.first() {
-        if key != 0 {
-            return Err(KvError::FirstKey {
-                model: 0,
-                key,
-                prev: None,
-            });
-        }
-    }
-    match firsts.windows(2).position(|w| w[0] >= w[1]) {
-        Some(i) => Err(KvError::FirstKey {
-            model: i as u64 + 1,
-            key: firsts[i + 1],
-            prev: Some(firsts[i]),
-        }),
-        None => Ok(()),
-    }
-}
-
 impl From<LayoutError> for KvError {
     fn from(e: LayoutError) -> Self {
         Self::Layout(e)
@@ -364,32 +323,6 @@ pub(crate) fn transfer(during: &'static str) -> impl Fn(TransferError) -> KvErro
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn first_keys_name_the_model_and_both_keys() {
-        assert_eq!(check_first_keys(&[0, 5, 9]), Ok(()));
-        assert_eq!(
-            check_first_keys(&[3, 5]),
-            Err(KvError::FirstKey {
-                model: 0,
-                key: 3,
-                prev: None
-            })
-        );
-        let e = check_first_keys(&[0, 5, 5, 2]).unwrap_err();
-        assert_eq!(
-            e,
-            KvError::FirstKey {
-                model: 2,
-                key: 5,
-                prev: Some(5)
-            }
-        );
-        assert_eq!(
-            e.to_string(),
-            "model 2's first key 5 is not above the previous model's, 5"
-        );
-    }
 
     #[test]
     fn errors_say_whether_they_may_have_applied() {

@@ -335,19 +335,45 @@ impl KvSession {
 
     // ---- shared pieces -------------------------------------------------
 
-    fn view_for(&self, key: u64) -> (usize, Arc<ModelView>) {
-        let m = self.shared.locator.locate(key);
-        (m, self.shared.view(m))
+    /// The model that serves `key` and its cached view: the one the cached
+    /// topology routes `key` to, read if not cached yet. A view whose key
+    /// range does not hold `key` means the topology changed (the memory
+    /// node cut a model into several) and one of the two is stale: the
+    /// topology is read again, then, if it still routes `key` there, the
+    /// model. A view that does hold `key` may still be stale (retired);
+    /// the operation notices and refreshes it (see the module docs).
+    fn view_for(&mut self, key: u64) -> Result<(usize, Arc<ModelView>), KvError> {
+        for attempt in 0..self.shared.cfg.max_attempts {
+            let m = self.shared.topology().route(key);
+            let Some(view) = self.shared.view(m) else {
+                self.refresh(m)?;
+                continue;
+            };
+            if (view.record.first_key()..=view.record.key_hi()).contains(&key) {
+                return Ok((m, view));
+            }
+            self.io.cur.retries += 1;
+            self.shared.refresh_topology(&mut self.io)?;
+            self.io.cur.refreshes += 1;
+            if self.shared.topology().route(key) == m {
+                self.refresh(m)?;
+                self.backoff(attempt);
+            }
+        }
+        Err(KvError::TooManyRetries {
+            op: "finding the model of a key",
+            attempts: self.shared.cfg.max_attempts,
+        })
     }
 
     /// The chain that owns `key` in the cached view; `self.chain` is set to
     /// its leaves as the cache knows them.
-    fn chain_at(&mut self, key: u64) -> ChainAt {
-        let (m, view) = self.view_for(key);
+    fn chain_at(&mut self, key: u64) -> Result<ChainAt, KvError> {
+        let (m, view) = self.view_for(key)?;
         let j = self.owner(&view, key);
         self.chain.clear();
         view.chain(j, &mut self.chain);
-        ChainAt { m, view, j }
+        Ok(ChainAt { m, view, j })
     }
 
     fn refresh(&mut self, m: usize) -> Result<(), KvError> {
@@ -500,7 +526,7 @@ impl KvSession {
     fn get_inner(&mut self, key: u64) -> Result<Option<u64>, KvError> {
         let pool = self.shared.pool.clone();
         for attempt in 0..self.shared.cfg.max_attempts {
-            let ChainAt { m, view, j } = self.chain_at(key);
+            let ChainAt { m, view, j } = self.chain_at(key)?;
             let dir = self.shared.sb.directory_entry_offset(m as u64)?;
             let posted = clock_ns();
             let fresh = view.age_ns(posted) <= self.max_age_ns();
@@ -544,7 +570,7 @@ impl KvSession {
     fn write_op(&mut self, key: u64, kind: Kind) -> Result<Option<u64>, KvError> {
         let mut slt_deadline: Option<Instant> = None;
         for attempt in 0..self.shared.cfg.max_attempts {
-            let at = self.chain_at(key);
+            let at = self.chain_at(key)?;
             let Some((lock, batch)) = self.lock_chain(&at, attempt)? else {
                 continue;
             };
@@ -553,7 +579,7 @@ impl KvSession {
                 Locked::SltFull => {
                     // Its unlock lands before this operation locks again.
                     self.settle()?;
-                    let refused = self.shared.view(at.m).record.refused();
+                    let refused = self.shared.view(at.m).map_or(0, |v| v.record.refused());
                     if refused != 0 {
                         // The agent cannot retrain the model: no wait.
                         return Err(KvError::PoolFull {
@@ -784,7 +810,7 @@ impl KvSession {
                     attempts: attempt,
                 });
             }
-            let (m, view) = self.view_for(cursor);
+            let (m, view) = self.view_for(cursor)?;
             let j = self.owner(&view, cursor);
             let leaves = view.fences.len() as u64;
             let want = (n.saturating_sub(out.len()) as u64)

@@ -50,15 +50,23 @@ pub struct MemoryNodeConfig {
     /// over leaf fences, so their bound is `ceil(epsilon / keys_per_leaf)`
     /// leaves (see `rolex_core::model`).
     pub epsilon: u64,
-    /// Most training leaves a bulk-loaded model has.
+    /// Most training leaves a bulk-loaded model has; retraining cuts a
+    /// model grown past twice this into models of at most this many
+    /// (see `rolex_dpu::AgentConfig::max_model_leaves`).
     pub max_model_leaves: u64,
     /// Leaf capacity for synonym leaves, as a fraction of the loaded leaves
     /// (plus a fixed 1024).
     pub spare_leaf_factor: f64,
     /// Bytes of model region for the records retraining builds (retired
     /// records are reused after `record_grace`); `None`: 16 times the
-    /// loaded records plus 4 MiB.
+    /// loaded records or 64 bytes per spare leaf, whichever is more, plus
+    /// 4 MiB.
     pub model_region_spare: Option<u64>,
+    /// Directory slots for models retraining creates when it cuts a model
+    /// grown past twice `max_model_leaves` into several; `None`: four
+    /// times the loaded models, at least 4096. A full directory stops the
+    /// cutting (models then grow instead).
+    pub directory_spare: Option<u64>,
     /// SLT slots used that make the agent retrain a model (compute nodes
     /// enqueue at 128 regardless).
     pub retrain_trigger: u64,
@@ -105,6 +113,7 @@ impl Default for MemoryNodeConfig {
             max_model_leaves: 256,
             spare_leaf_factor: 1.0,
             model_region_spare: None,
+            directory_spare: None,
             retrain_trigger: 128,
             freeze_deadline: AgentConfig::default().freeze_deadline,
             cirq_abandon_after: AgentConfig::default().cirq_abandon_after,
@@ -469,12 +478,24 @@ impl MemoryNode {
             max_model_leaves: cfg.max_model_leaves,
             spare_leaves: (leaves as f64 * cfg.spare_leaf_factor) as u64 + 1024,
             model_region_spare: 0,
+            directory_spare: 0,
         };
         let probe = BulkPlan::new(&bulk, &keys)?;
+        bulk.directory_spare = match cfg.directory_spare {
+            Some(n) => n,
+            None => probe.model_count().saturating_mul(4).max(4096),
+        };
         let records = probe.next_free() - probe.superblock().model_region_offset();
         bulk.model_region_spare = match cfg.model_region_spare {
             Some(n) => n,
-            None => records.saturating_mul(16).saturating_add(4 << 20),
+            // Records grow with the leaves they list (16 bytes each) and
+            // with the models cut from them: room for every leaf the region
+            // holds, listed four times over (records waiting out their
+            // grace period), beside the loaded records' 16 times.
+            None => records
+                .saturating_mul(16)
+                .max(bulk.spare_leaves.saturating_mul(64))
+                .saturating_add(4 << 20),
         };
         // Room for at least one retraining of the largest model.
         let one = ModelRecord::size_for(cfg.max_model_leaves + 255, cfg.max_model_leaves + 255)?;
@@ -532,6 +553,7 @@ impl MemoryNode {
                 cirq_abandon_after: cfg.cirq_abandon_after,
                 freeze_deadline: cfg.freeze_deadline,
                 record_grace: cfg.record_grace,
+                max_model_leaves: cfg.max_model_leaves,
                 ..AgentConfig::default()
             },
             plan.next_free(),
@@ -655,9 +677,10 @@ impl MemoryNode {
         &self.mr
     }
 
-    /// Models in the directory.
+    /// Models in the directory: those bulk-loaded, and those retraining
+    /// added by cutting models that grew too large.
     pub fn model_count(&self) -> u64 {
-        self.plan_models
+        self.agent().stats().models.max(self.plan_models)
     }
 
     /// Releases every chain lock held by `owner`, a compute node whose
