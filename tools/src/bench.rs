@@ -1374,7 +1374,8 @@ impl Setup {
                 (Some(r), plan.split_fresh(keys, drawn)?)
             }
             None => {
-                let start = if args.data.n == Some(0) {
+                // `-n 0` with `--dist`: every key is generated to insert.
+                let start = if args.data.n == Some(0) && args.data.keys.is_none() {
                     Start::Empty
                 } else {
                     Start::Loaded
@@ -1881,13 +1882,15 @@ impl Report<'_> {
         );
         match (&self.counters.1.node, &args.memnode) {
             (Some(na), _) => {
+                let plan = &self.setup.plan;
                 println!(
-                    "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
+                    "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted and {} deleted by the run)",
                     sets.loaded.len(),
                     store.load_time.as_secs_f64(),
                     na.models,
                     na.leaves_loaded,
-                    self.setup.plan.total_inserts()
+                    plan.total_inserts(),
+                    plan.total_deletes()
                 );
                 let fabric = if args.unordered {
                     "unordered"
