@@ -2291,6 +2291,29 @@ mod tests {
     }
 
     #[test]
+    fn deletes_are_writes_of_absent() {
+        let w = |invoke, ret, value| TimedWrite { invoke, ret, value };
+        let loaded = Some(7);
+        // A loaded key deleted: absent at the end, never its load value.
+        let mut del = KeyWrites::default();
+        del.add(w(0, 1, None), true);
+        assert!(final_possible(loaded, &[del.clone()], None));
+        assert!(!final_possible(loaded, &[del], loaded));
+        // A key inserted then deleted by its owner (churn).
+        let mut churn = KeyWrites::default();
+        churn.add(w(0, 1, Some(10)), true);
+        churn.add(w(2, 3, None), true);
+        assert!(final_possible(None, &[churn.clone()], None));
+        assert!(!final_possible(None, &[churn], Some(10)));
+        // A delete that failed: the key may be present still, or not.
+        let mut failed = KeyWrites::default();
+        failed.add(w(0, 1, Some(10)), true);
+        failed.add(w(2, 3, None), false);
+        assert!(final_possible(None, &[failed.clone()], None));
+        assert!(final_possible(None, &[failed], Some(10)));
+    }
+
+    #[test]
     fn histogram_cdf_rises_to_one() {
         let mut h = Histogram::new();
         assert!(h.cdf().is_empty());
