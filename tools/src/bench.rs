@@ -18,12 +18,22 @@
 //! checked against what could have been written: each value written names
 //! its writer (`ycsb::write_value`), so a get, an update's prior value or a
 //! scan entry must be the key's load value or the value of a write of this
-//! run to that very key; keys are never deleted, so a key present when
-//! issued must be found; inserts must find their keys new; scans must be
-//! sorted and start at their (present) first key. At the end every key the
-//! run wrote is read back and must be a value a linearizable execution
-//! could end with (`rolex_checker::final_value_possible`). Any
+//! run to that very key; a key present when issued must be found (YCSB
+//! never deletes; `churn` and `delete-only` delete only keys the deleting
+//! thread owns, each once), so a get, an update or a delete must find its
+//! key; inserts must find their keys new; scans must be sorted and start at
+//! their (present) first key. At the end every key the run wrote — a delete
+//! writes "absent" — is read back and must be a value a linearizable
+//! execution could end with (`rolex_checker::final_value_possible`). Any
 //! problem sets `verified` to false and the command exits non-zero.
+//!
+//! `-n 0` starts an empty store (`insert-only` and `append` only): every key
+//! the run inserts is drawn from `--dist`. The pool has room for the run's
+//! inserts as if every synonym leaf ended half full, whatever the run
+//! deletes (the store may reclaim emptied leaves; the size does not count
+//! on it). Every run reports the pool's space: bytes in use before and
+//! after the run, leaves live and free at the end (`null` against a remote
+//! memory node).
 //!
 //! With `--fabric libfabric:PROVIDER --memnode ADDR:PORT` the memory node
 //! is another process (`rolex memnode --fabric … --listen …`): the pool,
@@ -32,8 +42,13 @@
 //! (any `--dist`/`-n`/`--seed`/`--keys`/`--leaf-slots`/`--fill`/`--epsilon`
 //! given must agree with it, and the rebuilt keys must hash to the memory
 //! node's). The memory node loads its whole data set, so the run's inserts
-//! are new keys drawn from its gaps (`ycsb::Plan::split_fresh`), the same in
-//! every process. Each process holds a lease at the memory node (its lease
+//! are new keys (`ycsb::Plan::split_fresh`), the same in every process:
+//! `append`'s above its range; the others' from its gaps while there are
+//! enough, else drawn from the data set's generator with a seed derived
+//! from the run's (`ycsb::Plan::drawn_seed`; a key file's data set has no
+//! generator, and its runs stay within its gaps). `churn` and `delete-only`
+//! delete the node's keys, shared out over every process's threads. Each
+//! process holds a lease at the memory node (its lease
 //! port comes in the description), and its chain locks carry the lease's
 //! id: if the process dies (`SIGKILL` included) holding locks, the memory
 //! node releases them and the other processes go on. Several such
@@ -69,7 +84,7 @@ use crate::fabric::{
 };
 use crate::memnode::{key_hash, DataSetDesc};
 use crate::plot::{self, Bucket, Cdf};
-use crate::ycsb::{self, KeySets, Op, Plan, Workload};
+use crate::ycsb::{self, KeySets, Op, Plan, Start, Workload};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use rolex_checker::{final_value_possible, TimedWrite};
@@ -189,7 +204,14 @@ const RAW_MAX: u64 = 400_000;
 const UNORDERED_WINDOW: usize = 16;
 
 /// The workload's operation kinds, in the order their latencies are kept.
-const KINDS: [&str; 5] = ["get", "update", "insert", "scan", "read-modify-write"];
+const KINDS: [&str; 6] = [
+    "get",
+    "update",
+    "insert",
+    "scan",
+    "read-modify-write",
+    "delete",
+];
 
 /// The index of `op`'s kind in [`KINDS`].
 fn kind(op: &Op) -> usize {
@@ -199,6 +221,7 @@ fn kind(op: &Op) -> usize {
         Op::Insert { .. } => 2,
         Op::Scan { .. } => 3,
         Op::ReadModifyWrite { .. } => 4,
+        Op::Delete { .. } => 5,
     }
 }
 
@@ -238,8 +261,13 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if !(args.rtt_us.is_finite() && args.rtt_us >= 0.0 && args.rtt_us <= 1e6) {
         return Err(format!("--rtt-us {} must be in [0, 10^6]", args.rtt_us).into());
     }
-    if args.data.n == Some(0) {
-        return Err("-n must be at least 1".into());
+    if args.data.n == Some(0) && !args.workload.can_start_empty() {
+        return Err(format!(
+            "-n 0 starts an empty store, which only insert-only and append run on: \
+             {} reads, updates or deletes loaded keys (give -n 1 or more)",
+            args.workload
+        )
+        .into());
     }
     if let Some(p) = args.inject_failures {
         if !(0.0..=1.0).contains(&p) {
@@ -372,9 +400,14 @@ fn acquire_lease(server: &str, port: u16, token: &str) -> Result<LeaseClient, Be
         .map_err(|e| format!("the memory node at {server}: {e}").into())
 }
 
-/// The remote memory node's key set, rebuilt here; any data-set or pool
+/// The remote memory node's key set, rebuilt here, and the distribution
+/// it was generated from (`None`: a key file); any data-set or pool
 /// parameter given on the command line must agree with it.
-fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, BenchError> {
+fn remote_keys(
+    args: &BenchArgs,
+    server: &str,
+    r: &Remote,
+) -> Result<(Vec<u64>, Option<Dist>), BenchError> {
     let d = &r.desc;
     let differ = |what: &str, here: String, there: String| -> BenchError {
         format!(
@@ -396,7 +429,7 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
     if let Some(e) = args.epsilon.filter(|&e| e != d.epsilon) {
         return Err(differ("--epsilon", e.to_string(), d.epsilon.to_string()));
     }
-    let keys = match d.source.strip_prefix("dist:") {
+    let (keys, dist) = match d.source.strip_prefix("dist:") {
         Some(name) => {
             if let Some(path) = &args.data.keys {
                 return Err(differ(
@@ -421,7 +454,7 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
                     d.seed.to_string(),
                 ));
             }
-            dataset::generate(dist, d.n, d.seed)?
+            (dataset::generate(dist, d.n, d.seed)?, Some(dist))
         }
         None => {
             let Some(path) = &args.data.keys else {
@@ -433,7 +466,7 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
             if args.data.dist.is_some() {
                 return Err(differ("the source", "--dist".into(), "a key file".into()));
             }
-            dataset::read_sosd(path)?
+            (dataset::read_sosd(path)?, None)
         }
     };
     let h = key_hash(&keys);
@@ -444,7 +477,7 @@ fn remote_keys(args: &BenchArgs, server: &str, r: &Remote) -> Result<Vec<u64>, B
             format!("{:016x} ({} keys)", d.keyhash, d.n),
         ));
     }
-    Ok(keys)
+    Ok((keys, dist))
 }
 
 fn bar(len: u64, msg: &str) -> ProgressBar {
@@ -618,7 +651,7 @@ impl ThreadOut {
             let timed = |value| TimedWrite {
                 invoke: inv,
                 ret,
-                value: Some(value),
+                value,
             };
             let (key, value, applied) = match w {
                 Write::Applied { key, value } => (key, value, true),
@@ -632,13 +665,13 @@ impl ThreadOut {
     }
 }
 
-/// A write an operation of the run made.
+/// A write an operation of the run made; a delete writes `None`.
 #[derive(Clone, Copy, Debug)]
 enum Write {
     /// It returned: `key` holds `value` from some point of its interval.
-    Applied { key: u64, value: u64 },
+    Applied { key: u64, value: Option<u64> },
     /// It returned an error: it may or may not have taken effect.
-    Unknown { key: u64, value: u64 },
+    Unknown { key: u64, value: Option<u64> },
 }
 
 /// One thread's writes to one key that can be the key's final value: its
@@ -735,7 +768,8 @@ impl RunCtx {
     /// Records a problem unless `got` is a value `key` can have held.
     fn check_value(&self, p: &mut Problems, what: &str, key: u64, got: Option<u64>) {
         match got {
-            // YCSB never deletes: a key present when issued stays present.
+            // A key present when issued stays present: YCSB never deletes,
+            // and a key is deleted only by its owner, once.
             None => p.push(|| format!("{what} of present key {key} found it absent")),
             Some(v) if !self.value_ok(key, v) => {
                 p.push(|| format!("{what} of key {key} returned {v}, never written to it"))
@@ -791,6 +825,7 @@ impl StreamRun<'_> {
             }
             Op::Insert { key, value } => self.insert(key, value),
             Op::Scan { from, len } => self.scan(from, len).map(|()| None),
+            Op::Delete { key } => self.delete(key),
         }
     }
 
@@ -809,7 +844,10 @@ impl StreamRun<'_> {
             Failed::new(
                 format_args!("update {key}"),
                 error,
-                Some(Write::Unknown { key, value }),
+                Some(Write::Unknown {
+                    key,
+                    value: Some(value),
+                }),
             )
         })?;
         if prior.is_none() && self.unsure.contains(&key) {
@@ -817,7 +855,25 @@ impl StreamRun<'_> {
             return Ok(None);
         }
         self.check_present(what, key, prior);
-        Ok(Some(Write::Applied { key, value }))
+        Ok(Some(Write::Applied {
+            key,
+            value: Some(value),
+        }))
+    }
+
+    /// A delete of a key this thread owns: present, unless its insert
+    /// failed. Either way the key is absent after it.
+    fn delete(&mut self, key: u64) -> Result<Option<Write>, Failed> {
+        let prior = self.session.delete(key).map_err(|error| {
+            Failed::new(
+                format_args!("delete {key}"),
+                error,
+                Some(Write::Unknown { key, value: None }),
+            )
+        })?;
+        self.check_present("delete", key, prior);
+        self.unsure.remove(&key);
+        Ok(Some(Write::Applied { key, value: None }))
     }
 
     fn insert(&mut self, key: u64, value: u64) -> Result<Option<Write>, Failed> {
@@ -836,7 +892,10 @@ impl StreamRun<'_> {
             Failed::new(
                 format_args!("insert {key}"),
                 error,
-                Some(Write::Unknown { key, value }),
+                Some(Write::Unknown {
+                    key,
+                    value: Some(value),
+                }),
             )
         })?;
         if let Some(v) = prior {
@@ -844,7 +903,10 @@ impl StreamRun<'_> {
                 .problems
                 .push(|| format!("insert of new key {key} found it present with {v}"));
         }
-        Ok(Some(Write::Applied { key, value }))
+        Ok(Some(Write::Applied {
+            key,
+            value: Some(value),
+        }))
     }
 
     fn scan(&mut self, from: u64, len: usize) -> Result<(), Failed> {
@@ -1069,6 +1131,7 @@ fn raw_reads(
                     | Op::Update { key, .. }
                     | Op::Insert { key, .. }
                     | Op::ReadModifyWrite { key, .. }
+                    | Op::Delete { key }
                     | Op::Scan { from: key, .. } => key,
                 };
                 let rank = loaded.partition_point(|&k| k < key) as u128;
@@ -1221,6 +1284,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
     let after = Snapshot::take(&store);
     let locks_held_end = settled_locks(&store)?;
+    let space = Space::settled(&before, &store);
     let mut merged = Merged::from_threads(outs, ctx.epoch);
     let figures = Figures::measure(&args, &setup, &store, &ctx, (&before, &after), &merged)?;
     let written = merged.writes.len();
@@ -1238,6 +1302,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         verified: merged.problems.count == 0,
         written,
         locks_held_end,
+        space,
     };
     if args.json {
         report.print_json();
@@ -1270,8 +1335,8 @@ struct Setup {
 impl Setup {
     /// Plans `args`'s run: every process's threads (`--compute-count` of
     /// them share the plan), and the key sets — the run's inserts held out
-    /// of the local data set, or new keys from the gaps of the remote
-    /// memory node's, whose key set is rebuilt here.
+    /// of the local data set (all of it with `-n 0`), or new keys for the
+    /// remote memory node's, whose key set is rebuilt here.
     fn prepare(args: &BenchArgs) -> Result<Self, BenchError> {
         let share = args.compute_count;
         let plan = Plan::new(
@@ -1295,12 +1360,29 @@ impl Setup {
         };
         let (remote, sets) = match remote {
             // The memory node loaded its whole data set: new keys come from
-            // its gaps, the same in every process of the run.
-            Some((r, keys)) => (Some(r), plan.split_fresh(keys)?),
-            None => (
-                None,
-                plan.split(args.data.load(plan.total_inserts(), EmptyFile::Reject)?)?,
-            ),
+            // its gaps, or its generator, the same in every process.
+            Some((r, (keys, dist))) => {
+                let drawn = match dist {
+                    Some(dist) if plan.needs_drawn_keys(&keys) => {
+                        let n = (keys.len() as u64)
+                            .checked_add(plan.total_inserts())
+                            .ok_or("the memory node's keys plus the run's inserts overflow")?;
+                        Some(dataset::generate(dist, n, plan.drawn_seed())?)
+                    }
+                    _ => None,
+                };
+                (Some(r), plan.split_fresh(keys, drawn)?)
+            }
+            None => {
+                // `-n 0` with `--dist`: every key is generated to insert.
+                let start = if args.data.n == Some(0) && args.data.keys.is_none() {
+                    Start::Empty
+                } else {
+                    Start::Loaded
+                };
+                let keys = args.data.load(plan.held_out(start), EmptyFile::Reject)?;
+                (None, plan.split(keys, start)?)
+            }
         };
         let lease = match (&remote, &args.memnode) {
             (Some(r), Some(server)) => r
@@ -1387,9 +1469,15 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
     };
     let fill = args.fill.unwrap_or(defaults.fill);
     let inserts = setup.plan.total_inserts();
-    // Room for the run's inserts even if every synonym leaf ends half full.
-    let loaded_leaves =
-        (setup.sets.loaded.len() as f64 / (f64::from(leaf_slots) * fill).max(1.0)).max(1.0);
+    // Room for the run's inserts even if every synonym leaf ends half full,
+    // deletes or not (churn's live keys stay constant, but the store need
+    // not reclaim the leaves its deletes empty). The node sizes its spare
+    // leaves as a factor of the leaves it loads — one leaf for an empty
+    // store — so the factor carries the count.
+    let keys_per_leaf = (f64::from(leaf_slots) * fill).round().max(1.0);
+    let loaded_leaves = (setup.sets.loaded.len() as f64 / keys_per_leaf)
+        .ceil()
+        .max(1.0);
     let insert_leaves = 2.0 * inserts as f64 / f64::from(leaf_slots);
     MemoryNodeConfig {
         engine,
@@ -1501,6 +1589,34 @@ fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
     let bytes = pool.to_vec(0, pool.len() as usize)?;
     let held = crate::inspect::locked_chains(&bytes)?;
     Ok(Some(held.values().sum()))
+}
+
+/// Step 4, once the run settled: the local memory node's space.
+#[derive(Clone, Copy, Debug)]
+struct Space {
+    /// Bytes of the pool in use before the run and once it settled.
+    bytes_start: u64,
+    bytes_end: u64,
+    /// Leaves holding part of the store, and leaves freed and not reused,
+    /// once it settled.
+    leaves_live: u64,
+    leaves_free: u64,
+}
+
+impl Space {
+    /// The space from the counters `before` the run and the memory node's
+    /// now (after [`settled_locks`] waited for its agent); `None` when the
+    /// memory node is remote.
+    fn settled(before: &Snapshot, store: &Store) -> Option<Space> {
+        let start = before.node.as_ref()?;
+        let end = store.node.as_ref()?.stats();
+        Some(Space {
+            bytes_start: start.pool_bytes_used,
+            bytes_end: end.pool_bytes_used,
+            leaves_live: end.leaves_live,
+            leaves_free: end.leaves_free,
+        })
+    }
 }
 
 /// Step 5: the threads' outputs merged.
@@ -1683,6 +1799,8 @@ struct Report<'a> {
     /// Chains locked once the run settled (`None`: the memory node is
     /// remote).
     locks_held_end: Option<u64>,
+    /// The pool's space (`None`: the memory node is remote).
+    space: Option<Space>,
 }
 
 /// `x` rounded to 2 decimals.
@@ -1696,9 +1814,17 @@ fn r3(x: f64) -> f64 {
 }
 
 impl Report<'_> {
+    /// Keys the store holds at the end of the run as planned: loaded, plus
+    /// inserted, less deleted (failed operations aside).
+    fn live_keys(&self) -> u64 {
+        let plan = &self.setup.plan;
+        (self.setup.sets.loaded.len() as u64 + plan.total_inserts())
+            .saturating_sub(plan.total_deletes())
+    }
+
     /// The JSON line: its keys and their order are the command's contract.
     fn print_json(&self) {
-        let (args, f) = (self.args, self.figures);
+        let (args, f, space) = (self.args, self.figures, self.space);
         let per_kind = |get: &dyn Fn(&OpStats) -> f64| {
             json_object(
                 KvOp::ALL
@@ -1729,6 +1855,10 @@ impl Report<'_> {
             ("raw_read_mops", v(r3(f.raw_mops).into())),
             ("failed_ops", v(self.merged.failed.into())),
             ("locks_held_end", v(self.locks_held_end.into())),
+            ("pool_bytes_start", v(space.map(|s| s.bytes_start).into())),
+            ("pool_bytes_end", v(space.map(|s| s.bytes_end).into())),
+            ("leaves_live", v(space.map(|s| s.leaves_live).into())),
+            ("leaves_free", v(space.map(|s| s.leaves_free).into())),
             ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
@@ -1752,13 +1882,15 @@ impl Report<'_> {
         );
         match (&self.counters.1.node, &args.memnode) {
             (Some(na), _) => {
+                let plan = &self.setup.plan;
                 println!(
-                    "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted by the run)",
+                    "keys            {} loaded in {:.2} s ({} models, {} leaves; {} inserted and {} deleted by the run)",
                     sets.loaded.len(),
                     store.load_time.as_secs_f64(),
                     na.models,
                     na.leaves_loaded,
-                    self.setup.plan.total_inserts()
+                    plan.total_inserts(),
+                    plan.total_deletes()
                 );
                 let fabric = if args.unordered {
                     "unordered"
@@ -1878,7 +2010,7 @@ impl Report<'_> {
     /// The models' footprint and the verification.
     fn print_outcome(&self) {
         let model_bytes = self.figures.model_bytes;
-        let held = self.setup.sets.loaded.len() as u64 + self.setup.plan.total_inserts();
+        let held = self.live_keys().max(1);
         println!(
             "model bytes     {} cached per client ({:.0} per million keys held; learned models alone {})",
             model_bytes.total,
@@ -1898,6 +2030,17 @@ impl Report<'_> {
         match self.locks_held_end {
             Some(n) => println!("locks held end  {n} chains locked once the run settled"),
             None => println!("locks held end  unknown here (the memory node is remote)"),
+        }
+        match self.space {
+            Some(s) => println!(
+                "space           pool bytes in use {} → {} ({:.1} per live key), leaves {} live / {} free",
+                s.bytes_start,
+                s.bytes_end,
+                s.bytes_end as f64 / held as f64,
+                s.leaves_live,
+                s.leaves_free
+            ),
+            None => println!("space           unknown here (the memory node is remote)"),
         }
         println!(
             "verified        {} ({} written keys read back)",
@@ -2145,6 +2288,29 @@ mod tests {
         let mut overlap = KeyWrites::default();
         overlap.add(w(1, 6, a), true);
         assert!(final_possible(initial, &[only, overlap], Some(b)));
+    }
+
+    #[test]
+    fn deletes_are_writes_of_absent() {
+        let w = |invoke, ret, value| TimedWrite { invoke, ret, value };
+        let loaded = Some(7);
+        // A loaded key deleted: absent at the end, never its load value.
+        let mut del = KeyWrites::default();
+        del.add(w(0, 1, None), true);
+        assert!(final_possible(loaded, &[del.clone()], None));
+        assert!(!final_possible(loaded, &[del], loaded));
+        // A key inserted then deleted by its owner (churn).
+        let mut churn = KeyWrites::default();
+        churn.add(w(0, 1, Some(10)), true);
+        churn.add(w(2, 3, None), true);
+        assert!(final_possible(None, &[churn.clone()], None));
+        assert!(!final_possible(None, &[churn], Some(10)));
+        // A delete that failed: the key may be present still, or not.
+        let mut failed = KeyWrites::default();
+        failed.add(w(0, 1, Some(10)), true);
+        failed.add(w(2, 3, None), false);
+        assert!(final_possible(None, &[failed.clone()], None));
+        assert!(final_possible(None, &[failed], Some(10)));
     }
 
     #[test]

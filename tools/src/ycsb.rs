@@ -3,13 +3,27 @@
 //!
 //! Everything here is pure and deterministic: the operations of thread `t`
 //! depend only on `(workload, θ, seed, t, its op count)` and the key set,
-//! never on timing or on what other threads do. Two invariants hold for
+//! never on timing or on what other threads do. Three invariants hold for
 //! every stream: a read, update, read-modify-write or scan start names a key
 //! that is present when the stream issues it (a loaded key or one this
-//! thread already inserted; YCSB workloads never delete), and an insert
-//! names a key that no one has loaded or inserted, taken from the same
-//! distribution as the data set (held out of it before the load), so the
-//! store's key distribution keeps its shape as it grows.
+//! thread already inserted; YCSB workloads never delete); an insert names a
+//! key that no one has loaded or inserted, taken from the same distribution
+//! as the data set (held out of it before the load), so the store's key
+//! distribution keeps its shape as it grows; and a delete names a key that
+//! this thread owns and that is present when issued — its share of the
+//! loaded keys (the threads' shares are disjoint), then the keys it
+//! inserted itself — so no key is deleted twice.
+//!
+//! Beyond YCSB, three workloads of a store that changes size: `append`
+//! inserts increasing keys above the loaded range (spaced by the data set's
+//! mean gap, dealt round-robin to the threads so that the keys inserted
+//! rise over time as the threads advance together); `churn` alternates, in
+//! each thread, an insert of a new key (held out as insert-only's are) and
+//! a delete of an old one (its share of the loaded keys in load order, then
+//! its own inserts, first in first out), so the live key count stays
+//! constant; `delete-only` deletes loaded keys. `insert-only` and `append`
+//! may start from an empty store ([`Start::Empty`]): all keys are then
+//! inserted (`append` inserts them in increasing order).
 //!
 //! The mixes are YCSB's core workloads: A 50/50 read/update, B 95/5
 //! read/update, C read-only, D 95/5 read/insert with the "latest" request
@@ -83,6 +97,16 @@ pub enum Workload {
     /// 100% update, zipfian.
     #[value(name = "update-only")]
     UpdateOnly,
+    /// 100% insert of increasing keys above the loaded range.
+    #[value(name = "append")]
+    Append,
+    /// Alternately insert a new key and delete an old one: the live key
+    /// count stays constant.
+    #[value(name = "churn")]
+    Churn,
+    /// 100% delete of loaded keys.
+    #[value(name = "delete-only")]
+    DeleteOnly,
 }
 
 impl fmt::Display for Workload {
@@ -104,6 +128,8 @@ pub struct Mix {
     pub scan: u8,
     /// Read-modify-writes.
     pub rmw: u8,
+    /// Deletes of keys the thread owns.
+    pub delete: u8,
 }
 
 /// How a workload picks the key of a read, update or scan.
@@ -127,27 +153,40 @@ impl Workload {
             Workload::F => "ycsb-f",
             Workload::InsertOnly => "insert-only",
             Workload::UpdateOnly => "update-only",
+            Workload::Append => "append",
+            Workload::Churn => "churn",
+            Workload::DeleteOnly => "delete-only",
         }
+    }
+
+    /// Whether the workload can run on a store that starts empty: it only
+    /// inserts (reads, updates and deletes need loaded keys).
+    pub fn can_start_empty(self) -> bool {
+        self.mix().insert == 100
     }
 
     /// The operation mix (YCSB's `workloads/workload[a-f]`).
     pub fn mix(self) -> Mix {
-        let m = |read, update, insert, scan, rmw| Mix {
+        let m = |read, update, insert, scan, rmw, delete| Mix {
             read,
             update,
             insert,
             scan,
             rmw,
+            delete,
         };
         match self {
-            Workload::A => m(50, 50, 0, 0, 0),
-            Workload::B => m(95, 5, 0, 0, 0),
-            Workload::C => m(100, 0, 0, 0, 0),
-            Workload::D => m(95, 0, 5, 0, 0),
-            Workload::E => m(0, 0, 5, 95, 0),
-            Workload::F => m(50, 0, 0, 0, 50),
-            Workload::InsertOnly => m(0, 0, 100, 0, 0),
-            Workload::UpdateOnly => m(0, 100, 0, 0, 0),
+            Workload::A => m(50, 50, 0, 0, 0, 0),
+            Workload::B => m(95, 5, 0, 0, 0, 0),
+            Workload::C => m(100, 0, 0, 0, 0, 0),
+            Workload::D => m(95, 0, 5, 0, 0, 0),
+            Workload::E => m(0, 0, 5, 95, 0, 0),
+            Workload::F => m(50, 0, 0, 0, 50, 0),
+            Workload::InsertOnly | Workload::Append => m(0, 0, 100, 0, 0, 0),
+            Workload::UpdateOnly => m(0, 100, 0, 0, 0, 0),
+            // Not drawn: churn alternates insert, delete, insert, …
+            Workload::Churn => m(0, 0, 50, 0, 0, 50),
+            Workload::DeleteOnly => m(0, 0, 0, 0, 0, 100),
         }
     }
 
@@ -194,6 +233,21 @@ pub enum Op {
         /// The new value.
         value: u64,
     },
+    /// Delete the present `key` (one this thread owns).
+    Delete {
+        /// The key.
+        key: u64,
+    },
+}
+
+/// How the store starts a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Loaded with the key set, less the keys the run inserts.
+    Loaded,
+    /// Empty: every key of the set is one the run inserts (only for
+    /// workloads that only insert, [`Workload::can_start_empty`]).
+    Empty,
 }
 
 /// Why a workload cannot be planned.
@@ -222,6 +276,23 @@ pub enum YcsbError {
         /// Gaps wider than one between consecutive loaded keys.
         gaps: usize,
         /// Keys the run inserts.
+        inserts: u64,
+    },
+    /// The workload reads, updates or deletes loaded keys, but the store
+    /// starts with none.
+    NeedsLoadedKeys(Workload),
+    /// The run deletes more loaded keys than are loaded.
+    TooFewToDelete {
+        /// Keys loaded.
+        loaded: usize,
+        /// Loaded keys the run deletes.
+        deletes: u64,
+    },
+    /// The keys to append do not fit above the largest loaded key.
+    NoRoomAbove {
+        /// The largest loaded key.
+        max: u64,
+        /// Keys the run appends.
         inserts: u64,
     },
     /// The key set is not strictly increasing.
@@ -261,7 +332,24 @@ impl fmt::Display for YcsbError {
             YcsbError::TooFewGaps { gaps, inserts } => write!(
                 f,
                 "the memory node's key set has {gaps} gaps to draw new keys from, but the run \
-                 inserts {inserts}: run fewer inserts"
+                 inserts {inserts}, and no generator to draw more from (a key file's data set): \
+                 run fewer inserts"
+            ),
+            YcsbError::NeedsLoadedKeys(w) => write!(
+                f,
+                "{w} reads, updates or deletes loaded keys, but the store starts empty: \
+                 only insert-only and append run on an empty store"
+            ),
+            YcsbError::TooFewToDelete { loaded, deletes } => write!(
+                f,
+                "the run deletes {deletes} loaded keys but only {loaded} are loaded: \
+                 run at most {loaded} operations"
+            ),
+            YcsbError::NoRoomAbove { max, inserts } => write!(
+                f,
+                "the run appends {inserts} keys above the largest loaded key {max}, \
+                 but only {} keys fit above it",
+                u64::MAX - max
             ),
             YcsbError::Unsorted {
                 index,
@@ -461,8 +549,8 @@ pub fn load_value(key: u64) -> u64 {
 }
 
 /// How a run's operations are spread over threads, and how many inserts
-/// each thread makes (known before the load, so the inserted keys can be
-/// held out of it).
+/// and deletes each thread makes (known before the load, so the inserted
+/// keys can be held out of it and the deleted ones shared out).
 #[derive(Clone, Debug)]
 pub struct Plan {
     workload: Workload,
@@ -470,6 +558,7 @@ pub struct Plan {
     seed: u64,
     ops: Vec<u64>,
     inserts: Vec<u64>,
+    deletes: Vec<u64>,
     zipf: ScrambledZipfian,
 }
 
@@ -493,6 +582,7 @@ fn draw_kind(mix: &Mix, rng: &mut ChaCha8Rng) -> Kind {
         (mix.update, Kind::Update),
         (mix.insert, Kind::Insert),
         (mix.scan, Kind::Scan),
+        (mix.delete, Kind::Delete),
     ] {
         if x < share {
             return kind;
@@ -509,6 +599,61 @@ enum Kind {
     Insert,
     Scan,
     Rmw,
+    Delete,
+}
+
+/// The kinds of one thread's operations, in order: drawn from the mix, or
+/// for churn insert and delete by turns, insert first — so delete `j`
+/// follows insert `j`, and a thread whose share of loaded keys is used up
+/// always has an inserted key left to delete.
+#[derive(Clone, Debug)]
+struct Kinds {
+    mix: Mix,
+    alternate: bool,
+    rng: ChaCha8Rng,
+    insert_next: bool,
+}
+
+impl Kinds {
+    fn new(workload: Workload, seed: u64, thread: usize) -> Self {
+        Kinds {
+            mix: workload.mix(),
+            alternate: workload == Workload::Churn,
+            rng: thread_rng(seed, thread, STREAM_KIND),
+            insert_next: true,
+        }
+    }
+
+    fn next(&mut self) -> Kind {
+        if self.alternate {
+            let kind = if self.insert_next {
+                Kind::Insert
+            } else {
+                Kind::Delete
+            };
+            self.insert_next = !self.insert_next;
+            return kind;
+        }
+        draw_kind(&self.mix, &mut self.rng)
+    }
+
+    /// Inserts and deletes among the first `n` kinds.
+    fn count(mut self, n: u64) -> (u64, u64) {
+        let m = self.mix;
+        if self.alternate {
+            return (n.div_ceil(2), n / 2);
+        }
+        match (m.insert, m.delete) {
+            (100, _) => (n, 0),
+            (_, 100) => (0, n),
+            (0, 0) => (0, 0),
+            _ => (0..n).fold((0, 0), |(i, d), _| match self.next() {
+                Kind::Insert => (i + 1, d),
+                Kind::Delete => (i, d + 1),
+                _ => (i, d),
+            }),
+        }
+    }
 }
 
 impl Plan {
@@ -535,29 +680,18 @@ impl Plan {
         if per[0] >= 1 << VALUE_SEQ_BITS {
             return Err(YcsbError::TooManyOps(per[0]));
         }
-        let mix = workload.mix();
-        let inserts = per
+        let (inserts, deletes) = per
             .iter()
             .enumerate()
-            .map(|(i, &n)| {
-                if mix.insert == 0 {
-                    return 0;
-                }
-                if mix.insert == 100 {
-                    return n;
-                }
-                let mut rng = thread_rng(seed, i, STREAM_KIND);
-                (0..n)
-                    .filter(|_| draw_kind(&mix, &mut rng) == Kind::Insert)
-                    .count() as u64
-            })
-            .collect();
+            .map(|(i, &n)| Kinds::new(workload, seed, i).count(n))
+            .unzip();
         Ok(Plan {
             workload,
             theta,
             seed,
             ops: per,
             inserts,
+            deletes,
             zipf: ScrambledZipfian::new(theta)?,
         })
     }
@@ -579,18 +713,45 @@ impl Plan {
         self.inserts[thread]
     }
 
-    /// Inserts of the whole run: the keys to hold out of the load.
+    /// Deletes of `thread`.
+    #[cfg(test)]
+    pub fn deletes_of(&self, thread: usize) -> u64 {
+        self.deletes[thread]
+    }
+
+    /// Inserts of the whole run.
     pub fn total_inserts(&self) -> u64 {
         self.inserts.iter().sum()
     }
 
+    /// Deletes of the whole run.
+    pub fn total_deletes(&self) -> u64 {
+        self.deletes.iter().sum()
+    }
+
+    /// Keys the data set must hold beyond those loaded: the keys the run
+    /// inserts, held out of the load — except `append`'s on a loaded
+    /// store, which are made above the loaded range.
+    pub fn held_out(&self, start: Start) -> u64 {
+        match (self.workload, start) {
+            (Workload::Append, Start::Loaded) => 0,
+            _ => self.total_inserts(),
+        }
+    }
+
     /// Splits a strictly increasing key set into the keys to load and each
-    /// thread's keys to insert. The held-out keys are a uniform random
-    /// sample (per seed), so they follow the data set's distribution.
-    pub fn split(&self, keys: Vec<u64>) -> Result<KeySets, YcsbError> {
+    /// thread's keys to insert (and to delete). The held-out keys
+    /// ([`Plan::held_out`]) are a uniform random sample (per seed), so they
+    /// follow the data set's distribution; with [`Start::Empty`] nothing
+    /// is loaded.
+    pub fn split(&self, keys: Vec<u64>, start: Start) -> Result<KeySets, YcsbError> {
         check_sorted(&keys)?;
-        let total = self.total_inserts();
-        if total >= keys.len() as u64 {
+        let total = self.held_out(start);
+        let room = match start {
+            Start::Loaded => total < keys.len() as u64,
+            Start::Empty => total <= keys.len() as u64,
+        };
+        if !room {
             return Err(YcsbError::TooFewKeys {
                 have: keys.len(),
                 inserts: total,
@@ -604,72 +765,210 @@ impl Plan {
             is_held[i] = true;
             held_keys.push(keys[i]);
         }
-        let loaded: Vec<u64> = keys
-            .iter()
-            .zip(&is_held)
-            .filter(|(_, &h)| !h)
-            .map(|(&k, _)| k)
-            .collect();
-        Ok(self.assemble(loaded, &held_keys, &mut rng))
+        let loaded: Vec<u64> = match start {
+            Start::Loaded => keys
+                .iter()
+                .zip(&is_held)
+                .filter(|(_, &h)| !h)
+                .map(|(&k, _)| k)
+                .collect(),
+            Start::Empty => Vec::new(),
+        };
+        self.assemble(loaded, &held_keys, &mut rng)
     }
 
-    /// For a run against a memory node that loaded the whole strictly
-    /// increasing key set `loaded`: the keys to insert are new keys in its
-    /// gaps — the midpoints of a uniform random sample (per seed) of the
-    /// gaps wider than one — so every process of the run derives the same
-    /// ones, they follow the data set's distribution, and none is loaded.
-    /// (The seed is the data set's too, so a second run that writes into
-    /// the same memory node finds the first run's keys and values: give
-    /// each writing run a fresh memory node.)
-    pub fn split_fresh(&self, loaded: Vec<u64>) -> Result<KeySets, YcsbError> {
-        check_sorted(&loaded)?;
-        let total = self.total_inserts();
-        let wide: Vec<u64> = loaded
+    /// Midpoints of the gaps wider than one between consecutive keys of
+    /// the strictly increasing `loaded`: keys that are new and inside.
+    fn gap_keys(loaded: &[u64]) -> Vec<u64> {
+        loaded
             .windows(2)
             .filter(|w| w[1] - w[0] >= 2)
             .map(|w| w[0] + (w[1] - w[0]) / 2)
-            .collect();
-        if total > wide.len() as u64 {
-            return Err(YcsbError::TooFewGaps {
+            .collect()
+    }
+
+    /// Whether [`Plan::split_fresh`] over `loaded` needs keys drawn from
+    /// the data set's generator: the run inserts more keys than the loaded
+    /// set has gaps (`append` above a loaded range needs none).
+    pub fn needs_drawn_keys(&self, loaded: &[u64]) -> bool {
+        let total = self.total_inserts();
+        if total == 0 || (self.workload == Workload::Append && !loaded.is_empty()) {
+            return false;
+        }
+        let gaps = loaded.windows(2).filter(|w| w[1] - w[0] >= 2).count();
+        total > gaps as u64
+    }
+
+    /// The seed to draw [`Plan::split_fresh`]'s extra keys with: derived
+    /// from the run's seed, so every process of a run draws the same keys,
+    /// and different from it, so they are not the loaded keys again.
+    pub fn drawn_seed(&self) -> u64 {
+        self.seed ^ 0x2545_f491_4f6c_dd1d
+    }
+
+    /// For a run against a memory node that loaded the whole strictly
+    /// increasing key set `loaded`: the keys to insert are new keys —
+    /// above the loaded range for `append`; otherwise in its gaps (the
+    /// midpoints of a uniform random sample, per seed, of the gaps wider
+    /// than one) while there are enough; otherwise a uniform random sample
+    /// of `drawn` (strictly increasing keys of the data set's distribution,
+    /// drawn with [`Plan::drawn_seed`]; see [`Plan::needs_drawn_keys`])
+    /// less the loaded keys. Every process of the run derives the same
+    /// keys, they follow the data set's distribution, and none is loaded.
+    /// (The seed is the data set's too, so a second run that writes into
+    /// the same memory node finds the first run's keys and values: give
+    /// each writing run a fresh memory node.)
+    pub fn split_fresh(
+        &self,
+        loaded: Vec<u64>,
+        drawn: Option<Vec<u64>>,
+    ) -> Result<KeySets, YcsbError> {
+        check_sorted(&loaded)?;
+        let total = self.total_inserts();
+        let mut rng = self.split_rng();
+        let mut sample = |from: &[u64]| -> Vec<u64> {
+            rand::seq::index::sample(&mut rng, from.len(), total as usize)
+                .iter()
+                .map(|i| from[i])
+                .collect()
+        };
+        let wide = Self::gap_keys(&loaded);
+        let held_keys = if !self.needs_drawn_keys(&loaded) {
+            if self.workload == Workload::Append && !loaded.is_empty() {
+                Vec::new()
+            } else {
+                sample(&wide)
+            }
+        } else {
+            let too_few = YcsbError::TooFewGaps {
                 gaps: wide.len(),
                 inserts: total,
-            });
-        }
-        let mut rng = self.split_rng();
-        let held_keys: Vec<u64> = rand::seq::index::sample(&mut rng, wide.len(), total as usize)
-            .iter()
-            .map(|i| wide[i])
-            .collect();
-        Ok(self.assemble(loaded, &held_keys, &mut rng))
+            };
+            let drawn = drawn.ok_or(too_few.clone())?;
+            check_sorted(&drawn)?;
+            let fresh: Vec<u64> = drawn
+                .into_iter()
+                .filter(|k| loaded.binary_search(k).is_err())
+                .collect();
+            if (fresh.len() as u64) < total {
+                return Err(too_few);
+            }
+            sample(&fresh)
+        };
+        self.assemble(loaded, &held_keys, &mut rng)
     }
 
     fn split_rng(&self) -> ChaCha8Rng {
         ChaCha8Rng::seed_from_u64(self.seed ^ 0x5851_f42d_4c95_7f2d)
     }
 
-    /// The key sets from what is loaded and the keys to insert, dealt to
-    /// the threads in order.
-    fn assemble(&self, loaded: Vec<u64>, held: &[u64], rng: &mut ChaCha8Rng) -> KeySets {
+    /// The key sets from what is loaded and the keys to insert (dealt to
+    /// the threads in order, or made by [`Plan::append_keys`]), and each
+    /// thread's share of the loaded keys to delete: the load order cut
+    /// into one run of consecutive keys per thread.
+    fn assemble(
+        &self,
+        loaded: Vec<u64>,
+        held: &[u64],
+        rng: &mut ChaCha8Rng,
+    ) -> Result<KeySets, YcsbError> {
+        if loaded.is_empty() && !self.workload.can_start_empty() {
+            return Err(YcsbError::NeedsLoadedKeys(self.workload));
+        }
         let mut order = loaded.clone();
         order.shuffle(rng);
-        let mut inserts = Vec::with_capacity(self.threads());
-        let mut rest = held;
-        for &n in &self.inserts {
-            let (mine, tail) = rest.split_at(n as usize);
-            inserts.push(mine.to_vec());
-            rest = tail;
+        let inserts = if self.workload == Workload::Append {
+            self.append_keys(&loaded, held)?
+        } else {
+            let mut inserts = Vec::with_capacity(self.threads());
+            let mut rest = held;
+            for &n in &self.inserts {
+                let (mine, tail) = rest.split_at(n as usize);
+                inserts.push(mine.to_vec());
+                rest = tail;
+            }
+            inserts
+        };
+        let t = self.threads();
+        let shares: Vec<std::ops::Range<usize>> = if self.total_deletes() == 0 {
+            vec![0..0; t]
+        } else {
+            let (n, mut at) = (order.len(), 0);
+            (0..t)
+                .map(|i| {
+                    let len = n / t + usize::from(i < n % t);
+                    at += len;
+                    at - len..at
+                })
+                .collect()
+        };
+        // A thread deletes its share, then (churn) its own inserts.
+        for (i, share) in shares.iter().enumerate() {
+            if self.deletes[i] > (share.len() + inserts[i].len()) as u64 {
+                return Err(YcsbError::TooFewToDelete {
+                    loaded: loaded.len(),
+                    deletes: self.total_deletes(),
+                });
+            }
         }
-        KeySets {
+        Ok(KeySets {
             loaded,
             order: order.into(),
             inserts,
-        }
+            deletes: shares,
+        })
     }
 
-    /// The operation stream of `thread`, which inserts `inserts` (its share
-    /// from [`KeySets::inserts`], in that order).
+    /// `append`'s keys, dealt round-robin — key `i` of the run (over all
+    /// threads) is thread `i mod T`'s, so the keys inserted rise over time
+    /// while the threads advance together: above the largest loaded key,
+    /// spaced by the loaded keys' mean gap (at least 1, and less if all
+    /// would not fit below 2^64); on an empty store, the held-out keys in
+    /// increasing order.
+    fn append_keys(&self, loaded: &[u64], held: &[u64]) -> Result<Vec<Vec<u64>>, YcsbError> {
+        let total = self.total_inserts();
+        let keys: Vec<u64> = match (loaded.first(), loaded.last()) {
+            (Some(&min), Some(&max)) => {
+                let room = u64::MAX - max;
+                if total > room {
+                    return Err(YcsbError::NoRoomAbove {
+                        max,
+                        inserts: total,
+                    });
+                }
+                let mean = (max - min) / (loaded.len() as u64 - 1).max(1);
+                let gap = mean.min(room / total.max(1)).max(1);
+                // i · gap ≤ total · (room / total) ≤ room: no overflow.
+                (1..=total).map(|i| max + i * gap).collect()
+            }
+            _ => {
+                let mut keys = held.to_vec();
+                keys.sort_unstable();
+                keys
+            }
+        };
+        let t = self.threads();
+        let mut dealt: Vec<Vec<u64>> = self
+            .inserts
+            .iter()
+            .map(|&n| Vec::with_capacity(n as usize))
+            .collect();
+        for (i, k) in keys.into_iter().enumerate() {
+            dealt[i % t].push(k);
+        }
+        // Every operation inserts, and operations are dealt as i mod T is.
+        debug_assert!(dealt
+            .iter()
+            .zip(&self.inserts)
+            .all(|(d, &n)| d.len() as u64 == n));
+        Ok(dealt)
+    }
+
+    /// The operation stream of `thread`, which inserts its keys from
+    /// [`KeySets::inserts`] in that order, and deletes its share of
+    /// [`KeySets::deletes`], then its own inserted keys in the order it
+    /// inserted them.
     pub fn stream(&self, thread: usize, sets: &KeySets) -> OpStream {
-        let mix = self.workload.mix();
         let own = sets.inserts[thread].clone();
         let loaded = sets.order.len() as u64;
         let latest = match self.workload.request_dist() {
@@ -680,11 +979,10 @@ impl Plan {
             RequestDist::Zipfian => None,
         };
         OpStream {
-            mix,
+            kinds: Kinds::new(self.workload, self.seed, thread),
             thread,
             left: self.ops[thread],
             seq: 0,
-            kind_rng: thread_rng(self.seed, thread, STREAM_KIND),
             key_rng: thread_rng(self.seed, thread, STREAM_KEY),
             zipf: self.zipf.clone(),
             latest,
@@ -692,6 +990,8 @@ impl Plan {
             items: loaded + own.len() as u64,
             own,
             inserted: 0,
+            share: sets.deletes[thread].clone(),
+            deleted: 0,
         }
     }
 }
@@ -719,16 +1019,19 @@ pub struct KeySets {
     pub order: Arc<[u64]>,
     /// Each thread's new keys, in the order it inserts them.
     pub inserts: Vec<Vec<u64>>,
+    /// Each thread's share of the loaded keys to delete, as a range of
+    /// `order` (disjoint between threads; empty when the run deletes
+    /// nothing).
+    pub deletes: Vec<std::ops::Range<usize>>,
 }
 
 /// The operations of one thread, generated on the fly.
 #[derive(Clone, Debug)]
 pub struct OpStream {
-    mix: Mix,
+    kinds: Kinds,
     thread: usize,
     left: u64,
     seq: u64,
-    kind_rng: ChaCha8Rng,
     key_rng: ChaCha8Rng,
     zipf: ScrambledZipfian,
     latest: Option<Zipfian>,
@@ -738,6 +1041,9 @@ pub struct OpStream {
     items: u64,
     own: Vec<u64>,
     inserted: usize,
+    /// This thread's loaded keys to delete, in `order`.
+    share: std::ops::Range<usize>,
+    deleted: usize,
 }
 
 impl OpStream {
@@ -784,7 +1090,7 @@ impl Iterator for OpStream {
         self.left -= 1;
         self.seq += 1;
         let value = write_value(self.thread, self.seq);
-        let op = match draw_kind(&self.mix, &mut self.kind_rng) {
+        let op = match self.kinds.next() {
             Kind::Read => Op::Read(self.request_key()),
             Kind::Update => Op::Update {
                 key: self.request_key(),
@@ -805,6 +1111,17 @@ impl Iterator for OpStream {
                 self.inserted += 1;
                 Op::Insert { key, value }
             }
+            Kind::Delete => {
+                // Plan::split checked the share and the inserts suffice;
+                // churn's delete j follows its insert j.
+                let i = self.deleted;
+                self.deleted += 1;
+                let key = match self.share.clone().nth(i) {
+                    Some(at) => self.order[at],
+                    None => self.own[i - self.share.len()],
+                };
+                Op::Delete { key }
+            }
         };
         Some(op)
     }
@@ -821,7 +1138,7 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::{HashMap, HashSet};
 
-    const ALL: [Workload; 8] = [
+    const ALL: [Workload; 11] = [
         Workload::A,
         Workload::B,
         Workload::C,
@@ -830,6 +1147,9 @@ mod tests {
         Workload::F,
         Workload::InsertOnly,
         Workload::UpdateOnly,
+        Workload::Append,
+        Workload::Churn,
+        Workload::DeleteOnly,
     ];
 
     fn keyset(n: u64) -> Vec<u64> {
@@ -845,7 +1165,8 @@ mod tests {
                     + u32::from(m.update)
                     + u32::from(m.insert)
                     + u32::from(m.scan)
-                    + u32::from(m.rmw),
+                    + u32::from(m.rmw)
+                    + u32::from(m.delete),
                 100,
                 "{w}"
             );
@@ -931,18 +1252,18 @@ mod tests {
         let plan = Plan::new(Workload::InsertOnly, 10, 2, 0.99, 1).unwrap();
         assert_eq!(plan.total_inserts(), 10);
         assert!(matches!(
-            plan.split(keyset(10)),
+            plan.split(keyset(10), Start::Loaded),
             Err(YcsbError::TooFewKeys { .. })
         ));
         assert_eq!(
-            plan.split(vec![1, 2, 2, 3]).unwrap_err(),
+            plan.split(vec![1, 2, 2, 3], Start::Loaded).unwrap_err(),
             YcsbError::Unsorted {
                 index: 2,
                 key: 2,
                 previous: 2
             }
         );
-        let sets = plan.split(keyset(11)).unwrap();
+        let sets = plan.split(keyset(11), Start::Loaded).unwrap();
         assert_eq!(sets.loaded.len(), 1);
         assert_eq!(sets.inserts[0].len() + sets.inserts[1].len(), 10);
     }
@@ -953,8 +1274,8 @@ mod tests {
         let total = plan.total_inserts() as usize;
         assert!(total > 0);
         let loaded: Vec<u64> = (0..10_000u64).map(|i| i * i + 3 * i).collect();
-        let a = plan.split_fresh(loaded.clone()).unwrap();
-        let b = plan.split_fresh(loaded.clone()).unwrap();
+        let a = plan.split_fresh(loaded.clone(), None).unwrap();
+        let b = plan.split_fresh(loaded.clone(), None).unwrap();
         assert_eq!(a.inserts, b.inserts, "every process derives the same keys");
         assert_eq!(a.loaded, loaded);
         let mut all: Vec<u64> = a.inserts.concat();
@@ -971,11 +1292,11 @@ mod tests {
         }
         // A set without gaps cannot give new keys; unsorted input is named.
         assert!(matches!(
-            plan.split_fresh((0..10_000).collect()),
+            plan.split_fresh((0..10_000).collect(), None),
             Err(YcsbError::TooFewGaps { gaps: 0, .. })
         ));
         assert_eq!(
-            plan.split_fresh(vec![5, 1]).unwrap_err(),
+            plan.split_fresh(vec![5, 1], None).unwrap_err(),
             YcsbError::Unsorted {
                 index: 1,
                 key: 1,
@@ -986,11 +1307,11 @@ mod tests {
 
     #[test]
     fn mix_shares_are_respected() {
-        let sets_for = |plan: &Plan| plan.split(keyset(50_000)).unwrap();
+        let sets_for = |plan: &Plan| plan.split(keyset(50_000), Start::Loaded).unwrap();
         for w in ALL {
             let plan = Plan::new(w, 20_000, 1, 0.99, 3).unwrap();
             let sets = sets_for(&plan);
-            let mut c = [0u32; 5];
+            let mut c = [0u32; 6];
             for op in plan.stream(0, &sets) {
                 let i = match op {
                     Op::Read(_) => 0,
@@ -998,11 +1319,13 @@ mod tests {
                     Op::Insert { .. } => 2,
                     Op::Scan { .. } => 3,
                     Op::ReadModifyWrite { .. } => 4,
+                    Op::Delete { .. } => 5,
                 };
                 c[i] += 1;
             }
             let m = w.mix();
-            for (got, want) in c.iter().zip([m.read, m.update, m.insert, m.scan, m.rmw]) {
+            let want = [m.read, m.update, m.insert, m.scan, m.rmw, m.delete];
+            for (got, want) in c.iter().zip(want) {
                 let got = f64::from(*got) / 20_000.0 * 100.0;
                 assert!((got - f64::from(want)).abs() < 1.5, "{w}: {c:?}");
             }
@@ -1012,7 +1335,7 @@ mod tests {
     #[test]
     fn latest_prefers_recent_inserts() {
         let plan = Plan::new(Workload::D, 20_000, 1, 0.99, 5).unwrap();
-        let sets = plan.split(keyset(100_000)).unwrap();
+        let sets = plan.split(keyset(100_000), Start::Loaded).unwrap();
         let own: HashSet<u64> = sets.inserts[0].iter().copied().collect();
         let reads: Vec<u64> = plan
             .stream(0, &sets)
@@ -1032,7 +1355,7 @@ mod tests {
         // The hottest keys are not the smallest ones (scrambled), and the
         // head is hot: the 10 most frequent keys take a sizeable share.
         let plan = Plan::new(Workload::C, 50_000, 1, 0.99, 9).unwrap();
-        let sets = plan.split(keyset(100_000)).unwrap();
+        let sets = plan.split(keyset(100_000), Start::Loaded).unwrap();
         let mut freq: HashMap<u64, u32> = HashMap::new();
         for op in plan.stream(0, &sets) {
             let Op::Read(k) = op else {
@@ -1051,10 +1374,11 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
-        /// Every stream: deterministic per (seed, thread); reads and updates
-        /// name present keys; inserts name fresh keys, distinct over all
-        /// threads, and each thread uses exactly its planned inserts; scans
-        /// are 1..=100 long; written values are unique.
+        /// Every stream: deterministic per (seed, thread); reads, updates
+        /// and deletes name present keys; inserts name fresh keys, distinct
+        /// over all threads, and each thread uses exactly its planned
+        /// inserts and deletes; no key is deleted twice, over all threads;
+        /// scans are 1..=100 long; written values are unique.
         #[test]
         fn streams_keep_their_invariants(
             w in proptest::sample::select(ALL.to_vec()),
@@ -1064,10 +1388,11 @@ mod tests {
             theta in 0.01f64..0.999,
         ) {
             let plan = Plan::new(w, ops, threads, theta, seed).unwrap();
-            let sets = plan.split(keyset(1000 + ops)).unwrap();
+            let sets = plan.split(keyset(1000 + ops), Start::Loaded).unwrap();
             let loaded: HashSet<u64> = sets.loaded.iter().copied().collect();
-            prop_assert_eq!(loaded.len() as u64 + plan.total_inserts(), 1000 + ops);
+            prop_assert_eq!(loaded.len() as u64 + plan.held_out(Start::Loaded), 1000 + ops);
             let mut all_inserted = HashSet::new();
+            let mut all_deleted = HashSet::new();
             let mut values = HashSet::new();
             let mut total = 0;
             for t in 0..threads {
@@ -1077,9 +1402,11 @@ mod tests {
                 prop_assert_eq!(a.len() as u64, plan.ops_of(t));
                 total += a.len() as u64;
                 let mut mine = HashSet::new();
-                let mut n_ins = 0;
+                let (mut n_ins, mut n_del) = (0, 0);
                 for op in a {
-                    let present = |k: &u64| loaded.contains(k) || mine.contains(k);
+                    let present = |k: &u64| {
+                        (loaded.contains(k) || mine.contains(k)) && !all_deleted.contains(k)
+                    };
                     match op {
                         Op::Read(k) => prop_assert!(present(&k)),
                         Op::Update { key, value } | Op::ReadModifyWrite { key, value } => {
@@ -1098,12 +1425,215 @@ mod tests {
                             mine.insert(key);
                             n_ins += 1;
                         }
+                        Op::Delete { key } => {
+                            prop_assert!(present(&key));
+                            all_deleted.insert(key);
+                            n_del += 1;
+                        }
                     }
                 }
                 prop_assert_eq!(n_ins, plan.inserts_of(t));
+                prop_assert_eq!(n_del, plan.deletes_of(t));
             }
             prop_assert_eq!(total, ops);
         }
+    }
+
+    /// Each thread's operations of `plan` over `sets`.
+    fn streams(plan: &Plan, sets: &KeySets) -> Vec<Vec<Op>> {
+        (0..plan.threads())
+            .map(|t| plan.stream(t, sets).collect())
+            .collect()
+    }
+
+    #[test]
+    fn append_keys_rise_above_the_loaded_max_round_robin() {
+        let plan = Plan::new(Workload::Append, 1001, 2, 0.99, 4).unwrap();
+        assert_eq!(plan.held_out(Start::Loaded), 0);
+        let sets = plan.split(keyset(5000), Start::Loaded).unwrap();
+        assert_eq!(sets.loaded, keyset(5000), "append loads every key");
+        let max = *sets.loaded.last().unwrap();
+        let s = streams(&plan, &sets);
+        let key = |op: &Op| match op {
+            Op::Insert { key, .. } => *key,
+            other => panic!("append only inserts: {other:?}"),
+        };
+        // Op j of every thread, thread by thread: the run's key order.
+        let mut run = Vec::new();
+        for j in 0..s[0].len() {
+            run.extend(s.iter().filter_map(|ops| ops.get(j)).map(key));
+        }
+        assert_eq!(run.len(), 1001);
+        assert!(run[0] > max);
+        // Spaced by the loaded keys' mean gap (7), increasing.
+        assert!(run.windows(2).all(|w| w[1] - w[0] == 7), "{:?}", &run[..4]);
+        // Too close to 2^64: the gap shrinks to fit, or the run is refused.
+        let near = vec![0, u64::MAX - 2000];
+        let sets = plan.split(near.clone(), Start::Loaded).unwrap();
+        let all: Vec<u64> = sets.inserts.concat();
+        assert!(all.iter().all(|&k| k > u64::MAX - 2000));
+        assert_eq!(
+            plan.split(vec![0, u64::MAX - 1000], Start::Loaded)
+                .unwrap_err(),
+            YcsbError::NoRoomAbove {
+                max: u64::MAX - 1000,
+                inserts: 1001
+            }
+        );
+    }
+
+    #[test]
+    fn an_empty_start_inserts_every_key_and_only_for_inserting_workloads() {
+        for w in [Workload::InsertOnly, Workload::Append] {
+            let plan = Plan::new(w, 500, 2, 0.99, 8).unwrap();
+            assert_eq!(plan.held_out(Start::Empty), 500);
+            let sets = plan.split(keyset(500), Start::Empty).unwrap();
+            assert!(sets.loaded.is_empty() && sets.order.is_empty());
+            let mut all: Vec<u64> = sets.inserts.concat();
+            if w == Workload::Append {
+                // Dealt in increasing order, round-robin.
+                assert_eq!(sets.inserts[0][..3], [3, 17, 31]);
+                assert_eq!(sets.inserts[1][..3], [10, 24, 38]);
+            }
+            all.sort_unstable();
+            assert_eq!(all, keyset(500), "{w}");
+            assert_eq!(streams(&plan, &sets).concat().len(), 500);
+        }
+        for w in [
+            Workload::A,
+            Workload::D,
+            Workload::Churn,
+            Workload::DeleteOnly,
+        ] {
+            let plan = Plan::new(w, 100, 2, 0.99, 8).unwrap();
+            assert_eq!(
+                plan.split(keyset(1000), Start::Empty).unwrap_err(),
+                YcsbError::NeedsLoadedKeys(w)
+            );
+            assert!(!w.can_start_empty());
+        }
+    }
+
+    #[test]
+    fn churn_keeps_the_live_count_and_deletes_each_key_once() {
+        // Few loaded keys: the threads run out of their shares and go on
+        // with their own inserts, first in first out.
+        for (n, ops) in [(2000u64, 2000u64), (9, 2001)] {
+            let plan = Plan::new(Workload::Churn, ops, 3, 0.99, 2).unwrap();
+            let keys = keyset(n + plan.held_out(Start::Loaded));
+            let sets = plan.split(keys, Start::Loaded).unwrap();
+            assert_eq!(sets.loaded.len() as u64, n);
+            let loaded: HashSet<u64> = sets.loaded.iter().copied().collect();
+            let mut deleted = HashSet::new();
+            for (t, ops) in streams(&plan, &sets).into_iter().enumerate() {
+                let share: Vec<u64> = sets.order[sets.deletes[t].clone()].to_vec();
+                let mut live: i64 = 0;
+                let mut fifo = std::collections::VecDeque::new();
+                let mut from_share = 0;
+                for (j, op) in ops.iter().enumerate() {
+                    match *op {
+                        Op::Insert { key, .. } => {
+                            assert_eq!(j % 2, 0, "insert first, then by turns");
+                            assert!(!loaded.contains(&key));
+                            fifo.push_back(key);
+                            live += 1;
+                        }
+                        Op::Delete { key } => {
+                            assert!(deleted.insert(key), "{key} deleted twice");
+                            let want = match share.get(from_share) {
+                                Some(&k) => {
+                                    from_share += 1;
+                                    k
+                                }
+                                None => fifo.pop_front().expect("an inserted key"),
+                            };
+                            assert_eq!(key, want, "share in load order, then FIFO");
+                            live -= 1;
+                        }
+                        other => panic!("churn only inserts and deletes: {other:?}"),
+                    }
+                    assert!((0..=1).contains(&live), "live keys stay constant");
+                }
+            }
+            assert_eq!(deleted.len() as u64, plan.total_deletes());
+            // Each thread ends one above where it started after an odd
+            // number of operations, even otherwise.
+            let odd = (0..3).filter(|&t| plan.ops_of(t) % 2 == 1).count() as u64;
+            assert_eq!(plan.total_inserts() - plan.total_deletes(), odd);
+        }
+    }
+
+    #[test]
+    fn delete_only_shares_the_loaded_keys_out() {
+        let plan = Plan::new(Workload::DeleteOnly, 999, 2, 0.99, 6).unwrap();
+        assert_eq!(plan.held_out(Start::Loaded), 0);
+        let sets = plan.split(keyset(1000), Start::Loaded).unwrap();
+        let s = streams(&plan, &sets);
+        let mut seen = HashSet::new();
+        for (t, ops) in s.iter().enumerate() {
+            for op in ops {
+                let Op::Delete { key } = *op else {
+                    panic!("delete-only: {op:?}")
+                };
+                assert!(sets.order[sets.deletes[t].clone()].contains(&key));
+                assert!(seen.insert(key), "{key} deleted twice");
+            }
+        }
+        assert_eq!(seen.len(), 999);
+        assert!(seen.iter().all(|k| sets.loaded.binary_search(k).is_ok()));
+        // Every loaded key at most, on both splits.
+        let all = Plan::new(Workload::DeleteOnly, 1000, 3, 0.99, 6).unwrap();
+        assert!(all.split(keyset(1000), Start::Loaded).is_ok());
+        let more = Plan::new(Workload::DeleteOnly, 1001, 3, 0.99, 6).unwrap();
+        let err = YcsbError::TooFewToDelete {
+            loaded: 1000,
+            deletes: 1001,
+        };
+        assert_eq!(more.split(keyset(1000), Start::Loaded).unwrap_err(), err);
+        assert_eq!(more.split_fresh(keyset(1000), None).unwrap_err(), err);
+    }
+
+    #[test]
+    fn fresh_keys_beyond_the_gaps_are_drawn_and_the_same_everywhere() {
+        // 100 loaded keys have 99 gaps; 500 inserts need drawn keys.
+        let loaded = keyset(100);
+        let plan = Plan::new(Workload::InsertOnly, 500, 2, 0.99, 3).unwrap();
+        assert!(plan.needs_drawn_keys(&loaded));
+        assert!(matches!(
+            plan.split_fresh(loaded.clone(), None),
+            Err(YcsbError::TooFewGaps {
+                gaps: 99,
+                inserts: 500
+            })
+        ));
+        // Drawn keys overlapping the loaded ones: those are left out.
+        let drawn: Vec<u64> = (0..600u64).map(|i| i * 3).collect();
+        let a = plan
+            .split_fresh(loaded.clone(), Some(drawn.clone()))
+            .unwrap();
+        let b = plan
+            .split_fresh(loaded.clone(), Some(drawn.clone()))
+            .unwrap();
+        assert_eq!(a.inserts, b.inserts);
+        let mut all = a.inserts.concat();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 500);
+        assert!(all
+            .iter()
+            .all(|k| drawn.contains(k) && loaded.binary_search(k).is_err()));
+        assert!(matches!(
+            plan.split_fresh(loaded.clone(), Some(drawn[..400].to_vec())),
+            Err(YcsbError::TooFewGaps { .. })
+        ));
+        // Append needs no gaps: its keys go above the range.
+        let append = Plan::new(Workload::Append, 500, 2, 0.99, 3).unwrap();
+        assert!(!append.needs_drawn_keys(&loaded));
+        let sets = append.split_fresh(loaded.clone(), None).unwrap();
+        assert!(sets.inserts.concat().iter().all(|&k| k > loaded[99]));
+        // Few inserts still come from the gaps.
+        let few = Plan::new(Workload::InsertOnly, 50, 2, 0.99, 3).unwrap();
+        assert!(!few.needs_drawn_keys(&loaded));
     }
 
     #[test]

@@ -28,7 +28,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     j
 }
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 22] = [
     "workload",
     "keys",
     "ops",
@@ -46,6 +46,10 @@ const FIELDS: [&str; 18] = [
     "raw_read_mops",
     "failed_ops",
     "locks_held_end",
+    "pool_bytes_start",
+    "pool_bytes_end",
+    "leaves_live",
+    "leaves_free",
     "verified",
 ];
 
@@ -86,6 +90,142 @@ fn every_workload_runs_and_verifies() {
         assert!(j["model_bytes"].as_u64().unwrap() > 0);
         assert_eq!(j["failed_ops"], 0, "{w}: nothing injected");
         assert_eq!(j["locks_held_end"], 0, "{w}");
+        space(&j, w);
+    }
+}
+
+/// The space figures of a local run: bytes in use before and after, live
+/// leaves (at least the one an empty store has), free leaves.
+fn space(j: &serde_json::Value, what: &str) {
+    for key in ["pool_bytes_start", "pool_bytes_end", "leaves_live"] {
+        assert!(j[key].as_u64().is_some_and(|v| v > 0), "{what}: {key}: {j}");
+    }
+    assert!(j["leaves_free"].is_u64(), "{what}: {j}");
+}
+
+#[test]
+fn append_churn_and_delete_only_run_and_verify() {
+    for (w, ops) in [
+        ("append", "6000"),
+        ("churn", "6000"),
+        ("delete-only", "3000"),
+    ] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            ops,
+        ]);
+        assert_eq!(j["workload"], w);
+        assert_eq!(
+            j["keys"], 3000,
+            "{w}: everything loaded (churn's inserts held out)"
+        );
+        assert_eq!(j["verified"], true, "{w}: {j}");
+        assert_eq!(j["locks_held_end"], 0, "{w}");
+        space(&j, w);
+        let rtt = &j["rtt_per_op"];
+        match w {
+            "append" => assert!(rtt["insert"].as_f64().unwrap() >= 1.0, "{j}"),
+            "churn" => {
+                assert!(rtt["insert"].as_f64().unwrap() >= 1.0, "{j}");
+                assert!(rtt["delete"].as_f64().unwrap() >= 1.0, "{j}");
+            }
+            _ => {
+                assert!(rtt["delete"].as_f64().unwrap() >= 1.0, "{j}");
+                assert_eq!(rtt["insert"], 0.0, "{j}");
+            }
+        }
+    }
+    // Deleting every loaded key; one more is refused.
+    let j = bench_json(&[
+        "--workload",
+        "delete-only",
+        "--dist",
+        "uniform",
+        "-n",
+        "2000",
+        "--ops",
+        "2000",
+    ]);
+    assert_eq!(j["verified"], true, "{j}");
+    let out = rolex(&[
+        "bench",
+        "--workload",
+        "delete-only",
+        "--dist",
+        "uniform",
+        "-n",
+        "2000",
+        "--ops",
+        "2001",
+        "--threads",
+        "2",
+    ]);
+    assert_fails(&out, "deletes 2001 loaded keys but only 2000");
+}
+
+#[test]
+fn an_empty_store_grows_by_insert_only_and_append() {
+    for w in ["insert-only", "append"] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "uniform",
+            "-n",
+            "0",
+            "--ops",
+            "4000",
+        ]);
+        assert_eq!(j["keys"], 0, "{w}");
+        assert_eq!(j["verified"], true, "{w}: {j}");
+        space(&j, w);
+        assert!(
+            j["pool_bytes_end"].as_u64() > j["pool_bytes_start"].as_u64(),
+            "{w}: the store grew: {j}"
+        );
+    }
+    // The workloads that need loaded keys refuse an empty store.
+    for w in ["ycsb-a", "ycsb-d", "churn", "delete-only"] {
+        let out = rolex(&[
+            "bench",
+            "--workload",
+            w,
+            "--dist",
+            "uniform",
+            "-n",
+            "0",
+            "--ops",
+            "10",
+            "--threads",
+            "1",
+        ]);
+        assert_fails(&out, "-n 0 starts an empty store");
+    }
+}
+
+#[test]
+fn churn_and_delete_only_with_injected_failures_still_verify() {
+    for w in ["churn", "delete-only"] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            "3000",
+            "--inject-failures",
+            "0.005",
+        ]);
+        assert_eq!(j["verified"], true, "{w}: {j}");
+        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{w}: {j}");
     }
 }
 

@@ -4,7 +4,8 @@
 //! once on a shared plan, each verifying every answer and its final state;
 //! a single one reports the same round trips and bytes per operation as
 //! the loopback run of the same parameters; two at once insert new keys
-//! (splits, synonym leaves); one of two killed with `SIGKILL` mid-run
+//! (splits, synonym leaves), churn past the node's gaps and append above
+//! its range; one of two killed with `SIGKILL` mid-run
 //! leaves the other to finish and verify everything acknowledged to it
 //! (the memory node ends the dead one's lease and releases its locks); the
 //! same runs with the memory node and a compute node in two network
@@ -340,6 +341,39 @@ fn two_compute_processes_insert_new_keys_into_one_memory_node() {
     let mut a = bench_args("ycsb-c", "500", &[]);
     a.extend(remote(&addr, "s3cret"));
     json(&spawn(&a).finish(), "reader after the inserts");
+}
+
+#[test]
+fn churn_and_append_against_a_memory_node_go_past_its_gaps() {
+    // The node's 3000 keys have 2999 gaps; two churn processes insert 8000
+    // new keys (drawn from the data set's generator past the gaps, the
+    // same in both) and delete their shares of the node's keys; then an
+    // append run inserts above the node's range.
+    let (_node, addr) = memnode();
+    let runs: Vec<Running> = (0..2)
+        .map(|i| {
+            let idx = i.to_string();
+            let mut a = bench_args("churn", "8000", &[]);
+            a.extend(remote(&addr, "s3cret"));
+            a.extend(["--compute-count", "2", "--compute-index", &idx]);
+            spawn(&a)
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let v = json(&r.finish(), &format!("churning process {i}"));
+        assert_eq!(v["keys"], 3000);
+        for key in [
+            "pool_bytes_start",
+            "pool_bytes_end",
+            "leaves_live",
+            "leaves_free",
+        ] {
+            assert!(v[key].is_null(), "{key} is the memory node's: {v}");
+        }
+    }
+    let mut a = bench_args("append", "4000", &[]);
+    a.extend(remote(&addr, "s3cret"));
+    json(&spawn(&a).finish(), "append after the churn");
 }
 
 #[test]
