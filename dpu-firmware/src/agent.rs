@@ -87,8 +87,8 @@ use core::time::Duration;
 use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::topology;
 use rolex_core::layout::{
-    CirqHeader, Leaf, LeafRegion, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment,
-    ModelState, Pop, Superblock,
+    CirqHeader, EditError, Leaf, LeafError, LeafRegion, LeafRegionHeader, ModelRecord,
+    ModelRecordParams, ModelSegment, ModelState, Pop, Slot, Superblock,
 };
 use rolex_core::model::fit_model;
 use zerocopy::{FromBytes, IntoBytes};
@@ -733,7 +733,7 @@ impl<M: PoolMemory> Agent<M> {
             .ok_or(AgentError::UnknownModel { model_id })?;
         let r = self.record(record_at)?;
         let leaves = walk_model(&self.mem, &self.region, &r, &mut self.buf)?;
-        let kept = keep_nonempty(&leaves);
+        let kept = keep_nonempty(&leaves, self.merge_limit());
         let fences: Vec<u64> = kept.iter().map(|l| l.fence_lo).collect();
         // A racing split can make an unlocked walk skip or repeat a range;
         // such a fit is discarded under the freeze.
@@ -1356,33 +1356,59 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Step 3's reclamation: `walked` (every leaf of the frozen model, in
-    /// key order) without the leaves that hold no key, each dropped
-    /// leaf's range handed to the kept leaf before it (whose `fence_hi`
-    /// grows over it). The first leaf is always kept: its `fence_lo` is
-    /// the model's first key. A leaf the unlocked walk saw empty is read
-    /// again (frozen: now stable) before it is dropped. Returns the kept
-    /// leaves (fences as the new record has them) and the dropped ones,
-    /// each with the index of the kept leaf that takes its range.
+    /// key order) without the leaves retraining merges into the leaf
+    /// before them — empty ones, and those whose keys fit beside that
+    /// leaf's within three quarters of its slots ([`merges`]) — each
+    /// merged leaf's range (and keys) handed to the kept leaf before it,
+    /// whose `fence_hi` grows over it. The first leaf is always kept: its
+    /// `fence_lo` is the model's first key. The counts the walks saw are
+    /// only hints (a walk reuses a leaf it saw unchanged in its links): a
+    /// merge is decided on counts read again under the freeze, when they
+    /// are stable. Returns the kept leaves (fences and counts as the new
+    /// record has them) and the merged ones, each with the index of the
+    /// kept leaf that takes it.
     fn drop_empty(
         &mut self,
         walked: &[LeafInfo],
     ) -> Result<(Vec<LeafInfo>, Vec<Dropped>), AgentError> {
+        let limit = self.merge_limit();
         let mut kept: Vec<LeafInfo> = Vec::with_capacity(walked.len());
+        let mut fresh: Vec<bool> = Vec::with_capacity(walked.len());
         let mut dropped = Vec::new();
         for l in walked {
             let Some(last) = kept.last_mut() else {
                 kept.push(*l);
+                fresh.push(false);
                 continue;
             };
-            if l.count == 0 && read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?.count == 0
-            {
-                last.fence_hi = l.fence_hi;
-                dropped.push((kept.len() - 1, *l));
-            } else {
+            if !merges(last.count, l.count, limit) {
                 kept.push(*l);
+                fresh.push(false);
+                continue;
+            }
+            let last_fresh = fresh.last_mut().expect("as long as kept");
+            if !*last_fresh {
+                last.count = read_leaf(&self.mem, &self.region, last.addr, &mut self.buf)?.count;
+                *last_fresh = true;
+            }
+            let now = read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
+            if merges(last.count, now.count, limit) {
+                last.count += now.count;
+                last.fence_hi = now.fence_hi;
+                dropped.push((kept.len() - 1, now));
+            } else {
+                kept.push(now);
+                fresh.push(true);
             }
         }
         Ok((kept, dropped))
+    }
+
+    /// The most keys a leaf may hold after retraining merged leaves into
+    /// it: three quarters of its slots, so it does not split again soon.
+    fn merge_limit(&self) -> u32 {
+        let slots = self.region.leaf_slots();
+        (slots - slots / 4).max(1)
     }
 
     /// Step 3's other reclamation: the leaves the frozen record `r`'s SLT
@@ -1575,27 +1601,62 @@ impl<M: PoolMemory> Agent<M> {
         Ok(self.mem.store(b.retire_at, b.retired)?)
     }
 
-    /// Step 6 for leaf `j` of the new record: marks the emptied leaves
-    /// dropped after it freed, then clears its `next` link (it is a
-    /// training leaf with an empty chain now) and raises its `fence_hi`
-    /// over the dropped leaves' ranges (re-sealed), then unlocks its LT
-    /// entry. So a writer that locks it finds it covering its whole range,
-    /// and a reader with a stale cache that reaches a dropped leaf finds
-    /// it freed and refreshes. Idempotent.
+    /// Step 6 for leaf `j` of the new record: takes in the keys of the
+    /// leaves merged into it, raises its `fence_hi` over their ranges and
+    /// clears its `next` link (it is a training leaf with an empty chain
+    /// now), re-sealed, in one write; then marks the merged leaves freed;
+    /// then unlocks its LT entry. So a writer that locks it finds it
+    /// covering its whole range with every key; a reader that reads it
+    /// and a merged leaf meanwhile finds a key in either with the same
+    /// value (nothing is written to them before the unlock); and a reader
+    /// with a stale cache that reaches a merged leaf afterwards finds it
+    /// freed and refreshes. Idempotent: keys already taken in are not
+    /// taken again, and a merged leaf already freed holds none.
     fn release_leaf(&mut self, b: &Built, j: usize) -> Result<(), PoolError> {
         let l = b.leaves[j];
-        let drops = b.dropped.iter().filter(|(k, _)| *k == j);
-        let mut grows = false;
-        for (_, d) in drops {
-            grows = true;
-            self.rewrite_leaf(d.addr, Leaf::mark_freed)?;
-        }
-        if l.next.raw() != 0 || grows {
-            self.rewrite_leaf(l.addr, |leaf| {
-                leaf.clear_next();
-                // Never fails: the dropped leaves lie above it.
-                let _ = leaf.extend_fence_hi(l.fence_hi);
-            })?;
+        let drops: Vec<LeafAddr> = b
+            .dropped
+            .iter()
+            .filter(|(k, _)| *k == j)
+            .map(|(_, d)| d.addr)
+            .collect();
+        if l.next.raw() != 0 || !drops.is_empty() {
+            let mut taken: Vec<Slot> = Vec::new();
+            for &d in &drops {
+                read_leaf(&self.mem, &self.region, d, &mut self.buf)?;
+                let leaf = Leaf::from_bytes(&self.buf).map_err(|error| PoolError::Leaf {
+                    leaf: d.leaf(),
+                    error,
+                })?;
+                if let Ok(v) = leaf.validate() {
+                    taken.extend_from_slice(v.entries());
+                }
+            }
+            // Everything is computed before the one write: a leaf that
+            // cannot take the keys (never, by the merge limit) is left
+            // whole, with its merged leaves, and the error reported.
+            let off = self.region.leaf_offset(l.addr)?;
+            read_leaf(&self.mem, &self.region, l.addr, &mut self.buf)?;
+            let bad = |error| PoolError::Leaf {
+                leaf: l.addr.leaf(),
+                error,
+            };
+            let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(bad)?;
+            let mut all: Vec<Slot> = leaf.validate().map_err(bad)?.entries().to_vec();
+            let top = all.last().map(|s| s.key());
+            all.extend(taken.iter().filter(|s| top.map_or(true, |t| s.key() > t)));
+            let invalid = |e: EditError| match e {
+                EditError::Invalid(error) => bad(error),
+                _ => bad(LeafError::BadLength { len: 0 }),
+            };
+            leaf.extend_fence_hi(l.fence_hi).map_err(invalid)?;
+            leaf.set_entries(&all).map_err(invalid)?;
+            leaf.clear_next();
+            leaf.seal();
+            self.mem.write(off, &self.buf)?;
+            for &d in &drops {
+                self.rewrite_leaf(d, Leaf::mark_freed)?;
+            }
         }
         let piece = b.piece_of(j);
         self.mem.store(
@@ -1635,16 +1696,25 @@ type Stash = Vec<(LeafAddr, u64)>;
 /// the leaf that takes its range.
 type Dropped = (usize, LeafInfo);
 
+/// Whether retraining merges a leaf of `count` keys into the kept leaf
+/// before it, which holds `into` keys: when it is empty, or when both fit
+/// within `limit` ([`Agent::merge_limit`]).
+fn merges(into: u32, count: u32, limit: u32) -> bool {
+    count == 0 || into.saturating_add(count) <= limit
+}
+
 /// The leaves a new record keeps of `walked` (a model's leaves in key
-/// order): those holding a key, and the first; each dropped leaf's range
-/// goes to the kept leaf before it (whose `fence_hi` is raised). What
-/// [`Agent::prepare`] fits over; under the freeze,
-/// [`Agent::drop_empty`] confirms each empty leaf first.
-fn keep_nonempty(walked: &[LeafInfo]) -> Vec<LeafInfo> {
+/// order), by the counts the walk saw: each leaf [`merges`] into the kept
+/// one before it, or is kept. What [`Agent::prepare`] fits over; under the
+/// freeze, [`Agent::drop_empty`] decides again on counts read afresh.
+fn keep_nonempty(walked: &[LeafInfo], limit: u32) -> Vec<LeafInfo> {
     let mut kept: Vec<LeafInfo> = Vec::with_capacity(walked.len());
     for l in walked {
         match kept.last_mut() {
-            Some(last) if l.count == 0 => last.fence_hi = l.fence_hi,
+            Some(last) if merges(last.count, l.count, limit) => {
+                last.count += l.count;
+                last.fence_hi = l.fence_hi;
+            }
             _ => kept.push(*l),
         }
     }

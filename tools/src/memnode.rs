@@ -156,8 +156,9 @@ pub struct MemnodeArgs {
     /// Slots per leaf.
     #[arg(long, default_value_t = 16)]
     leaf_slots: u32,
-    /// SLT slots that make the agent retrain a model on its own.
-    #[arg(long, default_value_t = 128)]
+    /// SLT slots that make the agent retrain a model on its own (each
+    /// retraining also merges emptied and underfull leaves away).
+    #[arg(long, default_value_t = 32)]
     trigger: u64,
     /// Synonym-leaf room, as a multiple of the loaded leaves.
     #[arg(long, default_value_t = 2.0)]
