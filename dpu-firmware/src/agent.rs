@@ -422,6 +422,15 @@ impl<M: PoolMemory> Agent<M> {
         self.space.next_free()
     }
 
+    /// Gives `[at, at + size)` of the model region back as a record
+    /// retired now: reusable once the grace period has passed (restart
+    /// recovery, [`crate::recover`]).
+    pub(crate) fn retire_space(&mut self, at: u64, size: u64) {
+        self.space.retire(at, size, self.mem.now_ns());
+        let (waiting, ready) = self.space.free_bytes();
+        self.stats.model_region_free = waiting + ready;
+    }
+
     /// The oldest notice not taken yet.
     pub fn take_notice(&mut self) -> Option<Notice> {
         self.notices.pop_front()
