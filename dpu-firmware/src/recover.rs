@@ -95,6 +95,8 @@ pub struct Recovery {
     pub compute_locks_released: u64,
     /// Leaves walked (every chain of every model).
     pub leaves: u64,
+    /// Keys those leaves hold (the damaged ones' not counted).
+    pub keys: u64,
     /// Leaves that failed validation (see [`Recovery::damaged`]).
     pub damaged_count: u64,
     /// The first [`MAX_DAMAGED_NAMED`] of them.
@@ -303,6 +305,8 @@ pub fn release_compute_locks<M: PoolMemory>(
 pub struct LeafCheck {
     /// Leaves walked.
     pub leaves: u64,
+    /// Keys the valid ones hold.
+    pub keys: u64,
     /// Leaves that failed validation.
     pub damaged_count: u64,
     /// The first [`MAX_DAMAGED_NAMED`] of them.
@@ -350,6 +354,7 @@ pub fn check_leaves<M: PoolMemory>(
                         break;
                     }
                 };
+                out.keys += valid.len() as u64;
                 walked.push(LeafInfo {
                     addr,
                     fence_lo: leaf.fence_lo(),
@@ -447,6 +452,7 @@ impl<M: PoolMemory> Agent<M> {
             entries_finished: finished.entries_finished,
             compute_locks_released: released,
             leaves: leaves.leaves,
+            keys: leaves.keys,
             damaged_count: leaves.damaged_count,
             damaged: leaves.damaged,
             untiled: leaves.untiled,
@@ -564,6 +570,7 @@ mod tests {
         );
         assert_eq!(rec.compute_locks_released, 2);
         assert_eq!((rec.damaged_count, rec.untiled.len()), (0, 0));
+        assert_eq!(rec.keys, 40);
         assert_eq!(
             entries(&mem, at),
             before,
