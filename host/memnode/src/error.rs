@@ -95,7 +95,7 @@ impl fmt::Display for PoolFileProblem {
         match self {
             Self::Missing => f.write_str("no such file"),
             Self::Io { during, kind } => write!(f, "{during} failed: {kind}"),
-            Self::InUse => f.write_str("another process holds it (a memory node serving it?)"),
+            Self::InUse => f.write_str("locked by a memory node that serves it (flock)"),
             Self::NotAPool { why } => {
                 f.write_str("not a pool file (")?;
                 match why {
