@@ -260,7 +260,7 @@ fn clear_link<M: PoolMemory>(
     mem: &M,
     region: &LeafRegion,
     addr: LeafAddr,
-    buf: &mut Vec<u8>,
+    buf: &mut [u8],
 ) -> Result<(), PoolError> {
     let off = region.leaf_offset(addr)?;
     mem.read(off, buf)?;

@@ -225,8 +225,7 @@ fn a_memory_node_killed_mid_run_resumes_with_every_acknowledged_write() {
     let log = node.stderr();
     let retrains = log
         .lines()
-        .filter(|l| l.starts_with("retrained "))
-        .last()
+        .rfind(|l| l.starts_with("retrained "))
         .unwrap_or("no retraining reported");
     eprintln!(
         "injected: SIGKILL of the memory node after {at_kill} acknowledged inserts \
