@@ -18,9 +18,11 @@
 //!    - a live directory record with entries still locked by the agent is
 //!      a new record whose switch happened: it is rolled forward — each
 //!      such leaf's `next` link cleared (re-sealed), then its entry
-//!      unlocked — exactly the agent's step 6. The record it replaced is
-//!      left as it is (retired, or frozen if the agent died between the
-//!      switch and the retire): nothing leads to it any more.
+//!      unlocked — exactly the agent's step 6 (a leaf that step's write
+//!      left torn is re-sealed: the write changes header words only).
+//!      The record it replaced is left as it is (retired, or frozen if the
+//!      agent died between the switch and the retire): nothing leads to
+//!      it any more.
 //! 3. [`release_compute_locks`]: every other lock of a directory record
 //!    (any compute node's: leased or anonymous) is released, at once. The
 //!    choice, and why no window for returning compute nodes is needed: an
@@ -269,8 +271,13 @@ fn clear_link<M: PoolMemory>(
         error,
     };
     let leaf = Leaf::from_bytes_mut(buf).map_err(leaf_err)?;
-    leaf.validate().map_err(leaf_err)?;
-    if leaf.next().raw() == 0 {
+    if leaf.validate().is_err() {
+        // Torn by the death in the middle of this very step: only the
+        // agent writes a leaf whose entry it holds, and its write changes
+        // the checksum, version and link words only, so the slots are
+        // whole — re-sealed without the link, it is the leaf step 6 meant.
+        leaf.check_structure().map_err(leaf_err)?;
+    } else if leaf.next().raw() == 0 {
         return Ok(());
     }
     leaf.clear_next();
@@ -628,13 +635,23 @@ mod tests {
         );
         assert!(locked > 0);
 
+        // And the death tore step 6's write of the first locked leaf
+        // (its checksum word no longer matches).
+        let region = sb.leaf_region().unwrap();
+        let torn = entries(&mem, new_record)
+            .into_iter()
+            .find(|e| e.is_locked())
+            .unwrap();
+        let off = region.leaf_offset(torn.addr()).unwrap();
+        mem.store(off, mem.load(off).unwrap() ^ 1).unwrap();
+
         let (mut agent, rec) = Agent::resume(&mem, cfg, published).unwrap();
         eprintln!("found: {rec:?}");
         assert_eq!((rec.rolled_forward, rec.entries_finished), (1, locked));
+        assert_eq!(rec.damaged_count, 0, "the torn leaf re-sealed");
         assert_eq!(rec.thawed, 0);
         let nr = record(&mem, new_record);
         assert!(entries(&mem, new_record).iter().all(|e| !e.is_locked()));
-        let region = sb.leaf_region().unwrap();
         let mut buf = leaf_buffer(&region);
         let walked = walk_model(&mem, &region, &nr, &mut buf).unwrap();
         check_tiling(&nr, &walked).unwrap();
