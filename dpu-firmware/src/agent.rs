@@ -159,6 +159,37 @@ impl Default for AgentConfig {
     }
 }
 
+/// Bytes of the topology blob at `at` (what the superblock's offset word
+/// names), by the blob's own count: the offset word is what makes a blob
+/// the topology (the agent writes the length word first), so after a
+/// death between the two stores the length word may not be this blob's.
+fn read_topology_len<M: PoolMemory>(mem: &M, sb: &Superblock, at: u64) -> Result<u64, AgentError> {
+    let mut head = [0u8; topology::HEADER_SIZE as usize];
+    mem.read(at, &mut head)?;
+    let count = u64::from_le_bytes(head[..8].try_into().unwrap_or([0; 8]));
+    topology::len_for(count)
+        .filter(|&n| n <= sb.model_region_len())
+        .ok_or(AgentError::Layout(
+            rolex_core::layout::LayoutError::InvalidField {
+                field: rolex_core::layout::Field::ModelCount,
+                value: count,
+            },
+        ))
+}
+
+/// The published topology: its blob's offset and bytes, decoded (see
+/// [`read_topology_len`]).
+pub(crate) fn read_topology<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+) -> Result<(u64, u64, topology::Topology), AgentError> {
+    let at = mem.load(Superblock::UPPER_OFFSET_OFFSET)?;
+    let len = read_topology_len(mem, sb, at)?;
+    let mut blob = alloc::vec![0u8; len as usize];
+    mem.read(at, &mut blob)?;
+    Ok((at, len, topology::decode(&blob, sb.directory_capacity())?))
+}
+
 /// Nanoseconds of `d`, saturated.
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -446,12 +477,11 @@ impl<M: PoolMemory> Agent<M> {
             free_leaves: VecDeque::new(),
             stash_len: Vec::new(),
             topology: Vec::new(),
-            topology_at: (sb.upper_offset(), sb.upper_len()),
+            topology_at: (sb.upper_offset(), 0),
             epoch: 0,
         };
-        let mut blob = alloc::vec![0u8; sb.upper_len() as usize];
-        agent.mem.read(sb.upper_offset(), &mut blob)?;
-        let t = topology::decode(&blob, sb.directory_capacity())?;
+        let (at, len, t) = read_topology(&agent.mem, &sb)?;
+        agent.topology_at = (at, len);
         agent.epoch = t.epoch;
         agent.topology = t.first_keys.into_iter().zip(t.ids).collect();
         for m in 0..sb.model_count() {
@@ -501,6 +531,44 @@ impl<M: PoolMemory> Agent<M> {
     /// kept in the agent's memory only).
     pub fn next_free(&self) -> u64 {
         self.space.next_free()
+    }
+
+    /// Publishes `entries` (first key, slot; in key order, tiling the key
+    /// space) as the topology, in a blob written in free model-region
+    /// space (restart recovery, [`crate::recover`], when a cut committed
+    /// but was not published).
+    pub(crate) fn republish_topology(
+        &mut self,
+        entries: Vec<(u64, u64)>,
+    ) -> Result<(), AgentError> {
+        let epoch = self.epoch + 1;
+        let bytes = topology::encode(epoch, &entries);
+        let len = bytes.len() as u64;
+        let now = self.mem.now_ns();
+        let at = self
+            .space
+            .alloc(len, now)
+            .ok_or(AgentError::ModelRegionFull {
+                needed: len,
+                left: self.space.largest(now),
+            })?;
+        self.mem.write(at, &bytes)?;
+        self.publish(&NewTopology {
+            at,
+            len,
+            epoch,
+            entries,
+        })?;
+        Ok(())
+    }
+
+    /// Gives `[at, at + size)` of the model region back as a record
+    /// retired now: reusable once the grace period has passed (restart
+    /// recovery, [`crate::recover`]).
+    pub(crate) fn retire_space(&mut self, at: u64, size: u64) {
+        self.space.retire(at, size, self.mem.now_ns());
+        let (waiting, ready) = self.space.free_bytes();
+        self.stats.model_region_free = waiting + ready;
     }
 
     /// The oldest notice not taken yet.
@@ -1089,6 +1157,7 @@ impl<M: PoolMemory> Agent<M> {
                 key_hi: part[part.len() - 1].fence_hi,
                 epsilon: r.epsilon(),
                 generation: if i == 0 { state.next_generation() } else { 0 },
+                predecessor: p.record_at,
             };
             let segments = if starts.is_empty() {
                 self.segments_for(r, p, part)
@@ -1465,6 +1534,7 @@ impl<M: PoolMemory> Agent<M> {
                 leaf_count: n,
                 epsilon: piece.epsilon,
                 generation: piece.generation,
+                predecessor: piece.predecessor,
             },
         )?;
         nr.check(new_at, &self.sb)?;
@@ -1781,6 +1851,8 @@ struct Piece {
 /// What a new record is made for.
 struct PieceParams {
     model_id: u64,
+    /// The record the pieces are built from.
+    predecessor: u64,
     first_key: u64,
     key_hi: u64,
     epsilon: u64,
@@ -1902,7 +1974,9 @@ mod tests {
         client_split(&mem, &sb, old, 1, 25);
         assert_eq!(agent.slt_used(0).unwrap(), 1);
         let r = agent.install(p).unwrap();
-        assert_eq!((r.leaves, r.synonyms_absorbed, r.keys), (5, 1, 9));
+        // Five leaves, two of them merged into one (a leaf of 2 keys and
+        // one of 1 fit within 3 of its 4 slots).
+        assert_eq!((r.leaves, r.synonyms_absorbed, r.keys), (4, 1, 9));
         assert_eq!(agent.stats().refits, 1);
         // Switched, retired with a forward pointer, old entries locked.
         let dir = sb.directory_entry_offset(0).unwrap();
@@ -1928,7 +2002,8 @@ mod tests {
         let mut buf = leaf_buffer(&region);
         let leaves = walk_model(&mem, &region, &nr, &mut buf).unwrap();
         check_tiling(&nr, &leaves).unwrap();
-        assert_eq!(leaves.len(), 5);
+        assert_eq!(leaves.len(), 4);
+        assert_eq!(leaves.iter().map(|l| u64::from(l.count)).sum::<u64>(), 9);
         for (j, l) in leaves.iter().enumerate() {
             assert_eq!(l.next.raw(), 0);
             let e = LtEntry::from_raw(mem.load(nr.lt_entry_offset(j as u64).unwrap()).unwrap());

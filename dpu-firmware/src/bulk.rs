@@ -167,6 +167,7 @@ impl BulkPlan {
                     leaf_count: span.leaves,
                     epsilon: cfg.epsilon,
                     generation: 0,
+                    predecessor: 0,
                 },
             )?;
             record.check(at, &sb)?;
@@ -338,7 +339,7 @@ mod tests {
         let mut seen = 0u64;
         for m in 0..sb.model_count() {
             let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
-            let mut rb = [0u8; 112];
+            let mut rb = [0u8; ModelRecord::SIZE as usize];
             mem.read(at, &mut rb).unwrap();
             let r = ModelRecord::read(&rb).unwrap();
             r.check(at, &sb).unwrap();

@@ -28,6 +28,13 @@ pub enum Inconsistency {
     AlreadyFrozen,
     /// The directory word does not point at a record serving this model.
     WrongRecord,
+    /// The directory names a retired record (found on resume).
+    RetiredInDirectory,
+    /// The model's record overlaps model `other`'s (found on resume).
+    RecordsOverlap {
+        /// The other model.
+        other: u64,
+    },
 }
 
 impl fmt::Display for Inconsistency {
@@ -43,6 +50,10 @@ impl fmt::Display for Inconsistency {
             Self::ChainTooLong => f.write_str("a leaf chain is longer than the SLT allows"),
             Self::AlreadyFrozen => f.write_str("the model is already frozen"),
             Self::WrongRecord => f.write_str("the directory names a record of another model"),
+            Self::RetiredInDirectory => f.write_str("the directory names a retired record"),
+            Self::RecordsOverlap { other } => {
+                write!(f, "its record overlaps model {other}'s")
+            }
         }
     }
 }

@@ -18,6 +18,9 @@
 //! - [`agent`] — the retraining service, [`Agent`].
 //! - [`record_space`] — [`RecordSpace`], the model region's free space:
 //!   retired records reused after a grace period.
+//! - [`recover`] — [`Agent::resume`]: attaching to a pool whose previous
+//!   agent died (validation, thaw or roll forward, compute-node locks
+//!   released, free space retired at the restart).
 //! - [`histogram`] — [`Histogram`], the freeze-time histogram.
 //! - [`error`] — [`AgentError`].
 #![cfg_attr(not(test), no_std)]
@@ -34,6 +37,7 @@ pub mod leaves;
 pub mod memory;
 pub mod reap;
 pub mod record_space;
+pub mod recover;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Failure, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
@@ -42,6 +46,7 @@ pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};
 pub use record_space::RecordSpace;
+pub use recover::{DamagedLeaf, Recovery};
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -267,6 +267,9 @@ pub(crate) mod testing {
         fail_from: AtomicU64,
         fail_to: AtomicU64,
         fail_left: AtomicU32,
+        /// Mutations (writes, stores, CAS, FAA) left before the pool
+        /// refuses every one (the agent "died"); `u64::MAX`: never.
+        crash_left: AtomicU64,
     }
 
     impl VecPool {
@@ -279,6 +282,7 @@ pub(crate) mod testing {
                 fail_from: AtomicU64::new(0),
                 fail_to: AtomicU64::new(0),
                 fail_left: AtomicU32::new(0),
+                crash_left: AtomicU64::new(u64::MAX),
             }
         }
 
@@ -301,8 +305,33 @@ pub(crate) mod testing {
             self.fail_left.store(times, SeqCst);
         }
 
+        /// After `n` more mutations every one fails, changing nothing: the
+        /// agent using the pool died there (each mutation lands whole or
+        /// not at all). [`Self::revive`] ends it.
+        pub(crate) fn crash_after(&self, n: u64) {
+            self.crash_left.store(n, SeqCst);
+        }
+
+        /// Mutations succeed again (a new agent attaches).
+        pub(crate) fn revive(&self) {
+            self.crash_left.store(u64::MAX, SeqCst);
+        }
+
+        /// Whether the pool is past its crash point.
+        fn crashed(&self) -> Result<(), MemError> {
+            match self.crash_left.fetch_update(SeqCst, SeqCst, |n| match n {
+                u64::MAX => Some(n),
+                0 => None,
+                n => Some(n - 1),
+            }) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(MemError::Unavailable),
+            }
+        }
+
         /// An injected failure for a write of `len` bytes at `offset`.
         fn injected(&self, offset: u64, len: u64) -> Result<(), MemError> {
+            self.crashed()?;
             let hits =
                 offset < self.fail_to.load(SeqCst) && offset + len > self.fail_from.load(SeqCst);
             if hits
@@ -365,9 +394,11 @@ pub(crate) mod testing {
             self.words().store(offset, value)
         }
         fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+            self.crashed()?;
             self.words().cas(offset, expected, new)
         }
         fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
+            self.crashed()?;
             self.words().faa(offset, add)
         }
         fn relax(&self, _attempt: u32) {

@@ -40,7 +40,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run a memory node with its retraining agent pinned to a core budget
     /// and report retrainings, keys retrained per second, model freeze
-    /// times (p50/p99/max) and the agent's CPU time.
+    /// times (p50/p99/max) and the agent's CPU time; or, with `--fabric`,
+    /// serve its pool to compute processes (in a `--pool-file` that
+    /// `--resume` serves again after the process died).
     Memnode(memnode::MemnodeArgs),
     /// Print a file-backed pool's agent state, superblock and models, and
     /// decode the agent's log ring (`--log`, with the firmware image's ELF).

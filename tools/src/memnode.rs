@@ -24,13 +24,24 @@
 //! description of the data set attached ([`DataSetDesc`]), prints
 //! `memory node listening on ADDR:PORT …` as its first stdout line, and
 //! runs (retraining agent and the engine's progress) until it is
-//! terminated by a signal (SIGINT, SIGTERM or SIGKILL: nothing is kept on
-//! disk, so the default dispositions are the clean stop). Meanwhile each
-//! progress line on stderr gives the same throughput since the previous
-//! line, and the model region's use.
+//! terminated by a signal (SIGINT, SIGTERM or SIGKILL: the default
+//! dispositions are the clean stop). Meanwhile each progress line on
+//! stderr gives the same throughput since the previous line, and the model
+//! region's use.
+//!
+//! Serving with `--pool-file PATH` keeps the pool in that file (mapped
+//! shared, behind the agent area) and the data set's description next to
+//! it, in `PATH.dataset` ([`DataSetDesc`]'s text form without the lease
+//! port). After the process died, however it died, `--resume` serves the
+//! same file again: `MemoryNode::resume` validates and recovers the pool
+//! (an interrupted retraining finished or undone, every compute node's
+//! chain lock released — compute nodes connect afresh), and the offer
+//! carries the stored description, so compute nodes given the original
+//! data-set arguments are accepted. The pool's shape comes from the file;
+//! data-set arguments given with `--resume` must match the stored ones.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,7 +147,6 @@ impl DataSetDesc {
 
 /// Arguments of `rolex memnode`.
 #[derive(Debug, Args)]
-#[command(mut_group("source", |g| g.required(true)))]
 #[command(mut_arg("seed", |a| a.help("Seed of the generator and of the inserted keys")))]
 pub struct MemnodeArgs {
     #[command(flatten)]
@@ -163,10 +173,21 @@ pub struct MemnodeArgs {
     /// Synonym-leaf room, as a multiple of the loaded leaves.
     #[arg(long, default_value_t = 2.0)]
     spare_leaves: f64,
-    /// Lay the pool out in this file (agent area, then pool) so `rolex
-    /// inspect` or the firmware image can read it.
+    /// Lay the pool out in this file (agent area, then pool; created or
+    /// emptied) so `rolex inspect` or the firmware image can read it, and,
+    /// with `--fabric`, so that a node that died can be restarted on it
+    /// with `--resume` (its data-set description goes to FILE.dataset).
     #[arg(long, value_name = "FILE")]
     pool_file: Option<PathBuf>,
+    /// With `--fabric` and `--pool-file`: serve the pool a memory node left
+    /// in that file when its process died, instead of loading a data set.
+    /// The pool is checked (layout version, directory, leaves) and
+    /// recovered: a retraining the death interrupted is finished or
+    /// undone, and every compute node's chain lock is released (compute
+    /// nodes reconnect). Data-set arguments are optional; given, they must
+    /// match the pool's. Pool-shape arguments are taken from the file.
+    #[arg(long)]
+    resume: bool,
     /// Fill factor of the leaves at load [default: the store's].
     #[arg(long)]
     fill: Option<f64>,
@@ -226,10 +247,19 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => {}
     }
+    if args.resume {
+        let Some(path) = &args.pool_file else {
+            return Err("--resume needs --pool-file PATH: the pool file to resume".into());
+        };
+        let Some(fabric) = &args.fabric else {
+            return Err("--resume serves the pool: give --fabric and --listen too".into());
+        };
+        return serve(&args, fabric, Pool::Resume(path));
+    }
     // An empty key file loads an empty pool, as it always has.
     let keys = args.data.load(0, EmptyFile::Accept)?;
     if let Some(fabric) = &args.fabric {
-        return serve(&args, fabric, keys);
+        return serve(&args, fabric, Pool::Load(keys));
     }
     if !(args.duration.is_finite() && args.duration >= 0.0) {
         return Err(format!("--duration {} is not a number of seconds", args.duration).into());
@@ -404,11 +434,87 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Where the served pool comes from.
+enum Pool<'a> {
+    /// A fresh pool loaded with these keys (in `--pool-file` if given).
+    Load(Vec<u64>),
+    /// The pool a dead memory node left in this file.
+    Resume(&'a Path),
+}
+
+/// Where a pool file's data-set description is kept: `PATH.dataset`.
+pub fn desc_path(pool_file: &Path) -> PathBuf {
+    let mut p = pool_file.as_os_str().to_owned();
+    p.push(".dataset");
+    PathBuf::from(p)
+}
+
+/// Writes `desc` (its lease port left out: a restarted node has another)
+/// next to `pool_file`, replacing any older one in one rename.
+fn store_desc(pool_file: &Path, desc: &DataSetDesc) -> Result<(), String> {
+    let path = desc_path(pool_file);
+    let tmp = {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".tmp");
+        PathBuf::from(p)
+    };
+    let text = DataSetDesc {
+        lease: None,
+        ..desc.clone()
+    }
+    .encode();
+    std::fs::write(&tmp, text + "\n")
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("writing the data-set description {}: {e}", path.display()))
+}
+
+/// The description stored next to `pool_file` by the node that laid it out.
+fn load_desc(pool_file: &Path) -> Result<DataSetDesc, String> {
+    let path = desc_path(pool_file);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "pool file {}: its data-set description {} cannot be read ({e}); \
+             was the pool laid out by `rolex memnode --fabric … --pool-file`?",
+            pool_file.display(),
+            path.display()
+        )
+    })?;
+    DataSetDesc::parse(text.trim()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The description of the data set `args` names, loaded as `keys`.
+fn describe(args: &MemnodeArgs, cfg: &MemoryNodeConfig, keys: &[u64]) -> DataSetDesc {
+    DataSetDesc {
+        source: match args.data.dist {
+            Some(d) if args.data.keys.is_none() => format!("dist:{d}"),
+            _ => "keys".into(),
+        },
+        n: keys.len() as u64,
+        seed: args.data.seed,
+        keyhash: key_hash(keys),
+        leaf_slots: cfg.leaf_slots,
+        fill: cfg.fill,
+        epsilon: cfg.epsilon,
+        lease: None,
+    }
+}
+
+/// The pool shape `args` names (what [`describe`] needs of it).
+fn defaults_for(args: &MemnodeArgs) -> MemoryNodeConfig {
+    let defaults = MemoryNodeConfig::default();
+    MemoryNodeConfig {
+        leaf_slots: args.leaf_slots,
+        fill: args.fill.unwrap_or(defaults.fill),
+        epsilon: args.epsilon.unwrap_or(defaults.epsilon),
+        ..defaults
+    }
+}
+
 /// `--fabric`: serves the pool to other processes until terminated.
 fn serve(
     args: &MemnodeArgs,
     fabric: &FabricArg,
-    keys: Vec<u64>,
+    pool: Pool<'_>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let engine = match fabric {
         // Refused by `run` before anything was loaded.
@@ -427,9 +533,6 @@ fn serve(
         .listen
         .as_deref()
         .ok_or("--fabric needs --listen ADDR:PORT")?;
-    if args.pool_file.is_some() {
-        return Err("--pool-file is for the local measurement, not with --fabric".into());
-    }
     let defaults = MemoryNodeConfig::default();
     let cfg = MemoryNodeConfig {
         engine,
@@ -439,26 +542,93 @@ fn serve(
         spare_leaf_factor: args.spare_leaves,
         fill: args.fill.unwrap_or(defaults.fill),
         epsilon: args.epsilon.unwrap_or(defaults.epsilon),
+        pool_file: args.pool_file.clone(),
         ..defaults
     };
-    let desc = DataSetDesc {
-        source: match args.data.dist {
-            Some(d) if args.data.keys.is_none() => format!("dist:{d}"),
-            _ => "keys".into(),
-        },
-        n: keys.len() as u64,
-        seed: args.data.seed,
-        keyhash: key_hash(&keys),
-        leaf_slots: cfg.leaf_slots,
-        fill: cfg.fill,
-        epsilon: cfg.epsilon,
-        lease: None,
+    let (node_, desc) = match pool {
+        Pool::Load(keys) => {
+            let desc = describe(args, &cfg, &keys);
+            if let Some(path) = &args.pool_file {
+                // A description left by an earlier pool in this file must
+                // never outlive it.
+                match std::fs::remove_file(desc_path(path)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(format!(
+                            "removing the old data-set description {}: {e}",
+                            desc_path(path).display()
+                        )
+                        .into())
+                    }
+                    _ => {}
+                }
+            }
+            // The values `rolex bench` checks its answers against.
+            let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
+            drop(keys);
+            let node_ = MemoryNode::start(cfg, &pairs)?;
+            drop(pairs);
+            if let Some(path) = &args.pool_file {
+                store_desc(path, &desc)?;
+            }
+            (node_, desc)
+        }
+        Pool::Resume(path) => {
+            // The pool file's problems first (missing, not a pool, another
+            // layout version): nothing is offered before the banner.
+            let t = Instant::now();
+            let (node_, rec) = MemoryNode::resume(cfg)?;
+            let desc = load_desc(path)?;
+            if args.data.is_given() {
+                let keys = args.data.load(0, EmptyFile::Accept)?;
+                let mine = DataSetDesc {
+                    leaf_slots: desc.leaf_slots,
+                    fill: desc.fill,
+                    epsilon: desc.epsilon,
+                    ..describe(args, &defaults_for(args), &keys)
+                };
+                if mine != desc {
+                    return Err(format!(
+                        "pool file {} holds another data set: {} (the arguments name {})",
+                        path.display(),
+                        desc.encode(),
+                        mine.encode()
+                    )
+                    .into());
+                }
+            }
+            eprintln!(
+                "resumed pool file {} in {:.2} s: {} models, {} keys in {} leaves; \
+                 {} model(s) thawed ({} entries), {} rolled forward ({} entries), \
+                 {} compute-node lock(s) released, {} damaged leaves, {} untiled models, \
+                 {} KiB of model region retired until the grace period passes",
+                path.display(),
+                t.elapsed().as_secs_f64(),
+                rec.models,
+                rec.keys,
+                rec.leaves,
+                rec.thawed,
+                rec.thaw_unlocked,
+                rec.rolled_forward,
+                rec.entries_finished,
+                rec.compute_locks_released,
+                rec.damaged_count,
+                rec.untiled.len(),
+                rec.retired_bytes() >> 10
+            );
+            for d in &rec.damaged {
+                eprintln!(
+                    "damaged leaf {} of model {}: {} (keys it held may be unreadable)",
+                    d.leaf.leaf(),
+                    d.model_id,
+                    d.error
+                );
+            }
+            for m in &rec.untiled {
+                eprintln!("model {m}: its leaves do not tile its key range");
+            }
+            (node_, desc)
+        }
     };
-    // The values `rolex bench` checks its answers against.
-    let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
-    drop(keys);
-    let node_ = MemoryNode::start(cfg, &pairs)?;
-    drop(pairs);
     // On stderr: the first stdout line is the banner clients wait for.
     if let Some(n) = node_.engine().libfabric() {
         eprintln!("memory node: {n}");

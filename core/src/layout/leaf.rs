@@ -326,6 +326,13 @@ impl Leaf {
         self.header.flags.get()
     }
 
+    /// The used slots (as [`Self::used`]): for a leaf whose structure is
+    /// known valid ([`Self::check_structure`]) but whose checksum may not
+    /// match (a recovery re-sealing a leaf it knows whole).
+    pub fn used_entries(&self) -> &[Slot] {
+        self.used()
+    }
+
     /// The used prefix, clamped to the slots the leaf has: safe on any leaf,
     /// meaningful on one whose structure is valid.
     fn used(&self) -> &[Slot] {

@@ -193,6 +193,9 @@ pub struct ModelRecordParams {
     pub epsilon: u64,
     /// The record's generation.
     pub generation: u16,
+    /// Pool offset of the record this one was built from by retraining
+    /// (0: none, bulk-loaded).
+    pub predecessor: u64,
 }
 
 /// One piece of a model's prediction function, as stored in the record's
@@ -315,7 +318,7 @@ impl ModelSegment {
     }
 }
 
-/// A model record's fixed 112 bytes. By default ([`ModelRecord::new`]) its
+/// A model record's fixed 120 bytes. By default ([`ModelRecord::new`]) its
 /// tables follow it in this order:
 ///
 /// ```text
@@ -339,10 +342,14 @@ impl ModelSegment {
 ///    104     8  refused          bytes a retraining of this model needed and
 ///                                the model region did not have (0: none); set
 ///                                by the agent when the region is really full
-/// 112 + 0        8n  LT
-/// 112 + 8n       8n  fence table
-/// 112 + 16n    2048  SLT
-/// 2160 + 16n    40g  segment table
+///    112     8  predecessor      pool offset of the record retraining built
+///                                this one from (0: bulk-loaded): where a
+///                                restarted agent finds the leaves a
+///                                retraining that died merged into this one's
+/// 120 + 0        8n  LT
+/// 120 + 8n       8n  fence table
+/// 120 + 16n    2048  SLT
+/// 2168 + 16n    40g  segment table
 /// ```
 ///
 /// The fence table lets a compute node that caches it lock the chain that
@@ -364,9 +371,10 @@ pub struct ModelRecord {
     slt_offset: U64,
     segments_offset: U64,
     refused: U64,
+    predecessor: U64,
 }
 
-const _: () = assert!(core::mem::size_of::<ModelRecord>() == 112);
+const _: () = assert!(core::mem::size_of::<ModelRecord>() == 120);
 
 impl ModelRecord {
     /// Bytes of the fixed part.
@@ -420,6 +428,7 @@ impl ModelRecord {
             slt_offset: U64::new(slt),
             segments_offset: U64::new(segments),
             refused: U64::new(0),
+            predecessor: U64::new(p.predecessor),
         };
         record.check_fields()?;
         Ok(record)
@@ -453,6 +462,12 @@ impl ModelRecord {
     /// of waiting for a retraining.
     pub fn refused(&self) -> u64 {
         self.refused.get()
+    }
+
+    /// Pool offset of the record retraining built this one from (0:
+    /// bulk-loaded).
+    pub fn predecessor(&self) -> u64 {
+        self.predecessor.get()
     }
 
     /// The directory slot served.
@@ -649,6 +664,7 @@ mod tests {
             leaf_count,
             epsilon: 16,
             generation: 5,
+            predecessor: 0,
         }
     }
 
@@ -673,18 +689,18 @@ mod tests {
         assert_eq!(ModelRecord::STATE_OFFSET, 0);
         assert_eq!(ModelRecord::REFUSED_OFFSET, 104);
         assert_eq!(r.refused(), 0);
-        assert_eq!(r.lt_offset(), at + 112);
-        assert_eq!(r.fences_offset(), at + 112 + 80);
-        assert_eq!(r.slt_offset(), at + 112 + 160);
-        assert_eq!(r.segments_offset(), at + 112 + 160 + 2048);
-        assert_eq!(ModelRecord::size_for(10, 2), Ok(112 + 160 + 2048 + 80));
-        assert_eq!(r.total_len(), Ok(112 + 160 + 2048 + 80));
-        assert_eq!(r.lt_entry_offset(9), Ok(at + 112 + 72));
+        assert_eq!(r.lt_offset(), at + 120);
+        assert_eq!(r.fences_offset(), at + 120 + 80);
+        assert_eq!(r.slt_offset(), at + 120 + 160);
+        assert_eq!(r.segments_offset(), at + 120 + 160 + 2048);
+        assert_eq!(ModelRecord::size_for(10, 2), Ok(120 + 160 + 2048 + 80));
+        assert_eq!(r.total_len(), Ok(120 + 160 + 2048 + 80));
+        assert_eq!(r.lt_entry_offset(9), Ok(at + 120 + 72));
         assert!(r.lt_entry_offset(10).is_err());
-        assert_eq!(r.fence_offset(0), Ok(at + 192));
-        assert_eq!(r.slt_slot_offset(0), Ok(at + 272));
-        assert_eq!(r.slt_slot_offset(255), Ok(at + 272 + 255 * 8));
-        assert_eq!(r.segment_offset(1), Ok(at + 272 + 2048 + 40));
+        assert_eq!(r.fence_offset(0), Ok(at + 200));
+        assert_eq!(r.slt_slot_offset(0), Ok(at + 280));
+        assert_eq!(r.slt_slot_offset(255), Ok(at + 280 + 255 * 8));
+        assert_eq!(r.segment_offset(1), Ok(at + 280 + 2048 + 40));
         assert!(r.segment_offset(2).is_err());
         assert_eq!(r.label_stride(), 8);
         assert_eq!(r.segment_count(), 2);
@@ -701,9 +717,9 @@ mod tests {
         assert_eq!(r.check(at, &sb), Ok(()));
         // Past the region's end.
         let end = sb.model_region_offset() + sb.model_region_len();
-        let late = ModelRecord::new(end - 112, &params(10)).unwrap();
+        let late = ModelRecord::new(end - 120, &params(10)).unwrap();
         assert!(matches!(
-            late.check(end - 112, &sb),
+            late.check(end - 120, &sb),
             Err(LayoutError::OutOfPool { .. }) | Err(LayoutError::Outside { .. })
         ));
         // Tables overlapping the record.

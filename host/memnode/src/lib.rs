@@ -17,8 +17,10 @@ pub mod error;
 pub mod lease_server;
 pub mod node;
 
-pub use error::MemoryNodeError;
+pub use error::{MemoryNodeError, NotAPool, PoolFileProblem};
 pub use lease_server::{LeaseConfig, LeaseServer, OnExpire};
 pub use node::{AgentActivity, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
-pub use rolex_dpu::{AgentError, AgentStats, Notice, Prepared, RetrainReport};
+pub use rolex_dpu::{
+    AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport,
+};
 pub use rolex_kv::PoolInfo;

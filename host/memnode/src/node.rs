@@ -15,6 +15,14 @@
 //! firmware image — can serve the very pool this node registered: start it
 //! with `retraining_thread: false`, hand the image the file, and stop it
 //! with [`MemoryNode::stop_external_agent`].
+//!
+//! A file-backed pool survives its process: the node publishes the agent's
+//! `next_free` in the agent area as it moves, and
+//! [`MemoryNode::resume`] maps a file that a dead node left, recovers it
+//! (`rolex_dpu::recover`) and serves it again with every write that was
+//! acknowledged before the death (a write's completion at a compute node
+//! means its bytes are in the mapping, which the kernel keeps when the
+//! process dies).
 
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -24,7 +32,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
-use rolex_core::layout::{AgentArea, ModelRecord, Superblock, LAYOUT_VERSION};
+use rolex_core::layout::{AgentArea, LeafRegion, ModelRecord, Superblock, LAYOUT_VERSION};
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
     Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
@@ -34,7 +42,7 @@ use rolex_dpu::{
 use rolex_engine::{EngineConfig, MrHandle, TransferEngine};
 use rolex_kv::PoolInfo;
 
-use crate::error::{transfer, MemoryNodeError};
+use crate::error::{transfer, MemoryNodeError, NotAPool, PoolFileProblem};
 
 /// How to build a memory node.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,9 +106,11 @@ pub struct MemoryNodeConfig {
     /// 1): it is pinned to the last `cores` CPUs the process may use (all
     /// of them if there are fewer).
     pub cores: usize,
-    /// Lay the pool out in this file (created or truncated), mapped shared,
+    /// Lay the pool out in this file (created or emptied), mapped shared,
     /// behind an agent area, instead of in engine-owned memory (see the
-    /// module docs). `None`: engine memory.
+    /// module docs); the file outlives the process, so a node that died
+    /// can be resumed on it ([`MemoryNode::resume`]). `None`: engine
+    /// memory.
     pub pool_file: Option<PathBuf>,
     /// Bytes of the agent area's log ring when `pool_file` is set.
     pub log_capacity: u64,
@@ -137,9 +147,11 @@ pub struct MemoryNodeStats {
     pub agent: AgentStats,
     /// Models (directory slots).
     pub models: u64,
-    /// Keys bulk-loaded.
+    /// Keys bulk-loaded (after [`MemoryNode::resume`]: keys the pool held
+    /// when it was resumed).
     pub keys_loaded: u64,
-    /// Leaves bulk-loaded.
+    /// Leaves bulk-loaded (after a resume: leaves allocated when it was
+    /// resumed, so `synonym_leaves` counts those created since).
     pub leaves_loaded: u64,
     /// Leaves allocated so far (`alloc_num`).
     pub leaves_allocated: u64,
@@ -276,15 +288,70 @@ struct NodeShared {
     pinned: AtomicU64,
     /// Notices the agent met (unknown CirQ models), kept for the driver.
     notices: Mutex<Vec<rolex_dpu::Notice>>,
+    /// The agent area of a file-backed pool, where the agent's
+    /// `next_free` is published for a later [`MemoryNode::resume`].
+    area: Option<MrHandle>,
+    /// The `next_free` published last.
+    published: AtomicU64,
+}
+
+impl NodeShared {
+    /// Publishes the agent's `next_free` in the agent area if it moved
+    /// (one store; a resume takes every byte below it that no directory
+    /// record holds for a record retired at the restart).
+    fn publish(&self, agent: &Agent<HostPool>) {
+        let Some(area) = &self.area else { return };
+        let nf = agent.next_free();
+        if self.published.swap(nf, SeqCst) != nf {
+            // Best effort: a resume also counts every directory record.
+            let _ = area.store_u64(AgentArea::NEXT_FREE_OFFSET, nf);
+        }
+    }
+}
+
+/// What [`MemoryNode::start`] and [`MemoryNode::resume`] hand to
+/// `MemoryNode::assemble`.
+struct Parts {
+    engine: TransferEngine,
+    mr: MrHandle,
+    desc: MrDesc,
+    area: Option<(MrHandle, PathBuf)>,
+    mapping: Option<FileMapping>,
+    agent: Agent<HostPool>,
+    models: u64,
+    keys_loaded: u64,
+    leaves_loaded: u64,
+    region: LeafRegion,
+}
+
+/// What compute nodes may do to the pool.
+fn pool_access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
+}
+
+/// The agent's configuration from the node's.
+fn agent_config(cfg: &MemoryNodeConfig) -> AgentConfig {
+    AgentConfig {
+        retrain_trigger: cfg.retrain_trigger,
+        cirq_abandon_after: cfg.cirq_abandon_after,
+        freeze_deadline: cfg.freeze_deadline,
+        record_grace: cfg.record_grace,
+        max_model_leaves: cfg.max_model_leaves,
+        ..AgentConfig::default()
+    }
 }
 
 /// Notices the node keeps for [`MemoryNode::take_notices`].
 const MAX_NOTICES: usize = 1024;
 
-/// A file mapped shared, read-write; unmapped on drop.
+/// A file mapped shared, read-write, whole; unmapped on drop. The file is
+/// held open with an exclusive `flock` for as long as the mapping lives,
+/// so two memory nodes never serve one pool file (the kernel drops the
+/// lock when the process dies, so a killed node's file can be resumed).
 struct FileMapping {
     ptr: NonNull<u8>,
     len: usize,
+    _file: std::fs::File,
 }
 
 // SAFETY: the mapping is plain shared memory; the pointer is only used to
@@ -294,25 +361,63 @@ unsafe impl Send for FileMapping {}
 unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
+    /// Creates (or empties) the file at `path`, sized `len`, and maps it.
     fn create(path: &Path, len: u64) -> Result<Self, MemoryNodeError> {
-        let bad = |reason| MemoryNodeError::BadConfig {
-            field: "pool_file",
-            reason,
-        };
+        let err = pool_file_error(path);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .open(path)
-            .map_err(|_| bad("the file cannot be created"))?;
-        file.set_len(len)
-            .map_err(|_| bad("the file cannot be sized"))?;
-        let n = usize::try_from(len).map_err(|_| bad("too large to map"))?;
+            .map_err(|e| err(io_problem("creating", &e)))?;
+        // Locked before it is emptied: a file another node serves is left
+        // alone.
+        lock_file(&file).map_err(&err)?;
+        file.set_len(0)
+            .and_then(|()| file.set_len(len))
+            .map_err(|e| err(io_problem("sizing", &e)))?;
+        Self::map(file, len).map_err(err)
+    }
+
+    /// Maps the existing file at `path` whole, as it is.
+    fn open(path: &Path) -> Result<Self, MemoryNodeError> {
+        let err = pool_file_error(path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                err(match e.kind() {
+                    std::io::ErrorKind::NotFound => PoolFileProblem::Missing,
+                    _ => io_problem("opening", &e),
+                })
+            })?;
+        lock_file(&file).map_err(&err)?;
+        let len = file
+            .metadata()
+            .map_err(|e| err(io_problem("reading the size", &e)))?
+            .len();
+        if len < AgentArea::SIZE {
+            return Err(err(PoolFileProblem::NotAPool {
+                why: NotAPool::Short {
+                    needed: AgentArea::SIZE,
+                    found: len,
+                },
+            }));
+        }
+        Self::map(file, len).map_err(err)
+    }
+
+    fn map(file: std::fs::File, len: u64) -> Result<Self, PoolFileProblem> {
+        let too_large = PoolFileProblem::Io {
+            during: "mapping",
+            kind: std::io::ErrorKind::OutOfMemory,
+        };
+        let n = usize::try_from(len).map_err(|_| too_large.clone())?;
         use std::os::fd::AsRawFd;
         // SAFETY: a fresh shared mapping of our own open file at an address
-        // the kernel picks; it aliases no Rust object. The file may be
-        // closed afterwards: the mapping keeps it referenced.
+        // the kernel picks; it aliases no Rust object.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -324,10 +429,56 @@ impl FileMapping {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(bad("mmap failed"));
+            return Err(io_problem("mapping", &std::io::Error::last_os_error()));
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(bad("mmap returned null"))?;
-        Ok(Self { ptr, len: n })
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(too_large)?;
+        Ok(Self {
+            ptr,
+            len: n,
+            _file: file,
+        })
+    }
+
+    /// A copy of `len` bytes at `offset` (inside the mapping).
+    fn copy(&self, offset: u64, len: u64) -> Vec<u8> {
+        let (o, n) = (offset as usize, len as usize);
+        assert!(
+            o <= self.len && n <= self.len - o,
+            "copy inside the mapping"
+        );
+        // SAFETY: `[ptr + o, ptr + o + n)` lies in the mapping (checked
+        // above), which is mapped while `self` lives; nothing else maps or
+        // registers it yet (copies are taken before registration), so
+        // nothing writes it concurrently.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(o), n) }.to_vec()
+    }
+}
+
+/// Takes the exclusive lock of a pool file, or says another process has it.
+fn lock_file(file: &std::fs::File) -> Result<(), PoolFileProblem> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` on a descriptor we own; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => PoolFileProblem::InUse,
+        _ => io_problem("locking", &e),
+    })
+}
+
+fn io_problem(during: &'static str, e: &std::io::Error) -> PoolFileProblem {
+    PoolFileProblem::Io {
+        during,
+        kind: e.kind(),
+    }
+}
+
+fn pool_file_error(path: &Path) -> impl Fn(PoolFileProblem) -> MemoryNodeError + '_ {
+    move |problem| MemoryNodeError::PoolFile {
+        path: path.to_path_buf(),
+        problem,
     }
 }
 
@@ -507,10 +658,7 @@ impl MemoryNode {
         drop(keys);
         let engine = TransferEngine::new(cfg.engine.clone())
             .map_err(transfer("starting the memory node's engine"))?;
-        let access = Access::LOCAL_WRITE
-            | Access::REMOTE_READ
-            | Access::REMOTE_WRITE
-            | Access::REMOTE_ATOMIC;
+        let access = pool_access();
         let mut mapping = None;
         let mut area = None;
         let (mr, desc) = match &cfg.pool_file {
@@ -549,21 +697,138 @@ impl MemoryNode {
         };
         let pool = HostPool::new(mr.clone());
         plan.write(&pool, pairs)?;
-        let agent = Agent::attach(
-            pool,
-            AgentConfig {
-                retrain_trigger: cfg.retrain_trigger,
-                cirq_abandon_after: cfg.cirq_abandon_after,
-                freeze_deadline: cfg.freeze_deadline,
-                record_grace: cfg.record_grace,
-                max_model_leaves: cfg.max_model_leaves,
-                ..AgentConfig::default()
-            },
-            plan.next_free(),
-        )?;
+        let agent = Agent::attach(pool, agent_config(&cfg), plan.next_free())?;
         let region = plan.superblock().leaf_region()?;
+        Self::assemble(
+            &cfg,
+            Parts {
+                engine,
+                mr,
+                desc,
+                area,
+                mapping,
+                agent,
+                models: plan.model_count(),
+                keys_loaded: plan.key_count(),
+                leaves_loaded: plan.leaf_count(),
+                region,
+            },
+        )
+    }
+
+    /// Resumes the pool in `cfg.pool_file` that a memory node laid out
+    /// ([`MemoryNode::start`] with `pool_file`) and that was left by its
+    /// process when it died (`SIGKILL`, a crash): maps the file as it is —
+    /// nothing is truncated or loaded — checks it is a pool file of this
+    /// layout version, recovers it ([`rolex_dpu::Agent::resume`]: pool
+    /// validated, an interrupted retraining thawed or rolled forward,
+    /// every compute node's chain lock released, leaves checked, the
+    /// model region's free space retired as of now) *before* registering
+    /// it, then serves it as `start` does. Returns the recovery report.
+    ///
+    /// Locks: every compute-node lock is released at once, before any
+    /// compute node can reach the pool (no window for returning compute
+    /// nodes): an operation issued before the restart cannot land after
+    /// it — the old engine's endpoints and memory keys died with its
+    /// process, so a compute node reaches the resumed pool only through a
+    /// new bootstrap (new address, keys and lease) — and lease ids start
+    /// afresh, so an old lock's id could name a new compute node.
+    ///
+    /// The pool's shape comes from the file: `cfg`'s `leaf_slots`, `fill`,
+    /// `epsilon`, `spare_leaf_factor`, `model_region_spare` and
+    /// `log_capacity` are not used. The file stays locked (`flock`) while
+    /// the node lives, so a second node cannot serve it at once.
+    pub fn resume(cfg: MemoryNodeConfig) -> Result<(Self, rolex_dpu::Recovery), MemoryNodeError> {
+        let path = cfg.pool_file.clone().ok_or(MemoryNodeError::BadConfig {
+            field: "pool_file",
+            reason: "resuming needs the pool file",
+        })?;
+        let err = pool_file_error(&path);
+        let mapping = FileMapping::open(&path)?;
+        let not_a_pool = |why| err(PoolFileProblem::NotAPool { why });
+        let area_header = AgentArea::read(&mapping.copy(0, AgentArea::SIZE))
+            .map_err(|e| not_a_pool(NotAPool::Area(e)))?;
+        let file_len = mapping.len as u64;
+        let at = area_header
+            .pool_offset()
+            .filter(|&at| at.saturating_add(Superblock::SIZE) <= file_len)
+            .ok_or_else(|| {
+                not_a_pool(NotAPool::Short {
+                    needed: area_header
+                        .pool_offset()
+                        .unwrap_or(u64::MAX)
+                        .saturating_add(Superblock::SIZE),
+                    found: file_len,
+                })
+            })?;
+        let head = mapping.copy(at, Superblock::SIZE);
+        let word = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap_or([0; 8]));
+        if word(0) != rolex_core::layout::MAGIC {
+            return Err(not_a_pool(NotAPool::PoolMagic { found: word(0) }));
+        }
+        let version = word(8) as u32;
+        if version != LAYOUT_VERSION {
+            return Err(err(PoolFileProblem::LayoutVersion {
+                found: version,
+                supported: LAYOUT_VERSION,
+            }));
+        }
+        let sb = Superblock::read(&head)?;
+        let pool_len = sb.pool_size();
+        if at.saturating_add(pool_len) > file_len {
+            return Err(not_a_pool(NotAPool::Short {
+                needed: at.saturating_add(pool_len),
+                found: file_len,
+            }));
+        }
+        let engine = TransferEngine::new(cfg.engine.clone())
+            .map_err(transfer("starting the memory node's engine"))?;
+        let base = mapping.ptr;
+        // SAFETY: `[base, base + at)` and `[base + at, base + at +
+        // pool_len)` lie in the mapping (checked above), which stays mapped
+        // until `_mapping` drops after the engine (field order), i.e. after
+        // every registration is gone. Nothing holds Rust references into
+        // it: all access goes through the engine.
+        let (am, _) = unsafe { engine.reg_mr(base, at, Access::LOCAL_WRITE) }
+            .map_err(transfer("registering the agent area"))?;
+        // SAFETY: as above; `at < file_len`, so the pointer is inside.
+        let pool_ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(at as usize)) };
+        // SAFETY: as above. Compute nodes can reach the pool only once
+        // `assemble` returns and the caller offers its descriptor.
+        let (mr, desc) = unsafe { engine.reg_mr(pool_ptr, pool_len, pool_access()) }
+            .map_err(transfer("registering the pool"))?;
+        let (agent, recovery) = Agent::resume(
+            HostPool::new(mr.clone()),
+            agent_config(&cfg),
+            area_header.next_free(),
+        )?;
+        am.store_u64(AgentArea::NEXT_FREE_OFFSET, agent.next_free())
+            .map_err(transfer("writing the agent area"))?;
+        let region = sb.leaf_region()?;
+        let allocated = mr.load_u64(region.alloc_num_offset()).unwrap_or(0);
+        let node = Self::assemble(
+            &cfg,
+            Parts {
+                engine,
+                mr,
+                desc,
+                area: Some((am, path.clone())),
+                mapping: Some(mapping),
+                agent,
+                models: sb.model_count(),
+                keys_loaded: recovery.keys,
+                leaves_loaded: allocated.min(region.capacity()),
+                region,
+            },
+        )?;
+        Ok((node, recovery))
+    }
+
+    /// Starts serving: the agent's thread (if configured) and the node.
+    fn assemble(cfg: &MemoryNodeConfig, p: Parts) -> Result<Self, MemoryNodeError> {
+        let published = p.agent.next_free();
         let shared = Arc::new(NodeShared {
-            agent: Mutex::new(agent),
+            agent: Mutex::new(p.agent),
             stop: AtomicBool::new(false),
             errors: Mutex::new((0, None)),
             busy: AtomicBool::new(false),
@@ -571,6 +836,8 @@ impl MemoryNode {
             retrain_ns: AtomicU64::new(0),
             pinned: AtomicU64::new(0),
             notices: Mutex::new(Vec::new()),
+            area: p.area.as_ref().map(|(mr, _)| mr.clone()),
+            published: AtomicU64::new(published),
         });
         let thread = if cfg.retraining_thread {
             let s = shared.clone();
@@ -594,17 +861,17 @@ impl MemoryNode {
         Ok(Self {
             shared,
             thread,
-            mr,
-            desc,
-            plan_models: plan.model_count(),
-            keys_loaded: plan.key_count(),
-            leaves_loaded: plan.leaf_count(),
-            leaf_capacity: region.capacity(),
-            leaf_size: region.leaf_size(),
-            alloc_num_offset: region.alloc_num_offset(),
-            area,
-            engine,
-            _mapping: mapping,
+            mr: p.mr,
+            desc: p.desc,
+            plan_models: p.models,
+            keys_loaded: p.keys_loaded,
+            leaves_loaded: p.leaves_loaded,
+            leaf_capacity: p.region.capacity(),
+            leaf_size: p.region.leaf_size(),
+            alloc_num_offset: p.region.alloc_num_offset(),
+            area: p.area,
+            engine: p.engine,
+            _mapping: p.mapping,
         })
     }
 
@@ -772,12 +1039,18 @@ impl MemoryNode {
     /// One step of the agent on the caller's thread: drain the CirQ and
     /// retrain the neediest due model.
     pub fn poll_once(&self) -> Result<Option<RetrainReport>, MemoryNodeError> {
-        Ok(self.agent().poll()?)
+        let mut a = self.agent();
+        let r = a.poll();
+        self.shared.publish(&a);
+        Ok(r?)
     }
 
     /// Retrains model `model` now, whatever its SLT count.
     pub fn retrain_now(&self, model: u64) -> Result<RetrainReport, MemoryNodeError> {
-        Ok(self.agent().retrain(model)?)
+        let mut a = self.agent();
+        let r = a.retrain(model);
+        self.shared.publish(&a);
+        Ok(r?)
     }
 
     /// Retraining step 1 alone (walk and fit, nothing locked): with
@@ -790,7 +1063,10 @@ impl MemoryNode {
     /// Retraining steps 2–6 for a prepared model: freeze, carry over the
     /// leaves created since [`MemoryNode::prepare`], switch, retire.
     pub fn install(&self, prepared: Prepared) -> Result<RetrainReport, MemoryNodeError> {
-        Ok(self.agent().install(prepared)?)
+        let mut a = self.agent();
+        let r = a.install(prepared);
+        self.shared.publish(&a);
+        Ok(r?)
     }
 
     /// SLT slots model `model` has used.
@@ -819,6 +1095,7 @@ fn retrain_loop(s: &NodeShared, park: Duration) {
         let r = {
             let mut a = s.agent.lock().unwrap_or_else(|e| e.into_inner());
             let r = a.poll();
+            s.publish(&a);
             let mut kept = None;
             while let Some(n) = a.take_notice() {
                 let g =

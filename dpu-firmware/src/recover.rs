@@ -1,0 +1,1035 @@
+//! Restart recovery: an agent attaching to a pool that a previous agent
+//! (or the memory-node process around it) left when it died — `SIGKILL`,
+//! a crash, a power-cycled DPU — with only the pool's bytes to go on.
+//!
+//! [`Agent::resume`] runs these steps, each a function of its own, before
+//! any compute node can reach the pool again (the caller registers and
+//! offers the pool only afterwards):
+//!
+//! 1. [`validate`]: the superblock (magic, layout version, parts in
+//!    bounds), the leaf region's header, and every directory record (it
+//!    checks, serves its own model, is not retired, and no two overlap).
+//! 2. [`finish_retrainings`]: the retraining that was under way when the
+//!    agent died, following the protocol's point of no return
+//!    ([`crate::agent`], step 5):
+//!    - a directory record left `FROZEN` died *before* its switch: it is
+//!      thawed — its entries locked by [`LockOwner::AGENT`] unlocked,
+//!      `FROZEN` cleared — exactly what the agent's own thaw does;
+//!    - a live directory record with entries still locked by the agent is
+//!      a new record whose switch happened: it is rolled forward — each
+//!      such leaf's `next` link cleared (re-sealed), then its entry
+//!      unlocked — exactly the agent's step 6 (a leaf that step's write
+//!      left torn is re-sealed: the write changes header words only).
+//!      The record it replaced is left as it is (retired, or frozen if the
+//!      agent died between the switch and the retire): nothing leads to
+//!      it any more.
+//! 3. [`release_compute_locks`]: every other lock of a directory record
+//!    (any compute node's: leased or anonymous) is released, at once. The
+//!    choice, and why no window for returning compute nodes is needed: an
+//!    operation issued before the restart can never land after it — the
+//!    old process's fabric endpoints and memory keys died with it, and a
+//!    compute node must bootstrap again (new address, new keys, a new
+//!    lease) to reach the restarted pool, so no holder of a lock from
+//!    before can still write under it. Waiting would only keep chains
+//!    locked; worse, lease ids restart with the lease server, so a new
+//!    compute node could be handed the id an old lock carries. The data
+//!    needs nothing more: every step of a compute node's write leaves its
+//!    chain readable (see [`crate::reap`]).
+//! 4. [`check_leaves`]: every chain of every directory record is walked
+//!    (one read per leaf: no writer runs yet) and must validate and tile
+//!    its model's key range; leaves that fail are reported
+//!    ([`Recovery::damaged`]), not fixed.
+//! 5. The model region's free space ([`free_space`]), which the dead agent
+//!    kept in its memory only (see [`crate::record_space`]): every byte
+//!    that is neither a directory record nor the upper levels, below the
+//!    higher of the last published `next_free` and the end of the highest
+//!    directory record, is taken for a record retired *now* — reusable
+//!    only once the grace period has passed from the restart, since the
+//!    pool cannot tell when each was retired. Above that point the space
+//!    was never used, or freed past its grace period before the death.
+//!
+//! Every step is idempotent: a restart that dies during recovery is
+//! recovered by the next one.
+
+use alloc::vec::Vec;
+
+use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
+use rolex_core::layout::topology;
+use rolex_core::layout::{
+    Leaf, LeafError, LeafRegion, LeafRegionHeader, ModelRecord, ModelState, Slot, Superblock,
+};
+use zerocopy::FromBytes;
+
+use crate::agent::{Agent, AgentConfig};
+use crate::error::{AgentError, Inconsistency, PoolError};
+use crate::leaves::{check_tiling, leaf_buffer, LeafInfo};
+use crate::memory::PoolMemory;
+
+/// Leaves [`Recovery::damaged`] names at most (the count is kept whole).
+pub const MAX_DAMAGED_NAMED: usize = 16;
+
+/// A leaf that did not validate on resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedLeaf {
+    /// The model whose chain leads to it.
+    pub model_id: u64,
+    /// The leaf.
+    pub leaf: LeafAddr,
+    /// What was wrong (e.g. a checksum mismatch: a write torn by the
+    /// death).
+    pub error: LeafError,
+}
+
+/// What [`Agent::resume`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Models in the directory.
+    pub models: u64,
+    /// Models found frozen before their switch, and thawed.
+    pub thawed: u64,
+    /// LT entries those thaws unlocked.
+    pub thaw_unlocked: u64,
+    /// Models found past their switch with entries left locked by the
+    /// agent, and rolled forward.
+    pub rolled_forward: u64,
+    /// LT entries (and their leaves' links) those roll forwards finished.
+    pub entries_finished: u64,
+    /// Compute nodes' chain locks released.
+    pub compute_locks_released: u64,
+    /// Leaves walked (every chain of every model).
+    pub leaves: u64,
+    /// Keys those leaves hold (the damaged ones' not counted).
+    pub keys: u64,
+    /// Leaves that failed validation (see [`Recovery::damaged`]).
+    pub damaged_count: u64,
+    /// The first [`MAX_DAMAGED_NAMED`] of them.
+    pub damaged: Vec<DamagedLeaf>,
+    /// Models whose valid chains do not tile their key range.
+    pub untiled: Vec<u64>,
+    /// The first model-region byte past every record, as resumed.
+    pub next_free: u64,
+    /// Model-region blocks `(offset, bytes)` taken for records retired at
+    /// the restart (reusable after the grace period).
+    pub retired: Vec<(u64, u64)>,
+    /// Directory slots of a cut that had not committed, cleared.
+    pub cut_dropped: u64,
+    /// Whether the topology was published again (a cut had committed and
+    /// not been published).
+    pub republished: bool,
+}
+
+impl Recovery {
+    /// Bytes of [`Recovery::retired`].
+    pub fn retired_bytes(&self) -> u64 {
+        self.retired.iter().map(|&(_, n)| n).sum()
+    }
+}
+
+/// A directory record: its model, offset and header.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveRecord {
+    /// The model (its directory slot).
+    pub model_id: u64,
+    /// The record's pool offset.
+    pub at: u64,
+    /// Its header.
+    pub record: ModelRecord,
+}
+
+/// The pool as [`validate`] found it.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// The superblock.
+    pub sb: Superblock,
+    /// The leaf region, narrowed to its header's capacity.
+    pub region: LeafRegion,
+    /// Every directory record, in model order.
+    pub records: Vec<LiveRecord>,
+    /// The topology the superblock names.
+    pub published: topology::Topology,
+    /// Its blob's pool offset and bytes.
+    pub upper: (u64, u64),
+    /// Slots of a cut that did not commit, cleared.
+    pub cut_dropped: u64,
+}
+
+/// Step 1: checks the superblock, the leaf region's header and every
+/// directory record (see the module docs).
+pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
+    let mut head = [0u8; Superblock::SIZE as usize];
+    mem.read(0, &mut head)?;
+    let sb = Superblock::read(&head)?;
+    if sb.pool_size() > mem.size() {
+        return Err(AgentError::BadConfig {
+            field: "pool size (the superblock's is larger than the memory)",
+            value: sb.pool_size(),
+        });
+    }
+    let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
+    mem.read(sb.leaf_region_offset(), &mut lrh)?;
+    let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
+        AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
+            part: rolex_core::layout::Part::LeafRegion,
+            needed: LeafRegionHeader::SIZE,
+            found: lrh.len() as u64,
+        })
+    })?;
+    let region = header.check(&sb.leaf_region()?)?;
+    let (upper_at, upper_len, published) = crate::agent::read_topology(mem, &sb)?;
+    let mut records = Vec::with_capacity(sb.model_count() as usize);
+    let mut rb = [0u8; ModelRecord::SIZE as usize];
+    for m in 0..sb.model_count() {
+        let at = mem.load(sb.directory_entry_offset(m)?)?;
+        mem.read(at, &mut rb)?;
+        let record = ModelRecord::read(&rb)?;
+        record.check(at, &sb)?;
+        let bad = |what| AgentError::Inconsistent { model_id: m, what };
+        if record.model_id() != m {
+            return Err(bad(Inconsistency::WrongRecord));
+        }
+        if record.state().is_retired() {
+            return Err(bad(Inconsistency::RetiredInDirectory));
+        }
+        records.push(LiveRecord {
+            model_id: m,
+            at,
+            record,
+        });
+    }
+    let cut_dropped = drop_uncommitted_cuts(mem, &sb, &published.ids, &mut records)?;
+    let mut spans: Vec<(u64, u64, u64)> = Vec::with_capacity(records.len());
+    for r in &records {
+        spans.push((r.at, r.at + r.record.total_len()?, r.model_id));
+    }
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[0].1 > w[1].0 {
+            return Err(AgentError::Inconsistent {
+                model_id: w[1].2,
+                what: Inconsistency::RecordsOverlap { other: w[0].2 },
+            });
+        }
+    }
+    Ok(Validated {
+        sb,
+        region,
+        records,
+        published,
+        upper: (upper_at, upper_len),
+        cut_dropped,
+    })
+}
+
+/// Step 1's part for a cut that did not commit: a retraining that cuts a
+/// model writes the new models' slots (and the model count) before its
+/// point of no return, the switch of the model's own slot (see
+/// [`crate::agent`], `switch`). A record the published topology does not
+/// list whose key range overlaps a frozen one it does list is such a
+/// piece: its slot is cleared and the model count set back (the pieces
+/// are always the last slots), and the frozen model is thawed by step 2.
+/// A record the topology does not list that overlaps no frozen one is a
+/// cut that committed but was not published yet: kept, and published by
+/// [`Agent::resume`]. Returns how many slots were cleared.
+fn drop_uncommitted_cuts<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    listed: &[u64],
+    records: &mut Vec<LiveRecord>,
+) -> Result<u64, AgentError> {
+    let frozen: Vec<(u64, u64)> = records
+        .iter()
+        .filter(|r| listed.contains(&r.model_id) && r.record.state().is_frozen())
+        .map(|r| (r.record.first_key(), r.record.key_hi()))
+        .collect();
+    let uncommitted = |r: &LiveRecord| {
+        !listed.contains(&r.model_id)
+            && frozen
+                .iter()
+                .any(|&(lo, hi)| r.record.first_key() <= hi && lo <= r.record.key_hi())
+    };
+    let Some(first) = records
+        .iter()
+        .filter(|r| uncommitted(r))
+        .map(|r| r.model_id)
+        .min()
+    else {
+        return Ok(0);
+    };
+    let cleared = records.len() as u64 - first;
+    for m in first..records.len() as u64 {
+        mem.store(sb.directory_entry_offset(m)?, 0)?;
+    }
+    records.truncate(first as usize);
+    mem.store(Superblock::MODEL_COUNT_OFFSET, first)?;
+    Ok(cleared)
+}
+
+/// The topology the directory records make: (first key, slot) in key
+/// order, checked to tile the key space (each model's range starting
+/// right after the one before it, from 0 to `u64::MAX`).
+fn topology_of(records: &[LiveRecord]) -> Result<Vec<(u64, u64)>, AgentError> {
+    let mut ranges: Vec<(u64, u64, u64)> = records
+        .iter()
+        .map(|r| (r.record.first_key(), r.record.key_hi(), r.model_id))
+        .collect();
+    ranges.sort_unstable();
+    let mut expect = Some(0u64);
+    for &(lo, hi, m) in &ranges {
+        if expect != Some(lo) {
+            return Err(AgentError::Inconsistent {
+                model_id: m,
+                what: Inconsistency::RangeEnds,
+            });
+        }
+        expect = hi.checked_add(1);
+    }
+    if expect.is_some() {
+        let m = ranges.last().map_or(0, |r| r.2);
+        return Err(AgentError::Inconsistent {
+            model_id: m,
+            what: Inconsistency::RangeEnds,
+        });
+    }
+    Ok(ranges.into_iter().map(|(lo, _, m)| (lo, m)).collect())
+}
+
+/// What [`finish_retrainings`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Models thawed.
+    pub thawed: u64,
+    /// Entries the thaws unlocked.
+    pub thaw_unlocked: u64,
+    /// Models rolled forward.
+    pub rolled_forward: u64,
+    /// Entries the roll forwards finished.
+    pub entries_finished: u64,
+}
+
+/// Step 2: thaws a directory record frozen before its switch, or rolls
+/// forward one whose switch happened (see the module docs). `records`
+/// is [`validate`]'s list; the thawed ones' headers are updated in it.
+pub fn finish_retrainings<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    records: &mut [LiveRecord],
+) -> Result<Finished, AgentError> {
+    let mut done = Finished::default();
+    let mut buf = leaf_buffer(region);
+    for live in records.iter_mut() {
+        let r = &live.record;
+        let state = r.state();
+        let mut touched = 0u64;
+        // The leaves of the record this one was built from, read once if
+        // a leaf of this one is left to finish: those its retraining
+        // merged into a kept leaf are found there.
+        let mut old: Option<Vec<LeafInfo>> = None;
+        for j in 0..r.leaf_count() {
+            let off = r.lt_entry_offset(j)?;
+            let v = LtEntry::from_raw(mem.load(off)?);
+            if !(v.is_locked() && v.owner() == LockOwner::AGENT) {
+                continue;
+            }
+            if !state.is_frozen() {
+                let hi = match r.fence_offset(j + 1) {
+                    Ok(at) => mem.load(at)?.wrapping_sub(1),
+                    Err(_) => r.key_hi(),
+                };
+                if old.is_none() {
+                    old = Some(predecessor_leaves(mem, region, r, &mut buf)?);
+                }
+                let old = old.as_deref().unwrap_or(&[]);
+                finish_leaf(mem, region, v.addr(), hi, old, &mut buf)?;
+            }
+            mem.store(off, v.without_lock().raw())?;
+            touched += 1;
+        }
+        if state.is_frozen() {
+            let thawed = ModelState::live(state.generation())?;
+            mem.store(live.at + ModelRecord::STATE_OFFSET, thawed.raw())?;
+            live.record.set_state(thawed);
+            done.thawed += 1;
+            done.thaw_unlocked += touched;
+        } else if touched > 0 {
+            done.rolled_forward += 1;
+            done.entries_finished += touched;
+        }
+    }
+    Ok(done)
+}
+
+/// The leaves of the record `r` was built from (its predecessor), in key
+/// order, by its chains (empty for a bulk-loaded record, or if that record
+/// is not readable as one: nothing was merged then, or nothing can be
+/// found).
+fn predecessor_leaves<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    r: &ModelRecord,
+    buf: &mut [u8],
+) -> Result<Vec<LeafInfo>, AgentError> {
+    let at = r.predecessor();
+    if at == 0 {
+        return Ok(Vec::new());
+    }
+    let mut rb = [0u8; ModelRecord::SIZE as usize];
+    mem.read(at, &mut rb)?;
+    let Ok(p) = ModelRecord::read(&rb) else {
+        return Ok(Vec::new());
+    };
+    if p.first_key() > r.key_hi() || r.first_key() > p.key_hi() {
+        return Ok(Vec::new());
+    }
+    // Walked by hand, one read per leaf: a leaf torn by the death (only
+    // the agent's step 6 writes them now) still has sound fences and link.
+    let mut out = Vec::with_capacity(p.leaf_count() as usize);
+    for j in 0..p.leaf_count() {
+        let mut addr = LtEntry::from_raw(mem.load(p.lt_entry_offset(j)?)?).addr();
+        for _ in 0..=SltHeader::CAPACITY {
+            mem.read(region.leaf_offset(addr)?, buf)?;
+            let Ok(leaf) = Leaf::from_bytes(buf) else {
+                break;
+            };
+            if leaf.check_structure().is_err() {
+                break;
+            }
+            out.push(LeafInfo {
+                addr,
+                fence_lo: leaf.fence_lo(),
+                fence_hi: leaf.fence_hi(),
+                count: leaf.count(),
+                next: leaf.next(),
+                version: leaf.version(),
+            });
+            if leaf.next().pointer() == 0 {
+                break;
+            }
+            addr = leaf.next().addr();
+        }
+    }
+    out.sort_unstable_by_key(|l| l.fence_lo);
+    out.dedup_by_key(|l| l.fence_lo);
+    Ok(out)
+}
+
+/// The agent's step 6 for the training leaf at `addr`, whose range in
+/// its new record ends at `hi`: the leaves of the old record (`old`, in
+/// key order) that cover the rest of its range up to `hi` — those the
+/// retraining merged into it: emptied or underfull — give it their keys
+/// and range, its `next` link is cleared and it is re-sealed, in one
+/// write; then those leaves are marked freed (their numbers are not
+/// reused: the free list died with the agent). Nothing is written to a
+/// leaf already finished. A leaf that write left torn is re-sealed.
+fn finish_leaf<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    addr: LeafAddr,
+    hi: u64,
+    old: &[LeafInfo],
+    buf: &mut [u8],
+) -> Result<(), PoolError> {
+    let off = region.leaf_offset(addr)?;
+    mem.read(off, buf)?;
+    let mut other = alloc::vec![0u8; buf.len()];
+    let leaf_err = |leaf: LeafAddr| {
+        move |error| PoolError::Leaf {
+            leaf: leaf.leaf(),
+            error,
+        }
+    };
+    let leaf = Leaf::from_bytes_mut(buf).map_err(leaf_err(addr))?;
+    if leaf.validate().is_err() {
+        // Torn by the death in the middle of this very step's write.
+        // The write sets fences, slots and link at once, so a torn leaf
+        // whose structure holds is either version; re-sealed, the walk
+        // below finishes what is missing.
+        leaf.check_structure().map_err(leaf_err(addr))?;
+    } else if leaf.next().raw() == 0 && leaf.fence_hi() == hi {
+        return Ok(());
+    }
+    let mut all: Vec<Slot> = leaf.used_entries().to_vec();
+    let mut merged: Vec<LeafAddr> = Vec::new();
+    while leaf.fence_hi() < hi {
+        let lo = leaf.fence_hi() + 1;
+        let Ok(i) = old.binary_search_by_key(&lo, |l| l.fence_lo) else {
+            break;
+        };
+        let at = old[i].addr;
+        mem.read(region.leaf_offset(at)?, &mut other)?;
+        let m = Leaf::from_bytes(&other).map_err(leaf_err(at))?;
+        let v = m.validate().map_err(leaf_err(at))?;
+        if m.is_freed() || m.fence_lo() != lo || m.fence_hi() > hi {
+            break;
+        }
+        all.extend_from_slice(v.entries());
+        let _ = leaf.extend_fence_hi(m.fence_hi());
+        merged.push(at);
+    }
+    leaf.set_entries(&all).map_err(|e| PoolError::Leaf {
+        leaf: addr.leaf(),
+        error: match e {
+            rolex_core::layout::EditError::Invalid(e) => e,
+            _ => LeafError::CountExceedsCapacity {
+                count: all.len() as u32,
+                capacity: 0,
+            },
+        },
+    })?;
+    leaf.clear_next();
+    leaf.seal();
+    mem.write(off, buf)?;
+    for at in merged {
+        mem.read(region.leaf_offset(at)?, &mut other)?;
+        let m = Leaf::from_bytes_mut(&mut other).map_err(leaf_err(at))?;
+        m.mark_freed();
+        m.seal();
+        mem.write(region.leaf_offset(at)?, &other)?;
+    }
+    Ok(())
+}
+
+/// Step 3: releases every compute node's lock (leased or anonymous) in
+/// the directory records; returns how many. The agent's own locks are
+/// [`finish_retrainings`]' business (run it first).
+pub fn release_compute_locks<M: PoolMemory>(
+    mem: &M,
+    records: &[LiveRecord],
+) -> Result<u64, AgentError> {
+    let mut released = 0;
+    for live in records {
+        for j in 0..live.record.leaf_count() {
+            let off = live.record.lt_entry_offset(j)?;
+            let v = LtEntry::from_raw(mem.load(off)?);
+            if v.is_locked() && v.owner() != LockOwner::AGENT {
+                mem.store(off, v.without_lock().raw())?;
+                released += 1;
+            }
+        }
+    }
+    Ok(released)
+}
+
+/// What [`check_leaves`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeafCheck {
+    /// Leaves walked.
+    pub leaves: u64,
+    /// Keys the valid ones hold.
+    pub keys: u64,
+    /// Leaves that failed validation.
+    pub damaged_count: u64,
+    /// The first [`MAX_DAMAGED_NAMED`] of them.
+    pub damaged: Vec<DamagedLeaf>,
+    /// Models whose chains (all valid) do not tile their key range.
+    pub untiled: Vec<u64>,
+}
+
+/// Step 4: walks every chain of every directory record with one read per
+/// leaf (no writer runs during recovery, so a leaf that does not validate
+/// is damaged, not being written); a chain stops at a damaged leaf.
+pub fn check_leaves<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    records: &[LiveRecord],
+) -> Result<LeafCheck, AgentError> {
+    let mut out = LeafCheck::default();
+    let mut buf = leaf_buffer(region);
+    for live in records {
+        let r = &live.record;
+        let mut walked: Vec<LeafInfo> = Vec::with_capacity(r.leaf_count() as usize);
+        let mut whole = true;
+        for j in 0..r.leaf_count() {
+            let mut addr = LtEntry::from_raw(mem.load(r.lt_entry_offset(j)?)?).addr();
+            let mut hops = 0u64;
+            loop {
+                mem.read(region.leaf_offset(addr)?, &mut buf)?;
+                let leaf = Leaf::from_bytes(&buf).map_err(|error| AgentError::Leaf {
+                    leaf: addr.leaf(),
+                    error,
+                })?;
+                out.leaves += 1;
+                let valid = match leaf.validate() {
+                    Ok(v) => v,
+                    Err(error) => {
+                        out.damaged_count += 1;
+                        if out.damaged.len() < MAX_DAMAGED_NAMED {
+                            out.damaged.push(DamagedLeaf {
+                                model_id: live.model_id,
+                                leaf: addr,
+                                error,
+                            });
+                        }
+                        whole = false;
+                        break;
+                    }
+                };
+                out.keys += valid.len() as u64;
+                walked.push(LeafInfo {
+                    addr,
+                    fence_lo: leaf.fence_lo(),
+                    fence_hi: leaf.fence_hi(),
+                    count: valid.len() as u32,
+                    next: leaf.next(),
+                    version: leaf.version(),
+                });
+                let next = leaf.next();
+                if next.pointer() == 0 {
+                    break;
+                }
+                hops += 1;
+                if hops > SltHeader::CAPACITY {
+                    return Err(AgentError::Inconsistent {
+                        model_id: live.model_id,
+                        what: Inconsistency::ChainTooLong,
+                    });
+                }
+                addr = next.addr();
+            }
+        }
+        if whole && check_tiling(r, &walked).is_err() {
+            out.untiled.push(live.model_id);
+        }
+    }
+    Ok(out)
+}
+
+/// Step 5: the model region's bump pointer and the blocks to retire now
+/// (see the module docs): `upper` is the published topology blob
+/// (offset, bytes), `published_next_free` the last `next_free`
+/// the dead agent published (clamped into the region; the region's start
+/// if it never published one).
+pub fn free_space(
+    sb: &Superblock,
+    records: &[LiveRecord],
+    upper: (u64, u64),
+    published_next_free: u64,
+) -> Result<(u64, Vec<(u64, u64)>), AgentError> {
+    let start = sb.model_region_offset();
+    let end = start + sb.model_region_len();
+    let mut used: Vec<(u64, u64)> = Vec::with_capacity(records.len() + 1);
+    for r in records {
+        used.push((r.at, r.at + r.record.total_len()?));
+    }
+    if upper.1 > 0 {
+        used.push((upper.0, upper.0 + upper.1));
+    }
+    used.sort_unstable();
+    let highest = used.iter().map(|&(_, e)| e).max().unwrap_or(start);
+    let bump = published_next_free.clamp(start, end).max(highest);
+    let mut gaps = Vec::new();
+    let mut at = start;
+    for &(s, e) in &used {
+        if s > at {
+            gaps.push((at, s - at));
+        }
+        at = at.max(e);
+    }
+    if bump > at {
+        gaps.push((at, bump - at));
+    }
+    Ok((bump, gaps))
+}
+
+impl<M: PoolMemory> Agent<M> {
+    /// Attaches to a pool a previous agent left when it died, after
+    /// recovering it (steps 1–5 of the module docs); `published_next_free`
+    /// is the last `next_free` that agent published (e.g. in its agent
+    /// area, `rolex_core::layout::AgentArea`; the model region's start if
+    /// none). The caller must not let compute nodes reach the pool before
+    /// this returns.
+    pub fn resume(
+        mem: M,
+        cfg: AgentConfig,
+        published_next_free: u64,
+    ) -> Result<(Self, Recovery), AgentError> {
+        let Validated {
+            sb,
+            region,
+            mut records,
+            published,
+            upper,
+            cut_dropped,
+        } = validate(&mem)?;
+        let finished = finish_retrainings(&mem, &region, &mut records)?;
+        let entries = topology_of(&records)?;
+        let released = release_compute_locks(&mem, &records)?;
+        let leaves = check_leaves(&mem, &region, &records)?;
+        let (bump, retired) = free_space(&sb, &records, upper, published_next_free)?;
+        let mut agent = Agent::attach(mem, cfg, bump)?;
+        for &(at, size) in &retired {
+            agent.retire_space(at, size);
+        }
+        let listed: Vec<(u64, u64)> = published
+            .first_keys
+            .iter()
+            .copied()
+            .zip(published.ids.iter().copied())
+            .collect();
+        let republished = entries != listed;
+        if republished {
+            // A cut committed and not published when the agent died.
+            agent.republish_topology(entries)?;
+        }
+        let report = Recovery {
+            models: records.len() as u64,
+            thawed: finished.thawed,
+            thaw_unlocked: finished.thaw_unlocked,
+            rolled_forward: finished.rolled_forward,
+            entries_finished: finished.entries_finished,
+            compute_locks_released: released,
+            leaves: leaves.leaves,
+            keys: leaves.keys,
+            damaged_count: leaves.damaged_count,
+            damaged: leaves.damaged,
+            untiled: leaves.untiled,
+            next_free: bump,
+            retired,
+            cut_dropped,
+            republished,
+        };
+        Ok((agent, report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bulk::{BulkConfig, BulkPlan};
+    use crate::leaves::{read_leaf, walk_model};
+    use crate::memory::testing::VecPool;
+
+    fn load(n: u64) -> (VecPool, u64) {
+        let cfg = BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 4,
+            keys_per_leaf: 2,
+            epsilon: 1,
+            max_model_leaves: 4,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+            directory_spare: 64,
+        };
+        let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = BulkPlan::new(&cfg, &keys).unwrap();
+        let mem = VecPool::new(plan.pool_size());
+        plan.write(&mem, &pairs).unwrap();
+        (mem, plan.next_free())
+    }
+
+    /// A retraining that both merges leaves (one key each in leaves of 4
+    /// slots) and cuts its model (an agent allowing one leaf per model,
+    /// bulk-loaded with four), killed after each of its mutations in turn:
+    /// every resume finds every key, once, in models that tile the key
+    /// space, with no lock left, and retraining goes on.
+    #[test]
+    fn a_cut_and_merging_retraining_killed_at_every_step_is_resumed_whole() {
+        let keys = 16u64;
+        let bulk = BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 4,
+            keys_per_leaf: 1,
+            epsilon: 1,
+            max_model_leaves: 8,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+            directory_spare: 64,
+        };
+        let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
+        let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = BulkPlan::new(&bulk, &ks).unwrap();
+        let cfg = AgentConfig {
+            max_model_leaves: 1,
+            ..AgentConfig::default()
+        };
+        let mut completed_at = None;
+        // Resumes that thawed, rolled forward, dropped an uncommitted cut,
+        // published a committed one.
+        let mut seen = [0u64; 4];
+        for crash in 0..400u64 {
+            let mem = VecPool::new(plan.pool_size());
+            plan.write(&mem, &pairs).unwrap();
+            {
+                let mut agent = Agent::attach(&mem, cfg, plan.next_free()).unwrap();
+                mem.crash_after(crash);
+                if agent.retrain(0).is_ok() {
+                    completed_at = Some(crash);
+                }
+            }
+            mem.revive();
+            let (mut agent, rec) = Agent::resume(&mem, cfg, plan.next_free())
+                .unwrap_or_else(|e| panic!("resume after {crash} mutations: {e}"));
+            assert_eq!(
+                (rec.keys, rec.damaged_count, rec.untiled.len()),
+                (keys, 0, 0),
+                "after {crash} mutations: {rec:?}"
+            );
+            seen[0] += rec.thawed;
+            seen[1] += rec.rolled_forward;
+            seen[2] += u64::from(rec.cut_dropped > 0);
+            seen[3] += u64::from(rec.republished);
+            let sb = *agent.superblock();
+            for m in 0..sb.model_count() {
+                let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+                assert!(
+                    entries(&mem, at).iter().all(|e| !e.is_locked()),
+                    "after {crash} mutations: model {m} keeps a lock"
+                );
+            }
+            for m in 0..sb.model_count() {
+                agent
+                    .retrain(m)
+                    .unwrap_or_else(|e| panic!("after {crash} mutations, model {m}: {e}"));
+            }
+            if completed_at.is_some() {
+                eprintln!(
+                    "killed after each of the first {crash} mutations of the retraining: \
+                     every resume whole; thawed {}, rolled forward {}, uncommitted cuts \
+                     dropped {}, cuts published {}",
+                    seen[0], seen[1], seen[2], seen[3]
+                );
+                assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+                return;
+            }
+        }
+        panic!("the retraining never completed");
+    }
+
+    fn record(mem: &VecPool, at: u64) -> ModelRecord {
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        mem.read(at, &mut rb).unwrap();
+        ModelRecord::read(&rb).unwrap()
+    }
+
+    fn entries(mem: &VecPool, at: u64) -> Vec<LtEntry> {
+        let r = record(mem, at);
+        (0..r.leaf_count())
+            .map(|j| LtEntry::from_raw(mem.load(r.lt_entry_offset(j).unwrap()).unwrap()))
+            .collect()
+    }
+
+    /// Splits training leaf `j` of the record at `at` into two (the upper
+    /// half a new synonym leaf), as a compute node does, without the SLT.
+    fn split(mem: &VecPool, sb: &Superblock, at: u64, j: u64) {
+        let r = record(mem, at);
+        let region = sb.leaf_region().unwrap();
+        let e = LtEntry::from_raw(mem.load(r.lt_entry_offset(j).unwrap()).unwrap());
+        let b_addr = region
+            .claim(mem.faa(region.alloc_num_offset(), 1).unwrap())
+            .unwrap();
+        let mut a = leaf_buffer(&region);
+        let x = read_leaf(mem, &region, e.addr(), &mut a).unwrap();
+        let leaf = Leaf::from_bytes(&a).unwrap();
+        let slots = leaf.validate().unwrap().entries().to_vec();
+        let mid = slots.len() / 2;
+        let mut b = leaf_buffer(&region);
+        let bl = Leaf::from_bytes_mut(&mut b).unwrap();
+        bl.init(slots[mid].key(), x.fence_hi).unwrap();
+        bl.set_entries(&slots[mid..]).unwrap();
+        bl.set_next(x.next).unwrap();
+        bl.seal();
+        let al = Leaf::from_bytes_mut(&mut a).unwrap();
+        al.init(x.fence_lo, slots[mid].key() - 1).unwrap();
+        al.set_entries(&slots[..mid]).unwrap();
+        al.set_next(LtEntry::for_leaf(b_addr).with_pointer(1))
+            .unwrap();
+        al.seal();
+        mem.write(region.leaf_offset(b_addr).unwrap(), &b).unwrap();
+        mem.write(region.leaf_offset(e.addr()).unwrap(), &a)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_freeze_cut_short_by_the_death_is_thawed_and_compute_locks_released() {
+        let (mem, next_free) = load(40);
+        let agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let at = agent.records()[1];
+        let sb = *agent.superblock();
+        drop(agent);
+        // The agent died freezing model 1: FROZEN set, its first entries
+        // locked by the agent; a compute node (lease 7) held the next one
+        // and an anonymous holder model 0's first.
+        let r = record(&mem, at);
+        let state = r.state();
+        mem.store(at + ModelRecord::STATE_OFFSET, state.frozen().raw())
+            .unwrap();
+        let before = entries(&mem, at);
+        for j in 0..2 {
+            let off = r.lt_entry_offset(j).unwrap();
+            mem.store(off, before[j as usize].locked_by(LockOwner::AGENT).raw())
+                .unwrap();
+        }
+        let off = r.lt_entry_offset(2).unwrap();
+        mem.store(off, before[2].locked_by(LockOwner(7)).raw())
+            .unwrap();
+        let m0 = agent_records(&mem, &sb)[0];
+        let r0 = record(&mem, m0);
+        let e0 = entries(&mem, m0)[0];
+        mem.store(r0.lt_entry_offset(0).unwrap(), e0.with_lock().raw())
+            .unwrap();
+        eprintln!("injected: model 1 frozen with 2 entries agent-locked, one held by lease 7, one anonymous lock in model 0");
+
+        let (mut agent, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        eprintln!("found: {rec:?}");
+        assert_eq!(
+            (rec.thawed, rec.thaw_unlocked, rec.rolled_forward),
+            (1, 2, 0)
+        );
+        assert_eq!(rec.compute_locks_released, 2);
+        assert_eq!((rec.damaged_count, rec.untiled.len()), (0, 0));
+        assert_eq!(rec.keys, 40);
+        assert_eq!(
+            entries(&mem, at),
+            before,
+            "every entry as before the freeze"
+        );
+        assert_eq!(record(&mem, at).state(), state, "FROZEN cleared");
+        assert!(!entries(&mem, m0)[0].is_locked());
+        // Nothing was retired before the death: no block waits.
+        assert!(rec.retired.is_empty(), "{:?}", rec.retired);
+        // The model retrains again.
+        agent.retrain(1).unwrap();
+        // Idempotent: a second recovery finds nothing to do.
+        drop(agent);
+        let (_, again) = Agent::resume(&mem, AgentConfig::default(), 0).unwrap();
+        assert_eq!(
+            (
+                again.thawed,
+                again.rolled_forward,
+                again.compute_locks_released
+            ),
+            (0, 0, 0)
+        );
+    }
+
+    fn agent_records(mem: &VecPool, sb: &Superblock) -> Vec<u64> {
+        (0..sb.model_count())
+            .map(|m| mem.load(sb.directory_entry_offset(m).unwrap()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_retraining_past_its_switch_is_rolled_forward_and_old_records_wait_their_grace() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig::default();
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let old = agent.records()[0];
+        split(&mem, &sb, old, 1);
+        // Step 6's leaf writes fail: the agent is left past its switch
+        // with entries of the new record locked, then dies.
+        let leaves = sb.leaf_region_offset()..sb.leaf_region_offset() + sb.leaf_region_len();
+        mem.fail_writes(leaves, 1);
+        let err = agent.retrain(0).unwrap_err();
+        let AgentError::RollForward { new_record, .. } = err else {
+            panic!("{err}")
+        };
+        let published = agent.next_free();
+        drop(agent);
+        let locked = entries(&mem, new_record)
+            .iter()
+            .filter(|e| e.is_locked())
+            .count() as u64;
+        eprintln!(
+            "injected: death after the switch, {locked} entries of the new record agent-locked"
+        );
+        assert!(locked > 0);
+
+        // And the death tore step 6's write of the first locked leaf
+        // (its checksum word no longer matches).
+        let region = sb.leaf_region().unwrap();
+        let torn = entries(&mem, new_record)
+            .into_iter()
+            .find(|e| e.is_locked())
+            .unwrap();
+        let off = region.leaf_offset(torn.addr()).unwrap();
+        mem.store(off, mem.load(off).unwrap() ^ 1).unwrap();
+
+        let (mut agent, rec) = Agent::resume(&mem, cfg, published).unwrap();
+        eprintln!("found: {rec:?}");
+        assert_eq!((rec.rolled_forward, rec.entries_finished), (1, locked));
+        assert_eq!(rec.damaged_count, 0, "the torn leaf re-sealed");
+        assert_eq!(rec.thawed, 0);
+        let nr = record(&mem, new_record);
+        assert!(entries(&mem, new_record).iter().all(|e| !e.is_locked()));
+        let mut buf = leaf_buffer(&region);
+        let walked = walk_model(&mem, &region, &nr, &mut buf).unwrap();
+        check_tiling(&nr, &walked).unwrap();
+        assert!(walked.iter().all(|l| l.next.raw() == 0));
+        // The old record's bytes are retired now, not reusable yet.
+        let old_len = record(&mem, old).total_len().unwrap();
+        assert!(
+            rec.retired
+                .iter()
+                .any(|&(a, n)| a <= old && old + old_len <= a + n),
+            "{:?} lacks {old}",
+            rec.retired
+        );
+        assert_eq!(agent.stats().model_region_free, rec.retired_bytes());
+        // Retrainings go on, past the bump pointer until the grace passed.
+        let r = agent.retrain(1).unwrap();
+        assert!(r.new_record >= rec.next_free, "{r:?}");
+        mem.advance(u64::try_from(cfg.record_grace.as_nanos()).unwrap() + 1);
+        let r = agent.retrain(2).unwrap();
+        assert!(
+            r.new_record < rec.next_free,
+            "reused after the grace: {r:?}"
+        );
+    }
+
+    #[test]
+    fn pools_that_are_not_resumable_are_refused_with_the_reason() {
+        let (mem, next_free) = load(40);
+        let agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        let sb = *agent.superblock();
+        let recs = agent.records().to_vec();
+        drop(agent);
+        // A directory naming a retired record.
+        let r = record(&mem, recs[1]);
+        let retired = r.state().retired(recs[0]).unwrap();
+        mem.store(recs[1] + ModelRecord::STATE_OFFSET, retired.raw())
+            .unwrap();
+        let err = Agent::resume(&mem, AgentConfig::default(), next_free).err();
+        assert_eq!(
+            err,
+            Some(AgentError::Inconsistent {
+                model_id: 1,
+                what: Inconsistency::RetiredInDirectory
+            })
+        );
+        mem.store(recs[1] + ModelRecord::STATE_OFFSET, r.state().raw())
+            .unwrap();
+        // Two models naming the same record.
+        let dir1 = sb.directory_entry_offset(1).unwrap();
+        mem.store(dir1, recs[0]).unwrap();
+        assert!(matches!(
+            Agent::resume(&mem, AgentConfig::default(), next_free),
+            Err(AgentError::Inconsistent {
+                what: Inconsistency::WrongRecord,
+                ..
+            })
+        ));
+        mem.store(dir1, recs[1]).unwrap();
+        // Another layout version.
+        let word = mem.load(8).unwrap();
+        mem.store(8, word + 1).unwrap();
+        assert!(matches!(
+            Agent::resume(&mem, AgentConfig::default(), next_free),
+            Err(AgentError::Layout(
+                rolex_core::layout::LayoutError::UnsupportedVersion { .. }
+            ))
+        ));
+        mem.store(8, word).unwrap();
+        // A torn leaf is reported, not hidden.
+        let region = sb.leaf_region().unwrap();
+        let e = entries(&mem, recs[2])[0];
+        let off = region.leaf_offset(e.addr()).unwrap() + region.leaf_size() - 8;
+        mem.store(off, mem.load(off).unwrap() ^ 1).unwrap();
+        let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        assert_eq!(rec.damaged_count, 1);
+        assert_eq!(
+            (rec.damaged[0].model_id, rec.damaged[0].leaf),
+            (2, e.addr())
+        );
+    }
+}
