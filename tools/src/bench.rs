@@ -181,6 +181,14 @@ pub struct BenchArgs {
     /// and the run goes on; its key's outcome is unknown to the checks.
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     inject_failures: Option<f64>,
+    /// Before the measured run, grow the store by appending this many keys
+    /// above the loaded range (spaced by the loaded keys' mean gap, each
+    /// with its load value; untimed, retraining as it goes): the run then
+    /// sees them as loaded (`keys` counts them, reads draw over them). For
+    /// a store grown N times over by models the memory node cut (loopback;
+    /// not with `--workload append`, whose keys go there).
+    #[arg(long, value_name = "N")]
+    grow: Option<u64>,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -268,6 +276,14 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
             args.workload
         )
         .into());
+    }
+    if args.grow.is_some() {
+        if args.memnode.is_some() {
+            return Err("--grow grows the store this run starts: not with --memnode".into());
+        }
+        if args.workload == Workload::Append {
+            return Err("--grow appends above the loaded range, where --workload append's keys go: use another workload".into());
+        }
     }
     if let Some(p) = args.inject_failures {
         if !(0.0..=1.0).contains(&p) {
@@ -1271,8 +1287,11 @@ fn retry_injected<T>(mut f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvE
 pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     validate(&args)?;
     let quiet = args.json;
-    let setup = Setup::prepare(&args)?;
+    let mut setup = Setup::prepare(&args)?;
     let store = Store::start(&args, &setup, quiet)?;
+    if let Some(n) = args.grow {
+        grow(&args, &mut setup, &store, n, quiet)?;
+    }
     let before = Snapshot::take(&store);
     let ctx = RunCtx {
         streams: generate_streams(&setup.plan, &setup.sets, args.ops)?,
@@ -1313,6 +1332,65 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         plot_run(&args, &setup, &ctx, &merged, path)?;
     }
     verdict(&merged.problems)
+}
+
+/// Step 2b (`--grow N`): appends `n` keys above the loaded range, each
+/// with its load value, `--threads` sessions at once (key `i` to thread
+/// `i mod T`, so the keys rise over time), behind a progress bar; then
+/// adds them to the loaded keys (and, shuffled, to the load order), so
+/// the run reads them as loaded keys and the final check knows their
+/// values.
+fn grow(
+    args: &BenchArgs,
+    setup: &mut Setup,
+    store: &Store,
+    n: u64,
+    quiet: bool,
+) -> Result<(), BenchError> {
+    let loaded = &setup.sets.loaded;
+    let (min, max) = match (loaded.first(), loaded.last()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => (0, 0),
+    };
+    let room = u64::MAX - max;
+    if n > room {
+        return Err(
+            format!("--grow {n}: only {room} keys fit above the largest loaded key").into(),
+        );
+    }
+    let mean = (max - min) / (loaded.len() as u64).saturating_sub(1).max(1);
+    let gap = mean.min(room / n.max(1)).max(1);
+    let keys: Vec<u64> = (1..=n).map(|i| max + i * gap).collect();
+    let t = args.threads.max(1);
+    with_progress(t, n, "growing the store", quiet, |th, done, abort| {
+        let mut s = store.clients[th % store.clients.len()]
+            .session()
+            .map_err(|e| format!("grow: {e}"))?;
+        for (i, &k) in keys.iter().enumerate().skip(th).step_by(t) {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            retry_injected(|| s.insert(k, ycsb::load_value(k)))
+                .map_err(|e| format!("grow: insert {k}: {e}"))?;
+            if (i as u64 / t as u64 + 1) % PROGRESS_EVERY == 0 {
+                done.fetch_add(PROGRESS_EVERY * t as u64, Ordering::Relaxed);
+            }
+        }
+        s.flush().map_err(|e| format!("grow: {e}"))
+    })?;
+    let mut order: Vec<u64> = setup.sets.order.to_vec();
+    let mut added = keys.clone();
+    {
+        use rand::seq::SliceRandom;
+        use rand::SeedableRng;
+        added.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(
+            args.data.seed ^ n,
+        ));
+    }
+    order.extend(added);
+    setup.sets.order = order.into();
+    setup.sets.loaded.extend(keys);
+    Ok(())
 }
 
 /// Step 1: the plan, the key sets and, against a remote memory node, its
@@ -1468,8 +1546,8 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
         None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
     };
     let fill = args.fill.unwrap_or(defaults.fill);
-    let inserts = setup.plan.total_inserts();
-    // Room for the run's inserts even if every synonym leaf ends half full,
+    let inserts = setup.plan.total_inserts() + args.grow.unwrap_or(0);
+    // Room for the run's inserts (and `--grow`'s) even if every synonym leaf ends half full,
     // deletes or not (churn's live keys stay constant, but the store need
     // not reclaim the leaves its deletes empty). The node sizes its spare
     // leaves as a factor of the leaves it loads — one leaf for an empty

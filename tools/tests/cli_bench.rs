@@ -210,6 +210,43 @@ fn an_empty_store_grows_by_insert_only_and_append() {
 }
 
 #[test]
+fn a_store_grown_ten_times_by_appends_still_gets_in_one_round_trip() {
+    let j = bench_json(&[
+        "--workload",
+        "ycsb-c",
+        "--dist",
+        "lognormal",
+        "-n",
+        "2000",
+        "--grow",
+        "20000",
+        "--ops",
+        "20000",
+    ]);
+    assert_eq!(j["keys"], 22000, "{j}");
+    assert_eq!(j["verified"], true, "{j}");
+    let rtt = j["rtt_per_op"]["get"].as_f64().unwrap();
+    // A view read again after growth costs a round trip, once per model.
+    assert!((1.0..1.05).contains(&rtt), "{j}");
+    let out = rolex(&[
+        "bench",
+        "--workload",
+        "append",
+        "--dist",
+        "uniform",
+        "-n",
+        "100",
+        "--grow",
+        "10",
+        "--ops",
+        "10",
+        "--threads",
+        "1",
+    ]);
+    assert_fails(&out, "--grow appends above the loaded range");
+}
+
+#[test]
 fn churn_and_delete_only_with_injected_failures_still_verify() {
     for w in ["churn", "delete-only"] {
         let j = bench_json(&[
