@@ -64,7 +64,16 @@
 //! every model whose SLT count reached the trigger (it watches the SLT
 //! headers itself, so a lost enqueue or a lower trigger still works), and
 //! retrains the one whose SLT is fullest first — models near a full SLT
-//! first.
+//! first. With none due, it walks one model per poll in turn and retrains
+//! it if a quarter of its leaves would merge away (`Agent::sweep`): space
+//! that deletes emptied comes back even where nothing splits.
+//!
+//! Space: a retraining drops the leaves deletes emptied and merges thin
+//! neighbours (keys moved into the leaf before, only after the switch;
+//! see `Agent::release_leaf`), frees them after the grace period, and
+//! stashes free leaves in the new records' SLT slots for splits to take;
+//! a model grown past twice [`AgentConfig::max_model_leaves`] is cut into
+//! several, in new directory slots, published by a new topology blob.
 //!
 //! Failures: a model whose retraining (or roll forward) failed is backed
 //! off — not tried again before [`AgentConfig::retry_backoff_min`], doubled
@@ -259,6 +268,9 @@ pub struct AgentStats {
     /// Cuts not made because the directory had no slot left (the model
     /// was retrained whole).
     pub cuts_refused: u64,
+    /// Retrainings of models whose SLT was not due, made because at least
+    /// a quarter of their leaves would merge away (deletes).
+    pub sweep_retrains: u64,
     /// Leaves held by the agent as free: dropped from their chains by a
     /// retraining and not yet handed out again.
     pub leaves_free: u64,
@@ -432,6 +444,8 @@ pub struct Agent<M: PoolMemory> {
     topology: Vec<(u64, u64)>,
     topology_at: (u64, u64),
     epoch: u64,
+    /// The model the next idle [`Self::sweep`] looks at.
+    sweep_next: u64,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -479,6 +493,7 @@ impl<M: PoolMemory> Agent<M> {
             topology: Vec::new(),
             topology_at: (sb.upper_offset(), 0),
             epoch: 0,
+            sweep_next: 0,
         };
         let (at, len, t) = read_topology(&agent.mem, &sb)?;
         agent.topology_at = (at, len);
@@ -726,12 +741,38 @@ impl<M: PoolMemory> Agent<M> {
                 .filter(|&m| !self.ready(m, now))
                 .collect();
             self.pending = waiting;
-            return Ok(None);
+            return self.sweep(now);
         };
         let r = self.retrain(m);
         if r.is_ok() {
             self.pending.remove(&m);
         }
+        self.account(m, r).map(Some)
+    }
+
+    /// With nothing due: looks at the next model in turn (a walk of its
+    /// chains, nothing locked) and retrains it if at least a quarter of
+    /// its leaves would merge away ([`keep_nonempty`]): deletes empty and
+    /// thin leaves without filling any SLT, and this gives their space
+    /// back all the same. `Ok(None)`: the model needs nothing.
+    fn sweep(&mut self, now: u64) -> Result<Option<RetrainReport>, AgentError> {
+        let n = self.records.len() as u64;
+        if n == 0 {
+            return Ok(None);
+        }
+        let m = self.sweep_next % n;
+        self.sweep_next = m + 1;
+        if !self.ready(m, now) || self.is_unfinished(m) {
+            return Ok(None);
+        }
+        let r = self.record(self.records[m as usize])?;
+        let leaves = walk_model(&self.mem, &self.region, &r, &mut self.buf)?;
+        let kept = keep_nonempty(&leaves, self.merge_limit()).len();
+        if leaves.len() < 2 || (leaves.len() - kept) * 4 < leaves.len() {
+            return Ok(None);
+        }
+        self.stats.sweep_retrains += 1;
+        let r = self.retrain(m);
         self.account(m, r).map(Some)
     }
 
