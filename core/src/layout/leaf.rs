@@ -326,7 +326,7 @@ impl Leaf {
         self.header.flags.get()
     }
 
-    /// The used slots (as [`Self::used`]): for a leaf whose structure is
+    /// The used slots (the count's prefix, clamped): for a leaf whose structure is
     /// known valid ([`Self::check_structure`]) but whose checksum may not
     /// match (a recovery re-sealing a leaf it knows whole).
     pub fn used_entries(&self) -> &[Slot] {

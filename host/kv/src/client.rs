@@ -12,7 +12,7 @@
 //! The set of models grows while the store runs (the memory node cuts a
 //! model grown too large into several): a session that finds the model
 //! its cached topology names for a key not covering that key reads the
-//! topology again ([`ClientShared::refresh_topology`]), and a model it has
+//! topology again (`ClientShared::refresh_topology`), and a model it has
 //! not cached yet is read when first needed.
 
 use std::sync::{Arc, Mutex, RwLock};
