@@ -1929,27 +1929,11 @@ struct Switched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bulk::{BulkConfig, BulkPlan};
     use crate::memory::testing::VecPool;
     use rolex_core::layout::Slot;
 
     fn load(n: u64) -> (VecPool, u64) {
-        let cfg = BulkConfig {
-            leaf_region_id: 2,
-            leaf_slots: 4,
-            keys_per_leaf: 2,
-            epsilon: 1,
-            max_model_leaves: 4,
-            spare_leaves: 64,
-            model_region_spare: 1 << 16,
-            directory_spare: 64,
-        };
-        let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
-        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-        let plan = BulkPlan::new(&cfg, &keys).unwrap();
-        let mem = VecPool::new(plan.pool_size());
-        plan.write(&mem, &pairs).unwrap();
-        (mem, plan.next_free())
+        crate::memory::testing::small_pool(n)
     }
 
     /// What a compute node does to split training leaf `j` of the record

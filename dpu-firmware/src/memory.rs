@@ -361,6 +361,29 @@ pub(crate) mod testing {
         }
     }
 
+    /// A pool bulk-loaded with keys `0, 10, …, 10 (n − 1)` (value: the
+    /// key's index): leaves of 4 slots holding 2 keys, models of at most
+    /// 4 leaves, ε = 1, leaf region 2, 64 spare leaves and 64 spare
+    /// directory slots; with the first free model-region byte.
+    pub(crate) fn small_pool(n: u64) -> (VecPool, u64) {
+        let cfg = crate::bulk::BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 4,
+            keys_per_leaf: 2,
+            epsilon: 1,
+            max_model_leaves: 4,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+            directory_spare: 64,
+        };
+        let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = crate::bulk::BulkPlan::new(&cfg, &keys).expect("a small plan");
+        let mem = VecPool::new(plan.pool_size());
+        plan.write(&mem, &pairs).expect("writing a small pool");
+        (mem, plan.next_free())
+    }
+
     impl PoolMemory for VecPool {
         fn size(&self) -> u64 {
             self.words.len() as u64 * 8

@@ -72,26 +72,10 @@ pub fn release_locks_where<M: PoolMemory>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bulk::{BulkConfig, BulkPlan};
-    use crate::memory::testing::VecPool;
 
     #[test]
     fn only_the_dead_owners_locks_are_released_and_fields_kept() {
-        let cfg = BulkConfig {
-            leaf_region_id: 2,
-            leaf_slots: 4,
-            keys_per_leaf: 2,
-            epsilon: 1,
-            max_model_leaves: 4,
-            spare_leaves: 64,
-            model_region_spare: 1 << 16,
-            directory_spare: 64,
-        };
-        let pairs: Vec<(u64, u64)> = (0..64).map(|i| (i * 10, i)).collect();
-        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-        let plan = BulkPlan::new(&cfg, &keys).unwrap();
-        let mem = VecPool::new(plan.pool_size());
-        plan.write(&mem, &pairs).unwrap();
+        let (mem, _) = crate::memory::testing::small_pool(64);
         let mut sbb = [0u8; Superblock::SIZE as usize];
         mem.read(0, &mut sbb).unwrap();
         let sb = Superblock::read(&sbb).unwrap();

@@ -699,22 +699,7 @@ mod tests {
     use crate::memory::testing::VecPool;
 
     fn load(n: u64) -> (VecPool, u64) {
-        let cfg = BulkConfig {
-            leaf_region_id: 2,
-            leaf_slots: 4,
-            keys_per_leaf: 2,
-            epsilon: 1,
-            max_model_leaves: 4,
-            spare_leaves: 64,
-            model_region_spare: 1 << 16,
-            directory_spare: 64,
-        };
-        let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
-        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-        let plan = BulkPlan::new(&cfg, &keys).unwrap();
-        let mem = VecPool::new(plan.pool_size());
-        plan.write(&mem, &pairs).unwrap();
-        (mem, plan.next_free())
+        crate::memory::testing::small_pool(n)
     }
 
     /// A retraining that both merges leaves (one key each in leaves of 4
