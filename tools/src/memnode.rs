@@ -753,7 +753,9 @@ impl std::fmt::Display for Throughput {
 }
 
 /// The model region's use: its extent, the retired records' bytes, the
-/// records reused and the retrainings refused for want of room.
+/// records reused and the retrainings refused for want of room; and the
+/// store's growth and reclamation: models (cuts), leaves freed and
+/// stashed for reuse.
 struct RegionUse<'a>(&'a AgentStats);
 
 impl std::fmt::Display for RegionUse<'_> {
@@ -761,11 +763,17 @@ impl std::fmt::Display for RegionUse<'_> {
         let a = self.0;
         write!(
             f,
-            "model region: {} KiB used, {} KiB of it retired records, {} records reused, {} retrainings refused (full)",
+            "model region: {} KiB used, {} KiB of it retired records, {} records reused, {} retrainings refused (full); \
+             {} models ({} cut), {} leaves freed, {} stashed for splits, {} free",
             a.model_region_used >> 10,
             a.model_region_free >> 10,
             a.records_reused,
-            a.refusals
+            a.refusals,
+            a.models,
+            a.models_cut,
+            a.leaves_freed,
+            a.leaves_stashed,
+            a.leaves_free
         )
     }
 }
