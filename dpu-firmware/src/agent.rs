@@ -946,7 +946,17 @@ impl<M: PoolMemory> Agent<M> {
         };
         if let Err(e) = self.switch(&built) {
             // New slots written before the failure name records no
-            // topology lists: unreachable, and their space is reused.
+            // topology lists: unreachable, and their space is reused. Put
+            // the model count and the slots back (best effort: a restart
+            // also clears slots the topology does not list whose records
+            // do not check, see `crate::recover`).
+            let count = self.records.len() as u64;
+            let _ = self.mem.store(Superblock::MODEL_COUNT_OFFSET, count);
+            for p in &built.pieces[1..] {
+                if let Ok(at) = self.sb.directory_entry_offset(p.model_id) {
+                    let _ = self.mem.store(at, 0);
+                }
+            }
             self.unbuild(core::mem::take(&mut built.pieces), built.topology.take());
             self.thaw(frozen)?;
             return Err(e);
@@ -1249,6 +1259,16 @@ impl<M: PoolMemory> Agent<M> {
         let max = self.cfg.max_model_leaves.max(1);
         let n = leaves.len() as u64;
         if n <= max.saturating_mul(2) {
+            return Vec::new();
+        }
+        // A cut's topology is the published one with the model replaced by
+        // its pieces: with an earlier cut still unpublished (its roll
+        // forward failed), that would leave the earlier cut's models out.
+        if self
+            .unfinished
+            .iter()
+            .any(|sw| sw.built.topology.is_some() && !sw.published)
+        {
             return Vec::new();
         }
         let k = n.div_ceil(max);

@@ -178,11 +178,28 @@ pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
     let (upper_at, upper_len, published) = crate::agent::read_topology(mem, &sb)?;
     let mut records = Vec::with_capacity(sb.model_count() as usize);
     let mut rb = [0u8; ModelRecord::SIZE as usize];
+    let mut unreadable = None;
     for m in 0..sb.model_count() {
         let at = mem.load(sb.directory_entry_offset(m)?)?;
-        mem.read(at, &mut rb)?;
-        let record = ModelRecord::read(&rb)?;
-        record.check(at, &sb)?;
+        let listed = published.ids.contains(&m);
+        let read = (|| {
+            mem.read(at, &mut rb)?;
+            let record = ModelRecord::read(&rb)?;
+            record.check(at, &sb)?;
+            Ok::<ModelRecord, AgentError>(record)
+        })();
+        let record = match read {
+            Ok(r) if listed => r,
+            Ok(r) if r.model_id() == m && !r.state().is_retired() => r,
+            Err(e) if listed => return Err(e),
+            // A slot the topology does not list whose record is not one:
+            // a cut that failed before its point of no return left it
+            // (its space since reused). Cleared with the slots after it.
+            _ => {
+                unreadable = Some(m);
+                break;
+            }
+        };
         let bad = |what| AgentError::Inconsistent { model_id: m, what };
         if record.model_id() != m {
             return Err(bad(Inconsistency::WrongRecord));
@@ -196,7 +213,14 @@ pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
             record,
         });
     }
-    let cut_dropped = drop_uncommitted_cuts(mem, &sb, &published.ids, &mut records)?;
+    if let Some(first) = unreadable {
+        for m in first..sb.model_count() {
+            mem.store(sb.directory_entry_offset(m)?, 0)?;
+        }
+        mem.store(Superblock::MODEL_COUNT_OFFSET, first)?;
+    }
+    let cut_dropped = drop_uncommitted_cuts(mem, &sb, &published.ids, &mut records)?
+        + unreadable.map_or(0, |first| sb.model_count() - first);
     let mut spans: Vec<(u64, u64, u64)> = Vec::with_capacity(records.len());
     for r in &records {
         spans.push((r.at, r.at + r.record.total_len()?, r.model_id));
@@ -700,6 +724,37 @@ mod tests {
 
     fn load(n: u64) -> (VecPool, u64) {
         crate::memory::testing::small_pool(n)
+    }
+
+    /// A cut whose switch fails at its point of no return (the model's own
+    /// directory word) leaves nothing of it: the model count and the new
+    /// slots are put back, the model thawed, and a resume finds the pool
+    /// whole.
+    #[test]
+    fn a_cut_that_fails_at_its_switch_leaves_no_slot_behind() {
+        let (mem, next_free) = load(64);
+        let cfg = AgentConfig {
+            max_model_leaves: 1,
+            ..AgentConfig::default()
+        };
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        let models = sb.model_count();
+        let dir0 = sb.directory_entry_offset(0).unwrap();
+        mem.fail_writes(dir0..dir0 + 8, 1);
+        assert!(agent.retrain(0).is_err(), "the switch failed");
+        assert_eq!(mem.load(Superblock::MODEL_COUNT_OFFSET).unwrap(), models);
+        for m in models..models + 4 {
+            let at = sb.directory_entry_offset(m).unwrap();
+            assert_eq!(mem.load(at).unwrap(), 0, "slot {m}");
+        }
+        assert!(!record(&mem, mem.load(dir0).unwrap()).state().is_frozen());
+        // The agent goes on: the same cut succeeds.
+        let r = agent.retrain(0).unwrap();
+        assert!(r.new_models > 0, "{r:?}");
+        drop(agent);
+        let (_, rec) = Agent::resume(&mem, cfg, next_free).unwrap();
+        assert_eq!((rec.keys, rec.cut_dropped, rec.damaged_count), (64, 0, 0));
     }
 
     /// A retraining that both merges leaves (one key each in leaves of 4
