@@ -11,6 +11,12 @@
 //! engine's worker like the writes; `--channel` runs them (and `write`) as
 //! client doorbell batches of `--depth` operations instead.
 //!
+//! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
+//! the same size (`std::net`, one sender and one receiver thread, like
+//! `iperf3 -l SIZE`) is measured before and after each size too, and the
+//! better of the two is the `tcp_gbps` reference (`tcp_ratio` = engine /
+//! stream): the bound a single tcp connection sets on this machine.
+//!
 //! Across processes (`--serve` / `--peer`, libfabric) there is no memcpy
 //! reference; the provider's own `fi_pingpong` is the yardstick, and the
 //! figures mean different things. `fi_pingpong`'s MB/s is 2 × size ×
@@ -87,10 +93,11 @@ pub struct TeBenchArgs {
     #[arg(long, required_unless_present_any = ["serve", "sweep"])]
     size: Option<u64>,
     /// Measure every size from 64 B to 4 MiB (powers of 4) instead of
-    /// `--size`: one line per size (size, Gbit/s, p50 latency, memcpy of
-    /// that size in the same run). Loopback, or `--peer` (no memcpy there;
-    /// the server's `--region` must hold 4 MiB per thread). Not for
-    /// `cas`/`faa`.
+    /// `--size`: one line per size (size, Gbit/s, Mops/s, p50 and p99
+    /// latency, memcpy of that size in the same run, and on libfabric a
+    /// plain TCP stream of that write size and the ratio to it).
+    /// Loopback, or `--peer` (no memcpy there; the server's `--region`
+    /// must hold 4 MiB per thread). Not for `cas`/`faa`.
     #[arg(long, conflicts_with_all = ["size", "serve"])]
     sweep: bool,
     /// With `--sweep`: draw bandwidth and latency against size, memcpy
@@ -621,6 +628,62 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
     Ok(lat)
 }
 
+/// How long each plain-TCP reference run streams (see [`tcp_stream_gbps`]).
+const TCP_REF: Duration = Duration::from_millis(200);
+
+/// Bandwidth (Gbit/s) of a plain TCP stream over 127.0.0.1 with writes of
+/// `size` bytes: one `std::net` sender thread writing `size`-byte buffers
+/// back to back, one receiver reading `size` bytes at a time (as `iperf3
+/// -l SIZE` does), for `dur` after a short warm-up; bytes received over
+/// the time. The yardstick of the `libfabric:tcp` runs, measured in the
+/// same run on the same machine.
+fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let len = size.clamp(1, 64 << 20) as usize;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| -> std::io::Result<f64> {
+        let sender = s.spawn(|| -> std::io::Result<()> {
+            let mut out = TcpStream::connect(addr)?;
+            let buf = vec![0x5au8; len];
+            while !stop.load(Ordering::Relaxed) {
+                out.write_all(&buf)?;
+            }
+            Ok(())
+        });
+        let (mut inp, _) = listener.accept()?;
+        let mut buf = vec![0u8; len];
+        let mut read = |until: Instant| -> std::io::Result<u64> {
+            let mut got = 0u64;
+            while Instant::now() < until {
+                // Check the clock every 64 reads at most.
+                for _ in 0..64 {
+                    let n = inp.read(&mut buf)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    got += n as u64;
+                }
+            }
+            Ok(got)
+        };
+        read(Instant::now() + dur / 10)?;
+        let start = Instant::now();
+        let got = read(start + dur)?;
+        let secs = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        // Drain until the sender sees the flag and closes.
+        while inp.read(&mut buf)? > 0 {}
+        sender
+            .join()
+            .map_err(|_| std::io::Error::other("tcp sender panicked"))??;
+        Ok(got as f64 * 8.0 / secs / 1e9)
+    })
+}
+
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
 fn memcpy_gbps(bytes: u64, total: u64) -> f64 {
     let len = bytes.min(1 << 30) as usize;
@@ -656,6 +719,9 @@ struct Measured {
     samples: usize,
     /// memcpy of the same size, Gbit/s (`None` across processes).
     memcpy_gbps: Option<f64>,
+    /// A plain TCP stream with writes of the operation's size (per page
+    /// for `paged`), Gbit/s, on libfabric fabrics ([`tcp_stream_gbps`]).
+    tcp_gbps: Option<f64>,
     /// What the client engine counted during the measurement.
     counters: CounterSnapshot,
 }
@@ -681,7 +747,14 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     };
     let memcpy_ref =
         || (!remote).then(|| memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30)));
+    let tcp_ref = || -> Result<Option<f64>, BenchError> {
+        Ok(match args.fabric {
+            FabricArg::Libfabric(_) => Some(tcp_stream_gbps(ctx.size, TCP_REF)?),
+            _ => None,
+        })
+    };
     let memcpy_before = memcpy_ref();
+    let tcp_before = tcp_ref()?;
     let counters_before = ctx.a.counters().total;
     let recv_flag = CompletionFlag::new();
     if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
@@ -726,6 +799,7 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     lats.sort_unstable();
     let counters = ctx.a.counters().total.since(&counters_before);
     let memcpy_after = memcpy_ref();
+    let tcp_after = tcp_ref()?;
     Ok(Measured {
         total_ops,
         gbps: (total_ops * ctx.bytes) as f64 * 8.0 / secs / 1e9,
@@ -734,6 +808,8 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         p99_us: percentile(&lats, 0.99),
         samples: lats.len(),
         memcpy_gbps: memcpy_before.zip(memcpy_after).map(|(a, b)| a.max(b)),
+        // The better of the two: the ratio errs against the engine.
+        tcp_gbps: tcp_before.zip(tcp_after).map(|(a, b)| a.max(b)),
         counters,
     })
 }
@@ -757,6 +833,10 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
     });
+    if let (Some(tcp), Some(o)) = (m.tcp_gbps, v.as_object_mut()) {
+        o.insert("tcp_gbps".into(), tcp.into());
+        o.insert("tcp_ratio".into(), (m.gbps / tcp).into());
+    }
     if m.memcpy_gbps.is_none() {
         // No memcpy reference across processes.
         if let Some(o) = v.as_object_mut() {
@@ -801,6 +881,13 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
                 m.gbps / memcpy
             );
         }
+        if let Some(tcp) = m.tcp_gbps {
+            println!(
+                "  tcp stream   {tcp:10.2} Gbit/s   (ratio {:.2}; {} B writes, 127.0.0.1)",
+                m.gbps / tcp,
+                ctx.size
+            );
+        }
         println!(
             "  latency      p50 {:.2} µs   p99 {:.2} µs   ({} samples)",
             m.p50_us, m.p99_us, m.samples
@@ -825,8 +912,8 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
             args.fabric.name()
         );
         println!(
-            "  {:>9}  {:>12}  {:>10}  {:>10}  {:>14}",
-            "size", "Gbit/s", "p50 µs", "p99 µs", "memcpy Gbit/s"
+            "  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>13}  {:>10}  {:>6}",
+            "size", "Gbit/s", "Mops/s", "p50 µs", "p99 µs", "memcpy Gbit/s", "tcp Gbit/s", "× tcp"
         );
     }
     // A few operations first: the first ones to a peer set up its
@@ -840,13 +927,17 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
         if args.json {
             println!("{}", json_line(args, ctx, &m));
         } else {
+            let opt = |g: Option<f64>, f: &dyn Fn(f64) -> String| g.map_or("-".into(), f);
             println!(
-                "  {:>9}  {:>12.3}  {:>10.2}  {:>10.2}  {:>14}",
+                "  {:>9}  {:>9.3}  {:>9.4}  {:>9.2}  {:>9.2}  {:>13}  {:>10}  {:>6}",
                 plot::bytes(size),
                 m.gbps,
+                m.mops,
                 m.p50_us,
                 m.p99_us,
-                m.memcpy_gbps.map_or("-".into(), |g| format!("{g:.2}"))
+                opt(m.memcpy_gbps, &|g| format!("{g:.2}")),
+                opt(m.tcp_gbps, &|g| format!("{g:.2}")),
+                opt(m.tcp_gbps, &|g| format!("{:.2}", m.gbps / g)),
             );
         }
         points.push(SweepPoint {
