@@ -460,24 +460,14 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     Ok(ctx)
 }
 
-/// Waits for a flag: spins briefly, then yields (the worker needs the CPU
-/// on a small machine); gives up after a generous hang guard.
+/// Waits for a flag: checks briefly, then parks until the engine's
+/// completion unparks it (a waiting benchmark thread leaves the CPU to the
+/// engine's threads and the peer on a small machine); gives up after a
+/// generous hang guard.
 fn wait(f: &CompletionFlag) -> Result<u64, BenchError> {
-    let start = Instant::now();
-    let mut i = 0u64;
-    loop {
-        if let Some(r) = f.result() {
-            return Ok(r?);
-        }
-        i += 1;
-        if i < 100 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-            if i & 4095 == 0 && start.elapsed() > Duration::from_secs(120) {
-                return Err("an operation did not complete within 120 s".into());
-            }
-        }
+    match f.wait(Duration::from_secs(120)) {
+        Some(r) => Ok(r?),
+        None => Err("an operation did not complete within 120 s".into()),
     }
 }
 
@@ -684,6 +674,18 @@ fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
     })
 }
 
+/// CPU time (user and system) of every thread of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: `getrusage` writes one `rusage` to a valid pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
 fn memcpy_gbps(bytes: u64, total: u64) -> f64 {
     let len = bytes.min(1 << 30) as usize;
@@ -722,6 +724,11 @@ struct Measured {
     /// A plain TCP stream with writes of the operation's size (per page
     /// for `paged`), Gbit/s, on libfabric fabrics ([`tcp_stream_gbps`]).
     tcp_gbps: Option<f64>,
+    /// CPU time this process used during the throughput phase, all
+    /// threads (both engines on a local run), per operation, in µs.
+    cpu_us_per_op: f64,
+    /// The same as CPUs busy on average (1.0 = one core).
+    cpus: f64,
     /// What the client engine counted during the measurement.
     counters: CounterSnapshot,
 }
@@ -762,6 +769,7 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
             .map_err(|_| "--count too large for one immediate's counter")?;
         b.expect_imm_count(IMM, target, OnDone::flag(&recv_flag))?;
     }
+    let cpu_before = process_cpu();
     let start = Instant::now();
     std::thread::scope(|s| -> Result<(), BenchError> {
         let hs: Vec<_> = (0..args.threads)
@@ -782,6 +790,7 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         wait(&recv_flag)?;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = (process_cpu() - cpu_before).as_secs_f64();
     bar.finish_and_clear();
     let lat_n = per_thread.min(2000);
     let mut lats: Vec<Duration> = std::thread::scope(|s| -> Result<Vec<Duration>, BenchError> {
@@ -806,6 +815,8 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         mops: total_ops as f64 / secs / 1e6,
         p50_us: percentile(&lats, 0.5),
         p99_us: percentile(&lats, 0.99),
+        cpu_us_per_op: cpu * 1e6 / total_ops as f64,
+        cpus: cpu / secs,
         samples: lats.len(),
         memcpy_gbps: memcpy_before.zip(memcpy_after).map(|(a, b)| a.max(b)),
         // The better of the two: the ratio errs against the engine.
@@ -832,6 +843,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
+        "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,
     });
     if let (Some(tcp), Some(o)) = (m.tcp_gbps, v.as_object_mut()) {
         o.insert("tcp_gbps".into(), tcp.into());
@@ -888,6 +900,12 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
                 ctx.size
             );
         }
+        println!(
+            "  cpu          {:10.2} µs/op      {:10.2} CPUs   (this process{})",
+            m.cpu_us_per_op,
+            m.cpus,
+            if ctx.b.is_some() { ", both engines" } else { "" }
+        );
         println!(
             "  latency      p50 {:.2} µs   p99 {:.2} µs   ({} samples)",
             m.p50_us, m.p99_us, m.samples
