@@ -674,16 +674,19 @@ fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
     })
 }
 
-/// CPU time (user and system) of every thread of this process so far.
-fn process_cpu() -> Duration {
+/// CPU time (user and system) of every thread of this process so far,
+/// and how many times its threads gave up a CPU (voluntary and forced
+/// context switches).
+fn process_cpu() -> (Duration, u64) {
     // SAFETY: `getrusage` writes one `rusage` to a valid pointer.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return Duration::ZERO;
+        return (Duration::ZERO, 0);
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    let switches = (ru.ru_nvcsw + ru.ru_nivcsw) as u64;
+    (tv(ru.ru_utime) + tv(ru.ru_stime), switches)
 }
 
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
@@ -729,6 +732,9 @@ struct Measured {
     cpu_us_per_op: f64,
     /// The same as CPUs busy on average (1.0 = one core).
     cpus: f64,
+    /// Context switches of this process's threads per operation in the
+    /// throughput phase (each one a thread going to sleep or preempted).
+    switches_per_op: f64,
     /// What the client engine counted during the measurement.
     counters: CounterSnapshot,
 }
@@ -790,7 +796,9 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         wait(&recv_flag)?;
     }
     let secs = start.elapsed().as_secs_f64();
-    let cpu = (process_cpu() - cpu_before).as_secs_f64();
+    let cpu_after = process_cpu();
+    let cpu = (cpu_after.0 - cpu_before.0).as_secs_f64();
+    let switches = cpu_after.1 - cpu_before.1;
     bar.finish_and_clear();
     let lat_n = per_thread.min(2000);
     let mut lats: Vec<Duration> = std::thread::scope(|s| -> Result<Vec<Duration>, BenchError> {
@@ -817,6 +825,7 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         p99_us: percentile(&lats, 0.99),
         cpu_us_per_op: cpu * 1e6 / total_ops as f64,
         cpus: cpu / secs,
+        switches_per_op: switches as f64 / total_ops as f64,
         samples: lats.len(),
         memcpy_gbps: memcpy_before.zip(memcpy_after).map(|(a, b)| a.max(b)),
         // The better of the two: the ratio errs against the engine.
@@ -844,6 +853,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,
+        "switches_per_op": m.switches_per_op,
     });
     if let (Some(tcp), Some(o)) = (m.tcp_gbps, v.as_object_mut()) {
         o.insert("tcp_gbps".into(), tcp.into());
@@ -901,9 +911,10 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
             );
         }
         println!(
-            "  cpu          {:10.2} µs/op      {:10.2} CPUs   (this process{})",
+            "  cpu          {:10.2} µs/op      {:10.2} CPUs   {:.2} switches/op (this process{})",
             m.cpu_us_per_op,
             m.cpus,
+            m.switches_per_op,
             if ctx.b.is_some() { ", both engines" } else { "" }
         );
         println!(

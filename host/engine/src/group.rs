@@ -27,6 +27,14 @@ use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progres
 use crate::error::TransferError;
 use crate::shared::{EngineShared, GroupShared, Request};
 
+/// Most requests a worker takes from its queue per round before it reads
+/// completions again.
+const ROUND_OPS: usize = 1024;
+/// Most payload bytes a worker posts per round (at least one request): on
+/// software providers posting copies the data into a socket, about 100 µs
+/// per 256 KiB here, and completions wait meanwhile.
+const ROUND_BYTES: u64 = 256 << 10;
+
 /// A transfer in flight: pieces left, first error, value (atomics).
 struct Transfer {
     remaining: usize,
@@ -136,12 +144,16 @@ impl Worker {
         let mut nap = Duration::from_micros(1);
         loop {
             let mut busy = false;
-            // Submissions first (new work fills the pipeline).
-            let mut taken = 0;
-            while taken < 1024 {
+            // Submissions first (new work fills the pipeline), up to a
+            // round's budget: completions are read between rounds, so a
+            // burst of large writes does not hold back the completions
+            // (and the submitters waiting on them) of the writes before.
+            let (mut taken, mut bytes) = (0, 0);
+            while taken < ROUND_OPS && bytes < ROUND_BYTES {
                 let Some(req) = self.group().queue.pop() else {
                     break;
                 };
+                bytes += req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>();
                 self.accept(req);
                 taken += 1;
             }

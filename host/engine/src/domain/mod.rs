@@ -108,6 +108,15 @@ impl WorkOp {
         }
     }
 
+    /// Payload bytes the operation moves (8 for atomics).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            WorkOp::Read { len, .. } | WorkOp::Write { len, .. } => *len,
+            WorkOp::Cas { .. } | WorkOp::Faa { .. } => 8,
+            WorkOp::Send { data, .. } => data.len() as u64,
+        }
+    }
+
     /// Which kind of operation this is, as errors name it.
     pub fn kind(&self) -> OpKind {
         match self {

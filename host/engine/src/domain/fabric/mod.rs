@@ -94,6 +94,10 @@ pub const HOT: Duration = Duration::from_millis(20);
 /// need a read its wait object does not announce.
 pub const WAIT_BACKSTOP: Duration = Duration::from_secs(1);
 
+/// With a waiter: the longest a poller with operations outstanding sleeps
+/// without being woken (the waiter wakes it when completions come out).
+pub const OUTSTANDING_BACKSTOP: Duration = Duration::from_millis(2);
+
 /// Longest wait at shutdown for posted operations to complete before the
 /// endpoint closes (see `Inner::drain`).
 pub const DRAIN: Duration = Duration::from_secs(2);
