@@ -915,7 +915,11 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
             m.cpu_us_per_op,
             m.cpus,
             m.switches_per_op,
-            if ctx.b.is_some() { ", both engines" } else { "" }
+            if ctx.b.is_some() {
+                ", both engines"
+            } else {
+                ""
+            }
         );
         println!(
             "  latency      p50 {:.2} µs   p99 {:.2} µs   ({} samples)",

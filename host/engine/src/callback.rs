@@ -191,7 +191,11 @@ impl CompletionFlag {
             }
         };
         if old & SLEEPER != 0 {
-            let t = self.sleeper.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let t = self
+                .sleeper
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             if let Some(t) = t {
                 t.unpark();
             }

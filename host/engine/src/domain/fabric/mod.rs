@@ -266,6 +266,9 @@ struct MrEntry {
 struct Inflight {
     leaked: Leaked,
     wr_id: u64,
+    /// Work requests the post carries (several for a chained write), each
+    /// owed one completion.
+    pieces: u32,
     sink: Arc<Sink>,
     op: OpKind,
     peer: NetAddr,
@@ -286,9 +289,25 @@ pub(crate) struct Sink {
     outstanding: AtomicU64,
 }
 
+impl Sink {
+    /// Completes the `pieces` work requests of one post with `result`.
+    fn finish(&self, wr_id: u64, pieces: u32, result: Result<u64, TransferError>) {
+        for _ in 1..pieces {
+            self.queue.push(Completion {
+                wr_id,
+                result: result.clone(),
+            });
+        }
+        self.queue.push(Completion { wr_id, result });
+        self.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+    }
+}
+
 /// Bookkeeping of an operation between its post and its completion.
 struct OpMeta {
     wr_id: u64,
+    /// As [`Inflight::pieces`].
+    pieces: u32,
     sink: Arc<Sink>,
     op: OpKind,
     peer: NetAddr,
@@ -329,20 +348,16 @@ impl Drop for Live {
         // Closing the endpoint cancels what is in flight; after it the
         // provider touches none of our contexts, so they can be freed.
         drop(self.ep.take());
-        let shut = |sink: &Sink, wr_id| {
-            sink.queue.push(Completion {
-                wr_id,
-                result: Err(TransferError::EngineShutDown),
-            });
-            sink.outstanding.fetch_sub(1, SeqCst);
+        let shut = |sink: &Sink, wr_id, pieces| {
+            sink.finish(wr_id, pieces, Err(TransferError::EngineShutDown));
         };
         for (_, f) in self.inflight.drain() {
             // SAFETY: the endpoint is closed (above).
             drop(unsafe { f.leaked.reclaim() });
-            shut(&f.sink, f.wr_id);
+            shut(&f.sink, f.wr_id, f.pieces);
         }
         for (_, m) in self.retry_meta.drain() {
-            shut(&m.sink, m.wr_id);
+            shut(&m.sink, m.wr_id, m.pieces);
         }
         let recvs = self.recvs.drain().map(|(_, l)| l);
         for l in self.abandoned.drain().map(|(_, l)| l).chain(recvs) {
@@ -374,6 +389,8 @@ pub(crate) struct Inner {
     manual_progress: bool,
     delivery_complete: bool,
     shared_memory: bool,
+    /// Most pieces one posted write chains (1: no chaining).
+    chain_limit: usize,
     cfg: LibfabricConfig,
     incoming: SegQueue<Incoming>,
     waker: OnceLock<Thread>,
@@ -523,6 +540,7 @@ impl LibfabricDomain {
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
             shared_memory: g.shared_memory,
+            chain_limit: g.chain_limit,
             cfg: cfg.clone(),
             incoming: SegQueue::new(),
             waker: OnceLock::new(),
@@ -753,7 +771,7 @@ impl Inner {
                     let result = match result {
                         Ok(()) => Ok(value),
                         Err(errno) => {
-                            Counters::bump(&self.counters.errors, 1);
+                            Counters::bump(&self.counters.errors, u64::from(f.pieces));
                             Err(TransferError::FabricCompletion {
                                 op: f.op,
                                 peer: f.peer,
@@ -762,11 +780,7 @@ impl Inner {
                             })
                         }
                     };
-                    f.sink.queue.push(Completion {
-                        wr_id: f.wr_id,
-                        result,
-                    });
-                    f.sink.outstanding.fetch_sub(1, SeqCst);
+                    f.sink.finish(f.wr_id, f.pieces, result);
                 }
             },
         }
@@ -812,6 +826,7 @@ impl Inner {
                                 Inflight {
                                     leaked,
                                     wr_id: m.wr_id,
+                                    pieces: m.pieces,
                                     sink: m.sink,
                                     op: m.op,
                                     peer: m.peer,
@@ -835,12 +850,8 @@ impl Inner {
             Err((ctx, e)) => {
                 drop(ctx);
                 if let Some(m) = seq.and_then(|s| live.retry_meta.remove(&s)) {
-                    Counters::bump(&self.counters.errors, 1);
-                    m.sink.queue.push(Completion {
-                        wr_id: m.wr_id,
-                        result: Err(fi_err(e)),
-                    });
-                    m.sink.outstanding.fetch_sub(1, SeqCst);
+                    Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                    m.sink.finish(m.wr_id, m.pieces, Err(fi_err(e)));
                 }
                 Ok(())
             }
@@ -861,16 +872,16 @@ impl Inner {
             }
             live.order.pop_front();
             if let Some(f) = live.inflight.remove(&seq) {
-                Counters::bump(&self.counters.errors, 1);
-                f.sink.queue.push(Completion {
-                    wr_id: f.wr_id,
-                    result: Err(TransferError::Timeout {
+                Counters::bump(&self.counters.errors, u64::from(f.pieces));
+                f.sink.finish(
+                    f.wr_id,
+                    f.pieces,
+                    Err(TransferError::Timeout {
                         op: f.op,
                         peer: f.peer,
                         waited: limit,
                     }),
-                });
-                f.sink.outstanding.fetch_sub(1, SeqCst);
+                );
                 live.abandoned.insert(seq, f.leaked);
             }
         }
@@ -889,16 +900,16 @@ impl Inner {
                     .collect();
                 for s in timed_out {
                     if let Some(m) = live.retry_meta.remove(&s) {
-                        Counters::bump(&self.counters.errors, 1);
-                        m.sink.queue.push(Completion {
-                            wr_id: m.wr_id,
-                            result: Err(TransferError::Timeout {
+                        Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                        m.sink.finish(
+                            m.wr_id,
+                            m.pieces,
+                            Err(TransferError::Timeout {
                                 op: m.op,
                                 peer: m.peer,
                                 waited: limit,
                             }),
-                        });
-                        m.sink.outstanding.fetch_sub(1, SeqCst);
+                        );
                     }
                 }
                 // Never posted: the contexts are still ours to drop.
