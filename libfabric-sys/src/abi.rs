@@ -602,6 +602,12 @@ pub struct fi_ops_cq {
     pub readerr: Option<
         unsafe extern "C" fn(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize,
     >,
+    /// `fi_cq_sread`.
+    pub sread: Unused,
+    /// `fi_cq_sreadfrom`.
+    pub sreadfrom: Unused,
+    /// `fi_cq_signal`.
+    pub signal: Option<unsafe extern "C" fn(cq: *mut fid_cq) -> c_int>,
     _tail: [u8; 0],
 }
 

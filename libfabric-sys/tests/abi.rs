@@ -172,7 +172,11 @@ fn decls() -> Vec<Decl> {
                 err_data_size
             ]
         ),
-        decl!(fi_ops_cq, Prefix, [size, read, readfrom, readerr]),
+        decl!(
+            fi_ops_cq,
+            Prefix,
+            [size, read, readfrom, readerr, sread, sreadfrom, signal]
+        ),
         decl!(fid_cq, Prefix, [fid, ops]),
         decl!(fi_context2, Whole, [internal]),
         decl!(fi_rma_iov, Whole, [addr, len, key]),

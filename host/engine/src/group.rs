@@ -84,6 +84,10 @@ pub(crate) struct Worker {
     free: Vec<usize>,
     comps: Vec<Completion>,
     incoming: Vec<Incoming>,
+    /// The NICs' wait objects when every NIC of the group has one
+    /// ([`Domain::wait_fd`]): the worker blocks on them instead of
+    /// parking, so a NIC's event wakes it without a thread in between.
+    wait_fds: Vec<libc::pollfd>,
 }
 
 impl Worker {
@@ -108,19 +112,36 @@ impl Worker {
             free: Vec::new(),
             comps: Vec::new(),
             incoming: Vec::new(),
+            wait_fds: Vec::new(),
         };
         let ready = Arc::new(AtomicBool::new(false));
         let ready2 = ready.clone();
         let handle = thread::Builder::new()
             .name(format!("rolex-te{}-g{index}", engine.id))
             .spawn(move || {
+                let mut worker = worker;
                 if pin {
                     pin_current_thread();
                 }
-                let group = &worker.engine.groups[worker.index];
+                let engine = worker.engine.clone();
+                let group = &engine.groups[worker.index];
                 let _ = group.waker.set(thread::current());
                 for d in &group.domains {
                     d.set_waker(thread::current());
+                }
+                let fds: Option<Vec<_>> = group.domains.iter().map(|d| d.wait_fd()).collect();
+                if let Some(fds) = fds {
+                    for d in &group.domains {
+                        d.take_wait(group.sleeping.clone());
+                    }
+                    worker.wait_fds = fds
+                        .into_iter()
+                        .map(|fd| libc::pollfd {
+                            fd,
+                            events: libc::POLLIN | libc::POLLPRI,
+                            revents: 0,
+                        })
+                        .collect();
                 }
                 ready2.store(true, SeqCst);
                 worker.run();
@@ -197,11 +218,11 @@ impl Worker {
                 continue;
             }
             match progress {
-                Progress::Idle => thread::park(),
+                Progress::Idle => self.sleep(None),
                 Progress::WaitUntil(t) => {
                     let now = Instant::now();
                     if t > now {
-                        thread::park_timeout(t - now);
+                        self.sleep(Some(t - now));
                     }
                 }
                 Progress::Busy => {
@@ -211,6 +232,51 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Sleeps until woken, or `timeout`: parks, or with wait objects
+    /// blocks on them (a NIC event or [`GroupShared::wake`]'s signal ends
+    /// it).
+    fn sleep(&mut self, timeout: Option<Duration>) {
+        if self.wait_fds.is_empty() {
+            match timeout {
+                None => thread::park(),
+                Some(t) => thread::park_timeout(t),
+            }
+            return;
+        }
+        let group = &self.engine.groups[self.index];
+        group.sleeping.store(true, SeqCst);
+        // Pairs with the fence in `GroupShared::wake`: a submission either
+        // sees `sleeping` and signals, or is seen here.
+        std::sync::atomic::fence(SeqCst);
+        let may_block = group.queue.is_empty()
+            && !self.engine.shutdown.load(SeqCst)
+            && group.domains.iter().all(|d| d.may_block());
+        if may_block {
+            let ts = timeout.map(|t| libc::timespec {
+                tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+            });
+            let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+            // SAFETY: `wait_fds` is a valid array of `pollfd`s of the given
+            // length; `tsp` is null or points at a live `timespec`.
+            let rc = unsafe {
+                libc::ppoll(
+                    self.wait_fds.as_mut_ptr(),
+                    self.wait_fds.len() as libc::nfds_t,
+                    tsp,
+                    std::ptr::null(),
+                )
+            };
+            let broken = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+            if rc > 0 && self.wait_fds.iter().any(|p| p.revents & broken != 0) {
+                // A descriptor in error would make every sleep return at
+                // once: park from now on (the NICs' own timers remain).
+                self.wait_fds.clear();
+            }
+        }
+        group.sleeping.store(false, SeqCst);
     }
 
     fn accept(&mut self, req: Request) {

@@ -333,8 +333,10 @@ impl Endpoint for FabricEndpoint {
         let spin = since.is_some_and(|s| s < inner.cfg.busy_poll);
         if let Some(w) = waiter {
             // A spinning poller reads the queue itself; a sleeping one
-            // leaves it to the waiter, which wakes it on completions.
-            if spin {
+            // leaves it to the waiter, which wakes it on completions,
+            // unless the worker blocks on the wait object itself
+            // (`Domain::take_wait`).
+            if spin || inner.worker_waits.get().is_some() {
                 w.disarm();
             } else {
                 w.arm();

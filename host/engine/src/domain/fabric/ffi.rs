@@ -424,6 +424,9 @@ pub(crate) struct TryWait {
 // libfabric lets any thread use; their lifetime is the user's contract
 // (`TryWait::may_block`).
 unsafe impl Send for TryWait {}
+// SAFETY: as for `Send`: the calls made through it (`fi_trywait`,
+// `fi_cq_signal`) are thread-safe on such a domain.
+unsafe impl Sync for TryWait {}
 
 impl TryWait {
     pub(crate) fn new(fabric: &Fabric, cq: &Cq) -> TryWait {
@@ -450,6 +453,17 @@ impl TryWait {
             return Ok(false);
         }
         check("fi_trywait", rc as isize).map(|_| true)
+    }
+
+    /// `fi_cq_signal`: makes the queue's wait object readable, waking a
+    /// thread blocked on it.
+    ///
+    /// # Safety
+    /// The queue this was made from must still be open.
+    pub(crate) unsafe fn signal(&self) {
+        // SAFETY: an open queue (the caller's contract). A failure only
+        // leaves the sleeper to its timeout.
+        let _ = unsafe { sys::fi_cq_signal(self.cq.as_ptr()) };
     }
 }
 

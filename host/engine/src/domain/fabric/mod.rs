@@ -397,6 +397,13 @@ pub(crate) struct Inner {
     /// Whether a waiter reads the queue (unset: the poller reads it on a
     /// timer).
     wait: OnceLock<WaiterHealth>,
+    /// The queue's wait object and what `fi_trywait` / `fi_cq_signal`
+    /// need (set with a waiter; the queue stays open while `Inner` lives,
+    /// see `shutdown`).
+    wait_obj: OnceLock<(libc::c_int, TryWait)>,
+    /// Set once the engine's worker blocks on the wait object itself
+    /// ([`Domain::take_wait`]): its "sleeping" flag.
+    worker_waits: OnceLock<Arc<AtomicBool>>,
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
@@ -545,6 +552,8 @@ impl LibfabricDomain {
             incoming: SegQueue::new(),
             waker: OnceLock::new(),
             wait: OnceLock::new(),
+            wait_obj: OnceLock::new(),
+            worker_waits: OnceLock::new(),
             alive: AtomicBool::new(true),
             next_key: AtomicU64::new(rand::random::<u64>() >> 16),
             counters: Counters::default(),
@@ -555,6 +564,7 @@ impl LibfabricDomain {
                 live.waiter = Waiter::start(trywait, fd, waiter_progress(&inner));
                 if let Some(w) = &live.waiter {
                     let _ = inner.wait.set(w.health());
+                    let _ = inner.wait_obj.set((fd, trywait));
                 }
             }
         }
@@ -790,6 +800,22 @@ impl Inner {
         self.incoming.push(e);
         if let Some(t) = self.waker.get() {
             t.unpark();
+        }
+        self.wake_sleeping_worker();
+    }
+
+    /// When the worker blocks on the wait object ([`Domain::take_wait`])
+    /// and sleeps now: signal the object, so that what another thread read
+    /// out of the queue (an arrival) does not wait for its timeout.
+    fn wake_sleeping_worker(&self) {
+        if let Some(sleeping) = self.worker_waits.get() {
+            std::sync::atomic::fence(SeqCst);
+            if sleeping.load(SeqCst) {
+                if let Some((_, t)) = self.wait_obj.get() {
+                    // SAFETY: the queue is open while `Inner` lives.
+                    unsafe { t.signal() };
+                }
+            }
         }
     }
 
@@ -1089,6 +1115,44 @@ impl Domain for LibfabricDomain {
         // The target side of a real fabric cannot be made to fail its
         // peers' operations.
         false
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        let inner = &self.inner;
+        inner.wait.get().filter(|w| w.usable())?;
+        inner.wait_obj.get().map(|(fd, _)| *fd)
+    }
+
+    fn take_wait(&self, sleeping: Arc<AtomicBool>) {
+        let inner = &self.inner;
+        if inner.worker_waits.set(sleeping).is_ok() {
+            // The waiter parks after its current wait and is never armed
+            // again (see `FabricEndpoint::poll`): the worker reads the
+            // queue when the wait object wakes it.
+            if let Some(w) = inner.wait.get() {
+                w.disarm();
+            }
+        }
+    }
+
+    fn may_block(&self) -> bool {
+        let inner = &self.inner;
+        if !inner.incoming.is_empty() {
+            return false;
+        }
+        match inner.wait_obj.get() {
+            // SAFETY: the queue is open while `Inner` lives. An error
+            // leaves the worker to its timeout.
+            Some((_, t)) => unsafe { t.may_block() }.unwrap_or(true),
+            None => true,
+        }
+    }
+
+    fn signal(&self) {
+        if let Some((_, t)) = self.inner.wait_obj.get() {
+            // SAFETY: the queue is open while `Inner` lives.
+            unsafe { t.signal() };
+        }
     }
 
     fn shutdown(&self) {
