@@ -10,7 +10,7 @@
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -321,6 +321,7 @@ impl Endpoint for FabricEndpoint {
         let (since, retrying) = match g.as_mut() {
             Some(live) => {
                 inner.progress(live);
+                inner.endpoint_polled.store(true, Relaxed);
                 (Some(live.last_activity.elapsed()), !live.retry.is_empty())
             }
             None => (None, false),

@@ -1097,6 +1097,10 @@ impl Cq {
                     });
                 }
             }
+            // Read until the provider says `-FI_EAGAIN`, even after a
+            // short read: `ofi_rxm` moves one completion of its message
+            // provider per read (FI_OFI_RXM_COMP_PER_PROGRESS = 1), and its
+            // `fi_trywait` does not see those still waiting below it.
             total += n;
         }
         Ok(total)

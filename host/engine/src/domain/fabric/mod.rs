@@ -404,6 +404,9 @@ pub(crate) struct Inner {
     /// Set once the engine's worker blocks on the wait object itself
     /// ([`Domain::take_wait`]): its "sleeping" flag.
     worker_waits: OnceLock<Arc<AtomicBool>>,
+    /// Set by every endpoint poll (which reads the queue), cleared by
+    /// `poll_incoming`, which then need not read it again.
+    endpoint_polled: AtomicBool,
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
@@ -554,6 +557,7 @@ impl LibfabricDomain {
             wait: OnceLock::new(),
             wait_obj: OnceLock::new(),
             worker_waits: OnceLock::new(),
+            endpoint_polled: AtomicBool::new(false),
             alive: AtomicBool::new(true),
             next_key: AtomicU64::new(rand::random::<u64>() >> 16),
             counters: Counters::default(),
@@ -1089,10 +1093,13 @@ impl Domain for LibfabricDomain {
 
     fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize {
         // Reading the queue here too keeps arrivals flowing when no
-        // endpoint is polled; never wait for the lock.
-        if let Ok(mut g) = self.inner.live.try_lock() {
-            if let Some(live) = g.as_mut() {
-                self.inner.progress(live);
+        // endpoint is polled (skipped when one just did: the worker polls
+        // its endpoint right before); never wait for the lock.
+        if !self.inner.endpoint_polled.swap(false, Relaxed) {
+            if let Ok(mut g) = self.inner.live.try_lock() {
+                if let Some(live) = g.as_mut() {
+                    self.inner.progress(live);
+                }
             }
         }
         crate::domain::drain_incoming(&self.inner.incoming, out)
