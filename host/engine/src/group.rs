@@ -11,8 +11,12 @@
 //! Invariants: every request's notification fires exactly once (on
 //! shutdown with [`TransferError::EngineShutDown`] for whatever had not
 //! finished); the worker never spins while idle — with nothing in flight it
-//! parks until unparked by a submission or an arrival, and while operations
-//! wait on modelled time it sleeps until the earliest of them.
+//! parks until unparked by a submission or an arrival (or, when every NIC
+//! of the group has a wait object, blocks on those: see `Worker::sleep`),
+//! and while operations wait on modelled time it sleeps until the earliest
+//! of them. A round posts at most `ROUND_BYTES` of payload before it
+//! reads completions again, so a burst of large writes does not hold back
+//! the completions of those before it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;

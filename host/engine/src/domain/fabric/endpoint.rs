@@ -17,7 +17,7 @@ use std::time::Instant;
 use crossbeam_queue::SegQueue;
 use rolex_core::wire::NetAddr;
 
-use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target, MAX_CHAIN};
+use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
 use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP};
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
@@ -59,7 +59,7 @@ impl FabricEndpoint {
         };
         let fi_addr = inner.fi_addr(live, &remote.peer)?;
         let p = PinnedRegion::new(local.region.clone()).ok_or(TransferError::RegionDeregistered)?;
-        let mut pieces = [(0, 0, 0); MAX_CHAIN];
+        let mut ctx = OpCtx::new(CtxKind::Op(seq));
         let mut key = 0;
         for (i, op) in std::iter::once(first).chain(rest).enumerate() {
             let Some((local, remote, len)) = chainable(op) else {
@@ -74,13 +74,11 @@ impl FabricEndpoint {
             }
             let (addr, k) = inner.target(remote)?;
             key = k;
-            pieces[i] = (local.offset, len, addr);
+            ctx.chain[i] = (local.offset, len, addr);
         }
         let desc = inner.local_desc(&local.region)?;
-        let mut ctx = OpCtx::new(CtxKind::Op(seq));
         ctx.pinned = Some(p);
         let post = Post::WriteChain {
-            pieces,
             n: 1 + rest.len(),
             desc,
             to: Target {

@@ -674,6 +674,8 @@ pub(crate) struct OpCtx {
     pub(crate) kind: CtxKind,
     /// Operand, compare and result words of an atomic.
     pub(crate) words: [u64; 3],
+    /// The pieces of a chained write (see [`Post::WriteChain`]).
+    pub(crate) chain: [(u64, u64, u64); MAX_CHAIN],
     pub(crate) pinned: Option<PinnedRegion>,
     pub(crate) bytes: Vec<u8>,
     /// Registrations made for this operation only (FI_MR_LOCAL).
@@ -691,6 +693,7 @@ impl OpCtx {
             fi: Default::default(),
             kind,
             words: [0; 3],
+            chain: [(0, 0, 0); MAX_CHAIN],
             pinned: None,
             bytes: Vec::new(),
             mrs: Vec::new(),
@@ -746,14 +749,13 @@ pub(crate) enum Post {
         imm: Option<u32>,
         deliver: bool,
     },
-    /// Several pieces of the pinned region (`(offset, len, remote
-    /// address)`, the first `n`) to as many remote ranges of one peer and
-    /// key, as one `fi_writemsg` with one local buffer and one remote
-    /// range per piece: one message, one acknowledgement and one
-    /// completion for all of them. No immediate (each piece of a paged
-    /// write delivers its own).
+    /// Several pieces of the pinned region (the context's `chain`:
+    /// `(offset, len, remote address)`, the first `n`) to as many remote
+    /// ranges of one peer and key, as one `fi_writemsg` with one local
+    /// buffer and one remote range per piece: one message, one
+    /// acknowledgement and one completion for all of them. No immediate
+    /// (each piece of a paged write delivers its own).
     WriteChain {
-        pieces: [(u64, u64, u64); MAX_CHAIN],
         n: usize,
         desc: usize,
         to: Target,
@@ -873,7 +875,6 @@ impl Ep {
                     }
                 }
                 Post::WriteChain {
-                    pieces,
                     n,
                     desc,
                     to,
@@ -886,7 +887,7 @@ impl Ep {
                     }; MAX_CHAIN];
                     let mut rma = [sys::fi_rma_iov::default(); MAX_CHAIN];
                     let mut descs = [desc as *mut libc::c_void; MAX_CHAIN];
-                    for (i, &(offset, len, addr)) in pieces[..n].iter().enumerate() {
+                    for (i, &(offset, len, addr)) in ctx.chain[..n].iter().enumerate() {
                         let Some(a) = ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) else {
                             return Err((Box::from_raw(raw), einval("fi_writemsg")));
                         };

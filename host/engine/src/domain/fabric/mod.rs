@@ -26,18 +26,24 @@
 //! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
 //!   queue is read, and a peer's one-sided write leaves no completion at
 //!   its target, so someone must read the queue while the domain lives.
-//!   Over `tcp` that is the NIC's waiter (module `waiter`,
-//!   [`LibfabricConfig::wait_fd`]): a thread blocked in poll(2) on the
-//!   queue's wait object (`FI_WAIT_FD`: rxm's epoll set over its sockets
-//!   and connection events) that reads the queue as soon as bytes arrive
-//!   and wakes the engine's worker when completions or arrivals came out.
-//!   A peer's write is placed within a thread wake-up, without the worker.
-//!   The worker itself reads the queue without pause for
-//!   [`LibfabricConfig::busy_poll`] after the last activity (the waiter
-//!   then stands aside), with the group's short back-off (1 to 200 µs)
-//!   while it has operations outstanding, and otherwise sleeps until
-//!   woken ([`WAIT_BACKSTOP`] at most). CPU cost when idle: none (the
-//!   waiter blocks, the worker wakes once a second). Providers whose
+//!   Over `tcp` the queue's wait object (`FI_WAIT_FD`: rxm's epoll set
+//!   over its sockets and connection events, [`LibfabricConfig::wait_fd`])
+//!   says when: in an engine the group's worker blocks on it itself
+//!   (`Domain::take_wait`, ppoll(2) over its NICs' objects) and reads the
+//!   queue as soon as bytes arrive, so a peer's write is placed, and an
+//!   acknowledgement completes a write, within one thread wake-up;
+//!   submissions, and arrivals another thread read out of the queue, wake
+//!   it with `fi_cq_signal` while it sleeps there (one atomic load when
+//!   it does not). A NIC used without an engine worker has the same done
+//!   by its waiter thread (module `waiter`), which stands aside (parked)
+//!   once a worker takes the object over. The worker reads the queue
+//!   without pause for [`LibfabricConfig::busy_poll`] after the last
+//!   activity, and otherwise sleeps until woken: [`OUTSTANDING_BACKSTOP`]
+//!   at most while operations are outstanding (everything the provider
+//!   still has to do is announced on the object; only posts refused with
+//!   `-FI_EAGAIN` keep the group's short back-off of 1 to 200 µs), and
+//!   [`WAIT_BACKSTOP`] when idle. CPU cost when idle: none (the worker
+//!   wakes once a second). Providers whose
 //!   wait object does not announce arriving data (`shm`), or
 //!   `wait_fd: false`, fall back to timed reads: the back-off for [`HOT`]
 //!   after the last activity, then every [`LibfabricConfig::idle_poll`]
