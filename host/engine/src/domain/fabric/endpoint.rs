@@ -346,12 +346,19 @@ impl Endpoint for FabricEndpoint {
                 std::thread::yield_now();
                 return Progress::WaitUntil(Instant::now());
             }
-            if waiter.is_some() && !retrying {
+            let woken = inner
+                .waker
+                .get()
+                .is_some_and(|t| t.id() == std::thread::current().id());
+            if waiter.is_some() && woken && !retrying {
                 // Everything the provider still has to do is announced on
                 // its wait object (a peer's bytes, acknowledgements, a full
-                // socket draining): the waiter reads the queue then and
-                // wakes the worker. Sleeping until then instead of backing
-                // off saves the worker a futex round trip per few µs.
+                // socket draining), and the thread polling here is the
+                // one woken then (the worker: it blocks on the object, or
+                // the waiter unparks it). Sleeping until then instead of
+                // backing off saves it a futex round trip per few µs.
+                // Other pollers (client channels) are woken by nobody and
+                // keep the back-off.
                 return Progress::WaitUntil(Instant::now() + OUTSTANDING_BACKSTOP);
             }
             // Posts refused with `-FI_EAGAIN` wait for our own retry.

@@ -747,6 +747,15 @@ impl Inner {
         self.expire(live);
         if handled > 0 {
             live.last_activity = Instant::now();
+            // Read by another thread (a client channel): completions of
+            // the worker's operations may be among them, and the worker
+            // may be asleep on a wait object that no longer fires.
+            if let Some(t) = self.waker.get() {
+                if t.id() != std::thread::current().id() {
+                    t.unpark();
+                    self.wake_sleeping_worker();
+                }
+            }
         }
         handled
     }
