@@ -6,8 +6,11 @@
 //! operations in flight) gives `gbps` and `mops`; a latency phase (one
 //! operation at a time) gives `p50_us` and `p99_us`. For `write-imm` the
 //! latency is until the receiver's ImmCounter expectation fires, and the
-//! throughput phase ends when the receiver has counted every piece.
-//! Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
+//! throughput phase ends when the receiver has counted every piece. In
+//! the throughput phase a thread waiting for its oldest operation parks
+//! (`CompletionFlag::wait`: the engine's threads and the peer need the
+//! CPU), in the latency phase it spins (its own wake-up is not the
+//! engine's latency). Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
 //! engine's worker like the writes; `--channel` runs them (and `write`) as
 //! client doorbell batches of `--depth` operations instead.
 //!
@@ -471,6 +474,28 @@ fn wait(f: &CompletionFlag) -> Result<u64, BenchError> {
     }
 }
 
+/// Waits for a flag without sleeping (spins, then yields): the latency
+/// phase measures the engine, not the benchmark thread's own wake-up
+/// (one operation in flight leaves the CPU to spare).
+fn wait_spinning(f: &CompletionFlag) -> Result<u64, BenchError> {
+    let start = Instant::now();
+    let mut i = 0u64;
+    loop {
+        if let Some(r) = f.result() {
+            return Ok(r?);
+        }
+        i += 1;
+        if i < 100 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+            if i & 4095 == 0 && start.elapsed() > Duration::from_secs(120) {
+                return Err("an operation did not complete within 120 s".into());
+            }
+        }
+    }
+}
+
 fn submit(
     ctx: &Ctx,
     t: usize,
@@ -601,18 +626,18 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
         } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
             b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
             submit(ctx, t, Some(imm), &f)?;
-            wait(&rf)?;
+            wait_spinning(&rf)?;
         } else if ctx.op == Op::WriteImm {
             // The receiver is another process: until the write completes.
             submit(ctx, t, Some(imm), &f)?;
-            wait(&f)?;
+            wait_spinning(&f)?;
         } else {
             submit(ctx, t, None, &f)?;
-            wait(&f)?;
+            wait_spinning(&f)?;
         }
         lat.push(start.elapsed());
         if ctx.op == Op::WriteImm && ch.is_none() && ctx.b.is_some() {
-            wait(&f)?;
+            wait_spinning(&f)?;
         }
     }
     Ok(lat)

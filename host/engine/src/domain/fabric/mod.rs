@@ -40,7 +40,7 @@
 //!   without pause for [`LibfabricConfig::busy_poll`] after the last
 //!   activity, and otherwise sleeps until woken: [`OUTSTANDING_BACKSTOP`]
 //!   at most while operations are outstanding (everything the provider
-//!   still has to do is announced on the object; only posts refused with
+//!   still has to do is announced on the object; posts refused with
 //!   `-FI_EAGAIN` keep the group's short back-off of 1 to 200 µs), and
 //!   [`WAIT_BACKSTOP`] when idle. CPU cost when idle: none (the worker
 //!   wakes once a second). Providers whose
@@ -100,9 +100,13 @@ pub const HOT: Duration = Duration::from_millis(20);
 /// need a read its wait object does not announce.
 pub const WAIT_BACKSTOP: Duration = Duration::from_secs(1);
 
-/// With a waiter: the longest a poller with operations outstanding sleeps
-/// without being woken (the waiter wakes it when completions come out).
-pub const OUTSTANDING_BACKSTOP: Duration = Duration::from_millis(2);
+/// With a wait object: the longest the worker sleeps while it has
+/// operations outstanding without being woken (the object wakes it when
+/// the provider has something to do). The old back-off's longest nap: a
+/// wake-up the provider should announce and does not costs no more than
+/// before, and a few thousand short reads a second only while operations
+/// are in flight.
+pub const OUTSTANDING_BACKSTOP: Duration = Duration::from_micros(200);
 
 /// Longest wait at shutdown for posted operations to complete before the
 /// endpoint closes (see `Inner::drain`).
