@@ -174,7 +174,7 @@ fn pipelined_large_writes_are_whole_when_they_complete() {
         let (src, _) = region(&a, (depth * size) as u64);
         let (dst, dd) = region(&b, (depth * size) as u64);
         let mut flags: Vec<Option<(std::sync::Arc<CompletionFlag>, u8)>> = vec![None; depth];
-        let mut check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
+        let check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
             wait(f).unwrap();
             let got = dst.to_vec((slot * size) as u64, size).unwrap();
             assert!(
