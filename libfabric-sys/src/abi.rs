@@ -238,6 +238,16 @@ pub struct fi_tx_attr {
     pub op_flags: u64,
     /// Ordering the provider keeps between operations (`FI_ORDER_*`).
     pub msg_order: u64,
+    /// Completion ordering (`FI_ORDER_*`).
+    pub comp_order: u64,
+    /// Largest message `fi_inject` takes.
+    pub inject_size: usize,
+    /// Transmit queue depth.
+    pub size: usize,
+    /// Most local buffers (iovecs) one operation may carry.
+    pub iov_limit: usize,
+    /// Most remote ranges one RMA operation may carry.
+    pub rma_iov_limit: usize,
     _tail: [u8; 0],
 }
 
@@ -592,6 +602,12 @@ pub struct fi_ops_cq {
     pub readerr: Option<
         unsafe extern "C" fn(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize,
     >,
+    /// `fi_cq_sread`.
+    pub sread: Unused,
+    /// `fi_cq_sreadfrom`.
+    pub sreadfrom: Unused,
+    /// `fi_cq_signal`.
+    pub signal: Option<unsafe extern "C" fn(cq: *mut fid_cq) -> c_int>,
     _tail: [u8; 0],
 }
 
@@ -615,6 +631,7 @@ pub struct fi_context2 {
 
 /// `struct fi_rma_iov`: one remote range. Whole.
 #[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct fi_rma_iov {
     /// Remote address (virtual or offset, per `FI_MR_VIRT_ADDR`).
     pub addr: u64,

@@ -299,6 +299,16 @@ pub unsafe fn fi_cq_read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isi
     unsafe { via!((*cq).ops, read(cq, buf, count), NOSYS_SZ) }
 }
 
+/// `fi_cq_signal`: `cq->ops->signal`; wakes a thread blocked on the
+/// queue's wait object.
+///
+/// # Safety
+/// Open queue.
+pub unsafe fn fi_cq_signal(cq: *mut fid_cq) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { via!((*cq).ops, signal(cq), NOSYS) }
+}
+
 /// `fi_cq_readerr`: `cq->ops->readerr`.
 ///
 /// # Safety

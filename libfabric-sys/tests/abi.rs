@@ -56,7 +56,21 @@ fn decls() -> Vec<Decl> {
     vec![
         decl!(fid, Whole, [fclass, context, ops]),
         decl!(fi_ops, Prefix, [size, close, bind, control]),
-        decl!(fi_tx_attr, Prefix, [caps, mode, op_flags, msg_order]),
+        decl!(
+            fi_tx_attr,
+            Prefix,
+            [
+                caps,
+                mode,
+                op_flags,
+                msg_order,
+                comp_order,
+                inject_size,
+                size,
+                iov_limit,
+                rma_iov_limit
+            ]
+        ),
         decl!(fi_ep_attr, Prefix, [type_ = "type", protocol]),
         decl!(
             fi_domain_attr,
@@ -158,7 +172,11 @@ fn decls() -> Vec<Decl> {
                 err_data_size
             ]
         ),
-        decl!(fi_ops_cq, Prefix, [size, read, readfrom, readerr]),
+        decl!(
+            fi_ops_cq,
+            Prefix,
+            [size, read, readfrom, readerr, sread, sreadfrom, signal]
+        ),
         decl!(fid_cq, Prefix, [fid, ops]),
         decl!(fi_context2, Whole, [internal]),
         decl!(fi_rma_iov, Whole, [addr, len, key]),

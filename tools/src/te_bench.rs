@@ -6,10 +6,19 @@
 //! operations in flight) gives `gbps` and `mops`; a latency phase (one
 //! operation at a time) gives `p50_us` and `p99_us`. For `write-imm` the
 //! latency is until the receiver's ImmCounter expectation fires, and the
-//! throughput phase ends when the receiver has counted every piece.
-//! Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
+//! throughput phase ends when the receiver has counted every piece. In
+//! the throughput phase a thread waiting for its oldest operation parks
+//! (`CompletionFlag::wait`: the engine's threads and the peer need the
+//! CPU), in the latency phase it spins (its own wake-up is not the
+//! engine's latency). Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
 //! engine's worker like the writes; `--channel` runs them (and `write`) as
 //! client doorbell batches of `--depth` operations instead.
+//!
+//! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
+//! the same size (`std::net`, one sender and one receiver thread, like
+//! `iperf3 -l SIZE`) is measured before and after each size too, and the
+//! better of the two is the `tcp_gbps` reference (`tcp_ratio` = engine /
+//! stream): the bound a single tcp connection sets on this machine.
 //!
 //! Across processes (`--serve` / `--peer`, libfabric) there is no memcpy
 //! reference; the provider's own `fi_pingpong` is the yardstick, and the
@@ -87,10 +96,11 @@ pub struct TeBenchArgs {
     #[arg(long, required_unless_present_any = ["serve", "sweep"])]
     size: Option<u64>,
     /// Measure every size from 64 B to 4 MiB (powers of 4) instead of
-    /// `--size`: one line per size (size, Gbit/s, p50 latency, memcpy of
-    /// that size in the same run). Loopback, or `--peer` (no memcpy there;
-    /// the server's `--region` must hold 4 MiB per thread). Not for
-    /// `cas`/`faa`.
+    /// `--size`: one line per size (size, Gbit/s, Mops/s, p50 and p99
+    /// latency, memcpy of that size in the same run, and on libfabric a
+    /// plain TCP stream of that write size and the ratio to it).
+    /// Loopback, or `--peer` (no memcpy there; the server's `--region`
+    /// must hold 4 MiB per thread). Not for `cas`/`faa`.
     #[arg(long, conflicts_with_all = ["size", "serve"])]
     sweep: bool,
     /// With `--sweep`: draw bandwidth and latency against size, memcpy
@@ -453,9 +463,21 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     Ok(ctx)
 }
 
-/// Waits for a flag: spins briefly, then yields (the worker needs the CPU
-/// on a small machine); gives up after a generous hang guard.
+/// Waits for a flag: checks briefly, then parks until the engine's
+/// completion unparks it (a waiting benchmark thread leaves the CPU to the
+/// engine's threads and the peer on a small machine); gives up after a
+/// generous hang guard.
 fn wait(f: &CompletionFlag) -> Result<u64, BenchError> {
+    match f.wait(Duration::from_secs(120)) {
+        Some(r) => Ok(r?),
+        None => Err("an operation did not complete within 120 s".into()),
+    }
+}
+
+/// Waits for a flag without sleeping (spins, then yields): the latency
+/// phase measures the engine, not the benchmark thread's own wake-up
+/// (one operation in flight leaves the CPU to spare).
+fn wait_spinning(f: &CompletionFlag) -> Result<u64, BenchError> {
     let start = Instant::now();
     let mut i = 0u64;
     loop {
@@ -604,21 +626,92 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
         } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
             b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
             submit(ctx, t, Some(imm), &f)?;
-            wait(&rf)?;
+            wait_spinning(&rf)?;
         } else if ctx.op == Op::WriteImm {
             // The receiver is another process: until the write completes.
             submit(ctx, t, Some(imm), &f)?;
-            wait(&f)?;
+            wait_spinning(&f)?;
         } else {
             submit(ctx, t, None, &f)?;
-            wait(&f)?;
+            wait_spinning(&f)?;
         }
         lat.push(start.elapsed());
         if ctx.op == Op::WriteImm && ch.is_none() && ctx.b.is_some() {
-            wait(&f)?;
+            wait_spinning(&f)?;
         }
     }
     Ok(lat)
+}
+
+/// How long each plain-TCP reference run streams (see [`tcp_stream_gbps`]).
+const TCP_REF: Duration = Duration::from_millis(200);
+
+/// Bandwidth (Gbit/s) of a plain TCP stream over 127.0.0.1 with writes of
+/// `size` bytes: one `std::net` sender thread writing `size`-byte buffers
+/// back to back, one receiver reading `size` bytes at a time (as `iperf3
+/// -l SIZE` does), for `dur` after a short warm-up; bytes received over
+/// the time. The yardstick of the `libfabric:tcp` runs, measured in the
+/// same run on the same machine.
+fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let len = size.clamp(1, 64 << 20) as usize;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| -> std::io::Result<f64> {
+        let sender = s.spawn(|| -> std::io::Result<()> {
+            let mut out = TcpStream::connect(addr)?;
+            let buf = vec![0x5au8; len];
+            while !stop.load(Ordering::Relaxed) {
+                out.write_all(&buf)?;
+            }
+            Ok(())
+        });
+        let (mut inp, _) = listener.accept()?;
+        let mut buf = vec![0u8; len];
+        let mut read = |until: Instant| -> std::io::Result<u64> {
+            let mut got = 0u64;
+            while Instant::now() < until {
+                // Check the clock every 64 reads at most.
+                for _ in 0..64 {
+                    let n = inp.read(&mut buf)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    got += n as u64;
+                }
+            }
+            Ok(got)
+        };
+        read(Instant::now() + dur / 10)?;
+        let start = Instant::now();
+        let got = read(start + dur)?;
+        let secs = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        // Drain until the sender sees the flag and closes.
+        while inp.read(&mut buf)? > 0 {}
+        sender
+            .join()
+            .map_err(|_| std::io::Error::other("tcp sender panicked"))??;
+        Ok(got as f64 * 8.0 / secs / 1e9)
+    })
+}
+
+/// CPU time (user and system) of every thread of this process so far,
+/// and how many times its threads gave up a CPU (voluntary and forced
+/// context switches).
+fn process_cpu() -> (Duration, u64) {
+    // SAFETY: `getrusage` writes one `rusage` to a valid pointer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (Duration::ZERO, 0);
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let switches = (ru.ru_nvcsw + ru.ru_nivcsw) as u64;
+    (tv(ru.ru_utime) + tv(ru.ru_stime), switches)
 }
 
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
@@ -656,6 +749,17 @@ struct Measured {
     samples: usize,
     /// memcpy of the same size, Gbit/s (`None` across processes).
     memcpy_gbps: Option<f64>,
+    /// A plain TCP stream with writes of the operation's size (per page
+    /// for `paged`), Gbit/s, on libfabric fabrics ([`tcp_stream_gbps`]).
+    tcp_gbps: Option<f64>,
+    /// CPU time this process used during the throughput phase, all
+    /// threads (both engines on a local run), per operation, in µs.
+    cpu_us_per_op: f64,
+    /// The same as CPUs busy on average (1.0 = one core).
+    cpus: f64,
+    /// Context switches of this process's threads per operation in the
+    /// throughput phase (each one a thread going to sleep or preempted).
+    switches_per_op: f64,
     /// What the client engine counted during the measurement.
     counters: CounterSnapshot,
 }
@@ -681,7 +785,14 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     };
     let memcpy_ref =
         || (!remote).then(|| memcpy_gbps(ctx.bytes, (total_ops * ctx.bytes).min(1 << 30)));
+    let tcp_ref = || -> Result<Option<f64>, BenchError> {
+        Ok(match args.fabric {
+            FabricArg::Libfabric(_) => Some(tcp_stream_gbps(ctx.size, TCP_REF)?),
+            _ => None,
+        })
+    };
     let memcpy_before = memcpy_ref();
+    let tcp_before = tcp_ref()?;
     let counters_before = ctx.a.counters().total;
     let recv_flag = CompletionFlag::new();
     if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
@@ -689,6 +800,7 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
             .map_err(|_| "--count too large for one immediate's counter")?;
         b.expect_imm_count(IMM, target, OnDone::flag(&recv_flag))?;
     }
+    let cpu_before = process_cpu();
     let start = Instant::now();
     std::thread::scope(|s| -> Result<(), BenchError> {
         let hs: Vec<_> = (0..args.threads)
@@ -709,6 +821,9 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
         wait(&recv_flag)?;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu_after = process_cpu();
+    let cpu = (cpu_after.0 - cpu_before.0).as_secs_f64();
+    let switches = cpu_after.1 - cpu_before.1;
     bar.finish_and_clear();
     let lat_n = per_thread.min(2000);
     let mut lats: Vec<Duration> = std::thread::scope(|s| -> Result<Vec<Duration>, BenchError> {
@@ -726,14 +841,20 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     lats.sort_unstable();
     let counters = ctx.a.counters().total.since(&counters_before);
     let memcpy_after = memcpy_ref();
+    let tcp_after = tcp_ref()?;
     Ok(Measured {
         total_ops,
         gbps: (total_ops * ctx.bytes) as f64 * 8.0 / secs / 1e9,
         mops: total_ops as f64 / secs / 1e6,
         p50_us: percentile(&lats, 0.5),
         p99_us: percentile(&lats, 0.99),
+        cpu_us_per_op: cpu * 1e6 / total_ops as f64,
+        cpus: cpu / secs,
+        switches_per_op: switches as f64 / total_ops as f64,
         samples: lats.len(),
         memcpy_gbps: memcpy_before.zip(memcpy_after).map(|(a, b)| a.max(b)),
+        // The better of the two: the ratio errs against the engine.
+        tcp_gbps: tcp_before.zip(tcp_after).map(|(a, b)| a.max(b)),
         counters,
     })
 }
@@ -756,7 +877,13 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
+        "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,
+        "switches_per_op": m.switches_per_op,
     });
+    if let (Some(tcp), Some(o)) = (m.tcp_gbps, v.as_object_mut()) {
+        o.insert("tcp_gbps".into(), tcp.into());
+        o.insert("tcp_ratio".into(), (m.gbps / tcp).into());
+    }
     if m.memcpy_gbps.is_none() {
         // No memcpy reference across processes.
         if let Some(o) = v.as_object_mut() {
@@ -801,6 +928,24 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
                 m.gbps / memcpy
             );
         }
+        if let Some(tcp) = m.tcp_gbps {
+            println!(
+                "  tcp stream   {tcp:10.2} Gbit/s   (ratio {:.2}; {} B writes, 127.0.0.1)",
+                m.gbps / tcp,
+                ctx.size
+            );
+        }
+        println!(
+            "  cpu          {:10.2} µs/op      {:10.2} CPUs   {:.2} switches/op (this process{})",
+            m.cpu_us_per_op,
+            m.cpus,
+            m.switches_per_op,
+            if ctx.b.is_some() {
+                ", both engines"
+            } else {
+                ""
+            }
+        );
         println!(
             "  latency      p50 {:.2} µs   p99 {:.2} µs   ({} samples)",
             m.p50_us, m.p99_us, m.samples
@@ -825,8 +970,8 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
             args.fabric.name()
         );
         println!(
-            "  {:>9}  {:>12}  {:>10}  {:>10}  {:>14}",
-            "size", "Gbit/s", "p50 µs", "p99 µs", "memcpy Gbit/s"
+            "  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>13}  {:>10}  {:>6}",
+            "size", "Gbit/s", "Mops/s", "p50 µs", "p99 µs", "memcpy Gbit/s", "tcp Gbit/s", "× tcp"
         );
     }
     // A few operations first: the first ones to a peer set up its
@@ -840,13 +985,17 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
         if args.json {
             println!("{}", json_line(args, ctx, &m));
         } else {
+            let opt = |g: Option<f64>, f: &dyn Fn(f64) -> String| g.map_or("-".into(), f);
             println!(
-                "  {:>9}  {:>12.3}  {:>10.2}  {:>10.2}  {:>14}",
+                "  {:>9}  {:>9.3}  {:>9.4}  {:>9.2}  {:>9.2}  {:>13}  {:>10}  {:>6}",
                 plot::bytes(size),
                 m.gbps,
+                m.mops,
                 m.p50_us,
                 m.p99_us,
-                m.memcpy_gbps.map_or("-".into(), |g| format!("{g:.2}"))
+                opt(m.memcpy_gbps, &|g| format!("{g:.2}")),
+                opt(m.tcp_gbps, &|g| format!("{g:.2}")),
+                opt(m.tcp_gbps, &|g| format!("{:.2}", m.gbps / g)),
             );
         }
         points.push(SweepPoint {

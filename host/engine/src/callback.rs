@@ -8,7 +8,9 @@
 //! order, so a slow callback delays other callbacks but never a worker.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{
+    AtomicU64, AtomicU8, Ordering::AcqRel, Ordering::Acquire, Ordering::Release,
+};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -83,14 +85,27 @@ impl std::fmt::Debug for OnValue {
 const PENDING: u8 = 0;
 const OK: u8 = 1;
 const FAILED: u8 = 2;
+/// Set (with `PENDING`) while a thread sleeps in [`CompletionFlag::wait`]:
+/// completing the flag then unparks it.
+const SLEEPER: u8 = 4;
+/// How many times [`CompletionFlag::wait`] checks the flag before it parks.
+const SPINS: u32 = 64;
+/// Longest a waiter parks before it looks at the flag again unwoken.
+const BACKSTOP: Duration = Duration::from_millis(10);
 
 /// An atomic completion flag recording success (with a value: the old word
 /// of an atomic, 0 otherwise) or the error.
+///
+/// Waiting ([`CompletionFlag::wait`]) parks the waiting thread after a
+/// short spin and the completing thread unparks it: a waiter costs no CPU
+/// and a completion nobody sleeps on costs one atomic swap.
 #[derive(Debug, Default)]
 pub struct CompletionFlag {
     state: AtomicU8,
     value: AtomicU64,
     error: Mutex<Option<TransferError>>,
+    /// The thread sleeping in `wait`, while `SLEEPER` is set.
+    sleeper: Mutex<Option<thread::Thread>>,
 }
 
 impl CompletionFlag {
@@ -101,12 +116,12 @@ impl CompletionFlag {
 
     /// Whether the operation finished (either way).
     pub fn is_done(&self) -> bool {
-        self.state.load(Acquire) != PENDING
+        self.state.load(Acquire) & !SLEEPER != PENDING
     }
 
     /// The outcome, once finished.
     pub fn result(&self) -> Option<Result<u64, TransferError>> {
-        match self.state.load(Acquire) {
+        match self.state.load(Acquire) & !SLEEPER {
             OK => Some(Ok(self.value.load(Acquire))),
             FAILED => Some(Err(self
                 .error
@@ -118,44 +133,71 @@ impl CompletionFlag {
         }
     }
 
-    /// Waits up to `timeout` for the outcome: polls briefly, then sleeps
-    /// with a growing nap (never a long busy spin).
+    /// Waits up to `timeout` for the outcome: checks briefly, then parks
+    /// until the completing thread unparks it (never a busy spin). One
+    /// thread at a time may wait on a flag.
     pub fn wait(&self, timeout: Duration) -> Option<Result<u64, TransferError>> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        let mut nap = Duration::from_micros(2);
-        loop {
+        for _ in 0..SPINS {
             if let Some(r) = self.result() {
                 return Some(r);
             }
-            if start.elapsed() >= timeout {
-                return None;
-            }
-            if spins < 64 {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                thread::sleep(nap);
-                nap = (nap * 2).min(Duration::from_millis(1));
-            }
+            std::hint::spin_loop();
         }
+        let deadline = Instant::now().checked_add(timeout);
+        *self.sleeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread::current());
+        // Announce the sleeper; fails when the flag completed meanwhile.
+        let _ = self
+            .state
+            .compare_exchange(PENDING, PENDING | SLEEPER, AcqRel, Acquire);
+        let r = loop {
+            if let Some(r) = self.result() {
+                break Some(r);
+            }
+            // The backstop covers a second thread waiting on the same flag
+            // (only the last to arrive is unparked).
+            let mut nap = BACKSTOP;
+            if let Some(d) = deadline {
+                let now = Instant::now();
+                if now >= d {
+                    break None;
+                }
+                nap = nap.min(d - now);
+            }
+            thread::park_timeout(nap);
+        };
+        let _ = self
+            .state
+            .compare_exchange(PENDING | SLEEPER, PENDING, AcqRel, Acquire);
+        r
     }
 
     /// Makes the flag pending again, for reuse.
     pub fn reset(&self) {
-        *self.error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if self.state.load(Acquire) == FAILED {
+            *self.error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         self.state.store(PENDING, Release);
     }
 
     pub(crate) fn complete(&self, result: Result<u64, TransferError>) {
-        match result {
+        let old = match result {
             Ok(v) => {
                 self.value.store(v, Release);
-                self.state.store(OK, Release);
+                self.state.swap(OK, AcqRel)
             }
             Err(e) => {
                 *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                self.state.store(FAILED, Release);
+                self.state.swap(FAILED, AcqRel)
+            }
+        };
+        if old & SLEEPER != 0 {
+            let t = self
+                .sleeper
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(t) = t {
+                t.unpark();
             }
         }
     }

@@ -11,8 +11,12 @@
 //! Invariants: every request's notification fires exactly once (on
 //! shutdown with [`TransferError::EngineShutDown`] for whatever had not
 //! finished); the worker never spins while idle — with nothing in flight it
-//! parks until unparked by a submission or an arrival, and while operations
-//! wait on modelled time it sleeps until the earliest of them.
+//! parks until unparked by a submission or an arrival (or, when every NIC
+//! of the group has a wait object, blocks on those: see `Worker::sleep`),
+//! and while operations wait on modelled time it sleeps until the earliest
+//! of them. A round posts at most `ROUND_BYTES` of payload before it
+//! reads completions again, so a burst of large writes does not hold back
+//! the completions of those before it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
@@ -26,6 +30,14 @@ use crate::counters::Counters;
 use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, WorkRequest};
 use crate::error::TransferError;
 use crate::shared::{EngineShared, GroupShared, Request};
+
+/// Most requests a worker takes from its queue per round before it reads
+/// completions again.
+const ROUND_OPS: usize = 1024;
+/// Most payload bytes a worker posts per round (at least one request): on
+/// software providers posting copies the data into a socket, about 100 µs
+/// per 256 KiB here, and completions wait meanwhile.
+const ROUND_BYTES: u64 = 256 << 10;
 
 /// A transfer in flight: pieces left, first error, value (atomics).
 struct Transfer {
@@ -76,6 +88,10 @@ pub(crate) struct Worker {
     free: Vec<usize>,
     comps: Vec<Completion>,
     incoming: Vec<Incoming>,
+    /// The NICs' wait objects when every NIC of the group has one
+    /// ([`Domain::wait_fd`]): the worker blocks on them instead of
+    /// parking, so a NIC's event wakes it without a thread in between.
+    wait_fds: Vec<libc::pollfd>,
 }
 
 impl Worker {
@@ -100,19 +116,36 @@ impl Worker {
             free: Vec::new(),
             comps: Vec::new(),
             incoming: Vec::new(),
+            wait_fds: Vec::new(),
         };
         let ready = Arc::new(AtomicBool::new(false));
         let ready2 = ready.clone();
         let handle = thread::Builder::new()
             .name(format!("rolex-te{}-g{index}", engine.id))
             .spawn(move || {
+                let mut worker = worker;
                 if pin {
                     pin_current_thread();
                 }
-                let group = &worker.engine.groups[worker.index];
+                let engine = worker.engine.clone();
+                let group = &engine.groups[worker.index];
                 let _ = group.waker.set(thread::current());
                 for d in &group.domains {
                     d.set_waker(thread::current());
+                }
+                let fds: Option<Vec<_>> = group.domains.iter().map(|d| d.wait_fd()).collect();
+                if let Some(fds) = fds {
+                    for d in &group.domains {
+                        d.take_wait(group.sleeping.clone());
+                    }
+                    worker.wait_fds = fds
+                        .into_iter()
+                        .map(|fd| libc::pollfd {
+                            fd,
+                            events: libc::POLLIN | libc::POLLPRI,
+                            revents: 0,
+                        })
+                        .collect();
                 }
                 ready2.store(true, SeqCst);
                 worker.run();
@@ -136,12 +169,16 @@ impl Worker {
         let mut nap = Duration::from_micros(1);
         loop {
             let mut busy = false;
-            // Submissions first (new work fills the pipeline).
-            let mut taken = 0;
-            while taken < 1024 {
+            // Submissions first (new work fills the pipeline), up to a
+            // round's budget: completions are read between rounds, so a
+            // burst of large writes does not hold back the completions
+            // (and the submitters waiting on them) of the writes before.
+            let (mut taken, mut bytes) = (0, 0);
+            while taken < ROUND_OPS && bytes < ROUND_BYTES {
                 let Some(req) = self.group().queue.pop() else {
                     break;
                 };
+                bytes += req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>();
                 self.accept(req);
                 taken += 1;
             }
@@ -185,11 +222,11 @@ impl Worker {
                 continue;
             }
             match progress {
-                Progress::Idle => thread::park(),
+                Progress::Idle => self.sleep(None),
                 Progress::WaitUntil(t) => {
                     let now = Instant::now();
                     if t > now {
-                        thread::park_timeout(t - now);
+                        self.sleep(Some(t - now));
                     }
                 }
                 Progress::Busy => {
@@ -199,6 +236,51 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Sleeps until woken, or `timeout`: parks, or with wait objects
+    /// blocks on them (a NIC event or [`GroupShared::wake`]'s signal ends
+    /// it).
+    fn sleep(&mut self, timeout: Option<Duration>) {
+        if self.wait_fds.is_empty() {
+            match timeout {
+                None => thread::park(),
+                Some(t) => thread::park_timeout(t),
+            }
+            return;
+        }
+        let group = &self.engine.groups[self.index];
+        group.sleeping.store(true, SeqCst);
+        // Pairs with the fence in `GroupShared::wake`: a submission either
+        // sees `sleeping` and signals, or is seen here.
+        std::sync::atomic::fence(SeqCst);
+        let may_block = group.queue.is_empty()
+            && !self.engine.shutdown.load(SeqCst)
+            && group.domains.iter().all(|d| d.may_block());
+        if may_block {
+            let ts = timeout.map(|t| libc::timespec {
+                tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+            });
+            let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+            // SAFETY: `wait_fds` is a valid array of `pollfd`s of the given
+            // length; `tsp` is null or points at a live `timespec`.
+            let rc = unsafe {
+                libc::ppoll(
+                    self.wait_fds.as_mut_ptr(),
+                    self.wait_fds.len() as libc::nfds_t,
+                    tsp,
+                    std::ptr::null(),
+                )
+            };
+            let broken = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+            if rc > 0 && self.wait_fds.iter().any(|p| p.revents & broken != 0) {
+                // A descriptor in error would make every sleep return at
+                // once: park from now on (the NICs' own timers remain).
+                self.wait_fds.clear();
+            }
+        }
+        group.sleeping.store(false, SeqCst);
     }
 
     fn accept(&mut self, req: Request) {

@@ -10,7 +10,7 @@
 //! the owners of each piece of state are the modules above.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::Thread;
 
@@ -20,7 +20,7 @@ use rolex_core::wire::{Access, MrDesc, NetAddr};
 
 use crate::callback::{CallbackQueue, Notify};
 use crate::counters::Counters;
-use crate::domain::{AnyDomain, Local, Remote, WorkOp};
+use crate::domain::{AnyDomain, Domain, Local, Remote, WorkOp};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::{MrHandle, Region};
 
@@ -126,6 +126,10 @@ pub(crate) struct GroupShared {
     pub(crate) domains: Vec<AnyDomain>,
     pub(crate) queue: SegQueue<Request>,
     pub(crate) waker: OnceLock<Thread>,
+    /// Raised while the worker blocks on its NICs' wait objects
+    /// ([`Domain::take_wait`]) instead of parking: a wake-up then signals
+    /// the first NIC's object.
+    pub(crate) sleeping: Arc<AtomicBool>,
     /// Client channels opened on this group, for round-robin NIC choice.
     pub(crate) channels: AtomicUsize,
 }
@@ -136,6 +140,7 @@ impl GroupShared {
             domains,
             queue: SegQueue::new(),
             waker: OnceLock::new(),
+            sleeping: Arc::new(AtomicBool::new(false)),
             channels: AtomicUsize::new(0),
         }
     }
@@ -149,6 +154,14 @@ impl GroupShared {
         // Cheap when the worker is awake: `unpark` only leaves a token.
         if let Some(t) = self.waker.get() {
             t.unpark();
+        }
+        // Pairs with the worker's fence between raising `sleeping` and
+        // looking at its queue (`Worker::sleep`).
+        std::sync::atomic::fence(SeqCst);
+        if self.sleeping.load(SeqCst) {
+            if let Some(d) = self.domains.first() {
+                d.signal();
+            }
         }
     }
 }

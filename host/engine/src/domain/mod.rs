@@ -17,6 +17,8 @@ pub mod loopback;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::Instant;
@@ -105,6 +107,15 @@ impl WorkOp {
             | WorkOp::Cas { remote, .. }
             | WorkOp::Faa { remote, .. } => &remote.peer,
             WorkOp::Send { peer, .. } => peer,
+        }
+    }
+
+    /// Payload bytes the operation moves (8 for atomics).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            WorkOp::Read { len, .. } | WorkOp::Write { len, .. } => *len,
+            WorkOp::Cas { .. } | WorkOp::Faa { .. } => 8,
+            WorkOp::Send { data, .. } => data.len() as u64,
         }
     }
 
@@ -244,6 +255,25 @@ pub trait Domain: Send + Sync {
     /// Takes the NIC off the fabric: peers now get
     /// [`TransferError::UnknownPeer`].
     fn shutdown(&self);
+    /// The NIC's wait object, if it has one the engine's worker can block
+    /// on: a descriptor readable when the NIC has something to progress
+    /// (a peer's bytes, acknowledgements, a socket draining). `None` (the
+    /// default): the worker parks.
+    fn wait_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Hands the wait object of [`Domain::wait_fd`] to the engine's
+    /// worker: from now on the worker blocks on it instead of a thread of
+    /// the NIC's own, raising `sleeping` while it does, so that arrivals
+    /// read by another thread [`signal`](Domain::signal) it.
+    fn take_wait(&self, _sleeping: Arc<AtomicBool>) {}
+    /// Whether the worker may block on the wait object now (nothing is
+    /// ready that a read of the queue would return first).
+    fn may_block(&self) -> bool {
+        true
+    }
+    /// Wakes a worker blocked on the wait object.
+    fn signal(&self) {}
 }
 
 /// A queue pair and its completion queue.
@@ -334,6 +364,18 @@ impl Domain for AnyDomain {
     }
     fn shutdown(&self) {
         dispatch!(self, d => d.shutdown())
+    }
+    fn wait_fd(&self) -> Option<RawFd> {
+        dispatch!(self, d => d.wait_fd())
+    }
+    fn take_wait(&self, sleeping: Arc<AtomicBool>) {
+        dispatch!(self, d => d.take_wait(sleeping))
+    }
+    fn may_block(&self) -> bool {
+        dispatch!(self, d => d.may_block())
+    }
+    fn signal(&self) {
+        dispatch!(self, d => d.signal())
     }
 }
 

@@ -10,7 +10,7 @@
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::NetAddr;
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
-use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, WAIT_BACKSTOP};
+use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP};
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -27,6 +27,9 @@ use crate::error::{OpKind, TransferError};
 pub struct FabricEndpoint {
     inner: Arc<Inner>,
     sink: Arc<Sink>,
+    /// Scratch: the pieces chained to the write being built (kept to
+    /// reuse its allocation).
+    chain: Vec<WorkOp>,
 }
 
 impl FabricEndpoint {
@@ -37,7 +40,55 @@ impl FabricEndpoint {
                 queue: SegQueue::new(),
                 outstanding: AtomicU64::new(0),
             }),
+            chain: Vec::new(),
         }
+    }
+
+    /// One post for a write and the pieces chained to it (see
+    /// [`Post::WriteChain`]): one pinned region, one remote range each.
+    fn build_chain(
+        &self,
+        live: &mut Live,
+        seq: u64,
+        first: &WorkOp,
+        rest: &[WorkOp],
+    ) -> Result<(Box<OpCtx>, Post), TransferError> {
+        let inner = &self.inner;
+        let Some((local, remote, _)) = chainable(first) else {
+            return Err(TransferError::EngineShutDown);
+        };
+        let fi_addr = inner.fi_addr(live, &remote.peer)?;
+        let p = PinnedRegion::new(local.region.clone()).ok_or(TransferError::RegionDeregistered)?;
+        let mut ctx = OpCtx::new(CtxKind::Op(seq));
+        let mut key = 0;
+        for (i, op) in std::iter::once(first).chain(rest).enumerate() {
+            let Some((local, remote, len)) = chainable(op) else {
+                return Err(TransferError::EngineShutDown);
+            };
+            if p.ptr(local.offset, len).is_none() {
+                return Err(TransferError::LocalOutOfBounds {
+                    offset: local.offset,
+                    len,
+                    region_len: local.region.len(),
+                });
+            }
+            let (addr, k) = inner.target(remote)?;
+            key = k;
+            ctx.chain[i] = (local.offset, len, addr);
+        }
+        let desc = inner.local_desc(&local.region)?;
+        ctx.pinned = Some(p);
+        let post = Post::WriteChain {
+            n: 1 + rest.len(),
+            desc,
+            to: Target {
+                fi_addr,
+                addr: 0,
+                key,
+            },
+            deliver: inner.delivery_complete,
+        };
+        Ok((ctx, post))
     }
 
     /// The context and post of one request, or why it cannot be posted.
@@ -139,6 +190,31 @@ impl FabricEndpoint {
     }
 }
 
+/// A write that may be chained with others: its source, target and
+/// length (data, no immediate).
+fn chainable(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64)> {
+    match op {
+        WorkOp::Write {
+            local: Some(l),
+            remote,
+            len,
+            imm: None,
+        } if *len > 0 => Some((l, remote, *len)),
+        _ => None,
+    }
+}
+
+/// Whether `b` can go in the same post as `a`: both chainable, from the
+/// same region, to the same peer and key.
+fn same_chain(a: &WorkOp, b: &WorkOp) -> bool {
+    match (chainable(a), chainable(b)) {
+        (Some((la, ra, _)), Some((lb, rb, _))) => {
+            Arc::ptr_eq(&la.region, &lb.region) && ra.peer == rb.peer && ra.rkey == rb.rkey
+        }
+        _ => false,
+    }
+}
+
 fn kind(op: &WorkOp) -> OpKind {
     match op {
         WorkOp::Read { .. } => OpKind::Read,
@@ -169,23 +245,48 @@ impl Endpoint for FabricEndpoint {
         Counters::bump(&inner.counters.doorbells, 1);
         let now = Instant::now();
         live.last_activity = now;
-        for WorkRequest { wr_id, op } in batch.drain(..) {
+        let mut reqs = batch.drain(..).peekable();
+        let mut chain = std::mem::take(&mut self.chain);
+        while let Some(WorkRequest { wr_id, op }) = reqs.next() {
             self.inner.counters.count_posted(&op);
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;
-            let (ctx, post) = match self.build(live, seq, op) {
+            // The pieces of one transfer that follow this one from the
+            // same region to the same peer and key go in the same post.
+            chain.clear();
+            if chainable(&op).is_some() {
+                while chain.len() + 1 < inner.chain_limit {
+                    match reqs.next_if(|n| n.wr_id == wr_id && same_chain(&op, &n.op)) {
+                        Some(n) => {
+                            self.inner.counters.count_posted(&n.op);
+                            chain.push(n.op);
+                        }
+                        None => break,
+                    }
+                }
+            }
+            let pieces = 1 + chain.len() as u32;
+            let built = if chain.is_empty() {
+                self.build(live, seq, op)
+            } else {
+                self.build_chain(live, seq, &op, &chain)
+            };
+            let (ctx, post) = match built {
                 Ok(x) => x,
                 Err(e) => {
-                    self.fail_now(wr_id, e);
+                    for _ in 0..pieces {
+                        self.fail_now(wr_id, e.clone());
+                    }
                     continue;
                 }
             };
-            self.sink.outstanding.fetch_add(1, SeqCst);
+            self.sink.outstanding.fetch_add(u64::from(pieces), SeqCst);
             live.retry_meta.insert(
                 seq,
                 OpMeta {
                     wr_id,
+                    pieces,
                     sink: self.sink.clone(),
                     op: op_kind,
                     peer,
@@ -204,6 +305,8 @@ impl Endpoint for FabricEndpoint {
                 live.retry.push_back(p);
             }
         }
+        chain.clear();
+        self.chain = chain;
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
@@ -213,12 +316,13 @@ impl Endpoint for FabricEndpoint {
         }
         let inner = self.inner.clone();
         let mut g = lock(&inner.live);
-        let since = match g.as_mut() {
+        let (since, retrying) = match g.as_mut() {
             Some(live) => {
                 inner.progress(live);
-                Some(live.last_activity.elapsed())
+                inner.endpoint_polled.store(true, Relaxed);
+                (Some(live.last_activity.elapsed()), !live.retry.is_empty())
             }
-            None => None,
+            None => (None, false),
         };
         drop(g);
         while let Some(c) = self.sink.queue.pop() {
@@ -228,8 +332,10 @@ impl Endpoint for FabricEndpoint {
         let spin = since.is_some_and(|s| s < inner.cfg.busy_poll);
         if let Some(w) = waiter {
             // A spinning poller reads the queue itself; a sleeping one
-            // leaves it to the waiter, which wakes it on completions.
-            if spin {
+            // leaves it to the waiter, which wakes it on completions,
+            // unless the worker blocks on the wait object itself
+            // (`Domain::take_wait`).
+            if spin || inner.worker_waits.get().is_some() {
                 w.disarm();
             } else {
                 w.arm();
@@ -240,8 +346,22 @@ impl Endpoint for FabricEndpoint {
                 std::thread::yield_now();
                 return Progress::WaitUntil(Instant::now());
             }
-            // The short back-off stays even with a waiter: not everything
-            // a sender needs (a full socket draining) is announced.
+            let woken = inner
+                .waker
+                .get()
+                .is_some_and(|t| t.id() == std::thread::current().id());
+            if waiter.is_some() && woken && !retrying {
+                // Everything the provider still has to do is announced on
+                // its wait object (a peer's bytes, acknowledgements, a full
+                // socket draining), and the thread polling here is the
+                // one woken then (the worker: it blocks on the object, or
+                // the waiter unparks it). Sleeping until then instead of
+                // backing off saves it a futex round trip per few µs.
+                // Other pollers (client channels) are woken by nobody and
+                // keep the back-off.
+                return Progress::WaitUntil(Instant::now() + OUTSTANDING_BACKSTOP);
+            }
+            // Posts refused with `-FI_EAGAIN` wait for our own retry.
             return Progress::Busy;
         }
         let Some(since) = since else {
@@ -272,11 +392,13 @@ impl Endpoint for FabricEndpoint {
                 .collect();
             for s in mine {
                 if let Some(f) = live.inflight.remove(&s) {
-                    out.push(Completion {
-                        wr_id: f.wr_id,
-                        result: Err(TransferError::EngineShutDown),
-                    });
-                    self.sink.outstanding.fetch_sub(1, SeqCst);
+                    for _ in 0..f.pieces {
+                        out.push(Completion {
+                            wr_id: f.wr_id,
+                            result: Err(TransferError::EngineShutDown),
+                        });
+                    }
+                    self.sink.outstanding.fetch_sub(u64::from(f.pieces), SeqCst);
                     // The provider may still use the buffers: keep them.
                     live.abandoned.insert(s, f.leaked);
                 }
@@ -289,11 +411,13 @@ impl Endpoint for FabricEndpoint {
                 .collect();
             for s in waiting {
                 if let Some(m) = live.retry_meta.remove(&s) {
-                    out.push(Completion {
-                        wr_id: m.wr_id,
-                        result: Err(TransferError::EngineShutDown),
-                    });
-                    self.sink.outstanding.fetch_sub(1, SeqCst);
+                    for _ in 0..m.pieces {
+                        out.push(Completion {
+                            wr_id: m.wr_id,
+                            result: Err(TransferError::EngineShutDown),
+                        });
+                    }
+                    self.sink.outstanding.fetch_sub(u64::from(m.pieces), SeqCst);
                 }
             }
             // Never posted: drop them here.

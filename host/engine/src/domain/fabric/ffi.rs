@@ -103,7 +103,14 @@ pub(crate) struct Granted {
     /// The endpoint speaks the shared-memory protocol (`FI_PROTO_SHM`):
     /// in-process peers work on each other's regions directly.
     pub(crate) shared_memory: bool,
+    /// Most pieces one write may chain: local buffers and remote ranges
+    /// (the smaller of `tx_attr->iov_limit` and `rma_iov_limit`, at least
+    /// 1, at most [`MAX_CHAIN`]).
+    pub(crate) chain_limit: usize,
 }
+
+/// Most pieces one posted write chains (see [`Post::Write`]).
+pub(crate) const MAX_CHAIN: usize = 4;
 
 /// An `fi_info` list from `fi_getinfo` of `lib`; only its first entry is
 /// used.
@@ -230,6 +237,10 @@ impl Info {
                 manual_progress: d.data_progress == sys::FI_PROGRESS_MANUAL,
                 delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE != 0,
                 shared_memory: (*(*p).ep_attr).protocol == sys::FI_PROTO_SHM,
+                chain_limit: {
+                    let t = &*(*p).tx_attr;
+                    t.iov_limit.min(t.rma_iov_limit).clamp(1, MAX_CHAIN)
+                },
             }
         }
     }
@@ -413,6 +424,9 @@ pub(crate) struct TryWait {
 // libfabric lets any thread use; their lifetime is the user's contract
 // (`TryWait::may_block`).
 unsafe impl Send for TryWait {}
+// SAFETY: as for `Send`: the calls made through it (`fi_trywait`,
+// `fi_cq_signal`) are thread-safe on such a domain.
+unsafe impl Sync for TryWait {}
 
 impl TryWait {
     pub(crate) fn new(fabric: &Fabric, cq: &Cq) -> TryWait {
@@ -439,6 +453,17 @@ impl TryWait {
             return Ok(false);
         }
         check("fi_trywait", rc as isize).map(|_| true)
+    }
+
+    /// `fi_cq_signal`: makes the queue's wait object readable, waking a
+    /// thread blocked on it.
+    ///
+    /// # Safety
+    /// The queue this was made from must still be open.
+    pub(crate) unsafe fn signal(&self) {
+        // SAFETY: an open queue (the caller's contract). A failure only
+        // leaves the sleeper to its timeout.
+        let _ = unsafe { sys::fi_cq_signal(self.cq.as_ptr()) };
     }
 }
 
@@ -649,6 +674,8 @@ pub(crate) struct OpCtx {
     pub(crate) kind: CtxKind,
     /// Operand, compare and result words of an atomic.
     pub(crate) words: [u64; 3],
+    /// The pieces of a chained write (see [`Post::WriteChain`]).
+    pub(crate) chain: [(u64, u64, u64); MAX_CHAIN],
     pub(crate) pinned: Option<PinnedRegion>,
     pub(crate) bytes: Vec<u8>,
     /// Registrations made for this operation only (FI_MR_LOCAL).
@@ -666,6 +693,7 @@ impl OpCtx {
             fi: Default::default(),
             kind,
             words: [0; 3],
+            chain: [(0, 0, 0); MAX_CHAIN],
             pinned: None,
             bytes: Vec::new(),
             mrs: Vec::new(),
@@ -719,6 +747,18 @@ pub(crate) enum Post {
         desc: usize,
         to: Target,
         imm: Option<u32>,
+        deliver: bool,
+    },
+    /// Several pieces of the pinned region (the context's `chain`:
+    /// `(offset, len, remote address)`, the first `n`) to as many remote
+    /// ranges of one peer and key, as one `fi_writemsg` with one local
+    /// buffer and one remote range per piece: one message, one
+    /// acknowledgement and one completion for all of them. No immediate
+    /// (each piece of a paged write delivers its own).
+    WriteChain {
+        n: usize,
+        desc: usize,
+        to: Target,
         deliver: bool,
     },
     /// `fi_read` into the pinned region at `offset`.
@@ -833,6 +873,50 @@ impl Ep {
                             "fi_write",
                         ),
                     }
+                }
+                Post::WriteChain {
+                    n,
+                    desc,
+                    to,
+                    deliver,
+                } => {
+                    let n = n.min(MAX_CHAIN);
+                    let mut iov = [libc::iovec {
+                        iov_base: ptr::null_mut(),
+                        iov_len: 0,
+                    }; MAX_CHAIN];
+                    let mut rma = [sys::fi_rma_iov::default(); MAX_CHAIN];
+                    let mut descs = [desc as *mut libc::c_void; MAX_CHAIN];
+                    for (i, &(offset, len, addr)) in ctx.chain[..n].iter().enumerate() {
+                        let Some(a) = ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) else {
+                            return Err((Box::from_raw(raw), einval("fi_writemsg")));
+                        };
+                        iov[i] = libc::iovec {
+                            iov_base: a as *mut libc::c_void,
+                            iov_len: len as usize,
+                        };
+                        rma[i] = sys::fi_rma_iov {
+                            addr,
+                            len: len as usize,
+                            key: to.key,
+                        };
+                    }
+                    let mut flags = sys::FI_COMPLETION;
+                    if deliver {
+                        flags |= sys::FI_DELIVERY_COMPLETE;
+                    }
+                    // The message structs are read during the call only.
+                    let msg = sys::fi_msg_rma {
+                        msg_iov: iov.as_ptr(),
+                        desc: descs.as_mut_ptr(),
+                        iov_count: n,
+                        addr: to.fi_addr,
+                        rma_iov: rma.as_ptr(),
+                        rma_iov_count: n,
+                        context: c,
+                        data: 0,
+                    };
+                    (sys::fi_writemsg(ep, &msg, flags), "fi_writemsg")
                 }
                 Post::Read {
                     offset,
@@ -1014,6 +1098,10 @@ impl Cq {
                     });
                 }
             }
+            // Read until the provider says `-FI_EAGAIN`, even after a
+            // short read: `ofi_rxm` moves one completion of its message
+            // provider per read (FI_OFI_RXM_COMP_PER_PROGRESS = 1), and its
+            // `fi_trywait` does not see those still waiting below it.
             total += n;
         }
         Ok(total)

@@ -26,18 +26,24 @@
 //! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
 //!   queue is read, and a peer's one-sided write leaves no completion at
 //!   its target, so someone must read the queue while the domain lives.
-//!   Over `tcp` that is the NIC's waiter (module `waiter`,
-//!   [`LibfabricConfig::wait_fd`]): a thread blocked in poll(2) on the
-//!   queue's wait object (`FI_WAIT_FD`: rxm's epoll set over its sockets
-//!   and connection events) that reads the queue as soon as bytes arrive
-//!   and wakes the engine's worker when completions or arrivals came out.
-//!   A peer's write is placed within a thread wake-up, without the worker.
-//!   The worker itself reads the queue without pause for
-//!   [`LibfabricConfig::busy_poll`] after the last activity (the waiter
-//!   then stands aside), with the group's short back-off (1 to 200 µs)
-//!   while it has operations outstanding, and otherwise sleeps until
-//!   woken ([`WAIT_BACKSTOP`] at most). CPU cost when idle: none (the
-//!   waiter blocks, the worker wakes once a second). Providers whose
+//!   Over `tcp` the queue's wait object (`FI_WAIT_FD`: rxm's epoll set
+//!   over its sockets and connection events, [`LibfabricConfig::wait_fd`])
+//!   says when: in an engine the group's worker blocks on it itself
+//!   (`Domain::take_wait`, ppoll(2) over its NICs' objects) and reads the
+//!   queue as soon as bytes arrive, so a peer's write is placed, and an
+//!   acknowledgement completes a write, within one thread wake-up;
+//!   submissions, and arrivals another thread read out of the queue, wake
+//!   it with `fi_cq_signal` while it sleeps there (one atomic load when
+//!   it does not). A NIC used without an engine worker has the same done
+//!   by its waiter thread (module `waiter`), which stands aside (parked)
+//!   once a worker takes the object over. The worker reads the queue
+//!   without pause for [`LibfabricConfig::busy_poll`] after the last
+//!   activity, and otherwise sleeps until woken: [`OUTSTANDING_BACKSTOP`]
+//!   at most while operations are outstanding (everything the provider
+//!   still has to do is announced on the object; posts refused with
+//!   `-FI_EAGAIN` keep the group's short back-off of 1 to 200 µs), and
+//!   [`WAIT_BACKSTOP`] when idle. CPU cost when idle: none (the worker
+//!   wakes once a second). Providers whose
 //!   wait object does not announce arriving data (`shm`), or
 //!   `wait_fd: false`, fall back to timed reads: the back-off for [`HOT`]
 //!   after the last activity, then every [`LibfabricConfig::idle_poll`]
@@ -93,6 +99,14 @@ pub const HOT: Duration = Duration::from_millis(20);
 /// poller sleeps without being woken, a backstop should the provider ever
 /// need a read its wait object does not announce.
 pub const WAIT_BACKSTOP: Duration = Duration::from_secs(1);
+
+/// With a wait object: the longest the worker sleeps while it has
+/// operations outstanding without being woken (the object wakes it when
+/// the provider has something to do). The old back-off's longest nap: a
+/// wake-up the provider should announce and does not costs no more than
+/// before, and a few thousand short reads a second only while operations
+/// are in flight.
+pub const OUTSTANDING_BACKSTOP: Duration = Duration::from_micros(200);
 
 /// Longest wait at shutdown for posted operations to complete before the
 /// endpoint closes (see `Inner::drain`).
@@ -262,6 +276,9 @@ struct MrEntry {
 struct Inflight {
     leaked: Leaked,
     wr_id: u64,
+    /// Work requests the post carries (several for a chained write), each
+    /// owed one completion.
+    pieces: u32,
     sink: Arc<Sink>,
     op: OpKind,
     peer: NetAddr,
@@ -282,9 +299,25 @@ pub(crate) struct Sink {
     outstanding: AtomicU64,
 }
 
+impl Sink {
+    /// Completes the `pieces` work requests of one post with `result`.
+    fn finish(&self, wr_id: u64, pieces: u32, result: Result<u64, TransferError>) {
+        for _ in 1..pieces {
+            self.queue.push(Completion {
+                wr_id,
+                result: result.clone(),
+            });
+        }
+        self.queue.push(Completion { wr_id, result });
+        self.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+    }
+}
+
 /// Bookkeeping of an operation between its post and its completion.
 struct OpMeta {
     wr_id: u64,
+    /// As [`Inflight::pieces`].
+    pieces: u32,
     sink: Arc<Sink>,
     op: OpKind,
     peer: NetAddr,
@@ -325,20 +358,16 @@ impl Drop for Live {
         // Closing the endpoint cancels what is in flight; after it the
         // provider touches none of our contexts, so they can be freed.
         drop(self.ep.take());
-        let shut = |sink: &Sink, wr_id| {
-            sink.queue.push(Completion {
-                wr_id,
-                result: Err(TransferError::EngineShutDown),
-            });
-            sink.outstanding.fetch_sub(1, SeqCst);
+        let shut = |sink: &Sink, wr_id, pieces| {
+            sink.finish(wr_id, pieces, Err(TransferError::EngineShutDown));
         };
         for (_, f) in self.inflight.drain() {
             // SAFETY: the endpoint is closed (above).
             drop(unsafe { f.leaked.reclaim() });
-            shut(&f.sink, f.wr_id);
+            shut(&f.sink, f.wr_id, f.pieces);
         }
         for (_, m) in self.retry_meta.drain() {
-            shut(&m.sink, m.wr_id);
+            shut(&m.sink, m.wr_id, m.pieces);
         }
         let recvs = self.recvs.drain().map(|(_, l)| l);
         for l in self.abandoned.drain().map(|(_, l)| l).chain(recvs) {
@@ -370,12 +399,24 @@ pub(crate) struct Inner {
     manual_progress: bool,
     delivery_complete: bool,
     shared_memory: bool,
+    /// Most pieces one posted write chains (1: no chaining).
+    chain_limit: usize,
     cfg: LibfabricConfig,
     incoming: SegQueue<Incoming>,
     waker: OnceLock<Thread>,
     /// Whether a waiter reads the queue (unset: the poller reads it on a
     /// timer).
     wait: OnceLock<WaiterHealth>,
+    /// The queue's wait object and what `fi_trywait` / `fi_cq_signal`
+    /// need (set with a waiter; the queue stays open while `Inner` lives,
+    /// see `shutdown`).
+    wait_obj: OnceLock<(libc::c_int, TryWait)>,
+    /// Set once the engine's worker blocks on the wait object itself
+    /// ([`Domain::take_wait`]): its "sleeping" flag.
+    worker_waits: OnceLock<Arc<AtomicBool>>,
+    /// Set by every endpoint poll (which reads the queue), cleared by
+    /// `poll_incoming`, which then need not read it again.
+    endpoint_polled: AtomicBool,
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
@@ -519,10 +560,14 @@ impl LibfabricDomain {
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
             shared_memory: g.shared_memory,
+            chain_limit: g.chain_limit,
             cfg: cfg.clone(),
             incoming: SegQueue::new(),
             waker: OnceLock::new(),
             wait: OnceLock::new(),
+            wait_obj: OnceLock::new(),
+            worker_waits: OnceLock::new(),
+            endpoint_polled: AtomicBool::new(false),
             alive: AtomicBool::new(true),
             next_key: AtomicU64::new(rand::random::<u64>() >> 16),
             counters: Counters::default(),
@@ -533,6 +578,7 @@ impl LibfabricDomain {
                 live.waiter = Waiter::start(trywait, fd, waiter_progress(&inner));
                 if let Some(w) = &live.waiter {
                     let _ = inner.wait.set(w.health());
+                    let _ = inner.wait_obj.set((fd, trywait));
                 }
             }
         }
@@ -705,6 +751,15 @@ impl Inner {
         self.expire(live);
         if handled > 0 {
             live.last_activity = Instant::now();
+            // Read by another thread (a client channel): completions of
+            // the worker's operations may be among them, and the worker
+            // may be asleep on a wait object that no longer fires.
+            if let Some(t) = self.waker.get() {
+                if t.id() != std::thread::current().id() {
+                    t.unpark();
+                    self.wake_sleeping_worker();
+                }
+            }
         }
         handled
     }
@@ -749,7 +804,7 @@ impl Inner {
                     let result = match result {
                         Ok(()) => Ok(value),
                         Err(errno) => {
-                            Counters::bump(&self.counters.errors, 1);
+                            Counters::bump(&self.counters.errors, u64::from(f.pieces));
                             Err(TransferError::FabricCompletion {
                                 op: f.op,
                                 peer: f.peer,
@@ -758,11 +813,7 @@ impl Inner {
                             })
                         }
                     };
-                    f.sink.queue.push(Completion {
-                        wr_id: f.wr_id,
-                        result,
-                    });
-                    f.sink.outstanding.fetch_sub(1, SeqCst);
+                    f.sink.finish(f.wr_id, f.pieces, result);
                 }
             },
         }
@@ -772,6 +823,22 @@ impl Inner {
         self.incoming.push(e);
         if let Some(t) = self.waker.get() {
             t.unpark();
+        }
+        self.wake_sleeping_worker();
+    }
+
+    /// When the worker blocks on the wait object ([`Domain::take_wait`])
+    /// and sleeps now: signal the object, so that what another thread read
+    /// out of the queue (an arrival) does not wait for its timeout.
+    fn wake_sleeping_worker(&self) {
+        if let Some(sleeping) = self.worker_waits.get() {
+            std::sync::atomic::fence(SeqCst);
+            if sleeping.load(SeqCst) {
+                if let Some((_, t)) = self.wait_obj.get() {
+                    // SAFETY: the queue is open while `Inner` lives.
+                    unsafe { t.signal() };
+                }
+            }
         }
     }
 
@@ -808,6 +875,7 @@ impl Inner {
                                 Inflight {
                                     leaked,
                                     wr_id: m.wr_id,
+                                    pieces: m.pieces,
                                     sink: m.sink,
                                     op: m.op,
                                     peer: m.peer,
@@ -831,12 +899,8 @@ impl Inner {
             Err((ctx, e)) => {
                 drop(ctx);
                 if let Some(m) = seq.and_then(|s| live.retry_meta.remove(&s)) {
-                    Counters::bump(&self.counters.errors, 1);
-                    m.sink.queue.push(Completion {
-                        wr_id: m.wr_id,
-                        result: Err(fi_err(e)),
-                    });
-                    m.sink.outstanding.fetch_sub(1, SeqCst);
+                    Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                    m.sink.finish(m.wr_id, m.pieces, Err(fi_err(e)));
                 }
                 Ok(())
             }
@@ -857,16 +921,16 @@ impl Inner {
             }
             live.order.pop_front();
             if let Some(f) = live.inflight.remove(&seq) {
-                Counters::bump(&self.counters.errors, 1);
-                f.sink.queue.push(Completion {
-                    wr_id: f.wr_id,
-                    result: Err(TransferError::Timeout {
+                Counters::bump(&self.counters.errors, u64::from(f.pieces));
+                f.sink.finish(
+                    f.wr_id,
+                    f.pieces,
+                    Err(TransferError::Timeout {
                         op: f.op,
                         peer: f.peer,
                         waited: limit,
                     }),
-                });
-                f.sink.outstanding.fetch_sub(1, SeqCst);
+                );
                 live.abandoned.insert(seq, f.leaked);
             }
         }
@@ -885,16 +949,16 @@ impl Inner {
                     .collect();
                 for s in timed_out {
                     if let Some(m) = live.retry_meta.remove(&s) {
-                        Counters::bump(&self.counters.errors, 1);
-                        m.sink.queue.push(Completion {
-                            wr_id: m.wr_id,
-                            result: Err(TransferError::Timeout {
+                        Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                        m.sink.finish(
+                            m.wr_id,
+                            m.pieces,
+                            Err(TransferError::Timeout {
                                 op: m.op,
                                 peer: m.peer,
                                 waited: limit,
                             }),
-                        });
-                        m.sink.outstanding.fetch_sub(1, SeqCst);
+                        );
                     }
                 }
                 // Never posted: the contexts are still ours to drop.
@@ -1048,10 +1112,13 @@ impl Domain for LibfabricDomain {
 
     fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize {
         // Reading the queue here too keeps arrivals flowing when no
-        // endpoint is polled; never wait for the lock.
-        if let Ok(mut g) = self.inner.live.try_lock() {
-            if let Some(live) = g.as_mut() {
-                self.inner.progress(live);
+        // endpoint is polled (skipped when one just did: the worker polls
+        // its endpoint right before); never wait for the lock.
+        if !self.inner.endpoint_polled.swap(false, Relaxed) {
+            if let Ok(mut g) = self.inner.live.try_lock() {
+                if let Some(live) = g.as_mut() {
+                    self.inner.progress(live);
+                }
             }
         }
         crate::domain::drain_incoming(&self.inner.incoming, out)
@@ -1074,6 +1141,44 @@ impl Domain for LibfabricDomain {
         // The target side of a real fabric cannot be made to fail its
         // peers' operations.
         false
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        let inner = &self.inner;
+        inner.wait.get().filter(|w| w.usable())?;
+        inner.wait_obj.get().map(|(fd, _)| *fd)
+    }
+
+    fn take_wait(&self, sleeping: Arc<AtomicBool>) {
+        let inner = &self.inner;
+        if inner.worker_waits.set(sleeping).is_ok() {
+            // The waiter parks after its current wait and is never armed
+            // again (see `FabricEndpoint::poll`): the worker reads the
+            // queue when the wait object wakes it.
+            if let Some(w) = inner.wait.get() {
+                w.disarm();
+            }
+        }
+    }
+
+    fn may_block(&self) -> bool {
+        let inner = &self.inner;
+        if !inner.incoming.is_empty() {
+            return false;
+        }
+        match inner.wait_obj.get() {
+            // SAFETY: the queue is open while `Inner` lives. An error
+            // leaves the worker to its timeout.
+            Some((_, t)) => unsafe { t.may_block() }.unwrap_or(true),
+            None => true,
+        }
+    }
+
+    fn signal(&self) {
+        if let Some((_, t)) = self.inner.wait_obj.get() {
+            // SAFETY: the queue is open while `Inner` lives.
+            unsafe { t.signal() };
+        }
     }
 
     fn shutdown(&self) {

@@ -22,6 +22,11 @@
 //! competing for the queue's lock and a CPU; the worker arms it again
 //! before it sleeps ([`WaiterHealth::arm`]).
 //!
+//! In an engine the group's worker takes the wait object over
+//! (`Domain::take_wait`) and blocks on it itself, one thread hand-off
+//! fewer per completion; the waiter then stays parked. It serves a NIC
+//! used without a worker, and the time before the worker starts.
+//!
 //! The thread uses the fabric and queue through [`TryWait`] without owning
 //! them: [`Waiter::stop`] joins it, and the domain calls it before the
 //! queue closes.
