@@ -9,11 +9,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use rolex_checker::{Call, Clock, History, Recorder, Ret};
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
 use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 
@@ -170,67 +168,20 @@ fn run(unordered: bool, seed: u64) {
         KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
         KvClient::connect(cfg, &node.pool()).unwrap(),
     ];
-    let clock = Arc::new(Clock::new());
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let mut history = History::new(pairs.iter().copied());
-    std::thread::scope(|scope| {
-        let retrainer = scope.spawn(|| {
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                for m in 0..node.model_count() {
-                    common::retrain_unless_busy(&node, m);
-                }
-                std::thread::sleep(Duration::from_micros(300));
-            }
-        });
-        let threads: Vec<_> = (0..4usize)
-            .map(|t| {
-                let client = clients[t % 2].clone();
-                let clock = clock.clone();
-                scope.spawn(move || {
-                    let mut s = client.session().unwrap();
-                    let mut rec = Recorder::new(t, clock);
-                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 17 + t as u64);
-                    for i in 0..300u64 {
-                        let key = rng.gen_range(0..480u64) * 1000;
-                        let value = (t as u64) << 32 | i;
-                        match rng.gen_range(0..10) {
-                            0..=1 => {
-                                let op = rec.invoke(Call::Get { key });
-                                let r = s.get(key).unwrap();
-                                rec.finish(op, Ret::Value(r));
-                            }
-                            2..=6 => {
-                                let op = rec.invoke(Call::Insert { key, value });
-                                let r = s.insert(key, value).unwrap();
-                                rec.finish(op, Ret::Prior(r));
-                            }
-                            7 => {
-                                let op = rec.invoke(Call::Delete { key });
-                                let r = s.delete(key).unwrap();
-                                rec.finish(op, Ret::Prior(r));
-                            }
-                            _ => {
-                                let n = rng.gen_range(1..8);
-                                let op = rec.invoke(Call::Scan { from: key, n });
-                                let r = s.scan(key, n).unwrap();
-                                rec.finish(op, Ret::Entries(r));
-                            }
-                        }
-                    }
-                    s.flush().unwrap();
-                    rec.into_records()
-                })
-            })
-            .collect();
-        for t in threads {
-            history.extend(t.join().unwrap());
-        }
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        retrainer.join().unwrap();
-    });
-    history
-        .check()
-        .unwrap_or_else(|v| panic!("not linearizable: {v}"));
+    // Four threads run 300 operations each over a key space that fills
+    // from 12 keys to hundreds (half of them inserts), while the
+    // retrainer cuts the growing models again and again.
+    common::run_history(
+        &node,
+        &clients,
+        &pairs,
+        (4, 300, seed * 17),
+        |s, rec, rng, t, i| {
+            let key = rng.gen_range(0..480u64) * 1000;
+            let value = (t as u64) << 32 | i;
+            common::random_op(s, rec, rng, (key, value), [2, 5, 0, 1, 2, 0]);
+        },
+    );
     let st = node.stats();
     eprintln!(
         "models {} ({} cuts), retrains {}",

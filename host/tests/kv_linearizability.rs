@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use rand::{Rng, SeedableRng};
-use rolex_checker::{Call, Clock, History, Recorder, Ret};
+use rand::Rng;
 use rolex_host::kv::{KvClient, KvClientConfig};
 
 fn run(unordered: bool, seed: u64) {
@@ -33,94 +30,21 @@ fn run(unordered: bool, seed: u64) {
         KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
         KvClient::connect(cfg, &node.pool()).unwrap(),
     ];
-    let clock = Arc::new(Clock::new());
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    // Full retraining passes done so far: workers wait for a new one twice
-    // mid-run, so every worker meets retrained models however the threads
-    // are scheduled (a loaded machine can otherwise run the workers to the
-    // end before the retrainer's first pass).
-    let passes = std::sync::atomic::AtomicU64::new(0);
-    let mut history = History::new(pairs.iter().copied());
-    std::thread::scope(|scope| {
-        // Besides the agent's own thread, retrain every model again and again
-        // while the workers run, so stale caches are the rule.
-        let retrainer = scope.spawn(|| {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                for m in 0..node.model_count() {
-                    if common::retrain_unless_busy(&node, m) {
-                        n += 1;
-                    }
-                }
-                passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            n
-        });
-        let threads: Vec<_> = (0..4usize)
-            .map(|t| {
-                let client = clients[t % 2].clone();
-                let clock = clock.clone();
-                let passes = &passes;
-                scope.spawn(move || {
-                    let mut s = client.session().unwrap();
-                    let mut rec = Recorder::new(t, clock);
-                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 31 + t as u64);
-                    for i in 0..300u64 {
-                        if i == 100 || i == 200 {
-                            wait_for_new_pass(passes);
-                        }
-                        let key = rng.gen_range(0..24u64) * 1000;
-                        let value = (t as u64) << 32 | i;
-                        match rng.gen_range(0..12) {
-                            0..=2 => {
-                                let op = rec.invoke(Call::Get { key });
-                                let r = s.get(key).unwrap();
-                                rec.finish(op, Ret::Value(r));
-                            }
-                            3..=4 => {
-                                let op = rec.invoke(Call::Insert { key, value });
-                                let r = s.insert(key, value).unwrap();
-                                rec.finish(op, Ret::Prior(r));
-                            }
-                            5..=6 => {
-                                let op = rec.invoke(Call::Update { key, value });
-                                let r = s.update(key, value).unwrap();
-                                rec.finish(op, Ret::Prior(r));
-                            }
-                            7..=9 => {
-                                let op = rec.invoke(Call::Delete { key });
-                                let r = s.delete(key).unwrap();
-                                rec.finish(op, Ret::Prior(r));
-                            }
-                            10 => {
-                                let n = rng.gen_range(1..6);
-                                let op = rec.invoke(Call::Scan { from: key, n });
-                                let r = s.scan(key, n).unwrap();
-                                rec.finish(op, Ret::Entries(r));
-                            }
-                            _ => {
-                                let hi = key + rng.gen_range(0..6u64) * 1000;
-                                let op = rec.invoke(Call::Range { lo: key, hi });
-                                let r = s.range(key, hi).unwrap();
-                                rec.finish(op, Ret::Entries(r));
-                            }
-                        }
-                    }
-                    s.flush().unwrap();
-                    rec.into_records()
-                })
-            })
-            .collect();
-        for t in threads {
-            history.extend(t.join().unwrap());
-        }
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert!(retrainer.join().unwrap() > 0);
-    });
-    let checked = history
-        .check()
-        .unwrap_or_else(|v| panic!("not linearizable: {v}"));
+    // Besides the agent's own thread, a retrainer retrains every model
+    // again and again while four threads run 300 random operations each
+    // over 24 keys.
+    let (checked, retrains) = common::run_history(
+        &node,
+        &clients,
+        &pairs,
+        (4, 300, seed),
+        |s, rec, rng, t, i| {
+            let key = rng.gen_range(0..24u64) * 1000;
+            let value = (t as u64) << 32 | i;
+            common::random_op(s, rec, rng, (key, value), [3, 2, 2, 3, 1, 1]);
+        },
+    );
+    assert!(retrains > 0);
     assert_eq!(checked.single_ops + checked.scans, 1200);
     let st = node.stats();
     let refreshes: u64 = clients.iter().map(|c| c.stats().total().refreshes).sum();
@@ -132,20 +56,6 @@ fn run(unordered: bool, seed: u64) {
     assert!(st.agent.retrains > 0, "retraining ran during the test");
     assert!(refreshes > 0, "clients met retrained models");
     assert!(node.last_agent_error().is_none());
-}
-
-/// Waits (bounded: a hang guard, not a timing assertion) until the
-/// retrainer finishes a pass that started after this call.
-fn wait_for_new_pass(passes: &std::sync::atomic::AtomicU64) {
-    let seen = passes.load(std::sync::atomic::Ordering::SeqCst);
-    let start = std::time::Instant::now();
-    while passes.load(std::sync::atomic::Ordering::SeqCst) < seen + 2 {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(120),
-            "the retrainer made no progress"
-        );
-        std::thread::sleep(std::time::Duration::from_micros(100));
-    }
 }
 
 #[test]

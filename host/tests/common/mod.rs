@@ -72,3 +72,145 @@ pub fn churning_node_with_grace(
     )
     .expect("starting a small memory node")
 }
+
+/// A concurrent run for the linearizability checker: `threads` threads,
+/// dealt over `clients` round-robin, each run `ops` operations of
+/// `one_op` (given its session, recorder, random source, thread and
+/// operation number; it records what it does), while a retrainer thread
+/// retrains every model of `node` again and again (stale caches are the
+/// rule). Each thread waits twice mid-run for a retraining pass that
+/// started after it asked, so every thread meets retrained models however
+/// the threads are scheduled. Returns the history's check (panics if it
+/// is not linearizable) and the retrainings the retrainer made.
+pub fn run_history(
+    node: &rolex_host::memnode::MemoryNode,
+    clients: &[rolex_host::kv::KvClient],
+    initial: &[(u64, u64)],
+    (threads, ops, seed): (usize, u64, u64),
+    one_op: impl Fn(
+            &mut rolex_host::kv::KvSession,
+            &mut rolex_checker::Recorder,
+            &mut rand::rngs::StdRng,
+            usize,
+            u64,
+        ) + Sync,
+) -> (rolex_checker::Checked, u64) {
+    use rand::SeedableRng;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let clock = std::sync::Arc::new(rolex_checker::Clock::new());
+    let stop = AtomicBool::new(false);
+    let passes = AtomicU64::new(0);
+    let mut history = rolex_checker::History::new(initial.iter().copied());
+    let retrains = std::thread::scope(|scope| {
+        let retrainer = scope.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(SeqCst) {
+                for m in 0..node.model_count() {
+                    if retrain_unless_busy(node, m) {
+                        n += 1;
+                    }
+                }
+                passes.fetch_add(1, SeqCst);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            n
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let client = clients[t % clients.len()].clone();
+                let (clock, passes, one_op) = (clock.clone(), &passes, &one_op);
+                scope.spawn(move || {
+                    let mut s = client.session().unwrap();
+                    let mut rec = rolex_checker::Recorder::new(t, clock);
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 31 + t as u64);
+                    for i in 0..ops {
+                        if i == ops / 3 || i == 2 * ops / 3 {
+                            wait_for_new_pass(passes);
+                        }
+                        one_op(&mut s, &mut rec, &mut rng, t, i);
+                    }
+                    s.flush().unwrap();
+                    rec.into_records()
+                })
+            })
+            .collect();
+        for w in workers {
+            history.extend(w.join().unwrap());
+        }
+        stop.store(true, SeqCst);
+        retrainer.join().unwrap()
+    });
+    let checked = history
+        .check()
+        .unwrap_or_else(|v| panic!("not linearizable: {v}"));
+    (checked, retrains)
+}
+
+/// Waits (bounded: a hang guard, not a timing assertion) until the
+/// retrainer finishes a pass that started after this call.
+fn wait_for_new_pass(passes: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let seen = passes.load(SeqCst);
+    let start = std::time::Instant::now();
+    while passes.load(SeqCst) < seen + 2 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the retrainer made no progress"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
+/// One random operation over `key` for a history: get, insert, update,
+/// delete, scan or range, by the weights `w` (in that order, out of their
+/// sum), recorded in `rec`.
+pub fn random_op(
+    s: &mut rolex_host::kv::KvSession,
+    rec: &mut rolex_checker::Recorder,
+    rng: &mut rand::rngs::StdRng,
+    (key, value): (u64, u64),
+    w: [u32; 6],
+) {
+    use rand::Rng;
+    use rolex_checker::{Call, Ret};
+    let mut x = rng.gen_range(0..w.iter().sum::<u32>());
+    let mut pick = 0;
+    while x >= w[pick] {
+        x -= w[pick];
+        pick += 1;
+    }
+    match pick {
+        0 => {
+            let op = rec.invoke(Call::Get { key });
+            let r = s.get(key).unwrap();
+            rec.finish(op, Ret::Value(r));
+        }
+        1 => {
+            let op = rec.invoke(Call::Insert { key, value });
+            let r = s.insert(key, value).unwrap();
+            rec.finish(op, Ret::Prior(r));
+        }
+        2 => {
+            let op = rec.invoke(Call::Update { key, value });
+            let r = s.update(key, value).unwrap();
+            rec.finish(op, Ret::Prior(r));
+        }
+        3 => {
+            let op = rec.invoke(Call::Delete { key });
+            let r = s.delete(key).unwrap();
+            rec.finish(op, Ret::Prior(r));
+        }
+        4 => {
+            let n = rng.gen_range(1..8);
+            let op = rec.invoke(Call::Scan { from: key, n });
+            let r = s.scan(key, n).unwrap();
+            rec.finish(op, Ret::Entries(r));
+        }
+        _ => {
+            let hi = key + rng.gen_range(0..6u64) * 1000;
+            let op = rec.invoke(Call::Range { lo: key, hi });
+            let r = s.range(key, hi).unwrap();
+            rec.finish(op, Ret::Entries(r));
+        }
+    }
+}
