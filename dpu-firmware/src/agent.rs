@@ -168,6 +168,24 @@ impl Default for AgentConfig {
     }
 }
 
+/// The pool's leaf region, as its header (read from `mem`) checked
+/// against the superblock `sb` has it.
+pub(crate) fn read_leaf_region<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+) -> Result<LeafRegion, AgentError> {
+    let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
+    mem.read(sb.leaf_region_offset(), &mut lrh)?;
+    let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
+        AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
+            part: rolex_core::layout::Part::LeafRegion,
+            needed: LeafRegionHeader::SIZE,
+            found: lrh.len() as u64,
+        })
+    })?;
+    Ok(header.check(&sb.leaf_region()?)?)
+}
+
 /// Bytes of the topology blob at `at` (what the superblock's offset word
 /// names), by the blob's own count: the offset word is what makes a blob
 /// the topology (the agent writes the length word first), so after a
@@ -463,16 +481,7 @@ impl<M: PoolMemory> Agent<M> {
                 value: next_free,
             });
         }
-        let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
-        mem.read(sb.leaf_region_offset(), &mut lrh)?;
-        let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
-            AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
-                part: rolex_core::layout::Part::LeafRegion,
-                needed: LeafRegionHeader::SIZE,
-                found: lrh.len() as u64,
-            })
-        })?;
-        let region = header.check(&sb.leaf_region()?)?;
+        let region = read_leaf_region(&mem, &sb)?;
         let mut agent = Self {
             mem,
             sb,

@@ -55,10 +55,7 @@ use alloc::vec::Vec;
 
 use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
 use rolex_core::layout::topology;
-use rolex_core::layout::{
-    Leaf, LeafError, LeafRegion, LeafRegionHeader, ModelRecord, ModelState, Slot, Superblock,
-};
-use zerocopy::FromBytes;
+use rolex_core::layout::{Leaf, LeafError, LeafRegion, ModelRecord, ModelState, Slot, Superblock};
 
 use crate::agent::{Agent, AgentConfig};
 use crate::error::{AgentError, Inconsistency, PoolError};
@@ -165,16 +162,7 @@ pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
             value: sb.pool_size(),
         });
     }
-    let mut lrh = [0u8; LeafRegionHeader::SIZE as usize];
-    mem.read(sb.leaf_region_offset(), &mut lrh)?;
-    let header = LeafRegionHeader::read_from_bytes(&lrh).map_err(|_| {
-        AgentError::Layout(rolex_core::layout::LayoutError::TooShort {
-            part: rolex_core::layout::Part::LeafRegion,
-            needed: LeafRegionHeader::SIZE,
-            found: lrh.len() as u64,
-        })
-    })?;
-    let region = header.check(&sb.leaf_region()?)?;
+    let region = crate::agent::read_leaf_region(mem, &sb)?;
     let (upper_at, upper_len, published) = crate::agent::read_topology(mem, &sb)?;
     let mut records = Vec::with_capacity(sb.model_count() as usize);
     let mut rb = [0u8; ModelRecord::SIZE as usize];
