@@ -23,7 +23,10 @@
 //! reads is safe (unordered fabric): each leaf is validated on its own
 //! (checksum, re-read alone while torn), and the chase accepts only a leaf
 //! whose fences contain `k`. The directory word only makes staleness cheap
-//! to notice: if it changed, the model is refreshed and the get redone. A
+//! to notice: if it changed, the model is refreshed and the get redone (a
+//! view not seen live within `KvClientConfig::model_max_age` also READs
+//! the record's state and model id in the batch, 16 bytes: its space may
+//! have been reused, even at the same offset, and its leaves freed). A
 //! reader that did not notice (the switch landed after its word was read)
 //! is still right: retraining moves no data and changes no fence, and once
 //! it clears a link the chase stops at a leaf that does not cover `k`, which
@@ -137,7 +140,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::{LeafAddr, SltHeader};
-use rolex_core::layout::{CirqError, CirqHeader, EditError, Leaf, LeafError};
+use rolex_core::layout::{
+    CirqError, CirqHeader, EditError, Leaf, LeafError, ModelRecord, ModelState,
+};
 use rolex_core::wire::MrDesc;
 use rolex_engine::TransferError;
 
@@ -384,6 +389,53 @@ impl KvSession {
         Ok(())
     }
 
+    /// The READs a read's batch starts with to tell whether `view` (of
+    /// model `m`) is still the model's record: the directory word (at
+    /// local 0), and, when the view was not seen live within
+    /// `KvClientConfig::model_max_age`, the record's state and model id
+    /// (at local 8): its space may have been reused since — even by this
+    /// model's next record, the directory word naming the same offset
+    /// again — and the leaves it names freed and reused. Returns the ops,
+    /// where the leaves may go in the read buffer, and the clock before
+    /// the batch.
+    fn model_check(&self, m: usize, view: &ModelView) -> Result<(Vec<Op>, u64, u64), KvError> {
+        let dir = self.shared.sb.directory_entry_offset(m as u64)?;
+        let posted = clock_ns();
+        let mut ops = vec![Op::Read {
+            remote: dir,
+            local: 0,
+            len: 8,
+        }];
+        if view.age_ns(posted) <= self.max_age_ns() {
+            return Ok((ops, 8, posted));
+        }
+        ops.push(Op::Read {
+            remote: view.offset + ModelRecord::STATE_OFFSET,
+            local: 8,
+            len: 16,
+        });
+        Ok((ops, 24, posted))
+    }
+
+    /// After a batch [`Self::model_check`] started: whether `view` is
+    /// still its model's record, the directory naming it (and, for a view
+    /// not seen live lately, its state word saying live, its generation
+    /// and model id the view's). Then the view counts as seen live at
+    /// `posted`.
+    fn still_current(&self, view: &ModelView, posted: u64) -> Result<bool, KvError> {
+        if self.io.local_u64(0)? != view.offset {
+            return Ok(false);
+        }
+        if view.age_ns(posted) > self.max_age_ns() {
+            let state = ModelState::from_raw(self.io.local_u64(8)?);
+            if !view.is_current(state, self.io.local_u64(16)?) {
+                return Ok(false);
+            }
+        }
+        view.seen_live(posted);
+        Ok(true)
+    }
+
     /// `KvClientConfig::model_max_age` in nanoseconds.
     fn max_age_ns(&self) -> u64 {
         u64::try_from(self.shared.cfg.model_max_age.as_nanos()).unwrap_or(u64::MAX)
@@ -527,25 +579,13 @@ impl KvSession {
         let pool = self.shared.pool.clone();
         for attempt in 0..self.shared.cfg.max_attempts {
             let ChainAt { m, view, j } = self.chain_at(key)?;
-            let dir = self.shared.sb.directory_entry_offset(m as u64)?;
-            let posted = clock_ns();
-            let fresh = view.age_ns(posted) <= self.max_age_ns();
-            let mut ops = vec![Op::Read {
-                remote: dir,
-                local: 0,
-                len: 8,
-            }];
-            let batch = self.plan_reads(8, &mut ops)?;
+            let (mut ops, base, posted) = self.model_check(m, &view)?;
+            let batch = self.plan_reads(base, &mut ops)?;
             self.io.run(&pool, &ops, "get")?;
-            if self.io.local_u64(0)? != view.offset {
+            if !self.still_current(&view, posted)? {
                 self.io.cur.retries += 1;
                 self.refresh(m)?;
                 continue;
-            }
-            if fresh {
-                // Seen live within the grace period before, so the
-                // directory still naming it means the same record.
-                view.seen_live(posted);
             }
             match self.chase(m as u64, key, self.chain[0], 0, &batch)? {
                 Chase::Owner(owner) => {
@@ -826,15 +866,10 @@ impl KvSession {
             for jj in j..j + chains {
                 view.chain(jj, &mut self.chain);
             }
-            let dir = self.shared.sb.directory_entry_offset(m as u64)?;
-            let mut ops = vec![Op::Read {
-                remote: dir,
-                local: 0,
-                len: 8,
-            }];
-            let batch = self.plan_reads(8, &mut ops)?;
+            let (mut ops, base, posted) = self.model_check(m, &view)?;
+            let batch = self.plan_reads(base, &mut ops)?;
             self.io.run(&pool, &ops, "scan")?;
-            if self.io.local_u64(0)? != view.offset {
+            if !self.still_current(&view, posted)? {
                 attempt += 1;
                 self.io.cur.retries += 1;
                 self.refresh(m)?;
