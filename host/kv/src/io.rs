@@ -21,6 +21,7 @@ use rolex_engine::engine::TransferEngine;
 use rolex_engine::{MrHandle, TransferError};
 
 use crate::error::{transfer, KvError};
+use crate::lease::LeaseFence;
 use crate::stats::OpStats;
 
 /// One operation of a doorbell batch, by pool and local offsets.
@@ -47,14 +48,21 @@ pub(crate) struct Io {
     wbuf: MrHandle,
     results: Vec<Result<u64, TransferError>>,
     values: Vec<u64>,
+    /// The lease this client's writes need, if it has one.
+    fence: Option<LeaseFence>,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
 }
 
 impl Io {
     /// Opens a channel on `engine` (a queue pair of the session's own) and
-    /// registers a read and a write buffer of `cap` bytes each.
-    pub(crate) fn new(engine: &TransferEngine, cap: u64) -> Result<Self, KvError> {
+    /// registers a read and a write buffer of `cap` bytes each; its
+    /// writes need `fence` valid, if given.
+    pub(crate) fn new(
+        engine: &TransferEngine,
+        cap: u64,
+        fence: Option<LeaseFence>,
+    ) -> Result<Self, KvError> {
         let ch = engine.channel().map_err(transfer("opening a channel"))?;
         let (rbuf, _) = engine
             .alloc_mr(cap, Access::LOCAL_WRITE)
@@ -68,6 +76,7 @@ impl Io {
             wbuf,
             results: Vec::new(),
             values: Vec::new(),
+            fence,
             cur: OpStats::default(),
         })
     }
@@ -115,6 +124,9 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
+        if ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
+            self.check_lease()?;
+        }
         let mut batch = Vec::with_capacity(ops.len());
         for op in ops {
             batch.push(match *op {
@@ -166,6 +178,15 @@ impl Io {
         self.ch
             .run(&batch, &mut self.results)
             .map_err(transfer(during))
+    }
+
+    /// `Ok` unless this client has a lease and it is not valid now: then
+    /// nothing that writes may be posted.
+    pub(crate) fn check_lease(&self) -> Result<(), KvError> {
+        match &self.fence {
+            Some(f) if !f.valid() => Err(KvError::LeaseExpired { owner: f.owner().0 }),
+            _ => Ok(()),
+        }
     }
 
     /// Copies read-buffer bytes `[local, local + out.len())` into `out`.

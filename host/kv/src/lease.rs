@@ -1,42 +1,65 @@
 //! Leases, the compute node's side and the wire format: how a memory node
-//! learns that a compute node died, so the chain locks it held can be
-//! released.
+//! learns that a compute node died or stalled, so the chain locks it held
+//! can be released — and how the compute node stops writing before that.
 //!
 //! A compute node in another process opens one TCP connection to its
 //! memory node's lease port, presents the shared token and gets a
-//! [`LockOwner`] id; every chain lock it takes carries that id
-//! (`KvClientConfig::lock_owner`). It then keeps the connection open and
-//! silent for its whole life. The kernel closes it when the process ends —
-//! `SIGKILL` included — and the memory node, blocked in a read on it, sees
-//! the end at once; TCP keepalive (a few seconds) covers a machine that
-//! vanished without a word. The memory node (`rolex-memnode`'s lease
-//! server) then releases the dead node's locks twice: after a grace
-//! period, and again after a linger, because the dead node's last
-//! operations may still be in flight on the fabric (a lock `CAS` landing
-//! after the first pass). Its id is reused only after the second pass.
+//! [`LockOwner`] id and the lease's duration `d`; every chain lock it
+//! takes carries that id (`KvClientConfig::leased`). A parked thread of
+//! the client renews the lease every `d / 4`: it sends a sequence number
+//! and the server echoes it.
 //!
-//! What this does not cover: a compute node that is alive but cut off from
-//! the lease port while still reaching the pool would have its locks
-//! released under it. Leases assume the control network fails with the
-//! fabric (they share the hosts), as the bootstrap does.
+//! **Timing** (clocks of both hosts assumed to run at the same rate, not
+//! to agree):
+//! - The server ends a lease `d` after the last renewal it *received*
+//!   (or at once when the connection closes: the process died, or dropped
+//!   its lease after fencing itself), then releases the holder's locks
+//!   after a grace period, and again after a linger.
+//! - The client holds its lease valid until `S + d − m`, where `S` is the
+//!   time it *sent* the last renewal the server acknowledged and `m` the
+//!   margin ([`LeaseClient::margin`], `d / 4`). `S` is taken before the
+//!   send, so `S ≤` the server's receipt, and the client stops strictly
+//!   before (by at least `m`) the server can release anything.
+//! - The session checks validity right before it posts anything that
+//!   writes (lock `CAS`, data WRITE, unlock, FAA) and refuses with
+//!   `KvError::LeaseExpired` (nothing posted). Once the client has seen
+//!   its lease lapse it never counts it valid again (a stalled renewer
+//!   that wakes up does not revive it): every later write of the process
+//!   fails until it acquires a new lease and connects a new client.
+//! - The margin covers the time between the check and the post reaching
+//!   the wire. It does not cover a process stopped *between* the check
+//!   and the provider putting the request on the wire (or a request the
+//!   provider queued and sends only when the process runs again): such a
+//!   write can land after the release. See `rolex-memnode`'s
+//!   `lease_server` for what is fenced and what is not.
+//!
+//! Lease ids are a generation: the server hands them out round-robin over
+//! the whole 16-bit space and never reuses one before the space wraps
+//! *and* an hour has passed since its release, so a fenced holder's late
+//! unlock `CAS` (expecting `locked_by(old id)`) fails against any newer
+//! holder's word.
 //!
 //! Wire format (integers little-endian), every read bounded in time and
 //! length; [`wire`] encodes and decodes it for both sides:
 //!
 //! ```text
-//! request:  "RLXLEAS1" | token_len u16 | token
-//! granted:  0u8 | owner u16
+//! request:  "RLXLEAS2" | token_len u16 | token
+//! granted:  0u8 | owner u16 | duration_ms u32
 //! refused:  1u8 | msg_len u16 | msg (UTF-8)
+//! then, client → server: renewal seq u64; server → client: the same seq
 //! ```
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
 
-use wire::{reply, Reply, MAX_TOKEN, REPLY_HEAD};
+use wire::{reply, Reply, GRANT_TAIL, MAX_TOKEN, REPLY_HEAD};
 
 /// Why a lease could not be served or acquired.
 #[derive(Debug)]
@@ -83,12 +106,14 @@ pub fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LeaseError {
 /// The lease protocol's bytes, shared by the client here and the memory
 /// node's server. Decoders of peer bytes never panic.
 pub mod wire {
+    use std::time::Duration;
+
     use rolex_core::entry::LockOwner;
 
     use super::LeaseError;
 
     /// The request's first bytes.
-    pub const MAGIC: &[u8; 8] = b"RLXLEAS1";
+    pub const MAGIC: &[u8; 8] = b"RLXLEAS2";
     /// Longest token accepted.
     pub const MAX_TOKEN: usize = 1024;
     /// Longest refusal message read.
@@ -97,6 +122,12 @@ pub mod wire {
     pub const REQUEST_HEAD: usize = 10;
     /// Bytes of a reply before a refusal's message: status and owner/length.
     pub const REPLY_HEAD: usize = 3;
+    /// Bytes after a grant's head: the duration in milliseconds.
+    pub const GRANT_TAIL: usize = 4;
+    /// Bytes of a renewal and of its acknowledgement: a sequence number.
+    pub const RENEWAL: usize = 8;
+    /// Shortest and longest lease durations a client accepts.
+    pub const DURATION_MS: core::ops::RangeInclusive<u32> = 40..=3_600_000;
 
     /// The token length a request header announces, if it is a lease
     /// request with an acceptable token length.
@@ -119,10 +150,23 @@ pub mod wire {
         req
     }
 
-    /// The reply granting lease `id`.
-    pub fn granted(id: u16) -> [u8; REPLY_HEAD] {
+    /// The reply granting lease `id` for `duration_ms` between renewals.
+    pub fn granted(id: u16, duration_ms: u32) -> [u8; REPLY_HEAD + GRANT_TAIL] {
         let [a, b] = id.to_le_bytes();
-        [0, a, b]
+        let [c, d, e, f] = duration_ms.to_le_bytes();
+        [0, a, b, c, d, e, f]
+    }
+
+    /// The lease duration a grant's tail carries, if acceptable.
+    pub fn grant_duration(tail: &[u8; GRANT_TAIL]) -> Result<Duration, LeaseError> {
+        let ms = u32::from_le_bytes(*tail);
+        if DURATION_MS.contains(&ms) {
+            Ok(Duration::from_millis(u64::from(ms)))
+        } else {
+            Err(LeaseError::Protocol(
+                "granted a lease duration outside 40 ms ..= 1 hour",
+            ))
+        }
     }
 
     /// The reply refusing a lease, saying why (cut to [`MAX_MSG`] bytes).
@@ -137,7 +181,7 @@ pub mod wire {
     /// What a reply header says.
     #[derive(Debug, PartialEq, Eq)]
     pub enum Reply {
-        /// The lease is granted with this id.
+        /// The lease is granted with this id; [`GRANT_TAIL`] bytes follow.
         Granted(LockOwner),
         /// Refused; a message of `len` bytes follows.
         Refused {
@@ -160,17 +204,121 @@ pub mod wire {
     }
 }
 
-/// The compute node's side: holds its lease (and so its [`LockOwner`] id)
-/// until dropped or the process ends.
-#[derive(Debug)]
-pub struct LeaseClient {
-    _stream: TcpStream,
+/// Nanoseconds on this process's monotonic clock (from its first call).
+fn now_ns() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// What a client's sessions check before they post a write: whether the
+/// lease their locks name is still valid here (see the module docs for the
+/// timing). Cheap to clone; every clone sees the same lease.
+#[derive(Clone)]
+pub struct LeaseFence {
+    state: Arc<FenceState>,
+}
+
+struct FenceState {
     owner: LockOwner,
+    /// Valid while [`now_ns`] is below this (`S + d − m`).
+    valid_until_ns: AtomicU64,
+    /// Set once the lease was seen lapsed, lost or dropped: never valid
+    /// again.
+    lapsed: AtomicBool,
+}
+
+impl LeaseFence {
+    /// Whether writes may be posted now. Sticky: once `false`, `false`
+    /// forever.
+    pub fn valid(&self) -> bool {
+        let s = &self.state;
+        if s.lapsed.load(Ordering::Acquire) {
+            return false;
+        }
+        if now_ns() < s.valid_until_ns.load(Ordering::Acquire) {
+            return true;
+        }
+        s.lapsed.store(true, Ordering::Release);
+        false
+    }
+
+    /// The lease id the fenced locks carry.
+    pub fn owner(&self) -> LockOwner {
+        self.state.owner
+    }
+
+    /// How long the lease stays valid from now if no renewal is
+    /// acknowledged meanwhile (zero once it lapsed).
+    pub fn remaining(&self) -> Duration {
+        if !self.valid() {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(
+            self.state
+                .valid_until_ns
+                .load(Ordering::Acquire)
+                .saturating_sub(now_ns()),
+        )
+    }
+
+    fn lapse(&self) {
+        self.state.lapsed.store(true, Ordering::Release);
+    }
+
+    /// Extends validity to `sent + d − m` for a renewal sent at `sent`
+    /// that the server acknowledged — unless the lease lapsed first.
+    fn renewed(&self, until_ns: u64) -> bool {
+        if !self.valid() {
+            return false;
+        }
+        self.state
+            .valid_until_ns
+            .fetch_max(until_ns, Ordering::AcqRel);
+        true
+    }
+}
+
+impl fmt::Debug for LeaseFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseFence")
+            .field("owner", &self.state.owner)
+            .field("valid", &self.valid())
+            .finish()
+    }
+}
+
+/// Two fences are equal when they fence the same lease.
+impl PartialEq for LeaseFence {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+}
+
+/// The compute node's side: holds its lease (and so its [`LockOwner`] id)
+/// and renews it from a parked thread until dropped or the process ends.
+pub struct LeaseClient {
+    fence: LeaseFence,
+    duration: Duration,
+    stream: TcpStream,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for LeaseClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("owner", &self.fence.owner())
+            .field("duration", &self.duration)
+            .field("valid", &self.fence.valid())
+            .finish()
+    }
 }
 
 impl LeaseClient {
     /// Asks the lease server at `server` (`ADDR:PORT`) for a lease; every
-    /// step is bounded by `timeout`.
+    /// step is bounded by `timeout`. The lease is valid from the moment
+    /// the request was sent, for the duration the server grants minus the
+    /// margin, and renewed from then on.
     pub fn acquire(server: &str, token: &str, timeout: Duration) -> Result<Self, LeaseError> {
         if token.len() > MAX_TOKEN {
             return Err(LeaseError::Refused(format!(
@@ -201,8 +349,10 @@ impl LeaseClient {
         stream
             .set_read_timeout(Some(timeout))
             .and_then(|_| stream.set_write_timeout(Some(timeout)))
-            .map_err(io_err("setting socket timeouts"))?;
+            .and_then(|_| stream.set_nodelay(true))
+            .map_err(io_err("setting socket options"))?;
         let req = wire::request(token.as_bytes());
+        let sent = now_ns();
         stream
             .write_all(&req)
             .map_err(io_err(format!("sending the lease request to {server}")))?;
@@ -213,11 +363,10 @@ impl LeaseClient {
             .map_err(io_err(what.clone()))?;
         match reply(&status)? {
             Reply::Granted(owner) => {
-                let _ = stream.set_read_timeout(None);
-                Ok(LeaseClient {
-                    _stream: stream,
-                    owner,
-                })
+                let mut tail = [0u8; GRANT_TAIL];
+                stream.read_exact(&mut tail).map_err(io_err(what))?;
+                let duration = wire::grant_duration(&tail)?;
+                Self::start(stream, owner, duration, sent)
             }
             Reply::Refused { len } => {
                 let mut msg = vec![0u8; len];
@@ -229,9 +378,122 @@ impl LeaseClient {
         }
     }
 
+    fn start(
+        stream: TcpStream,
+        owner: LockOwner,
+        duration: Duration,
+        sent: u64,
+    ) -> Result<Self, LeaseError> {
+        let margin = margin_of(duration);
+        let fence = LeaseFence {
+            state: Arc::new(FenceState {
+                owner,
+                valid_until_ns: AtomicU64::new(sent + (duration - margin).as_nanos() as u64),
+                lapsed: AtomicBool::new(false),
+            }),
+        };
+        // Acknowledgements are due well within the margin.
+        stream
+            .set_read_timeout(Some(margin))
+            .map_err(io_err("setting the renewal timeout"))?;
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let renewer = {
+            let stream = stream
+                .try_clone()
+                .map_err(io_err("cloning the lease socket"))?;
+            let (fence, stop) = (fence.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("rolex-lease-renew".into())
+                .spawn(move || renew(stream, &fence, duration, &stop))
+                .map_err(io_err("starting the lease renewal thread"))?
+        };
+        Ok(LeaseClient {
+            fence,
+            duration,
+            stream,
+            stop,
+            renewer: Some(renewer),
+        })
+    }
+
     /// The id this lease grants: the owner of this node's chain locks.
     pub fn owner(&self) -> LockOwner {
-        self.owner
+        self.fence.owner()
+    }
+
+    /// What sessions check before each write (see the module docs).
+    pub fn fence(&self) -> LeaseFence {
+        self.fence.clone()
+    }
+
+    /// The duration the server granted: it ends the lease this long after
+    /// the last renewal it received.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// How much earlier than the server this client counts its lease over.
+    pub fn margin(&self) -> Duration {
+        margin_of(self.duration)
+    }
+
+    /// Whether the lease is valid now (sticky once not).
+    pub fn valid(&self) -> bool {
+        self.fence.valid()
+    }
+}
+
+/// The client's margin for a lease of `duration`: a quarter of it.
+fn margin_of(duration: Duration) -> Duration {
+    duration / 4
+}
+
+impl Drop for LeaseClient {
+    fn drop(&mut self) {
+        // Fenced before the server can learn of the end (the close).
+        self.fence.lapse();
+        {
+            let (m, cv) = &*self.stop;
+            *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(t) = self.renewer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The renewal thread: every `d / 4`, sends the next sequence number and
+/// waits (bounded by the margin) for its echo; each echo extends the fence
+/// to `sent + d − m`. Any failure lapses the fence and ends the thread:
+/// the lease is lost (the server ends it at the latest `d` after the last
+/// renewal it received).
+fn renew(mut stream: TcpStream, fence: &LeaseFence, d: Duration, stop: &(Mutex<bool>, Condvar)) {
+    let keep = (d - margin_of(d)).as_nanos() as u64;
+    let mut seq = 0u64;
+    loop {
+        {
+            let (m, cv) = stop;
+            let g = m.lock().unwrap_or_else(|e| e.into_inner());
+            let (g, _) = cv
+                .wait_timeout_while(g, d / 4, |stopped| !*stopped)
+                .unwrap_or_else(|e| e.into_inner());
+            if *g {
+                return;
+            }
+        }
+        seq += 1;
+        let sent = now_ns();
+        let mut ack = [0u8; wire::RENEWAL];
+        let ok = stream.write_all(&seq.to_le_bytes()).is_ok()
+            && stream.read_exact(&mut ack).is_ok()
+            && u64::from_le_bytes(ack) == seq;
+        if !ok || !fence.renewed(sent + keep) {
+            fence.lapse();
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
     }
 }
 
@@ -294,10 +556,17 @@ mod tests {
 
     #[test]
     fn encoded_replies_decode_to_what_was_sent() {
+        let g = wire::granted(7, 2500);
         assert_eq!(
-            reply(&wire::granted(7)).unwrap(),
+            reply(&[g[0], g[1], g[2]]).unwrap(),
             Reply::Granted(LockOwner(7))
         );
+        assert_eq!(
+            wire::grant_duration(&[g[3], g[4], g[5], g[6]]).unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert!(wire::grant_duration(&0u32.to_le_bytes()).is_err());
+        assert!(wire::grant_duration(&u32::MAX.to_le_bytes()).is_err());
         let r = wire::refused("no");
         assert_eq!(r.len(), REPLY_HEAD + 2);
         assert_eq!(
