@@ -392,9 +392,11 @@ impl LeaseClient {
                 lapsed: AtomicBool::new(false),
             }),
         };
-        // Acknowledgements are due well within the margin.
+        // An acknowledgement later than `d` cannot extend anything the
+        // fence still holds; until then a slow one (a starved thread at
+        // either end) costs nothing: validity runs out by time alone.
         stream
-            .set_read_timeout(Some(margin))
+            .set_read_timeout(Some(duration))
             .map_err(io_err("setting the renewal timeout"))?;
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let renewer = {
@@ -465,7 +467,7 @@ impl Drop for LeaseClient {
 }
 
 /// The renewal thread: every `d / 4`, sends the next sequence number and
-/// waits (bounded by the margin) for its echo; each echo extends the fence
+/// waits (bounded by `d`) for its echo; each echo extends the fence
 /// to `sent + d − m`. Any failure lapses the fence and ends the thread:
 /// the lease is lost (the server ends it at the latest `d` after the last
 /// renewal it received).
