@@ -156,7 +156,7 @@ impl Node {
     /// Chains locked in the pool now, as `rolex inspect` reports them.
     fn locks(&self) -> String {
         let out = Command::new(BIN)
-            .args(["inspect", self.pool.to_str().expect("UTF-8")])
+            .args(["inspect", "--models", self.pool.to_str().expect("UTF-8")])
             .output()
             .expect("run rolex inspect");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -167,10 +167,17 @@ impl Node {
             .join("; ")
     }
 
-    /// Leases the memory node reported ended, and locks it released.
+    /// Release passes the memory node reported for ended leases (two per
+    /// lease), and locks they released.
     fn ended(&self) -> (usize, u64) {
+        self.ended_of("")
+    }
+
+    /// [`Node::ended`] for the lease whose id is `id` (any: "").
+    fn ended_of(&self, id: &str) -> (usize, u64) {
         let mut n = (0, 0);
-        for l in self.stderr.all() {
+        let who = format!("compute node {id}");
+        for l in self.stderr.all().iter().filter(|l| l.contains(&who)) {
             if let Some(rest) = l.split("(lease ended): released ").nth(1) {
                 n.0 += 1;
                 n.1 += rest
@@ -377,13 +384,19 @@ fn a_compute_process_stopped_past_its_lease_writes_nothing_harmful() {
             a_out.all().last(),
             b_out.all().last()
         );
+        let id = a_out
+            .all()
+            .iter()
+            // libtest's "test child_role ... " may precede it on its line.
+            .find_map(|l| l.split("ready lease=").nth(1).map(|i| format!("{i} left")))
+            .expect("A's lease id");
         // Stop A wherever it is: holding a chain lock, with writes or an
         // unlock posted and not completed, or between operations.
-        let ended_before = node.ended();
         signal(&a.0, libc::SIGSTOP);
         let stopped_at = mono_ns();
         let b_at_stop = b_out.count("ack ");
-        let ended = wait_for(LIMIT, || (node.ended().0 > ended_before.0).then_some(()));
+        let at_stop = node.locks();
+        let ended = wait_for(LIMIT, || (node.ended_of(&id).0 >= 1).then_some(()));
         assert!(ended.is_some(), "the stopped writer's lease never ended");
         let lease_end = mono_ns();
         // B goes on over every hot key (A's locks released).
@@ -394,10 +407,12 @@ fn a_compute_process_stopped_past_its_lease_writes_nothing_harmful() {
         assert!(progressed.is_some(), "B is blocked after A's lease ended");
         eprintln!(
             "injected: SIGSTOP of writer A{round} after {} of its updates; its lease ended {:.2} s later \
-             (the memory node released {} chain lock(s)); writer B acknowledged {} updates meanwhile",
+             (the memory node released {} chain lock(s); locked just after the stop: {}); \
+             writer B acknowledged {} updates meanwhile",
             a_out.count("ack "),
             (lease_end - stopped_at) as f64 / 1e9,
-            node.ended().1 - ended_before.1,
+            node.ended_of(&id).1,
+            if at_stop.is_empty() { "none" } else { at_stop.trim() },
             b_out.count("ack ") - b_at_stop
         );
         signal(&a.0, libc::SIGCONT);

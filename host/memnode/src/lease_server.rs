@@ -488,8 +488,8 @@ mod tests {
         assert_eq!(srv.timed_out(), 1);
         let mut rest = [0u8; 1];
         assert_eq!(raw.read(&mut rest).unwrap_or(0), 0, "the server closed it");
-        // The real client: valid while renewing, and its validity is
-        // always strictly ahead of nothing the server has not promised.
+        // The real client: valid while it renews, never counting on more
+        // than `d − m` past a renewal it sent.
         let c = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).unwrap();
         assert!(c.margin() == Duration::from_millis(100));
         std::thread::sleep(Duration::from_millis(900));
