@@ -12,24 +12,41 @@
 //! 2. a second *mapping* of the same pages (another address, so another
 //!    key) registered, written through, then deregistered: a write through
 //!    the closed key must not change the memory.
+//!
+//! Then the memory node's use of it (`rolex_memnode::LeaseKeys`): a lease
+//! on a file-backed pool comes with a key of its own, the store works
+//! through it, and once the lease ended at the memory node, RMA through
+//! it — as a stalled compute node's late WRITE would arrive — is refused
+//! there.
 #![cfg(feature = "libfabric")]
 
 mod common;
 
 use std::ptr::NonNull;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use rolex_host::domain::fabric::{probe, LibfabricConfig};
+use rolex_host::kv::lease::LeaseClient;
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{
+    LeaseConfig, LeaseKeys, LeaseServer, MemoryNode, MemoryNodeConfig, PoolKeys,
+};
 use rolex_host::{Access, EngineConfig, Fabric, TransferEngine};
 
 const LEN: usize = 4096;
 
-fn tcp_engine() -> TransferEngine {
-    TransferEngine::new(EngineConfig {
+fn tcp_config() -> EngineConfig {
+    EngineConfig {
         fabric: Fabric::Libfabric(LibfabricConfig::new("tcp", Some("127.0.0.1"))),
         pin_workers: false,
         ..EngineConfig::default()
-    })
-    .expect("tcp engine")
+    }
+}
+
+fn tcp_engine() -> TransferEngine {
+    TransferEngine::new(tcp_config()).expect("tcp engine")
 }
 
 /// One memfd mapped shared at two addresses: the same pages twice.
@@ -127,7 +144,7 @@ fn a_closed_alias_key_drops_late_writes_at_the_target() {
             .submit_single_write(16, None, (&src, 0), (&pool_desc, 256), d)
             .unwrap();
         let next = common::wait(&f);
-        let zero = |off, len| pool.to_vec(off, len).unwrap() == vec![0; len as usize];
+        let zero = |off, len: usize| pool.to_vec(off, len).unwrap() == vec![0; len];
         eprintln!(
             "injected: a WRITE and a CAS through a closed alias key, then a WRITE through the open key; \
              found: the initiator saw {late:?}, {late_cas:?}, then {next:?}; the closed key's target bytes {}",
@@ -152,4 +169,119 @@ fn a_closed_alias_key_drops_late_writes_at_the_target() {
         drop(other);
         drop((again, client, node));
     });
+}
+
+#[test]
+fn an_ended_leases_key_refuses_late_rma_at_the_memory_node() {
+    if let Err(e) = probe("tcp", Some("127.0.0.1")) {
+        eprintln!("skipped: libfabric tcp not usable here: {e}");
+        return;
+    }
+    common::bounded(|| {
+        let path =
+            std::env::temp_dir().join(format!("rolex-test-{}-fence-keys.pool", std::process::id()));
+        let pairs: Vec<(u64, u64)> = (0..2000u64).map(|i| (i * 10, i)).collect();
+        let node = Arc::new(
+            MemoryNode::start(
+                MemoryNodeConfig {
+                    engine: tcp_config(),
+                    pool_file: Some(path.clone()),
+                    retraining_thread: false,
+                    ..MemoryNodeConfig::default()
+                },
+                &pairs,
+            )
+            .expect("memory node"),
+        );
+        let keys = LeaseKeys::new(node.clone()).expect("a file-backed pool");
+        let srv = LeaseServer::start_with_keys(
+            "127.0.0.1:0",
+            LeaseConfig {
+                duration: Duration::from_millis(400),
+                grace: Duration::from_millis(1),
+                linger: Duration::from_millis(1),
+                ..LeaseConfig::new("tok")
+            },
+            node.lock_releaser(),
+            Some(keys as Arc<dyn PoolKeys>),
+        )
+        .expect("lease server");
+        let lease = LeaseClient::acquire(&srv.local_addr().to_string(), "tok", common::HANG)
+            .expect("lease");
+        let key = lease
+            .fence()
+            .pool()
+            .cloned()
+            .expect("a key of the lease's own");
+        assert_ne!(key.nics[0].1, node.pool().desc.nics[0].1);
+        // The store works through it (READs, CASes, WRITEs).
+        let client = KvClient::connect(
+            KvClientConfig {
+                engine: tcp_config(),
+                ..KvClientConfig::default()
+            }
+            .with_lease(&lease),
+            &node.pool(),
+        )
+        .expect("connect");
+        let mut s = client.session().expect("session");
+        assert_eq!(s.update(100, 7).unwrap(), Some(10));
+        assert_eq!(s.insert(105, 8).unwrap(), None);
+        assert_eq!(
+            (s.get(100).unwrap(), s.get(105).unwrap()),
+            (Some(7), Some(8))
+        );
+        drop(s);
+        // A raw initiator with the lease's key, as a compute node stalled
+        // with a WRITE posted would be: the pool's last bytes (free room).
+        let pool = node.pool_handle();
+        let at = pool.len() - 64;
+        assert_eq!(pool.to_vec(at, 32).unwrap(), vec![0; 32], "free room");
+        let raw = tcp_engine();
+        let (src, _) = raw.alloc_mr(64, Access::all()).expect("source");
+        src.fill(0xbb).unwrap();
+        let (f, d) = common::flag();
+        raw.submit_single_write(16, None, (&src, 0), (&key, at), d)
+            .unwrap();
+        common::wait(&f).expect("a write while the lease holds");
+        assert_eq!(pool.to_vec(at, 16).unwrap(), vec![0xbb; 16]);
+        pool.write(at, &[0; 16]).unwrap();
+        // The lease ends at the memory node (here: its holder dropped it).
+        drop(lease);
+        let t = std::time::Instant::now();
+        while srv.expired() == 0 && t.elapsed() < common::HANG {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(srv.expired(), 1);
+        src.fill(0xcc).unwrap();
+        let (f, d) = common::flag();
+        raw.submit_single_write(16, None, (&src, 0), (&key, at + 16), d)
+            .unwrap();
+        let late = common::wait(&f);
+        let (f, v) = common::vflag();
+        raw.submit_cas((&key, at + 32), 0, 7, v).unwrap();
+        let late_cas = common::wait(&f);
+        let untouched = pool.to_vec(at, 64).unwrap() == vec![0; 64];
+        eprintln!(
+            "injected: a WRITE and a CAS through lease {}'s key after the lease ended; \
+             found: the initiator saw {late:?} and {late_cas:?}; the pool bytes {}",
+            lease_id(&key),
+            if untouched { "unchanged" } else { "CHANGED" }
+        );
+        assert!(untouched, "late RMA through an ended lease's key landed");
+        // The offer's key still works for everyone else.
+        let (f, v) = common::vflag();
+        let other = tcp_engine();
+        other
+            .submit_cas((&node.pool().desc, at + 32), 0, 0, v)
+            .unwrap();
+        common::wait(&f).expect("the offer's key");
+        drop((client, raw, other, srv));
+        let _ = std::fs::remove_file(&path);
+    });
+}
+
+/// A short name for a key in the output.
+fn lease_id(key: &rolex_host::MrDesc) -> String {
+    format!("{:#x}", key.nics[0].1)
 }

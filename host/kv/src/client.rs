@@ -337,7 +337,14 @@ impl KvClient {
         let engine = TransferEngine::new(cfg.engine.clone())
             .map_err(transfer("starting the client's engine"))?;
         let mut io = Io::new(&engine, cfg.session_buffer, cfg.lease.clone())?;
-        let desc = &pool.desc;
+        // A lease may come with a key to the pool of its own, which the
+        // memory node closes when the lease ends there.
+        let desc = &cfg
+            .lease
+            .as_ref()
+            .and_then(LeaseFence::pool)
+            .unwrap_or(&pool.desc)
+            .clone();
         let head = io.read_bytes(desc, 0, Superblock::SIZE, "reading the superblock")?;
         // Check the version word first, so a pool of another version is
         // named as such whatever else changed.

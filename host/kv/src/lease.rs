@@ -29,9 +29,11 @@
 //! - The margin covers the time between the check and the post reaching
 //!   the wire. It does not cover a process stopped *between* the check
 //!   and the provider putting the request on the wire (or a request the
-//!   provider queued and sends only when the process runs again): such a
-//!   write can land after the release. See `rolex-memnode`'s
-//!   `lease_server` for what is fenced and what is not.
+//!   provider queued and sends only when the process runs again). For
+//!   those, a memory node may grant each lease a key to the pool of its
+//!   own ([`LeaseFence::pool`]; the client connects with it) and close it
+//!   the moment the lease ends, so that they are refused there. See
+//!   `rolex-memnode`'s `lease_server` for what is fenced and what is not.
 //!
 //! Lease ids are a generation: the server hands them out round-robin over
 //! the whole 16-bit space and never reuses one before the space wraps
@@ -44,7 +46,7 @@
 //!
 //! ```text
 //! request:  "RLXLEAS2" | token_len u16 | token
-//! granted:  0u8 | owner u16 | duration_ms u32
+//! granted:  0u8 | owner u16 | duration_ms u32 | desc_len u16 | desc
 //! refused:  1u8 | msg_len u16 | msg (UTF-8)
 //! then, client → server: renewal seq u64; server → client: the same seq
 //! ```
@@ -58,6 +60,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
+use rolex_core::wire::{MrDesc, Wire};
 
 use wire::{reply, Reply, GRANT_TAIL, MAX_TOKEN, REPLY_HEAD};
 
@@ -122,8 +125,11 @@ pub mod wire {
     pub const REQUEST_HEAD: usize = 10;
     /// Bytes of a reply before a refusal's message: status and owner/length.
     pub const REPLY_HEAD: usize = 3;
-    /// Bytes after a grant's head: the duration in milliseconds.
-    pub const GRANT_TAIL: usize = 4;
+    /// Bytes after a grant's head: the duration in milliseconds and the
+    /// length of the pool descriptor that follows (0: none).
+    pub const GRANT_TAIL: usize = 6;
+    /// Longest pool descriptor a grant carries.
+    pub const MAX_DESC: usize = 1024;
     /// Bytes of a renewal and of its acknowledgement: a sequence number.
     pub const RENEWAL: usize = 8;
     /// Shortest and longest lease durations a client accepts.
@@ -150,23 +156,32 @@ pub mod wire {
         req
     }
 
-    /// The reply granting lease `id` for `duration_ms` between renewals.
-    pub fn granted(id: u16, duration_ms: u32) -> [u8; REPLY_HEAD + GRANT_TAIL] {
-        let [a, b] = id.to_le_bytes();
-        let [c, d, e, f] = duration_ms.to_le_bytes();
-        [0, a, b, c, d, e, f]
+    /// The reply granting lease `id` for `duration_ms` between renewals,
+    /// with the encoded descriptor of a key to the pool for this lease
+    /// alone (empty: none; at most [`MAX_DESC`] bytes).
+    pub fn granted(id: u16, duration_ms: u32, desc: &[u8]) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&duration_ms.to_le_bytes());
+        out.extend_from_slice(&(desc.len() as u16).to_le_bytes());
+        out.extend_from_slice(desc);
+        out
     }
 
-    /// The lease duration a grant's tail carries, if acceptable.
-    pub fn grant_duration(tail: &[u8; GRANT_TAIL]) -> Result<Duration, LeaseError> {
-        let ms = u32::from_le_bytes(*tail);
-        if DURATION_MS.contains(&ms) {
-            Ok(Duration::from_millis(u64::from(ms)))
-        } else {
-            Err(LeaseError::Protocol(
+    /// The lease duration and descriptor length a grant's tail carries,
+    /// if acceptable.
+    pub fn grant_tail(tail: &[u8; GRANT_TAIL]) -> Result<(Duration, usize), LeaseError> {
+        let ms = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        let desc = usize::from(u16::from_le_bytes([tail[4], tail[5]]));
+        if !DURATION_MS.contains(&ms) {
+            return Err(LeaseError::Protocol(
                 "granted a lease duration outside 40 ms ..= 1 hour",
-            ))
+            ));
         }
+        if desc > MAX_DESC {
+            return Err(LeaseError::Protocol("granted a pool descriptor too long"));
+        }
+        Ok((Duration::from_millis(u64::from(ms)), desc))
     }
 
     /// The reply refusing a lease, saying why (cut to [`MAX_MSG`] bytes).
@@ -220,6 +235,9 @@ pub struct LeaseFence {
 
 struct FenceState {
     owner: LockOwner,
+    /// A key to the pool for this lease alone, which the memory node
+    /// closes when the lease ends (see `rolex-memnode`'s `lease_keys`).
+    pool: Option<MrDesc>,
     /// Valid while [`now_ns`] is below this (`S + d − m`).
     valid_until_ns: AtomicU64,
     /// Set once the lease was seen lapsed, lost or dropped: never valid
@@ -245,6 +263,14 @@ impl LeaseFence {
     /// The lease id the fenced locks carry.
     pub fn owner(&self) -> LockOwner {
         self.state.owner
+    }
+
+    /// The descriptor of the pool key this lease was granted, if the
+    /// memory node grants one per lease: a client that uses it has every
+    /// operation it posted refused at the memory node once the lease
+    /// ended there, however late it arrives.
+    pub fn pool(&self) -> Option<&MrDesc> {
+        self.state.pool.as_ref()
     }
 
     /// How long the lease stays valid from now if no renewal is
@@ -364,9 +390,26 @@ impl LeaseClient {
         match reply(&status)? {
             Reply::Granted(owner) => {
                 let mut tail = [0u8; GRANT_TAIL];
-                stream.read_exact(&mut tail).map_err(io_err(what))?;
-                let duration = wire::grant_duration(&tail)?;
-                Self::start(stream, owner, duration, sent)
+                stream.read_exact(&mut tail).map_err(io_err(what.clone()))?;
+                let (duration, desc_len) = wire::grant_tail(&tail)?;
+                let pool = if desc_len == 0 {
+                    None
+                } else {
+                    let mut desc = vec![0u8; desc_len];
+                    stream.read_exact(&mut desc).map_err(io_err(what))?;
+                    Some(MrDesc::decode(&desc).map_err(|_| {
+                        LeaseError::Protocol("granted a pool descriptor that does not decode")
+                    })?)
+                };
+                Self::start(
+                    stream,
+                    Granted {
+                        owner,
+                        duration,
+                        pool,
+                    },
+                    sent,
+                )
             }
             Reply::Refused { len } => {
                 let mut msg = vec![0u8; len];
@@ -378,16 +421,17 @@ impl LeaseClient {
         }
     }
 
-    fn start(
-        stream: TcpStream,
-        owner: LockOwner,
-        duration: Duration,
-        sent: u64,
-    ) -> Result<Self, LeaseError> {
+    fn start(stream: TcpStream, g: Granted, sent: u64) -> Result<Self, LeaseError> {
+        let Granted {
+            owner,
+            duration,
+            pool,
+        } = g;
         let margin = margin_of(duration);
         let fence = LeaseFence {
             state: Arc::new(FenceState {
                 owner,
+                pool,
                 valid_until_ns: AtomicU64::new(sent + (duration - margin).as_nanos() as u64),
                 lapsed: AtomicBool::new(false),
             }),
@@ -443,6 +487,13 @@ impl LeaseClient {
     pub fn valid(&self) -> bool {
         self.fence.valid()
     }
+}
+
+/// What a grant said.
+struct Granted {
+    owner: LockOwner,
+    duration: Duration,
+    pool: Option<MrDesc>,
 }
 
 /// The client's margin for a lease of `duration`: a quarter of it.
@@ -558,17 +609,24 @@ mod tests {
 
     #[test]
     fn encoded_replies_decode_to_what_was_sent() {
-        let g = wire::granted(7, 2500);
+        let g = wire::granted(7, 2500, b"");
         assert_eq!(
             reply(&[g[0], g[1], g[2]]).unwrap(),
             Reply::Granted(LockOwner(7))
         );
+        let tail = |g: &[u8]| -> [u8; GRANT_TAIL] {
+            g[REPLY_HEAD..REPLY_HEAD + GRANT_TAIL].try_into().unwrap()
+        };
         assert_eq!(
-            wire::grant_duration(&[g[3], g[4], g[5], g[6]]).unwrap(),
-            Duration::from_millis(2500)
+            wire::grant_tail(&tail(&g)).unwrap(),
+            (Duration::from_millis(2500), 0)
         );
-        assert!(wire::grant_duration(&0u32.to_le_bytes()).is_err());
-        assert!(wire::grant_duration(&u32::MAX.to_le_bytes()).is_err());
+        let with = wire::granted(7, 2500, b"desc");
+        assert_eq!(wire::grant_tail(&tail(&with)).unwrap().1, 4);
+        assert_eq!(&with[REPLY_HEAD + GRANT_TAIL..], b"desc");
+        assert!(wire::grant_tail(&[0, 0, 0, 0, 0, 0]).is_err());
+        assert!(wire::grant_tail(&[0xff, 0xff, 0xff, 0xff, 0, 0]).is_err());
+        assert!(wire::grant_tail(&[0xc4, 0x09, 0, 0, 0xff, 0xff]).is_err());
         let r = wire::refused("no");
         assert_eq!(r.len(), REPLY_HEAD + 2);
         assert_eq!(

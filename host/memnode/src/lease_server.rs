@@ -18,21 +18,22 @@
 //!   hour, so it fails against any later holder's word; a late lock `CAS`
 //!   that lands on a free word takes a lock that nobody holds a lease for,
 //!   and the memory node's sweep of locks without a lease releases it.
-//! - **Not fenced**: a data WRITE (or a split's leaf WRITE) that the holder
-//!   posted while its lease was valid and that reaches the pool only after
-//!   the release — the process stopped between the validity check and the
+//! - A data WRITE (or a split's leaf WRITE) that the holder posted while
+//!   its lease was valid and that reaches the pool only after the lease
+//!   ended (the process stopped between the validity check and the
 //!   provider sending it, or the provider queued it and sends it only when
-//!   the process runs again (`tcp;ofi_rxm` has manual progress). It lands
-//!   under whichever writer holds the chain then and can overwrite that
-//!   writer's data. Closing the pool to that holder at the memory node
-//!   would fence it (a per-lease registration of the pool, deregistered
-//!   at expiry; `tcp;ofi_rxm` drops RMA to an unknown key at the target),
-//!   but the engine cannot register the same memory twice on offset-key
-//!   providers: a key there is derived from the region's base address
-//!   (`domain/fabric/keys.rs`), so a second registration of the pool asks
-//!   for the key in use and fails with `FI_ENOKEY`. Doing it needs either
-//!   a key nonce in offset keys or a second mapping of the pool file per
-//!   lease (a different base address over the same pages).
+//!   the process runs again: `tcp;ofi_rxm` has manual progress) is fenced
+//!   only with per-lease keys ([`LeaseServer::start_with_keys`] with
+//!   [`crate::LeaseKeys`], which `rolex memnode --pool-file` uses): the
+//!   key is closed the moment the lease ends, before any lock is
+//!   released, and the provider refuses what arrives through it
+//!   (`tcp;ofi_rxm` drops the connection; nothing lands). **Not fenced**:
+//!   the same late WRITE to an anonymous pool (no file to map again; its
+//!   compute nodes use the offer's key, which is never closed), and a
+//!   transfer the provider had already accepted before the close and is
+//!   still placing when the locks are released (the grace period, 100 ms
+//!   by default, is what separates them; a leaf-sized WRITE is placed in
+//!   microseconds).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -44,6 +45,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
+use rolex_core::wire::{MrDesc, Wire};
 use rolex_kv::lease::wire::{self, REQUEST_HEAD};
 use rolex_kv::lease::{io_err, LeaseError};
 
@@ -85,6 +87,20 @@ impl LeaseConfig {
 /// docs); returns how many locks it released, or why it could not.
 pub type OnExpire = dyn Fn(LockOwner) -> Result<u64, String> + Send + Sync;
 
+/// Keys to the pool granted per lease and closed when it ends
+/// ([`crate::LeaseKeys`] for a file-backed pool).
+pub trait PoolKeys: Send + Sync {
+    /// Opens a key to the pool for lease `owner` alone; `None`: none (the
+    /// compute node uses the offer's key).
+    fn open(&self, owner: LockOwner) -> Result<Option<MrDesc>, String>;
+    /// Closes `owner`'s key: from the return on, nothing posted through it
+    /// reaches the pool.
+    fn close(&self, owner: LockOwner);
+    /// Frees what `owner`'s closed key kept (once its locks are released
+    /// for the last time).
+    fn forget(&self, owner: LockOwner);
+}
+
 /// Why a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseEnd {
@@ -111,6 +127,7 @@ struct ServerShared {
     /// Open lease connections (to end them at shutdown).
     conns: Mutex<HashMap<u16, TcpStream>>,
     on_expire: Arc<OnExpire>,
+    keys: Option<Arc<dyn PoolKeys>>,
     released: AtomicU64,
     expired: AtomicU64,
     timed_out: AtomicU64,
@@ -121,7 +138,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ServerShared {
-    fn new(cfg: LeaseConfig, on_expire: Arc<OnExpire>, next: u16) -> Self {
+    fn new(
+        cfg: LeaseConfig,
+        on_expire: Arc<OnExpire>,
+        keys: Option<Arc<dyn PoolKeys>>,
+        next: u16,
+    ) -> Self {
         ServerShared {
             cfg,
             stop: AtomicBool::new(false),
@@ -132,6 +154,7 @@ impl ServerShared {
             }),
             conns: Mutex::new(HashMap::new()),
             on_expire,
+            keys,
             released: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
@@ -190,6 +213,18 @@ impl LeaseServer {
         cfg: LeaseConfig,
         on_expire: Arc<OnExpire>,
     ) -> Result<LeaseServer, LeaseError> {
+        Self::start_with_keys(listen, cfg, on_expire, None)
+    }
+
+    /// [`LeaseServer::start`], granting each lease a key of its own to the
+    /// pool from `keys` and closing it the moment the lease ends, before
+    /// its locks are released (see [`crate::lease_keys`]).
+    pub fn start_with_keys(
+        listen: &str,
+        cfg: LeaseConfig,
+        on_expire: Arc<OnExpire>,
+        keys: Option<Arc<dyn PoolKeys>>,
+    ) -> Result<LeaseServer, LeaseError> {
         let ms = u32::try_from(cfg.duration.as_millis()).unwrap_or(u32::MAX);
         if !wire::DURATION_MS.contains(&ms) {
             return Err(LeaseError::Protocol(
@@ -201,7 +236,7 @@ impl LeaseServer {
         let addr = listener
             .local_addr()
             .map_err(io_err("reading the listening address"))?;
-        let shared = Arc::new(ServerShared::new(cfg, on_expire, 1));
+        let shared = Arc::new(ServerShared::new(cfg, on_expire, keys, 1));
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("rolex-lease".into())
@@ -321,6 +356,24 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     };
     // Checked at start.
     let ms = s.cfg.duration.as_millis() as u32;
+    let owner = LockOwner(id);
+    let desc = match s.keys.as_ref().map(|k| k.open(owner)) {
+        None | Some(Ok(None)) => Vec::new(),
+        Some(Ok(Some(d))) => d.to_vec().unwrap_or_default(),
+        Some(Err(e)) => {
+            refuse(&mut stream, &format!("no key to the pool: {e}"));
+            s.free(id);
+            return;
+        }
+    };
+    let end_key = |forget: bool| {
+        if let Some(k) = &s.keys {
+            k.close(owner);
+            if forget {
+                k.forget(owner);
+            }
+        }
+    };
     let _ = stream.set_nodelay(true);
     // The lease runs from here: the client's starts before it sent its
     // request, so earlier.
@@ -329,12 +382,15 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
         .try_clone()
         .map(|c| lock(&s.conns).insert(id, c))
         .is_ok();
-    if !registered || stream.write_all(&wire::granted(id, ms)).is_err() {
+    if !registered || stream.write_all(&wire::granted(id, ms, &desc)).is_err() {
         lock(&s.conns).remove(&id);
+        end_key(true);
         s.free(id);
         return;
     }
     let end = serve_renewals(s, &mut stream, &mut last);
+    // Before anything else: nothing it posted lands from here on.
+    end_key(false);
     lock(&s.conns).remove(&id);
     let _ = stream.shutdown(Shutdown::Both);
     if s.stop.load(Ordering::SeqCst) {
@@ -344,7 +400,6 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     if end == LeaseEnd::Expired {
         s.timed_out.fetch_add(1, Ordering::Relaxed);
     }
-    let owner = LockOwner(id);
     for wait in [s.cfg.grace, s.cfg.linger] {
         std::thread::sleep(wait);
         if s.stop.load(Ordering::SeqCst) {
@@ -357,6 +412,7 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
             Err(e) => eprintln!("lease {id}: releasing its locks failed: {e}"),
         }
     }
+    end_key(true);
     s.free(id);
 }
 
@@ -523,6 +579,7 @@ mod tests {
         let s = ServerShared::new(
             quick("t"),
             Arc::new(|_: LockOwner| Ok(0)),
+            None,
             LockOwner::AGENT.0 - 1,
         );
         lock(&s.ids).used.insert(1);
