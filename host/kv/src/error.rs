@@ -165,7 +165,9 @@ pub enum KvError {
         model: u64,
     },
     /// This client's lease (`owner`) is no longer valid here (it was not
-    /// renewed in time, or was dropped): nothing that writes was posted.
+    /// renewed in time, or was dropped): nothing that writes was posted
+    /// (nothing at all with a lease that has a key to the pool of its own,
+    /// which the memory node closes when the lease ends there).
     /// Its locks are released by the memory node once the lease ends
     /// there; every write of this client fails until the process acquires
     /// a new lease and connects a new client (see [`crate::lease`]).
@@ -299,7 +301,7 @@ impl fmt::Display for KvError {
             Self::Inconsistent { what, model } => write!(f, "model {model}: {what}"),
             Self::LeaseExpired { owner } => write!(
                 f,
-                "lease {owner} expired: no write posted (writes need a new lease)"
+                "lease {owner} expired: nothing posted (writes need a new lease)"
             ),
             Self::Indeterminate(e) => write!(f, "{e} (the operation may have taken effect)"),
             Self::LockMaybeHeld {

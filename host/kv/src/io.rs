@@ -14,6 +14,12 @@
 //! a READ lands at `local` in the read buffer (copied out with
 //! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
 //! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
+//!
+//! With a lease ([`LeaseFence`]), a batch that writes anything (WRITE,
+//! `CAS`, FAA) is posted only while the lease is valid; otherwise `run`
+//! fails with [`KvError::LeaseExpired`] and posts nothing. A lease granted
+//! a key to the pool of its own fences reads too (the memory node closes
+//! that key when the lease ends there).
 
 use rolex_core::wire::{Access, MrDesc};
 use rolex_engine::batch::{BatchOp, Channel};
@@ -124,7 +130,10 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
-        if ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
+        // A lease with a key of its own: that key is closed at the memory
+        // node when the lease ends there, so reads are refused here too.
+        let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
+        if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
             self.check_lease()?;
         }
         let mut batch = Vec::with_capacity(ops.len());
