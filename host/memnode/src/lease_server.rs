@@ -528,7 +528,7 @@ mod tests {
         // A client that speaks the protocol by hand and never renews.
         let mut raw = TcpStream::connect(&at).unwrap();
         raw.write_all(&wire::request(b"t")).unwrap();
-        let mut g = [0u8; 7];
+        let mut g = [0u8; wire::REPLY_HEAD + wire::GRANT_TAIL];
         raw.read_exact(&mut g).unwrap();
         let granted = Instant::now();
         let owner = rx.recv_timeout(Duration::from_secs(10)).unwrap();
