@@ -565,8 +565,19 @@ mod tests {
         fn headers_from_peers_decode_or_are_refused(
             req in proptest::array::uniform10(proptest::num::u8::ANY),
             rep in proptest::array::uniform3(proptest::num::u8::ANY),
+            tail in proptest::array::uniform6(proptest::num::u8::ANY),
             magic: bool,
         ) {
+            let ms = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+            let len = usize::from(u16::from_le_bytes([tail[4], tail[5]]));
+            match wire::grant_tail(&tail) {
+                Ok((d, l)) => proptest::prop_assert!(
+                    d.as_millis() == u128::from(ms) && l == len && len <= wire::MAX_DESC
+                ),
+                Err(_) => proptest::prop_assert!(
+                    !wire::DURATION_MS.contains(&ms) || len > wire::MAX_DESC
+                ),
+            }
             let mut req = req;
             if magic {
                 req[..8].copy_from_slice(MAGIC);
