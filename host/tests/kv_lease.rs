@@ -15,7 +15,7 @@ use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{ModelRecord, Superblock};
 use rolex_dpu::PoolMemory;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, KvError};
 use rolex_host::memnode::{AgentError, HostPool, MemoryNode, MemoryNodeError};
 use rolex_host::memnode::{LeaseConfig, LeaseServer};
 
@@ -176,4 +176,50 @@ fn a_sweep_releases_locks_whose_holder_has_no_lease() {
     let held = plant_locks(&node, live.owner());
     assert_eq!(node.release_locks_where(|o| !srv.holds(o)).unwrap(), 0);
     assert_eq!(node.release_locks_of(live.owner()).unwrap(), held);
+}
+
+/// A client whose lease lapsed (here: dropped, which fences at once) posts
+/// no write: every write fails with `LeaseExpired`, determinate, reads go
+/// on, and a configuration whose fence names another lease is refused.
+#[test]
+fn a_client_whose_lease_lapsed_posts_no_write() {
+    let pairs: Vec<(u64, u64)> = (0..400u64).map(|i| (i * 10, i)).collect();
+    let node = common::small_kv_node(&pairs);
+    let srv = lease_server(&node);
+    let addr = srv.local_addr().to_string();
+    let lease = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
+    let other = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
+    let mismatched = KvClientConfig {
+        lock_owner: other.owner(),
+        ..KvClientConfig::default().with_lease(&lease)
+    };
+    assert!(matches!(
+        KvClient::connect(mismatched, &node.pool()),
+        Err(KvError::BadConfig { field: "lease", .. })
+    ));
+    let fence = lease.fence();
+    let client =
+        KvClient::connect(KvClientConfig::default().with_lease(&lease), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    assert_eq!(s.update(1000, 7).unwrap(), Some(100));
+    assert!(fence.valid() && fence.remaining() > Duration::ZERO);
+    drop(lease);
+    eprintln!("injected: the client's lease dropped (fenced at once)");
+    assert!(!fence.valid());
+    let refused = [
+        s.update(1000, 8).unwrap_err(),
+        s.insert(1005, 9).unwrap_err(),
+        s.delete(1010).unwrap_err(),
+    ];
+    for e in &refused {
+        assert!(
+            matches!(e, KvError::LeaseExpired { .. }) && !e.may_have_applied(),
+            "{e}"
+        );
+    }
+    eprintln!("found: update, insert and delete refused: {}", refused[0]);
+    assert_eq!(s.get(1000).unwrap(), Some(7));
+    assert_eq!(s.get(1005).unwrap(), None);
+    assert_eq!(s.get(1010).unwrap(), Some(101));
+    drop(other);
 }

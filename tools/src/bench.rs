@@ -1511,6 +1511,7 @@ impl Store {
         let client_cfg = KvClientConfig {
             engine: client_engine(args, engine_cfg),
             lock_owner: setup.lock_owner,
+            lease: setup._lease.as_ref().map(LeaseClient::fence),
             ..KvClientConfig::default()
         };
         let leaf_slots = mn_cfg.leaf_slots;

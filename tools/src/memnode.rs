@@ -52,7 +52,7 @@ use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
 use rolex_host::kv::{KvClient, KvClientConfig};
 use rolex_host::memnode::{AgentStats, MemoryNode, MemoryNodeConfig};
-use rolex_host::memnode::{LeaseConfig, LeaseServer};
+use rolex_host::memnode::{LeaseConfig, LeaseKeys, LeaseServer, PoolKeys};
 use rolex_host::Fabric;
 
 use crate::dataset::{DataSetArgs, EmptyFile};
@@ -629,6 +629,7 @@ fn serve(
             (node_, desc)
         }
     };
+    let node_ = Arc::new(node_);
     // On stderr: the first stdout line is the banner clients wait for.
     if let Some(n) = node_.engine().libfabric() {
         eprintln!("memory node: {n}");
@@ -641,7 +642,10 @@ fn serve(
         .filter(|h| !h.is_empty())
         .unwrap_or("0.0.0.0");
     let release = node_.lock_releaser();
-    let leases = LeaseServer::start(
+    // A pool in a file: each lease gets a key of its own, closed when the
+    // lease ends, so a stalled compute node's late RMA is refused here.
+    let keys = LeaseKeys::new(node_.clone()).map(|k| k as Arc<dyn PoolKeys>);
+    let leases = LeaseServer::start_with_keys(
         &format!("{lease_host}:0"),
         LeaseConfig::new(&args.token),
         Arc::new(move |owner: LockOwner| {
@@ -652,6 +656,7 @@ fn serve(
             );
             Ok(n)
         }),
+        keys,
     )?;
     let desc = DataSetDesc {
         lease: Some(leases.local_addr().port()),

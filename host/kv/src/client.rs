@@ -31,6 +31,7 @@ use crate::cache::{clock_ns, ModelView};
 use crate::error::{transfer, KvError};
 use crate::held::HeldLocks;
 use crate::io::Io;
+use crate::lease::{LeaseClient, LeaseFence};
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
 use crate::stats::{KvStats, ModelBytes, SessionCounters};
@@ -65,6 +66,21 @@ pub struct KvClientConfig {
     /// node's process: they cannot die apart from it). Never
     /// [`LockOwner::AGENT`], the retraining agent's (refused at connect).
     pub lock_owner: LockOwner,
+    /// The lease `lock_owner` names, if any: every write (lock `CAS`, data
+    /// WRITE, unlock) is refused with [`KvError::LeaseExpired`] once it is
+    /// not valid (see [`crate::lease`] for the timing). Set both with
+    /// [`KvClientConfig::with_lease`].
+    pub lease: Option<LeaseFence>,
+}
+
+impl KvClientConfig {
+    /// This configuration with `lease`'s id on every chain lock and its
+    /// validity checked before every write.
+    pub fn with_lease(mut self, lease: &LeaseClient) -> Self {
+        self.lock_owner = lease.owner();
+        self.lease = Some(lease.fence());
+        self
+    }
 }
 
 impl Default for KvClientConfig {
@@ -77,6 +93,7 @@ impl Default for KvClientConfig {
             max_attempts: 1_000_000,
             model_max_age: Duration::from_millis(500),
             lock_owner: LockOwner::ANONYMOUS,
+            lease: None,
         }
     }
 }
@@ -301,6 +318,16 @@ impl KvClient {
                 reason: "the retraining agent's id; a compute node's locks name a lease or none",
             });
         }
+        if cfg
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.owner() != cfg.lock_owner)
+        {
+            return Err(KvError::BadConfig {
+                field: "lease",
+                reason: "fences a lease other than the one lock_owner names",
+            });
+        }
         if cfg.max_attempts == 0 {
             return Err(KvError::BadConfig {
                 field: "max_attempts",
@@ -309,8 +336,15 @@ impl KvClient {
         }
         let engine = TransferEngine::new(cfg.engine.clone())
             .map_err(transfer("starting the client's engine"))?;
-        let mut io = Io::new(&engine, cfg.session_buffer)?;
-        let desc = &pool.desc;
+        let mut io = Io::new(&engine, cfg.session_buffer, cfg.lease.clone())?;
+        // A lease may come with a key to the pool of its own, which the
+        // memory node closes when the lease ends there.
+        let desc = &cfg
+            .lease
+            .as_ref()
+            .and_then(LeaseFence::pool)
+            .unwrap_or(&pool.desc)
+            .clone();
         let head = io.read_bytes(desc, 0, Superblock::SIZE, "reading the superblock")?;
         // Check the version word first, so a pool of another version is
         // named as such whatever else changed.

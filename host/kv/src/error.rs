@@ -164,6 +164,19 @@ pub enum KvError {
         /// The model concerned.
         model: u64,
     },
+    /// This client's lease (`owner`) is no longer valid here (it was not
+    /// renewed in time, or was dropped): nothing that writes was posted
+    /// (nothing at all with a lease that has a key to the pool of its own,
+    /// which the memory node closes when the lease ends there).
+    /// Its locks are released by the memory node once the lease ends
+    /// there; every write of this client fails until the process acquires
+    /// a new lease and connects a new client (see [`crate::lease`]).
+    /// Determinate as such: met after a write it comes wrapped in
+    /// [`KvError::Indeterminate`].
+    LeaseExpired {
+        /// The lapsed lease's id.
+        owner: u16,
+    },
     /// The operation failed after a write of it may have reached the pool:
     /// it may or may not have taken effect (a write or unlock batch failed,
     /// a held lock was found changed after the write, or the retraining
@@ -286,6 +299,10 @@ impl fmt::Display for KvError {
                 leaf.region()
             ),
             Self::Inconsistent { what, model } => write!(f, "model {model}: {what}"),
+            Self::LeaseExpired { owner } => write!(
+                f,
+                "lease {owner} expired: nothing posted (writes need a new lease)"
+            ),
             Self::Indeterminate(e) => write!(f, "{e} (the operation may have taken effect)"),
             Self::LockMaybeHeld {
                 model,

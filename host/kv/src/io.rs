@@ -14,6 +14,12 @@
 //! a READ lands at `local` in the read buffer (copied out with
 //! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
 //! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
+//!
+//! With a lease ([`LeaseFence`]), a batch that writes anything (WRITE,
+//! `CAS`, FAA) is posted only while the lease is valid; otherwise `run`
+//! fails with [`KvError::LeaseExpired`] and posts nothing. A lease granted
+//! a key to the pool of its own fences reads too (the memory node closes
+//! that key when the lease ends there).
 
 use rolex_core::wire::{Access, MrDesc};
 use rolex_engine::batch::{BatchOp, Channel};
@@ -21,6 +27,7 @@ use rolex_engine::engine::TransferEngine;
 use rolex_engine::{MrHandle, TransferError};
 
 use crate::error::{transfer, KvError};
+use crate::lease::LeaseFence;
 use crate::stats::OpStats;
 
 /// One operation of a doorbell batch, by pool and local offsets.
@@ -47,14 +54,21 @@ pub(crate) struct Io {
     wbuf: MrHandle,
     results: Vec<Result<u64, TransferError>>,
     values: Vec<u64>,
+    /// The lease this client's writes need, if it has one.
+    fence: Option<LeaseFence>,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
 }
 
 impl Io {
     /// Opens a channel on `engine` (a queue pair of the session's own) and
-    /// registers a read and a write buffer of `cap` bytes each.
-    pub(crate) fn new(engine: &TransferEngine, cap: u64) -> Result<Self, KvError> {
+    /// registers a read and a write buffer of `cap` bytes each; its
+    /// writes need `fence` valid, if given.
+    pub(crate) fn new(
+        engine: &TransferEngine,
+        cap: u64,
+        fence: Option<LeaseFence>,
+    ) -> Result<Self, KvError> {
         let ch = engine.channel().map_err(transfer("opening a channel"))?;
         let (rbuf, _) = engine
             .alloc_mr(cap, Access::LOCAL_WRITE)
@@ -68,6 +82,7 @@ impl Io {
             wbuf,
             results: Vec::new(),
             values: Vec::new(),
+            fence,
             cur: OpStats::default(),
         })
     }
@@ -115,6 +130,12 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
+        // A lease with a key of its own: that key is closed at the memory
+        // node when the lease ends there, so reads are refused here too.
+        let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
+        if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
+            self.check_lease()?;
+        }
         let mut batch = Vec::with_capacity(ops.len());
         for op in ops {
             batch.push(match *op {
@@ -166,6 +187,15 @@ impl Io {
         self.ch
             .run(&batch, &mut self.results)
             .map_err(transfer(during))
+    }
+
+    /// `Ok` unless this client has a lease and it is not valid now: then
+    /// nothing that writes may be posted.
+    pub(crate) fn check_lease(&self) -> Result<(), KvError> {
+        match &self.fence {
+            Some(f) if !f.valid() => Err(KvError::LeaseExpired { owner: f.owner().0 }),
+            _ => Ok(()),
+        }
     }
 
     /// Copies read-buffer bytes `[local, local + out.len())` into `out`.

@@ -21,8 +21,10 @@
 //! - [`pool_info`]: [`PoolInfo`], what a client connects to.
 //! - [`stats`]: [`KvStats`], [`OpStats`], [`KvOp`], [`ModelBytes`].
 //! - [`error`]: [`KvError`], what failed and where.
-//! - [`lease`]: [`lease::LeaseClient`] and the lease wire format: how a
-//!   memory node learns a compute node died and releases its locks.
+//! - [`lease`]: [`lease::LeaseClient`], [`lease::LeaseFence`] and the
+//!   lease wire format: how a memory node learns a compute node died or
+//!   stalled and releases its locks, and how the compute node stops
+//!   writing before that (the timing is stated there).
 #![deny(missing_docs)]
 
 mod cache;

@@ -252,7 +252,11 @@ impl std::fmt::Debug for KvSession {
 
 impl KvSession {
     pub(crate) fn new(shared: Arc<ClientShared>) -> Result<Self, KvError> {
-        let io = Io::new(&shared.engine, shared.cfg.session_buffer)?;
+        let io = Io::new(
+            &shared.engine,
+            shared.cfg.session_buffer,
+            shared.cfg.lease.clone(),
+        )?;
         let counters = Arc::new(SessionCounters::default());
         shared
             .sessions

@@ -1,20 +1,51 @@
-//! The memory node's side of leases (the protocol and the compute node's
-//! side are `rolex_kv::lease`): one parked thread per connected compute
-//! node, blocked in a read that returns only when the lease ends. Then the
-//! dead node's locks are released twice, after [`LeaseConfig::grace`] and
-//! again after [`LeaseConfig::linger`] (its last operations may still be in
-//! flight on the fabric); its id is reused only after the second pass.
+//! The memory node's side of leases (the protocol, its timing and the
+//! compute node's side are `rolex_kv::lease`): one parked thread per
+//! connected compute node, blocked in a read of its renewals, bounded by
+//! the time left on its lease. A lease ends `duration` after the last
+//! renewal received (or when its connection closes); then the holder's
+//! locks are released twice, after [`LeaseConfig::grace`] and again after
+//! [`LeaseConfig::linger`]. Ids are handed out round-robin over the whole
+//! leased space and one is reused only once the space has wrapped *and*
+//! [`LeaseConfig::reuse_after`] (an hour) has passed since its release.
+//!
+//! # What is fenced, and what is not
+//! - A stalled holder (stopped, paused, cut off from the lease port) stops
+//!   posting writes at least `duration / 4` before the server can release
+//!   its locks: its later lock `CAS`es, WRITEs and unlocks are refused at
+//!   the client (`KvError::LeaseExpired`).
+//! - Its late unlock `CAS` (posted before it lapsed, delivered after the
+//!   release) expects `locked_by(its id)`; the id is not reused for an
+//!   hour, so it fails against any later holder's word; a late lock `CAS`
+//!   that lands on a free word takes a lock that nobody holds a lease for,
+//!   and the memory node's sweep of locks without a lease releases it.
+//! - A data WRITE (or a split's leaf WRITE) that the holder posted while
+//!   its lease was valid and that reaches the pool only after the lease
+//!   ended (the process stopped between the validity check and the
+//!   provider sending it, or the provider queued it and sends it only when
+//!   the process runs again: `tcp;ofi_rxm` has manual progress) is fenced
+//!   only with per-lease keys ([`LeaseServer::start_with_keys`] with
+//!   [`crate::LeaseKeys`], which `rolex memnode --pool-file` uses): the
+//!   key is closed the moment the lease ends, before any lock is
+//!   released, and the provider refuses what arrives through it
+//!   (`tcp;ofi_rxm` drops the connection; nothing lands). **Not fenced**:
+//!   the same late WRITE to an anonymous pool (no file to map again; its
+//!   compute nodes use the offer's key, which is never closed), and a
+//!   transfer the provider had already accepted before the close and is
+//!   still placing when the locks are released (the grace period, 100 ms
+//!   by default, is what separates them; a leaf-sized WRITE is placed in
+//!   microseconds).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
+use rolex_core::wire::{MrDesc, Wire};
 use rolex_kv::lease::wire::{self, REQUEST_HEAD};
 use rolex_kv::lease::{io_err, LeaseError};
 
@@ -23,21 +54,30 @@ use rolex_kv::lease::{io_err, LeaseError};
 pub struct LeaseConfig {
     /// The token compute nodes must present (the bootstrap's).
     pub token: String,
+    /// A lease ends this long after the last renewal received (clients
+    /// renew every quarter of it and stop writing a quarter before it).
+    pub duration: Duration,
     /// Wait between a lease's end and the first release of its locks.
     pub grace: Duration,
     /// Wait before the second release, after which the id is free again.
     pub linger: Duration,
+    /// An id freed is not handed out again before this long (nor before
+    /// the round-robin has gone round the whole space).
+    pub reuse_after: Duration,
     /// Bound on a client's request.
     pub handshake_timeout: Duration,
 }
 
 impl LeaseConfig {
-    /// Defaults: 100 ms grace, 2 s linger, 5 s handshake bound.
+    /// Defaults: 2 s leases, 100 ms grace, 2 s linger, ids reused after an
+    /// hour at the earliest, 5 s handshake bound.
     pub fn new(token: &str) -> Self {
         LeaseConfig {
             token: token.to_string(),
+            duration: Duration::from_secs(2),
             grace: Duration::from_millis(100),
             linger: Duration::from_secs(2),
+            reuse_after: Duration::from_secs(3600),
             handshake_timeout: Duration::from_secs(5),
         }
     }
@@ -47,17 +87,50 @@ impl LeaseConfig {
 /// docs); returns how many locks it released, or why it could not.
 pub type OnExpire = dyn Fn(LockOwner) -> Result<u64, String> + Send + Sync;
 
+/// Keys to the pool granted per lease and closed when it ends
+/// ([`crate::LeaseKeys`] for a file-backed pool).
+pub trait PoolKeys: Send + Sync {
+    /// Opens a key to the pool for lease `owner` alone; `None`: none (the
+    /// compute node uses the offer's key).
+    fn open(&self, owner: LockOwner) -> Result<Option<MrDesc>, String>;
+    /// Closes `owner`'s key: from the return on, nothing posted through it
+    /// reaches the pool.
+    fn close(&self, owner: LockOwner);
+    /// Frees what `owner`'s closed key kept (once its locks are released
+    /// for the last time).
+    fn forget(&self, owner: LockOwner);
+}
+
+/// Why a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// No renewal within the lease's duration (the holder stalled).
+    Expired,
+    /// Its connection closed (the holder died or dropped its lease).
+    Closed,
+}
+
+/// Ids and their reuse (see the module docs).
+struct Ids {
+    /// Held, or ended and still being released.
+    used: BTreeSet<u16>,
+    /// When each id was last freed.
+    freed: HashMap<u16, Instant>,
+    /// Where the round-robin goes on.
+    next: u16,
+}
+
 struct ServerShared {
     cfg: LeaseConfig,
     stop: AtomicBool,
-    /// Ids held or still being released.
-    used: Mutex<BTreeSet<u16>>,
-    next: Mutex<u16>,
+    ids: Mutex<Ids>,
     /// Open lease connections (to end them at shutdown).
     conns: Mutex<HashMap<u16, TcpStream>>,
     on_expire: Arc<OnExpire>,
+    keys: Option<Arc<dyn PoolKeys>>,
     released: AtomicU64,
     expired: AtomicU64,
+    timed_out: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -65,22 +138,55 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ServerShared {
-    /// The next free leased id, cycling so a recent id is not reused soon.
+    fn new(
+        cfg: LeaseConfig,
+        on_expire: Arc<OnExpire>,
+        keys: Option<Arc<dyn PoolKeys>>,
+        next: u16,
+    ) -> Self {
+        ServerShared {
+            cfg,
+            stop: AtomicBool::new(false),
+            ids: Mutex::new(Ids {
+                used: BTreeSet::new(),
+                freed: HashMap::new(),
+                next,
+            }),
+            conns: Mutex::new(HashMap::new()),
+            on_expire,
+            keys,
+            released: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+        }
+    }
+
+    /// The next leased id round-robin that is neither in use nor freed
+    /// less than [`LeaseConfig::reuse_after`] ago.
     fn allocate(&self) -> Option<u16> {
-        let mut used = lock(&self.used);
-        let mut next = lock(&self.next);
+        let mut ids = lock(&self.ids);
+        let now = Instant::now();
+        let reuse_after = self.cfg.reuse_after;
+        ids.freed
+            .retain(|_, at| now.saturating_duration_since(*at) < reuse_after);
         for _ in 0..u16::MAX {
-            let id = *next;
-            *next = if id >= LockOwner::AGENT.0 - 1 {
+            let id = ids.next;
+            ids.next = if id >= LockOwner::AGENT.0 - 1 {
                 1
             } else {
                 id + 1
             };
-            if LockOwner(id).is_leased() && used.insert(id) {
+            if LockOwner(id).is_leased() && !ids.freed.contains_key(&id) && ids.used.insert(id) {
                 return Some(id);
             }
         }
         None
+    }
+
+    fn free(&self, id: u16) {
+        let mut ids = lock(&self.ids);
+        ids.used.remove(&id);
+        ids.freed.insert(id, Instant::now());
     }
 }
 
@@ -107,21 +213,30 @@ impl LeaseServer {
         cfg: LeaseConfig,
         on_expire: Arc<OnExpire>,
     ) -> Result<LeaseServer, LeaseError> {
+        Self::start_with_keys(listen, cfg, on_expire, None)
+    }
+
+    /// [`LeaseServer::start`], granting each lease a key of its own to the
+    /// pool from `keys` and closing it the moment the lease ends, before
+    /// its locks are released (see [`crate::lease_keys`]).
+    pub fn start_with_keys(
+        listen: &str,
+        cfg: LeaseConfig,
+        on_expire: Arc<OnExpire>,
+        keys: Option<Arc<dyn PoolKeys>>,
+    ) -> Result<LeaseServer, LeaseError> {
+        let ms = u32::try_from(cfg.duration.as_millis()).unwrap_or(u32::MAX);
+        if !wire::DURATION_MS.contains(&ms) {
+            return Err(LeaseError::Protocol(
+                "lease duration outside 40 ms ..= 1 hour",
+            ));
+        }
         let listener =
             TcpListener::bind(listen).map_err(io_err(format!("listening on {listen}")))?;
         let addr = listener
             .local_addr()
             .map_err(io_err("reading the listening address"))?;
-        let shared = Arc::new(ServerShared {
-            cfg,
-            stop: AtomicBool::new(false),
-            used: Mutex::new(BTreeSet::new()),
-            next: Mutex::new(1),
-            conns: Mutex::new(HashMap::new()),
-            on_expire,
-            released: AtomicU64::new(0),
-            expired: AtomicU64::new(0),
-        });
+        let shared = Arc::new(ServerShared::new(cfg, on_expire, keys, 1));
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("rolex-lease".into())
@@ -141,18 +256,23 @@ impl LeaseServer {
 
     /// Leases held now (ids still being released included).
     pub fn active(&self) -> usize {
-        lock(&self.shared.used).len()
+        lock(&self.shared.ids).used.len()
     }
 
     /// Whether `owner` is an id this server has granted and not yet freed
     /// (its lease is held, or it ended and its locks are being released).
     pub fn holds(&self, owner: LockOwner) -> bool {
-        lock(&self.shared.used).contains(&owner.0)
+        lock(&self.shared.ids).used.contains(&owner.0)
     }
 
-    /// Leases that ended so far.
+    /// Leases that ended so far (closed or expired).
     pub fn expired(&self) -> u64 {
         self.shared.expired.load(Ordering::Relaxed)
+    }
+
+    /// Leases that ended for want of a renewal (their holder stalled).
+    pub fn timed_out(&self) -> u64 {
+        self.shared.timed_out.load(Ordering::Relaxed)
     }
 
     /// Locks released so far on behalf of ended leases.
@@ -228,35 +348,58 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
         return;
     }
     let Some(id) = s.allocate() else {
-        refuse(&mut stream, "no lease id is free (65534 compute nodes)");
+        refuse(
+            &mut stream,
+            "no lease id is free (65534 held, or released within the reuse bound)",
+        );
         return;
     };
-    let ok = wire::granted(id);
+    // Checked at start.
+    let ms = s.cfg.duration.as_millis() as u32;
+    let owner = LockOwner(id);
+    let desc = match s.keys.as_ref().map(|k| k.open(owner)) {
+        None | Some(Ok(None)) => Vec::new(),
+        Some(Ok(Some(d))) => d.to_vec().unwrap_or_default(),
+        Some(Err(e)) => {
+            refuse(&mut stream, &format!("no key to the pool: {e}"));
+            s.free(id);
+            return;
+        }
+    };
+    let end_key = |forget: bool| {
+        if let Some(k) = &s.keys {
+            k.close(owner);
+            if forget {
+                k.forget(owner);
+            }
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    // The lease runs from here: the client's starts before it sent its
+    // request, so earlier.
+    let mut last = Instant::now();
     let registered = stream
         .try_clone()
         .map(|c| lock(&s.conns).insert(id, c))
         .is_ok();
-    if !registered || stream.write_all(&ok).is_err() {
+    if !registered || stream.write_all(&wire::granted(id, ms, &desc)).is_err() {
         lock(&s.conns).remove(&id);
-        lock(&s.used).remove(&id);
+        end_key(true);
+        s.free(id);
         return;
     }
-    keepalive(&stream);
-    let _ = stream.set_read_timeout(None);
-    // The client never sends again: a read returns only at the lease's end.
-    let mut sink = [0u8; 64];
-    loop {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => continue,
-        }
-    }
+    let end = serve_renewals(s, &mut stream, &mut last);
+    // Before anything else: nothing it posted lands from here on.
+    end_key(false);
     lock(&s.conns).remove(&id);
+    let _ = stream.shutdown(Shutdown::Both);
     if s.stop.load(Ordering::SeqCst) {
         return;
     }
     s.expired.fetch_add(1, Ordering::Relaxed);
-    let owner = LockOwner(id);
+    if end == LeaseEnd::Expired {
+        s.timed_out.fetch_add(1, Ordering::Relaxed);
+    }
     for wait in [s.cfg.grace, s.cfg.linger] {
         std::thread::sleep(wait);
         if s.stop.load(Ordering::SeqCst) {
@@ -269,32 +412,44 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
             Err(e) => eprintln!("lease {id}: releasing its locks failed: {e}"),
         }
     }
-    lock(&s.used).remove(&id);
+    end_key(true);
+    s.free(id);
 }
 
-/// TCP keepalive after 5 s idle, 3 probes 1 s apart: a peer machine that
-/// vanished ends its lease within about 8 s.
-fn keepalive(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let fd = stream.as_raw_fd();
-    for (level, name, value) in [
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
-    ] {
-        let v: libc::c_int = value;
-        // SAFETY: `fd` is an open socket owned by `stream` for this call;
-        // the option value is a c_int that lives across the call and its
-        // size is passed. A failure only leaves the default (no keepalive).
-        unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
+/// Echoes renewals until the lease ends: `duration` after the last one
+/// received (`last`, taken when the read returned: no earlier than it
+/// arrived), or when the connection closes or misbehaves.
+fn serve_renewals(s: &ServerShared, stream: &mut TcpStream, last: &mut Instant) -> LeaseEnd {
+    let mut buf = [0u8; wire::RENEWAL];
+    let mut have = 0;
+    loop {
+        let deadline = *last + s.cfg.duration;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return LeaseEnd::Expired;
+        }
+        if stream.set_read_timeout(Some(left)).is_err() {
+            return LeaseEnd::Closed;
+        }
+        match stream.read(&mut buf[have..]) {
+            Ok(0) => return LeaseEnd::Closed,
+            Ok(n) => {
+                have += n;
+                if have == wire::RENEWAL {
+                    have = 0;
+                    // A renewal counts only if it arrived before the end.
+                    if Instant::now() >= deadline {
+                        return LeaseEnd::Expired;
+                    }
+                    *last = Instant::now();
+                    if stream.write_all(&buf).is_err() {
+                        return LeaseEnd::Closed;
+                    }
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return LeaseEnd::Closed,
         }
     }
 }
@@ -309,45 +464,93 @@ mod tests {
         LeaseConfig {
             grace: Duration::from_millis(1),
             linger: Duration::from_millis(1),
+            duration: Duration::from_millis(400),
             ..LeaseConfig::new(token)
         }
     }
 
-    #[test]
-    fn a_dropped_lease_is_reported_twice_and_its_id_freed() {
+    fn reporting(cfg: LeaseConfig) -> (LeaseServer, mpsc::Receiver<LockOwner>) {
         let (tx, rx) = mpsc::channel();
         let tx = Mutex::new(tx);
         let srv = LeaseServer::start(
             "127.0.0.1:0",
-            quick("t"),
+            cfg,
             Arc::new(move |o: LockOwner| {
                 let _ = lock(&tx).send(o);
                 Ok(1)
             }),
         )
         .unwrap();
-        let a = LeaseClient::acquire(&srv.local_addr().to_string(), "t", Duration::from_secs(5))
-            .unwrap();
-        let b = LeaseClient::acquire(&srv.local_addr().to_string(), "t", Duration::from_secs(5))
-            .unwrap();
+        (srv, rx)
+    }
+
+    #[test]
+    fn a_dropped_lease_is_reported_twice_and_its_id_kept_from_reuse() {
+        let (srv, rx) = reporting(quick("t"));
+        let at = srv.local_addr().to_string();
+        let a = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).unwrap();
+        let b = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).unwrap();
         assert!(a.owner().is_leased() && b.owner().is_leased());
         assert_ne!(a.owner(), b.owner());
+        assert_eq!(a.duration(), Duration::from_millis(400));
         assert!(srv.holds(a.owner()) && srv.holds(b.owner()));
         assert!(!srv.holds(LockOwner::AGENT));
         let dead = a.owner();
+        let fence = a.fence();
+        assert!(fence.valid());
         drop(a);
+        assert!(!fence.valid(), "a dropped lease fences at once");
         let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         let second = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!((first, second), (dead, dead));
-        // The survivor's lease is untouched.
-        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        // The survivor's lease is untouched, renewed past its duration.
+        assert!(rx.recv_timeout(Duration::from_millis(900)).is_err());
+        assert!(b.valid());
         while srv.active() != 1 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(srv.expired(), 1);
+        assert_eq!((srv.expired(), srv.timed_out()), (1, 0));
         assert_eq!(srv.released(), 2);
         assert!(!srv.holds(dead));
-        drop(b);
+        // Its id is not handed out again within the reuse bound.
+        let c = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).unwrap();
+        assert_ne!(c.owner(), dead);
+        drop((b, c));
+    }
+
+    /// A holder that stops renewing (its renewals held back, as a stopped
+    /// process's are): the client counts its lease over before the server
+    /// ends it, and never counts it valid again.
+    #[test]
+    fn a_stalled_holder_is_fenced_before_its_locks_are_released() {
+        let (srv, rx) = reporting(quick("t"));
+        let at = srv.local_addr().to_string();
+        // A client that speaks the protocol by hand and never renews.
+        let mut raw = TcpStream::connect(&at).unwrap();
+        raw.write_all(&wire::request(b"t")).unwrap();
+        let mut g = [0u8; wire::REPLY_HEAD + wire::GRANT_TAIL];
+        raw.read_exact(&mut g).unwrap();
+        let granted = Instant::now();
+        let owner = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let waited = granted.elapsed();
+        eprintln!(
+            "injected: a holder that never renews a 400 ms lease; found: released after {waited:?}"
+        );
+        assert_eq!(owner.0, u16::from_le_bytes([g[1], g[2]]));
+        assert!(
+            waited >= Duration::from_millis(399),
+            "released before the duration"
+        );
+        assert_eq!(srv.timed_out(), 1);
+        let mut rest = [0u8; 1];
+        assert_eq!(raw.read(&mut rest).unwrap_or(0), 0, "the server closed it");
+        // The real client: valid while it renews, never counting on more
+        // than `d − m` past a renewal it sent.
+        let c = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).unwrap();
+        assert!(c.margin() == Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(c.valid(), "renewed past its duration");
+        assert!(c.fence().remaining() <= Duration::from_millis(300));
     }
 
     #[test]
@@ -372,23 +575,32 @@ mod tests {
     }
 
     #[test]
-    fn ids_cycle_and_skip_those_in_use() {
-        let s = ServerShared {
-            cfg: quick("t"),
-            stop: AtomicBool::new(false),
-            used: Mutex::new(BTreeSet::new()),
-            next: Mutex::new(LockOwner::AGENT.0 - 1),
-            conns: Mutex::new(HashMap::new()),
-            on_expire: Arc::new(|_: LockOwner| Ok(0)),
-            released: AtomicU64::new(0),
-            expired: AtomicU64::new(0),
-        };
-        lock(&s.used).insert(1);
+    fn ids_cycle_over_the_whole_space_and_skip_those_in_use_or_freed_recently() {
+        let s = ServerShared::new(
+            quick("t"),
+            Arc::new(|_: LockOwner| Ok(0)),
+            None,
+            LockOwner::AGENT.0 - 1,
+        );
+        lock(&s.ids).used.insert(1);
         assert_eq!(s.allocate(), Some(LockOwner::AGENT.0 - 1));
         assert_eq!(s.allocate(), Some(2), "wrapped past the agent's id and 1");
+        s.free(2);
         for id in 3..LockOwner::AGENT.0 - 1 {
             assert_eq!(s.allocate(), Some(id));
         }
-        assert_eq!(s.allocate(), None, "every lease id in use");
+        assert_eq!(
+            s.allocate(),
+            None,
+            "every lease id in use or freed within the hour"
+        );
+        // An hour later (simulated), the freed id comes round again.
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(3601))
+            .unwrap_or_else(Instant::now);
+        lock(&s.ids).freed.insert(2, long_ago);
+        if long_ago.elapsed() >= Duration::from_secs(3600) {
+            assert_eq!(s.allocate(), Some(2));
+        }
     }
 }

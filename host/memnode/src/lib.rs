@@ -10,15 +10,19 @@
 //! - [`node`]: [`MemoryNode`], [`MemoryNodeConfig`], [`HostPool`] (the
 //!   agent's view of a registered pool), [`MemoryNodeStats`].
 //! - [`lease_server`]: [`LeaseServer`], [`LeaseConfig`].
+//! - [`lease_keys`]: [`LeaseKeys`], a key to a file-backed pool per lease,
+//!   closed when the lease ends (fences late RMA at the memory node).
 //! - [`error`]: [`MemoryNodeError`], what failed and where.
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod lease_keys;
 pub mod lease_server;
 pub mod node;
 
 pub use error::{MemoryNodeError, NotAPool, PoolFileProblem};
-pub use lease_server::{LeaseConfig, LeaseServer, OnExpire};
+pub use lease_keys::LeaseKeys;
+pub use lease_server::{LeaseConfig, LeaseServer, OnExpire, PoolKeys};
 pub use node::{AgentActivity, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 pub use rolex_dpu::{
     AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport,

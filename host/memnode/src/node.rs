@@ -325,7 +325,7 @@ struct Parts {
 }
 
 /// What compute nodes may do to the pool.
-fn pool_access() -> Access {
+pub(crate) fn pool_access() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC
 }
 
@@ -939,6 +939,14 @@ impl MemoryNode {
     /// The memory node's engine.
     pub fn engine(&self) -> &TransferEngine {
         &self.engine
+    }
+
+    /// A file-backed pool's file, the file's length and the pool's offset
+    /// in it (`lease_keys` maps it again for each lease).
+    pub(crate) fn pool_file(&self) -> Option<(&std::fs::File, usize, usize)> {
+        let m = self._mapping.as_ref()?;
+        let at = (self.mr.as_ptr() as usize).checked_sub(m.ptr.as_ptr() as usize)?;
+        Some((&m._file, m.len, at))
     }
 
     /// The registered pool (for tests and inspection; compute nodes never

@@ -379,6 +379,10 @@ impl KvSession {
     /// next operation of this session (or its `Drop`) does
     /// ([`Self::settle`]).
     fn post_unlock(&mut self, w: LockWord, to: u64) -> Result<(), KvError> {
+        if let Err(expired) = self.io.check_lease() {
+            // Not posted: the lock stays held until the lease ends there.
+            return self.lost_release(w, to, expired, Vec::new());
+        }
         let pool = self.shared.pool.clone();
         let flag = CompletionFlag::new();
         self.io.cur.posted += 1;
@@ -652,16 +656,24 @@ impl Drop for ChainLock {
         if let Some(shared) = self.shared.take() {
             let w = self.word;
             let flag = CompletionFlag::new();
-            let posted = shared.engine.submit_cas(
-                (&shared.pool, w.lt_off),
-                w.locked,
-                w.unlocked.raw(),
-                OnValue::flag(&flag),
-            );
+            // A lapsed lease posts nothing: the lock stays held until the
+            // lease ends at the memory node.
+            let fenced = shared.cfg.lease.as_ref().is_some_and(|l| !l.valid());
+            let posted = !fenced
+                && shared
+                    .engine
+                    .submit_cas(
+                        (&shared.pool, w.lt_off),
+                        w.locked,
+                        w.unlocked.raw(),
+                        OnValue::flag(&flag),
+                    )
+                    .is_ok();
             let mut held = w.maybe_held(w.unlocked.raw(), Vec::new());
-            match posted {
-                Ok(()) => held.inflight = Some(flag),
-                Err(_) => w.stripe.leave(),
+            if posted {
+                held.inflight = Some(flag);
+            } else {
+                w.stripe.leave();
             }
             shared.held.record(held);
         }
