@@ -468,6 +468,47 @@ fn store_desc(pool_file: &Path, desc: &DataSetDesc) -> Result<(), String> {
         .map_err(|e| format!("writing the data-set description {}: {e}", path.display()))
 }
 
+/// Starts a memory node whose pool lives in a scratch file (in `/dev/shm`
+/// where it exists: memory, as an anonymous pool) unlinked once mapped: a
+/// pool in a file can be mapped once per lease, so every lease gets a key
+/// of its own that is closed when the lease ends and a stalled compute
+/// node's late RMA is refused here ([`LeaseKeys`]), with or without
+/// `--pool-file`. Nothing is kept: the file has no name once the node
+/// runs. If the scratch file cannot be made, the pool is anonymous (and
+/// late writes of a fenced compute node are not refused; said on stderr).
+fn start_in_scratch_file(
+    cfg: MemoryNodeConfig,
+    pairs: &[(u64, u64)],
+) -> Result<MemoryNode, Box<dyn std::error::Error>> {
+    let dir = Path::new("/dev/shm");
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = dir.join(format!("rolex-memnode-{}-{stamp}.pool", std::process::id()));
+    let scratch = MemoryNodeConfig {
+        pool_file: Some(path.clone()),
+        ..cfg.clone()
+    };
+    let started = MemoryNode::start(scratch, pairs);
+    let _ = std::fs::remove_file(&path);
+    match started {
+        Ok(node) => Ok(node),
+        Err(e) => {
+            eprintln!(
+                "memory node: no scratch pool file in {} ({e}): the pool is anonymous, \
+                 and a fenced compute node's late writes are not refused",
+                dir.display()
+            );
+            Ok(MemoryNode::start(cfg, pairs)?)
+        }
+    }
+}
+
 /// The description stored next to `pool_file` by the node that laid it out.
 fn load_desc(pool_file: &Path) -> Result<DataSetDesc, String> {
     let path = desc_path(pool_file);
@@ -565,7 +606,10 @@ fn serve(
             // The values `rolex bench` checks its answers against.
             let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
             drop(keys);
-            let node_ = MemoryNode::start(cfg, &pairs)?;
+            let node_ = match &args.pool_file {
+                Some(_) => MemoryNode::start(cfg, &pairs)?,
+                None => start_in_scratch_file(cfg, &pairs)?,
+            };
             drop(pairs);
             if let Some(path) = &args.pool_file {
                 store_desc(path, &desc)?;
