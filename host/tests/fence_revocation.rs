@@ -193,6 +193,10 @@ fn an_ended_leases_key_refuses_late_rma_at_the_memory_node() {
             )
             .expect("memory node"),
         );
+        // Unlinked at once, as `rolex memnode` does with the scratch file
+        // it keeps a pool in without `--pool-file`: the keys map the open
+        // file, not its name.
+        std::fs::remove_file(&path).expect("unlinking the pool file");
         let keys = LeaseKeys::new(node.clone()).expect("a file-backed pool");
         let srv = LeaseServer::start_with_keys(
             "127.0.0.1:0",
