@@ -16,14 +16,13 @@
 //! Every child runs under a deadline and is killed on every path (the
 //! memory node by its guard's `Drop`).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, Guard, BIN};
+use common::{free_port, spawn_with_banner, Guard, Lines, BIN};
 
 /// Bound on one child; far above what a run takes, it only stops a hang.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -39,7 +38,7 @@ fn memnode() -> (Guard, String) {
 struct Node {
     guard: Guard,
     addr: String,
-    stderr: Arc<Mutex<String>>,
+    stderr: Lines,
 }
 
 impl Node {
@@ -50,40 +49,14 @@ impl Node {
         argv.push(BIN);
         argv.extend(["memnode", "--fabric", "libfabric:tcp", "--listen", listen]);
         argv.extend(["--dist", "uniform", "-n", "3000", "--token", "s3cret"]);
-        let mut child = Command::new(argv[0])
-            .args(&argv[1..])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start the memory node");
-        let out = child.stdout.take().expect("memory node stdout");
-        let err = child.stderr.take().expect("memory node stderr");
-        let guard = Guard(child);
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let keep = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("memnode: {line}");
-                let mut k = keep.lock().unwrap_or_else(|e| e.into_inner());
-                k.push_str(&line);
-                k.push('\n');
-            }
-        });
-        // The first line comes after the load; bounded by the reader thread.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the node never blocks on a full pipe.
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(LIMIT).expect("memory node banner in time");
+        let mut cmd = Command::new(argv[0]);
+        cmd.args(&argv[1..]);
+        // The first line comes after the load.
+        let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", LIMIT);
         assert!(
             line.starts_with("memory node listening on "),
-            "unexpected banner: {line}"
+            "unexpected banner: {line:?}; stderr: {}",
+            stderr.text()
         );
         let addr = line
             .split_whitespace()
@@ -99,10 +72,7 @@ impl Node {
     }
 
     fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.stderr.text()
     }
 }
 

@@ -20,15 +20,13 @@
 //! Every child runs under a deadline and is killed on every path.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, sosd, tmp, Guard, BIN};
+use common::{free_port, sosd, spawn_with_banner, tmp, Guard, Lines, BIN};
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::domain::fabric::{probe, LibfabricConfig};
@@ -74,33 +72,6 @@ fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     }
 }
 
-/// Lines a child wrote, collected by a reader thread.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<String>>>);
-
-impl Lines {
-    fn follow(&self, r: impl std::io::Read + Send + 'static, echo: Option<&'static str>) {
-        let keep = self.0.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                if let Some(who) = echo {
-                    eprintln!("{who}: {line}");
-                }
-                keep.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
-    }
-
-    fn all(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn count(&self, prefix: &str) -> usize {
-        let g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        g.iter().filter(|l| l.starts_with(prefix)).count()
-    }
-}
-
 /// A memory node process with its pool in a file.
 struct Node {
     _guard: Guard,
@@ -116,30 +87,13 @@ impl Node {
         std::fs::write(&keys, sosd(&loaded)).expect("write the key file");
         let pool = tmp(&format!("{name}.pool"));
         let listen = format!("127.0.0.1:{}", free_port());
-        let mut child = Command::new(BIN)
-            .args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
             .args(["--token", TOKEN, "--busy-poll-us", "0"])
             .args(["--keys", keys.to_str().expect("UTF-8")])
             .args(["--pool-file", pool.to_str().expect("UTF-8")])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start the memory node");
-        let out = child.stdout.take().expect("stdout");
-        let stderr = Lines::default();
-        stderr.follow(child.stderr.take().expect("stderr"), Some("memnode"));
-        let guard = Guard(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(LIMIT).unwrap_or_default();
+            .args(args);
+        let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", LIMIT);
         assert!(
             line.starts_with("memory node listening on "),
             "no banner: {line:?}; stderr: {:?}",

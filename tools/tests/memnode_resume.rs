@@ -14,15 +14,14 @@
 //!
 //! Every child runs under a deadline and is killed on every path.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{assert_fails, free_port, rolex, sosd, tmp, Guard, BIN};
+use common::{assert_fails, free_port, rolex, sosd, spawn_with_banner, tmp, Guard, Lines, BIN};
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::domain::fabric::{probe, LibfabricConfig};
@@ -44,7 +43,7 @@ const BEFORE_KILL: usize = 1500;
 struct Node {
     guard: Guard,
     addr: String,
-    stderr: Arc<Mutex<String>>,
+    stderr: Lines,
 }
 
 impl Node {
@@ -52,41 +51,15 @@ impl Node {
     /// (first stdout line) is out.
     fn start(args: &[&str]) -> Node {
         let listen = format!("127.0.0.1:{}", free_port());
-        let mut child = Command::new(BIN)
-            .args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
             .args(["--token", TOKEN, "--busy-poll-us", "0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start the memory node");
-        let out = child.stdout.take().expect("stdout");
-        let err = child.stderr.take().expect("stderr");
-        let guard = Guard(child);
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let keep = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("memnode: {line}");
-                let mut k = keep.lock().unwrap_or_else(|e| e.into_inner());
-                k.push_str(&line);
-                k.push('\n');
-            }
-        });
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(out);
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let _ = tx.send(line);
-            let _ = std::io::copy(&mut r, &mut std::io::sink());
-        });
-        let line = rx.recv_timeout(LIMIT).unwrap_or_default();
-        let log = stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            .args(args);
+        let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", LIMIT);
         assert!(
             line.starts_with("memory node listening on "),
-            "no banner: {line:?}; stderr: {log}"
+            "no banner: {line:?}; stderr: {}",
+            stderr.text()
         );
         Node {
             guard,
@@ -96,10 +69,7 @@ impl Node {
     }
 
     fn stderr(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.stderr.text()
     }
 }
 

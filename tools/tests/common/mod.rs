@@ -53,3 +53,73 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Lines a child process printed, kept as they come.
+#[derive(Clone, Default)]
+pub struct Lines(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Lines {
+    /// Keeps every line `r` yields, from a thread of its own (echoed to
+    /// this process's stderr as `who: line` when `echo` names one).
+    pub fn follow(&self, r: impl std::io::Read + Send + 'static, echo: Option<&'static str>) {
+        use std::io::BufRead;
+        let keep = self.0.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+                if let Some(who) = echo {
+                    eprintln!("{who}: {line}");
+                }
+                keep.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+    }
+
+    /// The lines so far.
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The lines so far, as one text.
+    pub fn text(&self) -> String {
+        self.all().join("\n")
+    }
+
+    /// Lines so far that start with `prefix`.
+    pub fn count(&self, prefix: &str) -> usize {
+        let g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter().filter(|l| l.starts_with(prefix)).count()
+    }
+}
+
+/// Starts `cmd` with its output piped: stderr followed into the returned
+/// [`Lines`] (echoed as `who: line`), the first stdout line returned (empty
+/// if none came within `limit`: a hang guard), the rest of stdout drained
+/// so the child never blocks on a full pipe.
+pub fn spawn_with_banner(
+    mut cmd: Command,
+    who: &'static str,
+    limit: std::time::Duration,
+) -> (Guard, Lines, String) {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start a child process");
+    let out = child.stdout.take().expect("stdout");
+    let stderr = Lines::default();
+    stderr.follow(child.stderr.take().expect("stderr"), Some(who));
+    let guard = Guard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+    });
+    let line = rx.recv_timeout(limit).unwrap_or_default();
+    (guard, stderr, line)
+}
