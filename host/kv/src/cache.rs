@@ -46,6 +46,8 @@ pub(crate) struct ModelView {
     slots: Vec<u64>,
     /// Slots claimed when the SLT was read.
     slots_used: u64,
+    /// Whether a slot above those held a stashed leaf then.
+    stashed: bool,
     /// [`clock_ns`] before the latest READ that found this record live and
     /// this model's (0: never).
     seen_live_ns: AtomicU64,
@@ -127,6 +129,11 @@ impl ModelView {
             lt,
             fences,
             chains: RwLock::new(chains),
+            stashed: stash
+                .iter()
+                .enumerate()
+                .skip(1)
+                .any(|(i, &raw)| i as u64 > used && raw != 0),
             slots: stash,
             slots_used: used,
             seen_live_ns: AtomicU64::new(0),
@@ -175,11 +182,7 @@ impl ModelView {
     /// Whether the record had stashed leaves left when this view read it
     /// (a split then claims its slot without drawing a leaf).
     pub(crate) fn has_stash(&self) -> bool {
-        self.slots
-            .iter()
-            .enumerate()
-            .skip(1)
-            .any(|(i, &raw)| i as u64 > self.slots_used && raw != 0)
+        self.stashed
     }
 
     /// Training leaf `j`'s address from the cached LT.

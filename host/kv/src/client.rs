@@ -235,6 +235,16 @@ impl ClientShared {
             .clone()
     }
 
+    /// The directory slot of the model the cached topology names for
+    /// `key` (a read lock, no reference count touched: every operation
+    /// asks).
+    pub(crate) fn route(&self, key: u64) -> usize {
+        self.topology
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .route(key)
+    }
+
     /// Reads the topology again and keeps it if it is newer.
     pub(crate) fn refresh_topology(&self, io: &mut Io) -> Result<(), KvError> {
         let t = read_topology(io, &self.pool, &self.sb, self.cfg.upper_epsilon)?;

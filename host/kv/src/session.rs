@@ -353,7 +353,7 @@ impl KvSession {
     /// the operation notices and refreshes it (see the module docs).
     fn view_for(&mut self, key: u64) -> Result<(usize, Arc<ModelView>), KvError> {
         for attempt in 0..self.shared.cfg.max_attempts {
-            let m = self.shared.topology().route(key);
+            let m = self.shared.route(key);
             let Some(view) = self.shared.view(m) else {
                 self.refresh(m)?;
                 continue;
@@ -364,7 +364,7 @@ impl KvSession {
             self.io.cur.retries += 1;
             self.shared.refresh_topology(&mut self.io)?;
             self.io.cur.refreshes += 1;
-            if self.shared.topology().route(key) == m {
+            if self.shared.route(key) == m {
                 self.refresh(m)?;
                 self.backoff(attempt);
             }
