@@ -1984,7 +1984,7 @@ mod tests {
         let x = read_leaf(mem, &region, e.addr(), &mut a).unwrap();
         let leaf = Leaf::from_bytes(&a).unwrap();
         let mut entries: Vec<Slot> = leaf.validate().unwrap().entries().to_vec();
-        entries.push(Slot::new(key, key));
+        entries.push(Slot::with_u64(key, key));
         entries.sort_by_key(|s| s.key());
         let mid = entries.len() / 2;
         let mut b = leaf_buffer(&region);
@@ -2152,7 +2152,7 @@ mod tests {
     #[test]
     fn a_full_model_region_is_refused_before_freezing() {
         let (mem, _) = load(40);
-        let mut head = [0u8; 128];
+        let mut head = [0u8; Superblock::SIZE as usize];
         mem.read(0, &mut head).unwrap();
         let sb = Superblock::read(&head).unwrap();
         let end = sb.model_region_offset() + sb.model_region_len();

@@ -20,8 +20,9 @@ use alloc::vec::Vec;
 use rolex_core::entry::{LeafAddr, LtEntry};
 use rolex_core::layout::topology;
 use rolex_core::layout::{
-    CirqHeader, Leaf, LeafRegionHeader, ModelRecord, ModelRecordParams, ModelSegment, PoolParams,
-    Slot, Superblock,
+    block_class, BlockRef, CirqHeader, Leaf, LeafRegionHeader, ModelRecord, ModelRecordParams,
+    ModelSegment, PoolParams, Slot, SlotValue, Superblock, ValueBlock, ValueRegionHeader,
+    INLINE_MAX,
 };
 use rolex_core::model::{fit_model, leaf_fences, plan_models, ModelSpan};
 use zerocopy::IntoBytes;
@@ -52,6 +53,24 @@ pub struct BulkConfig {
     /// creates when it cuts a model that grew too large (the CirQ gets as
     /// many slots as the directory).
     pub directory_spare: u64,
+    /// Bytes of the value region's block area: the loaded out-of-line
+    /// values' blocks ([`value_bytes`]) plus room for the values compute
+    /// nodes will write.
+    pub value_capacity: u64,
+}
+
+/// Bytes the blocks of out-of-line values of lengths `lens` take (values
+/// of up to [`INLINE_MAX`] bytes take none: they stay in their slots).
+/// `None` if a length is over [`rolex_core::layout::MAX_VALUE_LEN`] or the
+/// sum overflows.
+pub fn value_bytes(lens: impl IntoIterator<Item = usize>) -> Option<u64> {
+    let mut total = 0u64;
+    for len in lens {
+        if len > INLINE_MAX {
+            total = total.checked_add(block_class(len)?)?;
+        }
+    }
+    Some(total)
 }
 
 /// One model of the plan.
@@ -142,6 +161,7 @@ impl BulkPlan {
             directory_capacity: model_count.saturating_add(cfg.directory_spare),
             cirq_capacity: model_count.saturating_add(cfg.directory_spare),
             model_region_len,
+            value_capacity: cfg.value_capacity,
         })?;
         sb.set_model_count(model_count);
         sb.set_upper_levels(sb.model_region_offset(), upper_len);
@@ -221,9 +241,26 @@ impl BulkPlan {
         self.next_free
     }
 
-    /// Writes the whole pool. `pairs` must be the keys the plan was made
-    /// from, with their values, in the same order.
+    /// Writes the whole pool with 8-byte values: `pairs` must be the keys
+    /// the plan was made from, with their values, in the same order.
     pub fn write<M: PoolMemory>(&self, mem: &M, pairs: &[(u64, u64)]) -> Result<(), AgentError> {
+        self.write_values(mem, pairs, &mut |_, word, out| {
+            out.extend_from_slice(&word.to_le_bytes())
+        })
+    }
+
+    /// Writes the whole pool: `pairs` must be the keys the plan was made
+    /// from, each with a word from which `value_of(key, word, out)` appends
+    /// the key's value to `out` (empty when called), in the same order.
+    /// Values of up to [`INLINE_MAX`] bytes go in their slots; longer ones
+    /// into value blocks (generation 1) packed from the start of the value
+    /// region, which must have room for them (see [`value_bytes`]).
+    pub fn write_values<M: PoolMemory>(
+        &self,
+        mem: &M,
+        pairs: &[(u64, u64)],
+        value_of: &mut dyn FnMut(u64, u64, &mut Vec<u8>),
+    ) -> Result<(), AgentError> {
         if pairs.len() as u64 != self.keys {
             return Err(AgentError::BadConfig {
                 field: "pairs",
@@ -271,14 +308,44 @@ impl BulkPlan {
         mem.write(region.offset(), LeafRegionHeader::new(capacity).as_bytes())?;
         mem.store(region.alloc_num_offset(), self.fences.len() as u64)?;
         let mut buf = vec![0u8; region.leaf_size() as usize];
+        let values = sb.value_region()?;
+        let mut value = Vec::new();
+        let mut block = Vec::new();
+        let mut loaded = 0u64;
         let mut slots: Vec<Slot> = Vec::with_capacity(self.cfg.keys_per_leaf as usize);
         let k = self.cfg.keys_per_leaf as usize;
         for (g, &lo) in self.fences.iter().enumerate() {
             let hi = self.fences.get(g + 1).map_or(u64::MAX, |n| n - 1);
             slots.clear();
             let end = ((g + 1) * k).min(pairs.len());
-            for &(key, value) in pairs.get(g * k..end).unwrap_or(&[]) {
-                slots.push(Slot::new(key, value));
+            for &(key, word) in pairs.get(g * k..end).unwrap_or(&[]) {
+                value.clear();
+                value_of(key, word, &mut value);
+                if let Some(inline) = SlotValue::inline(&value) {
+                    slots.push(Slot::new(key, inline));
+                    continue;
+                }
+                let too_long = AgentError::BadConfig {
+                    field: "value length",
+                    value: value.len() as u64,
+                };
+                let class = block_class(value.len()).ok_or(too_long)?;
+                let offset = values
+                    .claim(loaded, class)
+                    .map_err(|_| AgentError::BadConfig {
+                        field: "value_capacity",
+                        value: values.capacity(),
+                    })?;
+                let at = BlockRef {
+                    offset,
+                    len: value.len() as u32,
+                    gen: 1,
+                };
+                block.resize(at.read_len() as usize, 0);
+                ValueBlock::write(&mut block, key, at.gen, class, &value).ok_or(too_long)?;
+                mem.write(offset, &block)?;
+                loaded += class;
+                slots.push(Slot::new(key, SlotValue::Block(at)));
             }
             buf.fill(0);
             let leaf = Leaf::from_bytes_mut(&mut buf).map_err(|error| AgentError::Leaf {
@@ -298,6 +365,8 @@ impl BulkPlan {
             let addr = LeafAddr::new(id, g as u64)?;
             mem.write(region.leaf_offset(addr)?, &buf)?;
         }
+        let header = ValueRegionHeader::new(values.capacity(), loaded);
+        mem.write(values.offset(), header.as_bytes())?;
         Ok(())
     }
 }
@@ -318,6 +387,7 @@ mod tests {
             spare_leaves: 64,
             model_region_spare: 1 << 16,
             directory_spare: 64,
+            value_capacity: 1 << 16,
         }
     }
 
@@ -328,7 +398,7 @@ mod tests {
         let plan = BulkPlan::new(&cfg(), &keys).unwrap();
         let mem = VecPool::new(plan.pool_size());
         plan.write(&mem, &pairs).unwrap();
-        let mut head = [0u8; 128];
+        let mut head = [0u8; Superblock::SIZE as usize];
         mem.read(0, &mut head).unwrap();
         let sb = Superblock::read(&head).unwrap();
         assert_eq!(sb.model_count(), plan.model_count());

@@ -762,6 +762,7 @@ mod tests {
             spare_leaves: 64,
             model_region_spare: 1 << 16,
             directory_spare: 64,
+            value_capacity: 1 << 16,
         };
         let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
         let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();

@@ -27,7 +27,13 @@ fn node(thread: bool) -> MemoryNode {
 }
 
 fn sb(node: &MemoryNode) -> Superblock {
-    Superblock::read(&node.pool_handle().to_vec(0, 128).unwrap()).unwrap()
+    Superblock::read(
+        &node
+            .pool_handle()
+            .to_vec(0, Superblock::SIZE as usize)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 fn snapshot(node: &MemoryNode) -> Vec<u8> {
@@ -37,7 +43,7 @@ fn snapshot(node: &MemoryNode) -> Vec<u8> {
 
 #[test]
 fn a_bad_magic_or_version_stops_the_agent_without_touching_data() {
-    for (word, value, says) in [(0u64, 0xdead_beefu64, "magic"), (8, 7, "version 7")] {
+    for (word, value, says) in [(0u64, 0xdead_beefu64, "magic"), (8, 99, "version 99")] {
         let node = node(false);
         let mh = node.pool_handle();
         let v = if word == 8 {

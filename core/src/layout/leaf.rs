@@ -15,6 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+use super::value::SlotValue;
 use crate::entry::{LeafAddr, LockOwner, LtEntry};
 
 /// A leaf that is torn, corrupted or structurally wrong.
@@ -71,6 +72,12 @@ pub enum LeafError {
         /// The key.
         key: u64,
     },
+    /// The value words of the slot at `index` are not a value
+    /// ([`SlotValue`]).
+    BadValue {
+        /// The slot index.
+        index: usize,
+    },
 }
 
 impl fmt::Display for LeafError {
@@ -100,6 +107,9 @@ impl fmt::Display for LeafError {
             Self::KeyOutsideFences { index, key } => {
                 write!(f, "leaf key {key} at slot {index} is outside the fences")
             }
+            Self::BadValue { index } => {
+                write!(f, "leaf slot {index} holds no valid value (length/generation)")
+            }
         }
     }
 }
@@ -115,7 +125,7 @@ pub enum EditError {
         /// The key.
         key: u64,
         /// The value.
-        value: u64,
+        value: SlotValue,
     },
     /// The key lies outside the leaf's fences.
     OutsideFences {
@@ -138,12 +148,17 @@ impl fmt::Display for EditError {
 
 impl core::error::Error for EditError {}
 
-/// One (key, value) slot of a leaf.
+/// One (key, value) slot of a leaf: the key and a [`SlotValue`], inline
+/// bytes or a pointer to a value block.
 ///
 /// ```text
 /// offset  size  field
-///      0     8  key    (u64 LE)
-///      8     8  value  (u64 LE; inline value)
+///      0     8  key   (u64 LE)
+///      8     8  word  inline: the value's bytes, zero past len
+///                     block:  pool offset of the value block
+///     16     4  len   the value's length in bytes
+///     20     4  gen   0: inline (len <= INLINE_MAX); else the block's
+///                     generation (len > INLINE_MAX)
 /// ```
 #[derive(
     FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, PartialEq, Eq, Default,
@@ -151,18 +166,28 @@ impl core::error::Error for EditError {}
 #[repr(C)]
 pub struct Slot {
     key: U64,
-    value: U64,
+    word: U64,
+    len: U32,
+    gen: U32,
 }
 
-const _: () = assert!(core::mem::size_of::<Slot>() == 16);
+const _: () = assert!(core::mem::size_of::<Slot>() == 24);
 
 impl Slot {
     /// A slot holding `key` → `value`.
-    pub const fn new(key: u64, value: u64) -> Self {
+    pub fn new(key: u64, value: SlotValue) -> Self {
+        let (word, len, gen) = value.encode();
         Self {
             key: U64::new(key),
-            value: U64::new(value),
+            word: U64::new(word),
+            len: U32::new(len),
+            gen: U32::new(gen),
         }
+    }
+
+    /// A slot holding `key` → the 8-byte value `value` (inline).
+    pub fn with_u64(key: u64, value: u64) -> Self {
+        Self::new(key, SlotValue::from_u64(value))
     }
 
     /// The key.
@@ -170,15 +195,19 @@ impl Slot {
         self.key.get()
     }
 
-    /// The value.
-    pub const fn value(&self) -> u64 {
-        self.value.get()
+    /// The value, or `None` if the slot's words are not one this layout
+    /// defines (a validated leaf has none such).
+    pub fn value(&self) -> Option<SlotValue> {
+        SlotValue::decode(self.word.get(), self.len.get(), self.gen.get())
     }
 }
 
 impl fmt::Debug for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} => {}", self.key(), self.value())
+        match self.value() {
+            Some(v) => write!(f, "{} => {v:?}", self.key()),
+            None => write!(f, "{} => <bad value>", self.key()),
+        }
     }
 }
 
@@ -209,8 +238,9 @@ const _: () = assert!(core::mem::size_of::<LeafHeader>() == 48);
 ///     40         4  count     slots in use, a prefix sorted by key
 ///     44         4  flags     bit 31 FREED (given back by retraining: no keys,
 ///                             no link); other bits 0 (reserved)
-///     48    16 * L  slots     (key u64, value u64), keys strictly increasing
-///                             over [0, count); unused slots are zero
+///     48    24 * L  slots     (key, value: see Slot), keys strictly
+///                             increasing over [0, count); unused slots
+///                             are zero
 /// ```
 ///
 /// **Fences are inclusive**, `[fence_lo, fence_hi]`, so `u64::MAX` is a
@@ -230,10 +260,9 @@ const _: () = assert!(core::mem::size_of::<LeafHeader>() == 48);
 /// zerocopy derives on a const-generic array would also work, but would put
 /// `L` in every caller's type.)
 ///
-/// **Out-of-line values** can come later without moving anything: a future
-/// layout version defines a bit of `flags` saying that slot values are pool
-/// pointers. Version 1 rejects any set flag, so an old reader never
-/// misreads such a leaf as inline values.
+/// **Values** are inline up to [`super::value::INLINE_MAX`] bytes, else
+/// pointers to value blocks (see [`super::value`]); validation checks that
+/// each used slot's words are a value, not what the block holds.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Debug)]
 #[repr(C)]
 pub struct Leaf {
@@ -262,7 +291,7 @@ impl Leaf {
     /// Offset of the flags word.
     pub const FLAGS_OFFSET: usize = core::mem::offset_of!(LeafHeader, flags);
     /// Flag: the leaf was freed by retraining (see [`Self::is_freed`]);
-    /// the only flag of layout version 6.
+    /// the only flag (since layout version 6).
     pub const FREED: u32 = 1 << 31;
 
     /// Bytes of a leaf with `slots` slots (`u32` slots cannot overflow).
@@ -379,6 +408,9 @@ impl Leaf {
             if key < lo || key > hi {
                 return Err(LeafError::KeyOutsideFences { index, key });
             }
+            if slot.value().is_none() {
+                return Err(LeafError::BadValue { index });
+            }
             prev = Some(key);
         }
         Ok(())
@@ -470,7 +502,7 @@ impl Leaf {
     /// Inserts `key` → `value`, or replaces the value of `key` and returns
     /// the old one. Assumes a valid structure (as after [`init`](Self::init)
     /// or [`validate`](Self::validate)); never panics on any leaf.
-    pub fn upsert(&mut self, key: u64, value: u64) -> Result<Option<u64>, EditError> {
+    pub fn upsert(&mut self, key: u64, value: SlotValue) -> Result<Option<SlotValue>, EditError> {
         if key < self.fence_lo() || key > self.fence_hi() {
             return Err(EditError::OutsideFences { key });
         }
@@ -478,8 +510,13 @@ impl Leaf {
         match self.used().binary_search_by_key(&key, Slot::key) {
             Ok(i) => {
                 let old = self.slots[i].value();
-                self.slots[i].value.set(value);
-                Ok(Some(old))
+                self.slots[i] = Slot::new(key, value);
+                // A slot of an unchecked leaf may hold no value: report
+                // it as the inline empty value rather than panic.
+                Ok(Some(old.unwrap_or(SlotValue::Inline {
+                    len: 0,
+                    bytes: [0; 8],
+                })))
             }
             Err(_) if n == self.slots.len() => Err(EditError::Full { key, value }),
             Err(i) => {
@@ -492,10 +529,13 @@ impl Leaf {
     }
 
     /// Removes `key`, returning its value; vacated slots are zeroed.
-    pub fn remove(&mut self, key: u64) -> Option<u64> {
+    pub fn remove(&mut self, key: u64) -> Option<SlotValue> {
         let n = self.used().len();
         let i = self.used().binary_search_by_key(&key, Slot::key).ok()?;
-        let old = self.slots[i].value();
+        let old = self.slots[i].value().unwrap_or(SlotValue::Inline {
+            len: 0,
+            bytes: [0; 8],
+        });
         self.slots.copy_within(i + 1..n, i);
         self.slots[n - 1] = Slot::default();
         self.header.count.set(n as u32 - 1);
@@ -596,14 +636,20 @@ impl<'a> ValidLeaf<'a> {
     }
 
     /// The value stored for `key`.
-    pub fn get(&self, key: u64) -> Option<u64> {
-        self.search(key).ok().map(|i| self.entries()[i].value())
+    pub fn get(&self, key: u64) -> Option<SlotValue> {
+        // A valid leaf's used slots all hold values.
+        self.search(key)
+            .ok()
+            .and_then(|i| self.entries()[i].value())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    fn u(v: u64) -> SlotValue {
+        SlotValue::from_u64(v)
+    }
     use proptest::collection::{btree_map, vec};
     use proptest::prelude::*;
     use std::vec::Vec;
@@ -618,7 +664,7 @@ mod tests {
         let leaf = Leaf::from_bytes_mut(&mut bytes).unwrap();
         leaf.init(lo, hi).unwrap();
         for &(k, v) in entries {
-            leaf.upsert(k, v).unwrap();
+            leaf.upsert(k, u(v)).unwrap();
         }
         leaf.seal();
         bytes
@@ -634,7 +680,7 @@ mod tests {
         assert_eq!(Leaf::COUNT_OFFSET, 40);
         assert_eq!(Leaf::FLAGS_OFFSET, 44);
         assert_eq!(Leaf::HEADER_SIZE, 48);
-        assert_eq!(Leaf::size_for(16), 48 + 256);
+        assert_eq!(Leaf::size_for(16), 48 + 384);
     }
 
     #[test]
@@ -647,7 +693,7 @@ mod tests {
             Leaf::from_bytes(&[0u8; 50]).unwrap_err(),
             LeafError::BadLength { len: 50 }
         );
-        assert_eq!(Leaf::from_bytes(&[0u8; 64]).unwrap().capacity(), 1);
+        assert_eq!(Leaf::from_bytes(&[0u8; 72]).unwrap().capacity(), 1);
     }
 
     #[test]
@@ -668,8 +714,8 @@ mod tests {
             &[(u64::MAX, 7), (u64::MAX - 1, 6)],
         );
         let leaf = Leaf::from_bytes(&bytes).unwrap().validate().unwrap();
-        assert_eq!(leaf.get(u64::MAX), Some(7));
-        assert_eq!(leaf.get(u64::MAX - 1), Some(6));
+        assert_eq!(leaf.get(u64::MAX), Some(u(7)));
+        assert_eq!(leaf.get(u64::MAX - 1), Some(u(6)));
         assert!(leaf.covers(u64::MAX));
     }
 
@@ -679,20 +725,26 @@ mod tests {
         let leaf = Leaf::from_bytes_mut(&mut bytes).unwrap();
         assert!(matches!(leaf.init(5, 4), Err(EditError::Invalid(_))));
         leaf.init(10, 20).unwrap();
-        assert_eq!(leaf.upsert(15, 1), Ok(None));
-        assert_eq!(leaf.upsert(11, 2), Ok(None));
-        assert_eq!(leaf.upsert(15, 3), Ok(Some(1)));
-        assert_eq!(leaf.upsert(9, 0), Err(EditError::OutsideFences { key: 9 }));
+        assert_eq!(leaf.upsert(15, u(1)), Ok(None));
+        assert_eq!(leaf.upsert(11, u(2)), Ok(None));
+        assert_eq!(leaf.upsert(15, u(3)), Ok(Some(u(1))));
         assert_eq!(
-            leaf.upsert(21, 0),
+            leaf.upsert(9, u(0)),
+            Err(EditError::OutsideFences { key: 9 })
+        );
+        assert_eq!(
+            leaf.upsert(21, u(0)),
             Err(EditError::OutsideFences { key: 21 })
         );
-        assert_eq!(leaf.upsert(20, 4), Ok(None));
+        assert_eq!(leaf.upsert(20, u(4)), Ok(None));
         assert_eq!(
-            leaf.upsert(12, 5),
-            Err(EditError::Full { key: 12, value: 5 })
+            leaf.upsert(12, u(5)),
+            Err(EditError::Full {
+                key: 12,
+                value: u(5)
+            })
         );
-        assert_eq!(leaf.remove(11), Some(2));
+        assert_eq!(leaf.remove(11), Some(u(2)));
         assert_eq!(leaf.remove(11), None);
         leaf.seal();
         let v = leaf.validate().unwrap();
@@ -708,7 +760,7 @@ mod tests {
         let mut bytes = buffer(2);
         let leaf = Leaf::from_bytes_mut(&mut bytes).unwrap();
         leaf.init(0, 100).unwrap();
-        let e = |k| Slot::new(k, k);
+        let e = |k| Slot::with_u64(k, k);
         assert_eq!(
             leaf.set_entries(&[e(1), e(1)]),
             Err(EditError::Invalid(LeafError::KeysNotIncreasing {
@@ -728,7 +780,7 @@ mod tests {
         ));
         leaf.set_entries(&[e(1), e(2)]).unwrap();
         leaf.seal();
-        assert_eq!(leaf.validate().unwrap().get(2), Some(2));
+        assert_eq!(leaf.validate().unwrap().get(2), Some(u(2)));
     }
 
     #[test]
@@ -815,7 +867,7 @@ mod tests {
         for &(insert, k, v) in edits {
             let k = lo + k % (hi - lo).saturating_add(1).max(1);
             if insert {
-                let _ = leaf.upsert(k, v);
+                let _ = leaf.upsert(k, u(v));
             } else {
                 leaf.remove(k);
             }
@@ -833,7 +885,7 @@ mod tests {
             let leaf = Leaf::from_bytes(&bytes).unwrap().validate().unwrap();
             prop_assert_eq!(leaf.len(), entries.len());
             for &(k, v) in &entries {
-                prop_assert_eq!(leaf.get(k), Some(v));
+                prop_assert_eq!(leaf.get(k), Some(u(v)));
             }
         }
 
@@ -896,11 +948,11 @@ mod tests {
             }
             if let Ok(valid) = leaf.validate() {
                 let found = valid.get(key);
-                let linear = valid.entries().iter().find(|s| s.key() == key).map(Slot::value);
+                let linear = valid.entries().iter().find(|s| s.key() == key).and_then(Slot::value);
                 prop_assert_eq!(found, linear);
             }
             // Edits on an unchecked leaf must not panic either.
-            let _ = leaf.upsert(key, 1);
+            let _ = leaf.upsert(key, u(1));
             let _ = leaf.remove(key);
         }
     }

@@ -4,11 +4,11 @@
 //! by [`Superblock::plan`]:
 //!
 //! ```text
-//! +------------+-----------------+------+--------------------------+-------------------+
-//! | superblock | model directory | CirQ | model region             | leaf region       |
-//! | (128 B)    | u64 per model   |      | records, LT, fences, SLT,| alloc_num,        |
-//! |            |                 |      | segments; upper blob     | capacity, leaves  |
-//! +------------+-----------------+------+--------------------------+-------------------+
+//! +------------+-----------------+------+--------------------------+-------------------+----------------+
+//! | superblock | model directory | CirQ | model region             | leaf region       | value region   |
+//! | (160 B)    | u64 per model   |      | records, LT, fences, SLT,| alloc_num,        | alloc, blocks  |
+//! |            |                 |      | segments; upper blob     | capacity, leaves  | (out-of-line)  |
+//! +------------+-----------------+------+--------------------------+-------------------+----------------+
 //! ```
 //!
 //! Every in-pool type is `#[repr(C)]`, built only from explicit little-endian
@@ -28,6 +28,7 @@ mod leaf_region;
 mod model_record;
 mod superblock;
 pub mod topology;
+mod value;
 
 pub use agent_area::{
     log_record_size, log_ring_index, AgentArea, AgentAreaError, AgentState, LogRecord, LogRecords,
@@ -38,6 +39,10 @@ pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};
 pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelSegment, ModelState};
 pub use superblock::{PoolParams, Superblock, LAYOUT_VERSION, MAGIC};
+pub use value::{
+    block_class, BlockRef, SlotValue, ValueBlock, ValueBlockHeader, ValueError, ValueRegion,
+    ValueRegionHeader, INLINE_MAX, MAX_VALUE_LEN, MIN_BLOCK,
+};
 
 use core::fmt;
 
@@ -55,6 +60,8 @@ pub enum Part {
     ModelRegion,
     /// The leaf region.
     LeafRegion,
+    /// The value region (out-of-line values).
+    ValueRegion,
     /// The blob of upper-level segments.
     UpperLevels,
     /// A model record's header.
@@ -77,6 +84,7 @@ impl fmt::Display for Part {
             Self::Cirq => "CirQ",
             Self::ModelRegion => "model region",
             Self::LeafRegion => "leaf region",
+            Self::ValueRegion => "value region",
             Self::UpperLevels => "upper-level blob",
             Self::ModelRecord => "model record",
             Self::LeafTable => "leaf table",
@@ -240,6 +248,16 @@ pub enum LayoutError {
         /// The region's capacity.
         capacity: u64,
     },
+    /// An `FAA` on the value region's `alloc` returned an offset whose
+    /// claim reaches past the region's capacity: nothing was claimed.
+    ValueRegionFull {
+        /// The offset the `FAA` returned.
+        fetched: u64,
+        /// Bytes claimed.
+        len: u64,
+        /// The block area's capacity.
+        capacity: u64,
+    },
     /// Computing a part's size or offset overflowed `u64`.
     Overflow {
         /// The part.
@@ -285,6 +303,14 @@ impl fmt::Display for LayoutError {
             Self::RegionFull { fetched, capacity } => write!(
                 f,
                 "leaf region full: alloc_num returned {fetched}, capacity {capacity}"
+            ),
+            Self::ValueRegionFull {
+                fetched,
+                len,
+                capacity,
+            } => write!(
+                f,
+                "value region full: a claim of {len} bytes at {fetched} passes its capacity {capacity}"
             ),
             Self::Overflow { part } => write!(f, "{part}: offset arithmetic overflows u64"),
         }

@@ -678,6 +678,7 @@ mod tests {
             directory_capacity: 4,
             cirq_capacity: 4,
             model_region_len: 1 << 16,
+            value_capacity: 0,
         })
         .unwrap()
     }

@@ -1,4 +1,4 @@
-//! The superblock: the first 128 bytes of a pool, saying where everything
+//! The superblock: the first 160 bytes of a pool, saying where everything
 //! else is and with which parameters the data set was laid out.
 //!
 //! A compute node READs it once at connect time and trusts nothing in it
@@ -11,7 +11,10 @@
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-use super::{CirqHeader, Field, LayoutError, Leaf, LeafRegion, LeafRegionHeader, Part, Span};
+use super::{
+    CirqHeader, Field, LayoutError, Leaf, LeafRegion, LeafRegionHeader, Part, Span, ValueRegion,
+    ValueRegionHeader,
+};
 use crate::entry::LtEntry;
 
 /// The first word of every pool: the bytes `"RLXPOOL\0"` read as a
@@ -28,8 +31,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 /// the bytes a retraining needed when the model region was really full.
 /// Version 6: a leaf's flag `FREED` marks a leaf retraining gave back, and
 /// the agent may fill a new record's unused SLT slots with free leaves
-/// (the slot's leaf, for the compute node that claims it).
-pub const LAYOUT_VERSION: u32 = 6;
+/// (the slot's leaf, for the compute node that claims it). Version 7:
+/// values are byte strings — a slot is 24 bytes (key, value word, length,
+/// generation: inline bytes or a pointer to a value block), and the pool
+/// has a value region (the superblock is 160 bytes).
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,9 +57,12 @@ pub struct PoolParams {
     pub cirq_capacity: u64,
     /// Bytes of the model region (rounded up to a multiple of 8).
     pub model_region_len: u64,
+    /// Bytes of the value region's block area (out-of-line values; may be
+    /// 0: then only values of up to `INLINE_MAX` bytes can be stored).
+    pub value_capacity: u64,
 }
 
-/// The pool's first 128 bytes.
+/// The pool's first 160 bytes.
 ///
 /// ```text
 /// offset  size  field
@@ -75,6 +84,9 @@ pub struct PoolParams {
 ///    112     8  epsilon             ε of the models
 ///    120     4  leaf_slots          L
 ///    124     4  keys_per_leaf       keys per leaf at training
+///    128     8  value_region_offset ValueRegionHeader, then value blocks
+///    136     8  value_region_len
+///    144    16  reserved            0
 /// ```
 ///
 /// The retraining agent switches a model by one 8-byte write to its
@@ -100,9 +112,12 @@ pub struct Superblock {
     epsilon: U64,
     leaf_slots: U32,
     keys_per_leaf: U32,
+    value_region_offset: U64,
+    value_region_len: U64,
+    reserved: [U64; 2],
 }
 
-const _: () = assert!(core::mem::size_of::<Superblock>() == 128);
+const _: () = assert!(core::mem::size_of::<Superblock>() == 160);
 
 /// Rounds `n` up to a multiple of 8.
 fn align8(n: u64, part: Part) -> Result<u64, LayoutError> {
@@ -122,7 +137,7 @@ impl Superblock {
     pub const UPPER_LEN_OFFSET: u64 = core::mem::offset_of!(Self, upper_len) as u64;
 
     /// Lays out a fresh pool: superblock, directory, CirQ, model region,
-    /// leaf region, back to back from offset 0; no models yet and no upper
+    /// leaf region, value region, back to back from offset 0; no models yet and no upper
     /// levels. The result passes [`check`](Self::check).
     pub fn plan(p: &PoolParams) -> Result<Self, LayoutError> {
         let directory_len = p
@@ -135,6 +150,7 @@ impl Superblock {
             .map_err(|_| LayoutError::Overflow { part: Part::Cirq })?;
         let model_len = align8(p.model_region_len, Part::ModelRegion)?;
         let leaf_len = LeafRegion::len_for(p.leaf_capacity, p.leaf_slots)?;
+        let value_len = ValueRegion::len_for(p.value_capacity)?;
         let mut at = Self::SIZE;
         let mut place = |len: u64, part: Part| {
             let offset = at;
@@ -145,6 +161,7 @@ impl Superblock {
         let cirq_offset = place(cirq_len, Part::Cirq)?;
         let model_region_offset = place(model_len, Part::ModelRegion)?;
         let leaf_region_offset = place(leaf_len, Part::LeafRegion)?;
+        let value_region_offset = place(value_len, Part::ValueRegion)?;
         let sb = Self {
             magic: U64::new(MAGIC),
             version: U32::new(LAYOUT_VERSION),
@@ -164,6 +181,9 @@ impl Superblock {
             epsilon: U64::new(p.epsilon),
             leaf_slots: U32::new(p.leaf_slots),
             keys_per_leaf: U32::new(p.keys_per_leaf),
+            value_region_offset: U64::new(value_region_offset),
+            value_region_len: U64::new(value_len),
+            reserved: [U64::new(0); 2],
         };
         sb.check()?;
         Ok(sb)
@@ -180,8 +200,8 @@ impl Superblock {
         Ok(sb)
     }
 
-    /// The spans of the five top-level parts.
-    fn spans(&self) -> Result<[Span; 5], LayoutError> {
+    /// The spans of the six top-level parts.
+    fn spans(&self) -> Result<[Span; 6], LayoutError> {
         let directory_len =
             self.directory_capacity()
                 .checked_mul(8)
@@ -201,6 +221,11 @@ impl Superblock {
                 Part::LeafRegion,
                 self.leaf_region_offset(),
                 self.leaf_region_len(),
+            ),
+            Span::new(
+                Part::ValueRegion,
+                self.value_region_offset(),
+                self.value_region_len(),
             ),
         ])
     }
@@ -256,6 +281,13 @@ impl Superblock {
         }
         if self.leaf_region_len() < LeafRegionHeader::SIZE + Leaf::size_for(self.leaf_slots()) {
             return invalid(Field::LeafCapacity, 0);
+        }
+        if self.value_region_len() < ValueRegionHeader::SIZE {
+            return Err(LayoutError::TooShort {
+                part: Part::ValueRegion,
+                needed: ValueRegionHeader::SIZE,
+                found: self.value_region_len(),
+            });
         }
         if self.upper_len() > 0 {
             let upper = Span::new(Part::UpperLevels, self.upper_offset(), self.upper_len());
@@ -333,6 +365,21 @@ impl Superblock {
     /// Bytes of the upper-level blob (0 = none yet).
     pub fn upper_len(&self) -> u64 {
         self.upper_len.get()
+    }
+
+    /// Pool offset of the value region.
+    pub fn value_region_offset(&self) -> u64 {
+        self.value_region_offset.get()
+    }
+
+    /// Bytes of the value region (its header included).
+    pub fn value_region_len(&self) -> u64 {
+        self.value_region_len.get()
+    }
+
+    /// The value region as described here.
+    pub fn value_region(&self) -> Result<ValueRegion, LayoutError> {
+        ValueRegion::new(self.value_region_offset(), self.value_region_len())
     }
 
     /// The models' ε.
@@ -425,6 +472,7 @@ mod tests {
             directory_capacity: 64,
             cirq_capacity: 64,
             model_region_len: 1 << 16,
+            value_capacity: 1 << 12,
         }
     }
 
@@ -448,17 +496,22 @@ mod tests {
     fn planned_pool_round_trips_through_bytes() {
         let sb = Superblock::plan(&params()).unwrap();
         let mut pool = std::vec![0u8; 256];
-        pool[..128].copy_from_slice(sb.as_bytes());
+        pool[..160].copy_from_slice(sb.as_bytes());
         let back = Superblock::read(&pool).unwrap();
         assert_eq!(back.as_bytes(), sb.as_bytes());
         let region = back.leaf_region().unwrap();
         assert_eq!(region.capacity(), 1000);
         assert_eq!(region.id(), 3);
         assert_eq!(
-            back.pool_size(),
+            back.value_region_offset(),
             back.leaf_region_offset() + back.leaf_region_len()
         );
-        assert_eq!(back.directory_entry_offset(0), Ok(128));
+        assert_eq!(
+            back.pool_size(),
+            back.value_region_offset() + back.value_region_len()
+        );
+        assert_eq!(back.value_region().unwrap().capacity(), 1 << 12);
+        assert_eq!(back.directory_entry_offset(0), Ok(160));
         assert!(back.directory_entry_offset(64).is_err());
     }
 
@@ -488,7 +541,7 @@ mod tests {
         assert!(matches!(
             sb.check(),
             Err(LayoutError::OutOfPool {
-                part: Part::LeafRegion,
+                part: Part::ValueRegion,
                 ..
             })
         ));
@@ -599,6 +652,7 @@ mod tests {
                 directory_capacity: directory,
                 cirq_capacity: directory.max(1) + extra_cirq,
                 model_region_len: model_len,
+                value_capacity: model_len / 2,
             };
             let sb = Superblock::plan(&p).unwrap();
             prop_assert_eq!(sb.check(), Ok(()));

@@ -35,6 +35,7 @@ use crate::lease::{LeaseClient, LeaseFence};
 use crate::pool_info::PoolInfo;
 use crate::session::KvSession;
 use crate::stats::{KvStats, ModelBytes, SessionCounters};
+use crate::values::ValueSpace;
 use rolex_engine::engine::{EngineConfig, TransferEngine};
 
 /// How a compute node connects.
@@ -117,6 +118,8 @@ pub(crate) struct ClientShared {
     pub(crate) engine: TransferEngine,
     /// Dropped after the engine (see its `Drop`).
     pub(crate) held: HeldLocks,
+    /// Where this client's out-of-line values go.
+    pub(crate) values: ValueSpace,
 }
 
 /// Which model serves which key range, as a client caches it: the
@@ -385,6 +388,7 @@ impl KvClient {
                 found: lrh.len() as u64,
             })?;
         let region = header.check(&sb.leaf_region()?)?;
+        let values = ValueSpace::new(sb.value_region()?);
         let topology = read_topology(&mut io, desc, &sb, cfg.upper_epsilon)?;
         let views: Vec<RwLock<Option<Arc<ModelView>>>> = (0..sb.directory_capacity())
             .map(|_| RwLock::new(None))
@@ -406,6 +410,7 @@ impl KvClient {
             spare_leaves: Mutex::new(Vec::new()),
             engine,
             held: HeldLocks::default(),
+            values,
         };
         drop(io);
         Ok(Self {
@@ -473,6 +478,7 @@ impl KvClient {
         s.engine = self.shared.engine.counters().total;
         s.locks_maybe_held = self.shared.held.count() as u64;
         s.locks_released_late = self.shared.held.resolved();
+        s.value_space = self.shared.values.usage();
         s.model_bytes = self.model_bytes();
         s
     }

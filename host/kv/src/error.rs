@@ -82,6 +82,42 @@ pub enum KvError {
         /// Bytes the model's retraining needed.
         needed: u64,
     },
+    /// The value region has no room for a value block of `needed` bytes
+    /// (a chunk claim went past its `capacity`): out-of-line writes fail
+    /// fast; reads, deletes and inline writes go on.
+    ValueSpaceFull {
+        /// Bytes the claim asked for.
+        needed: u64,
+        /// Bytes of the value region's block area.
+        capacity: u64,
+    },
+    /// A validated leaf names a value block outside the value region: the
+    /// pool is corrupt (or not this store's).
+    BadValuePointer {
+        /// The key.
+        key: u64,
+        /// The pointer.
+        offset: u64,
+        /// The value length it gives.
+        len: u32,
+    },
+    /// A value longer than the store holds
+    /// ([`rolex_core::layout::MAX_VALUE_LEN`]).
+    ValueTooLong {
+        /// Its length.
+        len: usize,
+        /// The longest value stored.
+        max: usize,
+    },
+    /// A `u64` method (`get`, `insert`, `update`, `delete`, `scan`,
+    /// `range`) met a value that is not 8 bytes long: nothing was changed.
+    /// Use the byte methods (`get_value`, `put`, …) for such keys.
+    ValueNotU64 {
+        /// The key.
+        key: u64,
+        /// Its value's length.
+        len: usize,
+    },
     /// The retraining queue stayed full for the whole bounded wait of the
     /// insert that had to queue its model (the memory node's agent is not
     /// consuming, or is waiting out abandoned tickets). The insert itself
@@ -258,6 +294,21 @@ impl fmt::Display for KvError {
             Self::PoolFull { model, needed } => write!(
                 f,
                 "pool full: model {model}'s synonym leaf table is full and the memory node has no room to retrain it (a new record needs {needed} bytes)"
+            ),
+            Self::ValueSpaceFull { needed, capacity } => write!(
+                f,
+                "value space full: no room for {needed} more bytes of out-of-line values (value region of {capacity} bytes)"
+            ),
+            Self::BadValuePointer { key, offset, len } => write!(
+                f,
+                "key {key}'s leaf names a value block of {len} bytes at {offset:#x}, outside the value region (corrupt pool)"
+            ),
+            Self::ValueTooLong { len, max } => {
+                write!(f, "value of {len} bytes is longer than the {max} bytes a value may hold")
+            }
+            Self::ValueNotU64 { key, len } => write!(
+                f,
+                "key {key} holds a value of {len} bytes, not a u64 (nothing changed; use the byte methods)"
             ),
             Self::CirqFull {
                 model,

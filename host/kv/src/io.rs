@@ -92,6 +92,34 @@ impl Io {
         self.rbuf.len()
     }
 
+    /// Makes the read buffer hold at least `read` bytes and the write
+    /// buffer `write` (registering larger ones, at least doubled, when
+    /// they are smaller: a value larger than the buffers grows them once).
+    /// Buffer contents are not kept.
+    pub(crate) fn reserve(
+        &mut self,
+        engine: &TransferEngine,
+        read: u64,
+        write: u64,
+    ) -> Result<(), KvError> {
+        let grow = |cur: u64, want: u64| want.max(cur.saturating_mul(2));
+        if self.rbuf.len() < read {
+            let len = grow(self.rbuf.len(), read);
+            self.rbuf = engine
+                .alloc_mr(len, Access::LOCAL_WRITE)
+                .map_err(transfer("growing a session buffer"))?
+                .0;
+        }
+        if self.wbuf.len() < write {
+            let len = grow(self.wbuf.len(), write);
+            self.wbuf = engine
+                .alloc_mr(len, Access::LOCAL_WRITE)
+                .map_err(transfer("growing a session buffer"))?
+                .0;
+        }
+        Ok(())
+    }
+
     /// Posts `ops` as one doorbell batch and waits: one dependent round
     /// trip. Returns each op's value (old word of an atomic, else 0), or
     /// the first op's error (then the others' outcomes are unknown to the

@@ -141,7 +141,8 @@ use std::time::{Duration, Instant};
 
 use rolex_core::entry::{LeafAddr, SltHeader};
 use rolex_core::layout::{
-    CirqError, CirqHeader, EditError, Leaf, LeafError, ModelRecord, ModelState,
+    BlockRef, CirqError, CirqHeader, EditError, Leaf, LeafError, ModelRecord, ModelState,
+    SlotValue, ValueBlock, MAX_VALUE_LEN,
 };
 use rolex_core::wire::MrDesc;
 use rolex_engine::TransferError;
@@ -151,6 +152,7 @@ use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
 use crate::stats::{KvOp, SessionCounters};
+use crate::values::Block;
 use lock::{ChainLock, PendingUnlock};
 
 /// Re-reads of one torn leaf before an operation gives up.
@@ -164,11 +166,23 @@ const SCAN_CHAINS: u64 = 32;
 /// offset) of each READ planned.
 type LeafReads = Vec<(LeafAddr, u64)>;
 
+/// Value bytes a scan reads per batch of value blocks (at least one
+/// block per batch, whatever its size).
+const SCAN_VALUE_BATCH: u64 = 1 << 20;
+
 /// What a write does to its key.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
-    Insert(u64),
-    Update(u64),
+    Insert(SlotValue),
+    Update(SlotValue),
+    Delete,
+}
+
+/// A write as the public methods ask for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteOp {
+    Insert,
+    Update,
     Delete,
 }
 
@@ -202,7 +216,7 @@ struct ChainAt {
 
 /// How a locked modification ended.
 enum Locked {
-    Done(Option<u64>),
+    Done(Option<SlotValue>),
     /// No synonym slot left: the lock was released, wait for retraining.
     SltFull,
 }
@@ -214,19 +228,22 @@ enum Edit {
     Write {
         leaf_off: u64,
         bytes: Vec<u8>,
-        old: Option<u64>,
+        old: Option<SlotValue>,
     },
     /// Nothing to write (an update or delete of an absent key).
-    Unchanged(Option<u64>),
+    Unchanged(Option<SlotValue>),
     /// An insert of `value` found the owner full: split it.
-    Full { owner: Owner, value: u64 },
+    Full { owner: Owner, value: SlotValue },
+    /// A `u64` method met a value of `len` bytes: nothing to write, the
+    /// operation fails ([`KvError::ValueNotU64`]).
+    NotU64(usize),
 }
 
 /// What a split starts from: the insert `key` → `value` and the full owner
 /// it met in the locked chain `at`.
 struct SplitInput<'a> {
     key: u64,
-    value: u64,
+    value: SlotValue,
     at: &'a ChainAt,
     owner: Owner,
 }
@@ -242,6 +259,14 @@ pub struct KvSession {
     pending: Option<PendingUnlock>,
     leaf_size: u64,
     rng: u64,
+    /// Where value blocks are staged in the write buffer: past anything a
+    /// leaf write stages.
+    value_local: u64,
+    /// Bytes of value blocks read or written.
+    scratch: Vec<u8>,
+    /// Whether the current write posted a leaf write that names its new
+    /// value (from then on its block is never given back).
+    slot_posted: bool,
 }
 
 impl std::fmt::Debug for KvSession {
@@ -273,39 +298,70 @@ impl KvSession {
             pending: None,
             leaf_size,
             rng,
+            value_local: (8 * leaf_size).max(64 << 10),
+            scratch: Vec::new(),
+            slot_posted: false,
         })
     }
 
-    /// The value of `key`, if present.
+    /// The value of `key`, if present, as a `u64` ([`KvError::ValueNotU64`]
+    /// if it is not 8 bytes long).
     pub fn get(&mut self, key: u64) -> Result<Option<u64>, KvError> {
-        self.counted(KvOp::Get, |s| s.get_inner(key))
+        self.counted(KvOp::Get, |s| {
+            let v = s.get_inner(key)?;
+            if let Some(v) = v {
+                s.io.cur.value_bytes += v.len() as u64;
+            }
+            v.map(|v| as_u64(key, v)).transpose()
+        })
     }
 
-    /// Sets `key` to `value`; returns the previous value if the key was
-    /// present.
+    /// Sets `key` to the 8-byte value `value`; returns the previous value
+    /// if the key was present. A key whose value is not 8 bytes long is
+    /// left as it is ([`KvError::ValueNotU64`]).
     pub fn insert(&mut self, key: u64, value: u64) -> Result<Option<u64>, KvError> {
-        self.counted(KvOp::Insert, |s| s.write_op(key, Kind::Insert(value)))
+        self.counted(KvOp::Insert, |s| {
+            s.write_value(key, WriteOp::Insert, &value.to_le_bytes(), true)
+                .map(|old| old.and_then(|o| o.as_u64()))
+        })
     }
 
     /// Sets `key` to `value` only if present; returns the previous value
-    /// (`None`: absent, nothing written).
+    /// (`None`: absent, nothing written). As [`Self::insert`] for values
+    /// that are not 8 bytes.
     pub fn update(&mut self, key: u64, value: u64) -> Result<Option<u64>, KvError> {
-        self.counted(KvOp::Update, |s| s.write_op(key, Kind::Update(value)))
+        self.counted(KvOp::Update, |s| {
+            s.write_value(key, WriteOp::Update, &value.to_le_bytes(), true)
+                .map(|old| old.and_then(|o| o.as_u64()))
+        })
     }
 
-    /// Removes `key`; returns its value if it was present.
+    /// Removes `key`; returns its value if it was present. As
+    /// [`Self::insert`] for values that are not 8 bytes ([`Self::remove`]
+    /// removes any).
     pub fn delete(&mut self, key: u64) -> Result<Option<u64>, KvError> {
-        self.counted(KvOp::Delete, |s| s.write_op(key, Kind::Delete))
+        self.counted(KvOp::Delete, |s| {
+            s.write_value(key, WriteOp::Delete, &[], true)
+                .map(|old| old.and_then(|o| o.as_u64()))
+        })
     }
 
-    /// Up to `n` pairs with key `≥ from`, in key order. Not atomic: a pair
-    /// present for the whole scan is returned; one written meanwhile may
-    /// or may not be.
+    /// Up to `n` pairs with key `≥ from`, in key order, with `u64` values
+    /// ([`KvError::ValueNotU64`] if one is not 8 bytes). Not atomic: a
+    /// pair present for the whole scan is returned; one written meanwhile
+    /// may or may not be.
     pub fn scan(&mut self, from: u64, n: usize) -> Result<Vec<(u64, u64)>, KvError> {
         if n == 0 {
             return Err(KvError::ScanCountZero);
         }
-        self.counted(KvOp::Scan, |s| s.scan_inner(from, u64::MAX, n))
+        self.counted(KvOp::Scan, |s| {
+            let found = s.scan_inner(from, u64::MAX, n)?;
+            s.io.cur.value_bytes += found.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+            found
+                .into_iter()
+                .map(|(k, v)| Ok((k, as_u64(k, v)?)))
+                .collect()
+        })
     }
 
     /// Every pair with `lo ≤ key ≤ hi`, in key order (as [`Self::scan`]).
@@ -313,7 +369,85 @@ impl KvSession {
         if lo > hi {
             return Err(KvError::InvalidRange { lo, hi });
         }
-        self.counted(KvOp::Scan, |s| s.scan_inner(lo, hi, usize::MAX))
+        self.counted(KvOp::Scan, |s| {
+            let found = s.scan_inner(lo, hi, usize::MAX)?;
+            s.io.cur.value_bytes += found.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+            found
+                .into_iter()
+                .map(|(k, v)| Ok((k, as_u64(k, v)?)))
+                .collect()
+        })
+    }
+
+    /// Sets `key` to the bytes `value` (0 bytes to
+    /// [`rolex_core::layout::MAX_VALUE_LEN`]); returns whether the key was
+    /// present (its old value is replaced). Up to 8 bytes go inline in the
+    /// leaf; longer values are written to a value block first, in the
+    /// lock's round trip, so the write keeps its round trips (module
+    /// docs, "Values").
+    pub fn put(&mut self, key: u64, value: &[u8]) -> Result<bool, KvError> {
+        self.counted(KvOp::Insert, |s| {
+            s.write_value(key, WriteOp::Insert, value, false)
+                .map(|old| old.is_some())
+        })
+    }
+
+    /// Sets `key` to `value` only if present; returns whether it was
+    /// (`false`: nothing written).
+    pub fn update_value(&mut self, key: u64, value: &[u8]) -> Result<bool, KvError> {
+        self.counted(KvOp::Update, |s| {
+            s.write_value(key, WriteOp::Update, value, false)
+                .map(|old| old.is_some())
+        })
+    }
+
+    /// Removes `key`, whatever its value; returns whether it was present.
+    pub fn remove(&mut self, key: u64) -> Result<bool, KvError> {
+        self.counted(KvOp::Delete, |s| {
+            s.write_value(key, WriteOp::Delete, &[], false)
+                .map(|old| old.is_some())
+        })
+    }
+
+    /// The value of `key`, if present, in a new `Vec` (see
+    /// [`Self::get_into`] to reuse a buffer).
+    pub fn get_value(&mut self, key: u64) -> Result<Option<Vec<u8>>, KvError> {
+        let mut out = Vec::new();
+        Ok(self.get_into(key, &mut out)?.then_some(out))
+    }
+
+    /// Puts the value of `key` into `out` (cleared first) and returns
+    /// `true`, or returns `false` if the key is absent. One round trip for
+    /// an inline value, two for one out of line (the leaf, then its block;
+    /// a block found reused since the leaf was read is a stale read: the
+    /// get starts again).
+    pub fn get_into(&mut self, key: u64, out: &mut Vec<u8>) -> Result<bool, KvError> {
+        self.counted(KvOp::Get, |s| s.get_bytes(key, out))
+    }
+
+    /// Up to `n` pairs with key `≥ from`, in key order, with their values
+    /// (as [`Self::scan`]; the values out of line are read in batches
+    /// after the leaves).
+    pub fn scan_values(&mut self, from: u64, n: usize) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        if n == 0 {
+            return Err(KvError::ScanCountZero);
+        }
+        self.counted(KvOp::Scan, |s| {
+            let found = s.scan_inner(from, u64::MAX, n)?;
+            s.resolve(found)
+        })
+    }
+
+    /// Every pair with `lo ≤ key ≤ hi`, in key order, with their values
+    /// (as [`Self::scan_values`]).
+    pub fn range_values(&mut self, lo: u64, hi: u64) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        if lo > hi {
+            return Err(KvError::InvalidRange { lo, hi });
+        }
+        self.counted(KvOp::Scan, |s| {
+            let found = s.scan_inner(lo, hi, usize::MAX)?;
+            s.resolve(found)
+        })
     }
 
     /// Waits for this session's posted unlock, if any, and retries the
@@ -579,7 +713,7 @@ impl KvSession {
 
     // ---- get -----------------------------------------------------------
 
-    fn get_inner(&mut self, key: u64) -> Result<Option<u64>, KvError> {
+    fn get_inner(&mut self, key: u64) -> Result<Option<SlotValue>, KvError> {
         let pool = self.shared.pool.clone();
         for attempt in 0..self.shared.cfg.max_attempts {
             let ChainAt { m, view, j } = self.chain_at(key)?;
@@ -609,16 +743,226 @@ impl KvSession {
         })
     }
 
+    /// [`Self::get_inner`], then the value's bytes into `out`: read from
+    /// its block when out of line, the whole get again while the block
+    /// read is stale.
+    fn get_bytes(&mut self, key: u64, out: &mut Vec<u8>) -> Result<bool, KvError> {
+        for attempt in 0..self.shared.cfg.max_attempts {
+            let at = match self.get_inner(key)? {
+                None => return Ok(false),
+                Some(v) => match v.block() {
+                    Some(at) => at,
+                    None => {
+                        out.clear();
+                        out.extend_from_slice(v.inline_bytes().unwrap_or(&[]));
+                        self.io.cur.value_bytes += out.len() as u64;
+                        return Ok(true);
+                    }
+                },
+            };
+            if self.read_block(key, at, out)? {
+                self.io.cur.value_bytes += out.len() as u64;
+                return Ok(true);
+            }
+            self.io.cur.retries += 1;
+            self.backoff(attempt);
+        }
+        Err(KvError::TooManyRetries {
+            op: "get (value block)",
+            attempts: self.shared.cfg.max_attempts,
+        })
+    }
+
+    /// READs the value block `at` of `key` (one round trip) and puts its
+    /// value into `out`: `false` if the block no longer holds it (reused
+    /// or being rewritten since the leaf naming it was read: read the
+    /// leaf again).
+    fn read_block(&mut self, key: u64, at: BlockRef, out: &mut Vec<u8>) -> Result<bool, KvError> {
+        self.check_pointer(key, at)?;
+        let n = at.read_len();
+        self.io.reserve(&self.shared.engine, n, 0)?;
+        let pool = self.shared.pool.clone();
+        self.io.run(
+            &pool,
+            &[Op::Read {
+                remote: at.offset,
+                local: 0,
+                len: n,
+            }],
+            "reading a value block",
+        )?;
+        self.scratch.resize(n as usize, 0);
+        self.io.local(0, &mut self.scratch)?;
+        match ValueBlock::check(&self.scratch, key, at) {
+            Ok(v) => {
+                out.clear();
+                out.extend_from_slice(v);
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// A validated leaf's pointer must lie in the value region.
+    fn check_pointer(&self, key: u64, at: BlockRef) -> Result<(), KvError> {
+        if self.shared.values.region().holds(at) {
+            Ok(())
+        } else {
+            Err(KvError::BadValuePointer {
+                key,
+                offset: at.offset,
+                len: at.len,
+            })
+        }
+    }
+
     // ---- writes --------------------------------------------------------
 
-    fn write_op(&mut self, key: u64, kind: Kind) -> Result<Option<u64>, KvError> {
+    /// A write of `key` (`value` unused by a delete): stages an out-of-line
+    /// value's block, runs the write, then settles the blocks — the new
+    /// one given back if the write did not publish it, the replaced one
+    /// freed once the write landed (the `values` module says who releases
+    /// what). `strict`: a `u64` method's write, refused with
+    /// [`KvError::ValueNotU64`] where the key's value is not 8 bytes.
+    fn write_value(
+        &mut self,
+        key: u64,
+        op: WriteOp,
+        value: &[u8],
+        strict: bool,
+    ) -> Result<Option<SlotValue>, KvError> {
+        let (kind, staged) = match op {
+            WriteOp::Delete => (Kind::Delete, None),
+            WriteOp::Insert | WriteOp::Update => {
+                let (v, staged) = match SlotValue::inline(value) {
+                    Some(v) => (v, None),
+                    None => {
+                        let (block, write) = self.stage_block(key, value)?;
+                        let at = BlockRef {
+                            offset: block.offset,
+                            len: value.len() as u32,
+                            gen: block.gen,
+                        };
+                        (SlotValue::Block(at), Some((block, write)))
+                    }
+                };
+                self.io.cur.value_bytes += value.len() as u64;
+                match op {
+                    WriteOp::Insert => (Kind::Insert(v), staged),
+                    _ => (Kind::Update(v), staged),
+                }
+            }
+        };
+        let mut write = staged.map(|(_, w)| w);
+        self.slot_posted = false;
+        let r = self.write_op(key, kind, &mut write, strict);
+        let block = staged.map(|(b, _)| b);
+        let values = &self.shared.values;
+        match &r {
+            Ok(old) => {
+                let published = match kind {
+                    Kind::Insert(_) => true,
+                    Kind::Update(_) => old.is_some(),
+                    Kind::Delete => false,
+                };
+                if let Some(b) = block.filter(|_| !published) {
+                    values.give_back(b);
+                }
+                let replaced = published || matches!(kind, Kind::Delete);
+                if let Some(o) = old.and_then(|o| o.block()).filter(|_| replaced) {
+                    if let Some(class) = rolex_core::layout::block_class(o.len as usize) {
+                        values.free(o.offset, class, o.gen);
+                    }
+                }
+            }
+            Err(_) => {
+                // Once a leaf write naming it was posted, a slot may name
+                // it: never handed out again (nor is the block it may have
+                // replaced freed).
+                if let Some(b) = block.filter(|_| !self.slot_posted) {
+                    values.give_back(b);
+                }
+            }
+        }
+        r
+    }
+
+    /// Takes a block for `key`'s `value` (claiming a chunk of the value
+    /// region first if this client has none of its class) and stages it in
+    /// the write buffer; returns it and its WRITE.
+    fn stage_block(&mut self, key: u64, value: &[u8]) -> Result<(Block, Op), KvError> {
+        let too_long = KvError::ValueTooLong {
+            len: value.len(),
+            max: MAX_VALUE_LEN,
+        };
+        let block = loop {
+            match self.shared.values.take(value.len()) {
+                None => return Err(too_long),
+                Some(Ok(b)) => break b,
+                Some(Err(need)) => self.claim_values(need.len, value.len())?,
+            }
+        };
+        let n = rolex_core::layout::ValueBlockHeader::SIZE + value.len() as u64;
+        let staged = self
+            .io
+            .reserve(&self.shared.engine, 0, self.value_local + n)
+            .and_then(|()| {
+                self.scratch.resize(n as usize, 0);
+                ValueBlock::write(&mut self.scratch, key, block.gen, block.class, value)
+                    .ok_or(too_long)?;
+                self.io.stage(self.value_local, &self.scratch)
+            });
+        if let Err(e) = staged {
+            self.shared.values.give_back(block);
+            return Err(e);
+        }
+        Ok((
+            block,
+            Op::Write {
+                remote: block.offset,
+                local: self.value_local,
+                len: n,
+            },
+        ))
+    }
+
+    /// Claims `len` bytes of the value region (one `FAA`) for blocks of
+    /// values of `value_len` bytes.
+    fn claim_values(&mut self, len: u64, value_len: usize) -> Result<(), KvError> {
+        let pool = self.shared.pool.clone();
+        let region = *self.shared.values.region();
+        let fetched = self.io.run(
+            &pool,
+            &[Op::Faa {
+                remote: region.alloc_offset(),
+                add: len,
+            }],
+            "claiming value space",
+        )?[0];
+        let offset = region
+            .claim(fetched, len)
+            .map_err(|_| KvError::ValueSpaceFull {
+                needed: len,
+                capacity: region.capacity(),
+            })?;
+        self.shared.values.add_chunk(offset, len, value_len);
+        Ok(())
+    }
+
+    fn write_op(
+        &mut self,
+        key: u64,
+        kind: Kind,
+        block: &mut Option<Op>,
+        strict: bool,
+    ) -> Result<Option<SlotValue>, KvError> {
         let mut slt_deadline: Option<Instant> = None;
         for attempt in 0..self.shared.cfg.max_attempts {
             let at = self.chain_at(key)?;
-            let Some((lock, batch)) = self.lock_chain(&at, attempt)? else {
+            let Some((lock, batch)) = self.lock_chain(&at, attempt, block)? else {
                 continue;
             };
-            match self.modify_locked(key, kind, &at, lock, &batch)? {
+            match self.modify_locked(key, kind, strict, &at, lock, &batch)? {
                 Locked::Done(v) => return Ok(v),
                 Locked::SltFull => {
                     // Its unlock lands before this operation locks again.
@@ -667,11 +1011,12 @@ impl KvSession {
         &mut self,
         key: u64,
         kind: Kind,
+        strict: bool,
         at: &ChainAt,
         lock: ChainLock,
         batch: &[(LeafAddr, u64)],
     ) -> Result<Locked, KvError> {
-        let edit = match self.edit_owner(key, kind, at, batch) {
+        let edit = match self.edit_owner(key, kind, strict, at, batch) {
             Ok(edit) => edit,
             Err(e) => return Err(lock.abort(self, e)),
         };
@@ -682,6 +1027,7 @@ impl KvSession {
                 old,
             } => {
                 let unlocked = lock.unlocked();
+                self.slot_posted = true;
                 lock.release(self, &[(leaf_off, &bytes)], unlocked)?;
                 Ok(Locked::Done(old))
             }
@@ -689,15 +1035,24 @@ impl KvSession {
                 lock.release_unchanged(self)?;
                 Ok(Locked::Done(old))
             }
-            Edit::Full { owner, value } => self.split(
-                SplitInput {
-                    key,
-                    value,
-                    at,
-                    owner,
-                },
-                lock,
-            ),
+            Edit::NotU64(len) => {
+                lock.release_unchanged(self)?;
+                Err(KvError::ValueNotU64 { key, len })
+            }
+            Edit::Full { owner, value } => {
+                // Conservative: the split's writes name the value from its
+                // first batch on.
+                self.slot_posted = true;
+                self.split(
+                    SplitInput {
+                        key,
+                        value,
+                        at,
+                        owner,
+                    },
+                    lock,
+                )
+            }
         }
     }
 
@@ -707,6 +1062,7 @@ impl KvSession {
         &mut self,
         key: u64,
         kind: Kind,
+        strict: bool,
         at: &ChainAt,
         batch: &[(LeafAddr, u64)],
     ) -> Result<Edit, KvError> {
@@ -723,6 +1079,12 @@ impl KvSession {
         self.learn(&at.view, at.j, &owner.path, owner.addr);
         let leaf_off = self.shared.region.leaf_offset(owner.addr)?;
         let leaf = Leaf::from_bytes_mut(&mut owner.bytes).map_err(bad_leaf(model, owner.addr))?;
+        if strict {
+            let current = leaf.validate().ok().and_then(|l| l.get(key));
+            if let Some(v) = current.filter(|v| v.as_u64().is_none()) {
+                return Ok(Edit::NotU64(v.len()));
+            }
+        }
         let old = match kind {
             Kind::Update(v) => match leaf.validate().ok().and_then(|l| l.get(key)) {
                 None => None,
@@ -841,10 +1203,82 @@ impl KvSession {
 
     // ---- scans ---------------------------------------------------------
 
-    fn scan_inner(&mut self, from: u64, hi: u64, n: usize) -> Result<Vec<(u64, u64)>, KvError> {
+    /// The values of a scan's pairs: inline ones as they are, blocks
+    /// READ in batches of [`SCAN_VALUE_BATCH`] bytes; a block no longer
+    /// holding its value (rewritten since its leaf was read) is read
+    /// again by a get of its key, and the pair dropped if the key was
+    /// removed meanwhile (a scan is not atomic).
+    fn resolve(&mut self, found: Vec<(u64, SlotValue)>) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        let mut out: Vec<(u64, Vec<u8>)> = Vec::with_capacity(found.len());
+        let mut blocks: Vec<(usize, BlockRef)> = Vec::new();
+        for (k, v) in found {
+            if let Some(at) = v.block() {
+                self.check_pointer(k, at)?;
+                blocks.push((out.len(), at));
+            }
+            out.push((k, v.inline_bytes().unwrap_or(&[]).to_vec()));
+        }
+        let pool = self.shared.pool.clone();
+        let mut stale = Vec::new();
+        let mut i = 0;
+        while i < blocks.len() {
+            let (start, mut ops, mut local) = (i, Vec::new(), 0u64);
+            while i < blocks.len()
+                && (ops.is_empty() || local + blocks[i].1.read_len() <= SCAN_VALUE_BATCH)
+            {
+                let at = blocks[i].1;
+                ops.push(Op::Read {
+                    remote: at.offset,
+                    local,
+                    len: at.read_len(),
+                });
+                local += at.read_len().next_multiple_of(8);
+                i += 1;
+            }
+            self.io.reserve(&self.shared.engine, local, 0)?;
+            self.io.run(&pool, &ops, "reading scanned values")?;
+            for (&(idx, at), op) in blocks[start..i].iter().zip(&ops) {
+                let Op::Read { local, len, .. } = *op else {
+                    continue;
+                };
+                self.scratch.resize(len as usize, 0);
+                self.io.local(local, &mut self.scratch)?;
+                match ValueBlock::check(&self.scratch, out[idx].0, at) {
+                    Ok(v) => out[idx].1 = v.to_vec(),
+                    Err(_) => stale.push(idx),
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        for idx in stale {
+            self.io.cur.retries += 1;
+            let mut v = Vec::new();
+            if self.get_bytes(out[idx].0, &mut v)? {
+                out[idx].1 = v;
+            } else {
+                gone.push(idx);
+            }
+        }
+        if !gone.is_empty() {
+            let mut idx = 0;
+            out.retain(|_| {
+                idx += 1;
+                !gone.contains(&(idx - 1))
+            });
+        }
+        self.io.cur.value_bytes += out.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        Ok(out)
+    }
+
+    fn scan_inner(
+        &mut self,
+        from: u64,
+        hi: u64,
+        n: usize,
+    ) -> Result<Vec<(u64, SlotValue)>, KvError> {
         let pool = self.shared.pool.clone();
         let per_chain = u64::from(self.shared.sb.keys_per_leaf()).max(1);
-        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut out: Vec<(u64, SlotValue)> = Vec::new();
         let mut cursor = from;
         let mut attempt = 0u64;
         'batch: loop {
@@ -908,7 +1342,9 @@ impl KvSession {
                             self.io.cur.keys += out.len() as u64;
                             return Ok(out);
                         }
-                        out.push((s.key(), s.value()));
+                        // A validated leaf's used slots all hold values.
+                        let Some(value) = s.value() else { continue };
+                        out.push((s.key(), value));
                         if out.len() >= n {
                             self.io.cur.keys += out.len() as u64;
                             return Ok(out);
@@ -960,11 +1396,16 @@ fn bad_leaf(model: u64, leaf: LeafAddr) -> impl Fn(LeafError) -> KvError {
     move |error| KvError::Leaf { model, leaf, error }
 }
 
+/// `v` as a `u64`, for the `u64` methods.
+fn as_u64(key: u64, v: SlotValue) -> Result<u64, KvError> {
+    v.as_u64().ok_or(KvError::ValueNotU64 { key, len: v.len() })
+}
+
 fn valid(bytes: &[u8]) -> bool {
     Leaf::from_bytes(bytes).is_ok_and(|l| l.validate().is_ok())
 }
 
-fn lookup(bytes: &[u8], key: u64) -> Option<u64> {
+fn lookup(bytes: &[u8], key: u64) -> Option<SlotValue> {
     Leaf::from_bytes(bytes)
         .ok()
         .and_then(|l| l.validate().ok())

@@ -76,6 +76,9 @@ pub struct OpStats {
     pub refreshes: u64,
     /// Keys returned (scans).
     pub keys: u64,
+    /// Value bytes the operations carried: written by puts, returned by
+    /// gets and scans (inline or out of line).
+    pub value_bytes: u64,
 }
 
 impl OpStats {
@@ -94,6 +97,11 @@ impl OpStats {
         ratio(self.leaves_read, self.ops)
     }
 
+    /// Average value bytes per operation.
+    pub fn value_bytes_per_op(&self) -> f64 {
+        ratio(self.value_bytes, self.ops)
+    }
+
     /// Average retries per operation.
     pub fn retries_per_op(&self) -> f64 {
         ratio(self.retries, self.ops)
@@ -110,6 +118,7 @@ impl OpStats {
         self.retries += o.retries;
         self.refreshes += o.refreshes;
         self.keys += o.keys;
+        self.value_bytes += o.value_bytes;
     }
 }
 
@@ -149,6 +158,10 @@ pub struct KvStats {
     pub model_misses: u64,
     /// Inserts that waited for a full SLT to be retrained.
     pub slt_full_waits: u64,
+    /// Bytes of the value region this client claimed for out-of-line
+    /// values, and of those the bytes in blocks it freed and holds for
+    /// reuse (or has not handed out yet), when the stats were taken.
+    pub value_space: (u64, u64),
     /// Chain locks the client may still hold (see
     /// [`crate::KvClient::locks_maybe_held`]), when the stats were taken.
     pub locks_maybe_held: u64,
@@ -188,6 +201,8 @@ impl KvStats {
         self.slt_full_waits += other.slt_full_waits;
         self.locks_maybe_held += other.locks_maybe_held;
         self.locks_released_late += other.locks_released_late;
+        self.value_space.0 += other.value_space.0;
+        self.value_space.1 += other.value_space.1;
         self.engine += other.engine;
         self.model_bytes.total += other.model_bytes.total;
         self.model_bytes.learned += other.model_bytes.learned;
@@ -221,7 +236,8 @@ atomic_op_stats!(
     leaves_read,
     retries,
     refreshes,
-    keys
+    keys,
+    value_bytes
 );
 
 /// One session's counters.

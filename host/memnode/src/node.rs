@@ -32,7 +32,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
-use rolex_core::layout::{AgentArea, LeafRegion, ModelRecord, Superblock, LAYOUT_VERSION};
+use rolex_core::layout::{
+    AgentArea, LeafRegion, ModelRecord, Superblock, ValueRegion, LAYOUT_VERSION,
+};
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
     Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
@@ -114,6 +116,13 @@ pub struct MemoryNodeConfig {
     pub pool_file: Option<PathBuf>,
     /// Bytes of the agent area's log ring when `pool_file` is set.
     pub log_capacity: u64,
+    /// Bytes of the value region beyond the loaded values' blocks: room
+    /// for the out-of-line values (over 8 bytes) compute nodes write.
+    /// They claim it in chunks of 1 MiB per size class and reuse what
+    /// their overwrites and deletes free, so a workload needs about its
+    /// live out-of-line bytes plus a few chunks per client. `None`: half
+    /// the loaded values' bytes, at least 16 MiB.
+    pub value_spare: Option<u64>,
 }
 
 impl Default for MemoryNodeConfig {
@@ -136,6 +145,7 @@ impl Default for MemoryNodeConfig {
             cores: 1,
             pool_file: None,
             log_capacity: 64 << 10,
+            value_spare: None,
         }
     }
 }
@@ -167,9 +177,16 @@ pub struct MemoryNodeStats {
     pub leaves_free: u64,
     /// Leaves that hold part of the store: allocated and not free.
     pub leaves_live: u64,
-    /// Bytes of the pool in use: live leaves, and the model region's
-    /// records in use (retired records waiting or reusable excluded).
+    /// Bytes of the pool in use: live leaves, the model region's records
+    /// in use (retired records waiting or reusable excluded), and the
+    /// value region's bytes handed out ([`Self::value_bytes`]).
     pub pool_bytes_used: u64,
+    /// Bytes of the value region handed out: the loaded values' blocks
+    /// and the chunks compute nodes claimed (a claimed chunk counts whole,
+    /// in use or held for reuse by its client).
+    pub value_bytes: u64,
+    /// Bytes of the value region's block area.
+    pub value_capacity: u64,
     /// Retrainings that failed (the last error is kept by the node); a
     /// freeze past its deadline is not one (see `AgentStats::freeze_timeouts`).
     pub agent_errors: u64,
@@ -322,6 +339,7 @@ struct Parts {
     keys_loaded: u64,
     leaves_loaded: u64,
     region: LeafRegion,
+    values: ValueRegion,
 }
 
 /// What compute nodes may do to the pool.
@@ -564,6 +582,7 @@ pub struct MemoryNode {
     leaf_capacity: u64,
     leaf_size: u64,
     alloc_num_offset: u64,
+    values: ValueRegion,
     /// The agent area of a file-backed pool: its handle (registered for
     /// local access only) and its path.
     area: Option<(MrHandle, PathBuf)>,
@@ -607,6 +626,21 @@ impl MemoryNode {
     /// # }
     /// ```
     pub fn start(cfg: MemoryNodeConfig, pairs: &[(u64, u64)]) -> Result<Self, MemoryNodeError> {
+        Self::start_with_values(cfg, pairs, &mut |_, word, out| {
+            out.extend_from_slice(&word.to_le_bytes())
+        })
+    }
+
+    /// [`MemoryNode::start`] with values of any length: each pair's value
+    /// is what `value_of(key, word, out)` appends to `out` (empty when
+    /// called; it is called twice per pair, once to size the value region,
+    /// and must give the same bytes both times). Values over 8 bytes are
+    /// laid out in value blocks.
+    pub fn start_with_values(
+        cfg: MemoryNodeConfig,
+        pairs: &[(u64, u64)],
+        value_of: &mut dyn FnMut(u64, u64, &mut Vec<u8>),
+    ) -> Result<Self, MemoryNodeError> {
         if !(cfg.fill > 0.0 && cfg.fill <= 1.0) {
             return Err(MemoryNodeError::BadConfig {
                 field: "fill",
@@ -633,7 +667,20 @@ impl MemoryNode {
             spare_leaves: (leaves as f64 * cfg.spare_leaf_factor) as u64 + 1024,
             model_region_spare: 0,
             directory_spare: 0,
+            value_capacity: 0,
         };
+        let mut buf = Vec::new();
+        let loaded = rolex_dpu::bulk::value_bytes(pairs.iter().map(|&(k, w)| {
+            buf.clear();
+            value_of(k, w, &mut buf);
+            buf.len()
+        }))
+        .ok_or(MemoryNodeError::BadConfig {
+            field: "values",
+            reason: "a value is longer than rolex_core::layout::MAX_VALUE_LEN",
+        })?;
+        let spare = cfg.value_spare.unwrap_or((loaded / 2).max(16 << 20));
+        bulk.value_capacity = loaded.saturating_add(spare);
         let probe = BulkPlan::new(&bulk, &keys)?;
         bulk.directory_spare = match cfg.directory_spare {
             Some(n) => n,
@@ -696,9 +743,10 @@ impl MemoryNode {
             }
         };
         let pool = HostPool::new(mr.clone());
-        plan.write(&pool, pairs)?;
+        plan.write_values(&pool, pairs, value_of)?;
         let agent = Agent::attach(pool, agent_config(&cfg), plan.next_free())?;
         let region = plan.superblock().leaf_region()?;
+        let values = plan.superblock().value_region()?;
         Self::assemble(
             &cfg,
             Parts {
@@ -712,6 +760,7 @@ impl MemoryNode {
                 keys_loaded: plan.key_count(),
                 leaves_loaded: plan.leaf_count(),
                 region,
+                values,
             },
         )
     }
@@ -819,6 +868,7 @@ impl MemoryNode {
                 keys_loaded: recovery.keys,
                 leaves_loaded: allocated.min(region.capacity()),
                 region,
+                values: sb.value_region()?,
             },
         )?;
         Ok((node, recovery))
@@ -869,6 +919,7 @@ impl MemoryNode {
             leaf_capacity: p.region.capacity(),
             leaf_size: p.region.leaf_size(),
             alloc_num_offset: p.region.alloc_num_offset(),
+            values: p.values,
             area: p.area,
             engine: p.engine,
             _mapping: p.mapping,
@@ -1008,6 +1059,11 @@ impl MemoryNode {
         let records_used = agent
             .model_region_used
             .saturating_sub(agent.model_region_free);
+        let value_bytes = self
+            .mr
+            .load_u64(self.values.alloc_offset())
+            .unwrap_or(0)
+            .min(self.values.capacity());
         MemoryNodeStats {
             agent,
             models: agent.models.max(self.plan_models),
@@ -1021,7 +1077,9 @@ impl MemoryNode {
             pool_bytes: self.mr.len(),
             leaves_free,
             leaves_live,
-            pool_bytes_used: leaves_live * self.leaf_size + records_used,
+            pool_bytes_used: leaves_live * self.leaf_size + records_used + value_bytes,
+            value_bytes,
+            value_capacity: self.values.capacity(),
             agent_errors: errors,
             agent_cpu_ns: self.shared.cpu_ns.load(SeqCst),
             retrain_busy_ns: self.shared.retrain_ns.load(SeqCst),

@@ -60,17 +60,24 @@ pub fn churning_node_with_grace(
 ) -> rolex_host::memnode::MemoryNode {
     rolex_host::memnode::MemoryNode::start(
         rolex_host::memnode::MemoryNodeConfig {
-            leaf_slots: 2,
-            fill: 0.5,
-            epsilon: 1,
-            max_model_leaves: 3,
-            retrain_trigger: 2,
             record_grace: grace,
-            ..rolex_host::memnode::MemoryNodeConfig::default()
+            ..churning_config()
         },
         pairs,
     )
     .expect("starting a small memory node")
+}
+
+/// The configuration of [`churning_node`].
+pub fn churning_config() -> rolex_host::memnode::MemoryNodeConfig {
+    rolex_host::memnode::MemoryNodeConfig {
+        leaf_slots: 2,
+        fill: 0.5,
+        epsilon: 1,
+        max_model_leaves: 3,
+        retrain_trigger: 2,
+        ..rolex_host::memnode::MemoryNodeConfig::default()
+    }
 }
 
 /// A concurrent run for the linearizability checker: `threads` threads,

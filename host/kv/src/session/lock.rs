@@ -132,10 +132,16 @@ impl KvSession {
     /// stripe): the cache was corrected or the session backed off, and the
     /// caller retries. A lock `CAS` that failed without saying whether it
     /// landed is recorded as maybe held (and the error says so).
+    ///
+    /// `block`, if `Some`, is the WRITE of the operation's value block: it
+    /// rides in the lock's batch (no round trip of its own; nothing names
+    /// the block yet, so it may land whether or not the lock does) and is
+    /// taken out of `block` once it completed.
     pub(super) fn lock_chain(
         &mut self,
         at: &ChainAt,
         attempt: u64,
+        block: &mut Option<Op>,
     ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
         let pool = self.shared.pool.clone();
         let ordered = self.shared.ordered;
@@ -176,6 +182,8 @@ impl KvSession {
         } else {
             Vec::new()
         };
+        let value_write = block.is_some().then_some(ops.len());
+        ops.extend(block.iter().copied());
         if !word.stripe.enter() {
             // A retried release of this process holds the stripe.
             self.io.cur.retries += 1;
@@ -183,7 +191,12 @@ impl KvSession {
             return Ok(None);
         }
         let (cas, reads) = match self.io.run_each(&pool, &ops, "locking a chain") {
-            Ok(r) => (r[0].clone(), super::first_error(&r[1..])),
+            Ok(r) => {
+                if value_write.is_some_and(|i| r[i].is_ok()) {
+                    *block = None;
+                }
+                (r[0].clone(), super::first_error(&r[1..]))
+            }
             Err(e) => {
                 word.stripe.leave();
                 return Err(e);

@@ -1,0 +1,245 @@
+//! A compute node's share of the value region: where its out-of-line
+//! values go ([`ValueSpace`]).
+//!
+//! Space comes from the pool one-sidedly: a session that finds no block of
+//! the class it needs claims a chunk with one `FAA` on the region's
+//! `alloc` word (1 MiB, or the block itself when larger) and carves it into
+//! blocks of that class; no memory-node CPU is involved. A block is
+//! *freed* by the client whose write replaced or deleted the value it held
+//! (once that write landed: no slot names it any more), and is handed out
+//! again by this client after [`ValueSpace::GRACE`] — or sooner, once
+//! [`ValueSpace::WAITING_MAX`] bytes of blocks freed after it wait too, so
+//! the space held back does not grow with the write rate — with its
+//! generation bumped. The grace is not what makes reuse safe — a reader
+//! holding an old pointer checks the block's key and generation (see
+//! `rolex_core::layout::value`) — it only spares such readers a retry.
+//!
+//! Who releases what: a block taken for a write that did not publish it
+//! (an update of an absent key, a failed lock, any error before the leaf
+//! write was posted) is given back at once; one whose leaf write may have
+//! landed (an indeterminate error) is kept out of use for good, since a
+//! slot may name it — as is the old block such a write may have replaced.
+//! Space held by a client when its process ends (its free blocks, the rest
+//! of its chunk) is not returned to the pool: a client that exits and
+//! reconnects starts new chunks. The bound is one chunk per size class in
+//! use plus the blocks freed within the grace period, per process.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rolex_core::layout::{block_class, ValueRegion, MIN_BLOCK};
+
+/// A block handed to a writer: where it is, its class, and the generation
+/// to write it with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Block {
+    /// Pool offset.
+    pub(crate) offset: u64,
+    /// Bytes of the block (its size class).
+    pub(crate) class: u64,
+    /// The generation it is to carry (never 0).
+    pub(crate) gen: u32,
+}
+
+/// What [`ValueSpace::take`] needs when it has no block of a class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NeedChunk {
+    /// Bytes to claim from the region (`FAA` on its `alloc` word).
+    pub(crate) len: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Blocks ready to hand out, by class: (offset, last generation).
+    ready: HashMap<u64, Vec<(u64, u32)>>,
+    /// Freed blocks waiting out the grace period, oldest first.
+    waiting: VecDeque<(Instant, u64, u64, u32)>,
+    /// Bytes of the blocks in `waiting`.
+    waiting_bytes: u64,
+    /// Bytes claimed from the region by this client.
+    claimed: u64,
+    /// Bytes in blocks freed and not handed out again.
+    free_bytes: u64,
+}
+
+/// The value space of one client, shared by its sessions (see the module
+/// docs).
+pub(crate) struct ValueSpace {
+    region: ValueRegion,
+    inner: Mutex<Inner>,
+}
+
+impl ValueSpace {
+    /// Bytes a chunk claim takes at least.
+    pub(crate) const CHUNK: u64 = 1 << 20;
+    /// How long a freed block waits before it is handed out again.
+    pub(crate) const GRACE: Duration = Duration::from_millis(20);
+    /// Bytes of freed blocks that may wait out the grace at once; past
+    /// them the oldest is handed out early.
+    pub(crate) const WAITING_MAX: u64 = 8 << 20;
+
+    /// The space of a client of the pool whose value region is `region`.
+    pub(crate) fn new(region: ValueRegion) -> Self {
+        Self {
+            region,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// The pool's value region.
+    pub(crate) fn region(&self) -> &ValueRegion {
+        &self.region
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A block for a value of `len` bytes (`len > INLINE_MAX`), or what to
+    /// claim first ([`Self::add_chunk`], then ask again). `None` for a
+    /// length no block holds.
+    pub(crate) fn take(&self, len: usize) -> Option<Result<Block, NeedChunk>> {
+        let class = block_class(len)?;
+        let mut g = self.lock();
+        let now = Instant::now();
+        while let Some(&(at, c, offset, gen)) = g.waiting.front() {
+            if now.duration_since(at) < Self::GRACE && g.waiting_bytes <= Self::WAITING_MAX {
+                break;
+            }
+            g.waiting.pop_front();
+            g.waiting_bytes -= c;
+            g.ready.entry(c).or_default().push((offset, gen));
+        }
+        match g.ready.get_mut(&class).and_then(Vec::pop) {
+            Some((offset, gen)) => {
+                g.free_bytes = g.free_bytes.saturating_sub(class);
+                Some(Ok(Block {
+                    offset,
+                    class,
+                    gen: next_gen(gen),
+                }))
+            }
+            None => Some(Err(NeedChunk {
+                len: class.max(Self::CHUNK),
+            })),
+        }
+    }
+
+    /// Adds the `len` bytes claimed at pool offset `offset` for blocks of
+    /// the class that holds `value_len` bytes: carved into blocks of that
+    /// class, the tail into the largest classes that fit.
+    pub(crate) fn add_chunk(&self, offset: u64, len: u64, value_len: usize) {
+        let class = block_class(value_len).unwrap_or(MIN_BLOCK);
+        let mut g = self.lock();
+        g.claimed += len;
+        let (mut at, end) = (offset, offset + len);
+        let blocks = len / class;
+        let ready = g.ready.entry(class).or_default();
+        for _ in 0..blocks {
+            ready.push((at, 0));
+            at += class;
+        }
+        while end - at >= MIN_BLOCK {
+            let c = largest_class_within(end - at);
+            g.ready.entry(c).or_default().push((at, 0));
+            at += c;
+        }
+        g.free_bytes += len - (end - at);
+    }
+
+    /// Gives back `block`, never published (no slot names it): ready at
+    /// once.
+    pub(crate) fn give_back(&self, block: Block) {
+        let mut g = self.lock();
+        g.free_bytes += block.class;
+        g.ready
+            .entry(block.class)
+            .or_default()
+            .push((block.offset, block.gen));
+    }
+
+    /// Frees the block at `offset` of class `class`, written with
+    /// generation `gen`, that a landed write unlinked: handed out again
+    /// after the grace period.
+    pub(crate) fn free(&self, offset: u64, class: u64, gen: u32) {
+        let mut g = self.lock();
+        g.free_bytes += class;
+        g.waiting_bytes += class;
+        g.waiting.push_back((Instant::now(), class, offset, gen));
+    }
+
+    /// Bytes claimed from the region and bytes free among them.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.claimed, g.free_bytes)
+    }
+}
+
+/// The generation after `gen` (never 0: 0 marks an inline value).
+fn next_gen(gen: u32) -> u32 {
+    gen.wrapping_add(1).max(1)
+}
+
+/// The largest size class of at most `room` bytes (`room >= MIN_BLOCK`).
+fn largest_class_within(room: u64) -> u64 {
+    let base = 1u64 << (63 - room.leading_zeros());
+    if base <= MIN_BLOCK {
+        return MIN_BLOCK;
+    }
+    let step = base / 4;
+    base + (room - base) / step * step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rolex_core::layout::ValueRegionHeader;
+
+    fn space() -> ValueSpace {
+        ValueSpace::new(ValueRegion::new(0, ValueRegionHeader::SIZE + (64 << 20)).unwrap())
+    }
+
+    #[test]
+    fn tail_classes_are_classes_and_fit() {
+        for room in (64..200_000).step_by(13) {
+            let c = largest_class_within(room);
+            assert!(c <= room, "{room}: {c}");
+            // A class: what block_class gives for its own payload.
+            assert_eq!(block_class((c - 32) as usize), Some(c), "{room}: {c}");
+        }
+    }
+
+    #[test]
+    fn chunks_are_carved_and_blocks_come_back_with_new_generations() {
+        let s = space();
+        let need = s.take(1000).unwrap().unwrap_err();
+        assert_eq!(need.len, ValueSpace::CHUNK);
+        s.add_chunk(4096, need.len, 1000);
+        let a = s.take(1000).unwrap().unwrap();
+        let b = s.take(1000).unwrap().unwrap();
+        assert_ne!(a.offset, b.offset);
+        assert_eq!((a.class, a.gen), (block_class(1000).unwrap(), 1));
+        assert!(a.offset >= 4096 && a.offset + a.class <= 4096 + ValueSpace::CHUNK);
+        // Given back unpublished: ready at once, same generation next.
+        s.give_back(a);
+        let a2 = s.take(1000).unwrap().unwrap();
+        assert_eq!((a2.offset, a2.gen), (a.offset, 2));
+        // Freed after a landed write: only after the grace.
+        s.free(b.offset, b.class, b.gen);
+        let c = s.take(1000).unwrap().unwrap();
+        assert_ne!(c.offset, b.offset);
+        std::thread::sleep(ValueSpace::GRACE + Duration::from_millis(5));
+        let mut got = None;
+        while let Some(Ok(x)) = s.take(1000) {
+            if x.offset == b.offset {
+                got = Some(x);
+                break;
+            }
+        }
+        assert_eq!(got.map(|x| x.gen), Some(b.gen + 1));
+        assert_eq!(s.take(MAX_LEN_PLUS), None);
+    }
+
+    const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;
+}
