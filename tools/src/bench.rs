@@ -92,8 +92,8 @@ use rolex_core::entry::LockOwner;
 use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::lease::LeaseClient;
+use rolex_host::kv::KvError;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats, PoolInfo};
-use rolex_host::kv::{KvError, KvSession};
 use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, TransferEngine,
@@ -104,6 +104,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
+
+use crate::values::{IdSession, Prior, Read, ValueSize};
 
 /// Arguments of `rolex bench`.
 #[derive(Debug, Args)]
@@ -189,6 +191,13 @@ pub struct BenchArgs {
     /// not with `--workload append`, whose keys go there).
     #[arg(long, value_name = "N")]
     grow: Option<u64>,
+    /// Value size in bytes: `B`, or `MIN..MAX` (a length drawn uniformly
+    /// per write), at least 8 (a value carries its writer's id for the
+    /// checks). 8: the values are `u64`s, inline in the leaves; longer
+    /// ones live out of line in value blocks, and every value read back is
+    /// checked byte for byte. [default: 8, or the remote memory node's]
+    #[arg(long, value_name = "B|MIN..MAX")]
+    value_size: Option<ValueSize>,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -444,6 +453,13 @@ fn remote_keys(
     }
     if let Some(e) = args.epsilon.filter(|&e| e != d.epsilon) {
         return Err(differ("--epsilon", e.to_string(), d.epsilon.to_string()));
+    }
+    if let Some(v) = args.value_size.filter(|&v| v != d.value_size) {
+        return Err(differ(
+            "--value-size",
+            v.to_string(),
+            d.value_size.to_string(),
+        ));
     }
     let (keys, dist) = match d.source.strip_prefix("dist:") {
         Some(name) => {
@@ -753,6 +769,8 @@ struct RunCtx {
     /// Whether faults are injected: an operation that fails is counted
     /// and the run goes on.
     faults: bool,
+    /// The run's value sizes.
+    value_size: ValueSize,
 }
 
 impl RunCtx {
@@ -816,7 +834,7 @@ impl Failed {
 
 /// One thread running its stream: its session, and what it saw.
 struct StreamRun<'a> {
-    session: KvSession,
+    session: IdSession,
     ctx: &'a RunCtx,
     out: ThreadOut,
     /// Keys whose insert by this thread returned an error: they may be
@@ -851,6 +869,18 @@ impl StreamRun<'_> {
             .get(key)
             .map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
         self.out.gets += 1;
+        let got = match got {
+            None => Prior::Absent,
+            Some(Read::Id(v)) => Prior::Id(v),
+            Some(Read::Foreign(len)) => {
+                self.out.problems.push(|| {
+                    format!(
+                        "{what} of key {key} returned {len} bytes that are no value written to it"
+                    )
+                });
+                return Ok(());
+            }
+        };
         self.check_present(what, key, got);
         Ok(())
     }
@@ -866,7 +896,7 @@ impl StreamRun<'_> {
                 }),
             )
         })?;
-        if prior.is_none() && self.unsure.contains(&key) {
+        if !prior.present() && self.unsure.contains(&key) {
             // Its insert did not take effect: the update wrote nothing.
             return Ok(None);
         }
@@ -914,10 +944,10 @@ impl StreamRun<'_> {
                 }),
             )
         })?;
-        if let Some(v) = prior {
+        if prior.present() {
             self.out
                 .problems
-                .push(|| format!("insert of new key {key} found it present with {v}"));
+                .push(|| format!("insert of new key {key} found it present ({prior:?})"));
         }
         Ok(Some(Write::Applied {
             key,
@@ -947,23 +977,40 @@ impl StreamRun<'_> {
                 )
             });
         }
-        for &(k, v) in &entries {
-            if !self.ctx.value_ok(k, v) {
-                p.push(|| format!("scan returned key {k} with {v}, never written to it"));
+        for &(k, r) in &entries {
+            match r {
+                Read::Id(v) if !self.ctx.value_ok(k, v) => {
+                    p.push(|| format!("scan returned key {k} with {v}, never written to it"))
+                }
+                Read::Foreign(len) => p.push(|| {
+                    format!(
+                        "scan returned key {k} with {len} bytes that are no value written to it"
+                    )
+                }),
+                Read::Id(_) => {}
             }
         }
         Ok(())
     }
 
-    /// Checks `got`, the value of `key` (present when issued) that `what`
-    /// saw — unless it is absent and its insert failed.
-    fn check_present(&mut self, what: &str, key: u64, got: Option<u64>) {
-        if got.is_some() {
+    /// Checks `got`, what `what` saw of `key` (present when issued) —
+    /// unless it is absent and its insert failed. A write with byte
+    /// values only says the key was present, not with which value.
+    fn check_present(&mut self, what: &str, key: u64, got: Prior) {
+        if got.present() {
             self.unsure.remove(&key);
         } else if self.unsure.contains(&key) {
             return;
         }
-        self.ctx.check_value(&mut self.out.problems, what, key, got);
+        match got {
+            Prior::Absent => self
+                .ctx
+                .check_value(&mut self.out.problems, what, key, None),
+            Prior::Id(v) => self
+                .ctx
+                .check_value(&mut self.out.problems, what, key, Some(v)),
+            Prior::Present => {}
+        }
     }
 }
 
@@ -979,7 +1026,7 @@ fn run_thread(
 ) -> Result<ThreadOut, String> {
     let session = client.session().map_err(|e| format!("thread {t}: {e}"))?;
     let mut run = StreamRun {
-        session,
+        session: IdSession::new(session, ctx.value_size),
         ctx,
         out: ThreadOut::new(),
         unsure: HashSet::new(),
@@ -1015,7 +1062,7 @@ fn run_thread(
     }
     // The unordered fabric's last unlock may still be in flight. With
     // injected faults it may fail: the locks counted at the end show it.
-    if let Err(e) = run.session.flush() {
+    if let Err(e) = run.session.session.flush() {
         if !ctx.faults {
             return Err(format!("thread {t}: {e}"));
         }
@@ -1080,6 +1127,7 @@ fn diff(a: &OpStats, b: &OpStats) -> OpStats {
         retries: b.retries - a.retries,
         refreshes: b.refreshes - a.refreshes,
         keys: b.keys - a.keys,
+        value_bytes: b.value_bytes - a.value_bytes,
     }
 }
 
@@ -1204,7 +1252,7 @@ fn verify(
     clients: &[KvClient],
     loaded: &[u64],
     writes: HashMap<u64, Vec<KeyWrites>>,
-    args: &BenchArgs,
+    (args, value_size): (&BenchArgs, ValueSize),
     by_others: &(dyn Fn(u64, Option<u64>) -> bool + Sync),
 ) -> Result<Problems, BenchError> {
     let keys: Vec<(u64, Vec<KeyWrites>)> = writes.into_iter().collect();
@@ -1212,16 +1260,27 @@ fn verify(
     let per = keys.len().div_ceil(args.threads.max(1)).max(1);
     let chunks: Vec<&[(u64, Vec<KeyWrites>)]> = keys.chunks(per).collect();
     let found = with_progress(chunks.len(), n, "verify", args.json, |t, done, abort| {
-        let mut s = clients[t % clients.len()]
+        let s = clients[t % clients.len()]
             .session()
             .map_err(|e| format!("verify: {e}"))?;
+        let mut s = IdSession::new(s, value_size);
         let mut problems = Problems::default();
         for (i, (key, w)) in chunks[t].iter().enumerate() {
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let got =
-                retry_injected(|| s.get(*key)).map_err(|e| format!("verify: get {key}: {e}"))?;
+            let got = match retry_injected(|| s.get(*key))
+                .map_err(|e| format!("verify: get {key}: {e}"))?
+            {
+                None => None,
+                Some(Read::Id(v)) => Some(v),
+                Some(Read::Foreign(len)) => {
+                    problems.push(|| {
+                        format!("key {key}: read back {len} bytes that are no value written to it")
+                    });
+                    continue;
+                }
+            };
             let initial = loaded
                 .binary_search(key)
                 .is_ok()
@@ -1299,6 +1358,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         start: Barrier::new(args.threads),
         activity: store.node.as_ref().map(|n| n.activity()),
         faults: args.inject_failures.is_some(),
+        value_size: setup.value_size,
     };
     let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
     let after = Snapshot::take(&store);
@@ -1363,9 +1423,10 @@ fn grow(
     let keys: Vec<u64> = (1..=n).map(|i| max + i * gap).collect();
     let t = args.threads.max(1);
     with_progress(t, n, "growing the store", quiet, |th, done, abort| {
-        let mut s = store.clients[th % store.clients.len()]
+        let s = store.clients[th % store.clients.len()]
             .session()
             .map_err(|e| format!("grow: {e}"))?;
+        let mut s = IdSession::new(s, setup.value_size);
         for (i, &k) in keys.iter().enumerate().skip(th).step_by(t) {
             if abort.load(Ordering::Relaxed) {
                 break;
@@ -1376,7 +1437,7 @@ fn grow(
                 done.fetch_add(PROGRESS_EVERY * t as u64, Ordering::Relaxed);
             }
         }
-        s.flush().map_err(|e| format!("grow: {e}"))
+        s.session.flush().map_err(|e| format!("grow: {e}"))
     })?;
     let mut order: Vec<u64> = setup.sets.order.to_vec();
     let mut added = keys.clone();
@@ -1405,6 +1466,9 @@ struct Setup {
     /// What this process's chain locks carry: its lease's id, if it holds
     /// one.
     lock_owner: LockOwner,
+    /// The run's value sizes: `--value-size`, or the remote memory
+    /// node's (they must agree), else 8.
+    value_size: ValueSize,
     /// Held until the run ends, so the memory node releases this
     /// process's chain locks if it dies holding them.
     _lease: Option<LeaseClient>,
@@ -1473,12 +1537,17 @@ impl Setup {
         let lock_owner = lease
             .as_ref()
             .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
+        let value_size = match &remote {
+            Some(r) => r.desc.value_size,
+            None => args.value_size.unwrap_or_default(),
+        };
         Ok(Setup {
             plan,
             sets,
             remote,
             base: args.compute_index * args.threads,
             lock_owner,
+            value_size,
             _lease: lease,
         })
     }
@@ -1518,7 +1587,8 @@ impl Store {
         let (node, pool, load_time) = match &setup.remote {
             Some(r) => (None, r.pool.clone(), Duration::ZERO),
             None => {
-                let (node, load_time) = bulk_load(mn_cfg, &setup.sets.loaded, quiet)?;
+                let (node, load_time) =
+                    bulk_load(mn_cfg, &setup.sets.loaded, setup.value_size, quiet)?;
                 let pool = node.pool();
                 (Some(node), pool, load_time)
             }
@@ -1558,6 +1628,22 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
         .ceil()
         .max(1.0);
     let insert_leaves = 2.0 * inserts as f64 / f64::from(leaf_slots);
+    // Value blocks: the loaded ones are sized by the node; beyond them,
+    // every insert's block at the largest size, and per compute node a
+    // chunk for each size class it may claim and the freed blocks it may
+    // hold back (see `rolex_kv`'s value space).
+    let value_spare = if setup.value_size.is_u64() {
+        None
+    } else {
+        let block = rolex_core::layout::block_class(setup.value_size.max()).unwrap_or(0);
+        let per_client = 64u64 << 20;
+        Some(
+            inserts
+                .saturating_mul(block)
+                .saturating_add(per_client.saturating_mul(args.clients as u64))
+                .saturating_add(setup.sets.loaded.len() as u64 * block / 4),
+        )
+    };
     MemoryNodeConfig {
         engine,
         leaf_slots,
@@ -1566,6 +1652,7 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
         spare_leaf_factor: defaults
             .spare_leaf_factor
             .max(0.25 + insert_leaves / loaded_leaves),
+        value_spare,
         ..defaults
     }
 }
@@ -1575,12 +1662,13 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
 fn bulk_load(
     cfg: MemoryNodeConfig,
     loaded: &[u64],
+    size: ValueSize,
     quiet: bool,
 ) -> Result<(MemoryNode, Duration), BenchError> {
     let sp = spinner(format!("bulk-loading {} keys", loaded.len()));
     let pairs: Vec<(u64, u64)> = loaded.iter().map(|&k| (k, ycsb::load_value(k))).collect();
     let load_start = Instant::now();
-    let node = MemoryNode::start(cfg, &pairs);
+    let node = MemoryNode::start_with_values(cfg, &pairs, &mut |k, id, out| size.fill(k, id, out));
     let load_time = load_start.elapsed();
     drop(pairs);
     if quiet {
@@ -1860,7 +1948,13 @@ fn verify_final(
                 ycsb::writer_of(v).is_some_and(|(t, _)| !mine.contains(&t)) && ctx.value_ok(key, v)
             })
     };
-    verify(&store.clients, &setup.sets.loaded, writes, args, &by_others)
+    verify(
+        &store.clients,
+        &setup.sets.loaded,
+        writes,
+        (args, setup.value_size),
+        &by_others,
+    )
 }
 
 /// Step 8: what a run prints, as a table or one JSON line.
@@ -1923,6 +2017,10 @@ impl Report<'_> {
             ("p99_us", v(r2(f.p99_us).into())),
             ("rtt_per_op", per_kind(&|o| r3(o.rtt_per_op()))),
             ("bytes_per_op", per_kind(&|o| r2(o.bytes_per_op()))),
+            (
+                "value_bytes_per_op",
+                per_kind(&|o| r2(o.value_bytes_per_op())),
+            ),
             ("leaves_per_get", v(r3(f.leaves_per_get).into())),
             (
                 "retries_per_op",
@@ -2009,16 +2107,20 @@ impl Report<'_> {
 
     /// Round trips, bytes, leaves and retries per operation kind.
     fn print_per_op(&self) {
-        println!("per op          rtts    bytes   leaves  retries  ops");
+        println!(
+            "per op          rtts    bytes   leaves  retries  value B  ops   (values: {} bytes)",
+            self.setup.value_size
+        );
         for (k, o) in KvOp::ALL.iter().zip(&self.figures.per) {
             if o.ops > 0 {
                 println!(
-                    "  {:<12} {:>6.3} {:>8.1} {:>8.3} {:>8.4}  {}",
+                    "  {:<12} {:>6.3} {:>8.1} {:>8.3} {:>8.4} {:>8.1}  {}",
                     k.name(),
                     o.rtt_per_op(),
                     o.bytes_per_op(),
                     o.leaves_per_op(),
                     o.retries_per_op(),
+                    o.value_bytes_per_op(),
                     o.ops
                 );
             }
@@ -2307,6 +2409,7 @@ mod tests {
             start: Barrier::new(1),
             activity: None,
             faults: false,
+            value_size: ValueSize::default(),
         };
         assert!(ctx.value_ok(5, load_value(5)));
         assert!(!ctx.value_ok(7, load_value(5)));

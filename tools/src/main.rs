@@ -10,6 +10,7 @@ mod memnode;
 mod plot;
 mod plr;
 mod te_bench;
+mod values;
 mod ycsb;
 
 use clap::{Parser, Subcommand};

@@ -59,6 +59,7 @@ use crate::dataset::{DataSetArgs, EmptyFile};
 use crate::fabric::{
     libfabric_engine, parse_fabric, serving_node, verbs_kv_engine, FabricArg, VerbsArgs,
 };
+use crate::values::ValueSize;
 use crate::ycsb;
 
 /// What a memory node serving other processes loaded, attached to its
@@ -67,8 +68,9 @@ use crate::ycsb;
 ///
 /// Text form: `key=value` words separated by spaces — `source` (`dist:D`
 /// or `keys`), `n`, `seed`, `keyhash` (FNV-1a of the keys' little-endian
-/// bytes, in hex), `leaf_slots`, `fill`, `epsilon`, and `lease` (the
-/// memory node's lease port, on the bootstrap's address; optional).
+/// bytes, in hex), `leaf_slots`, `fill`, `epsilon`, `values` (the value
+/// sizes, `B` or `MIN..MAX`; 8 when absent) and `lease` (the memory
+/// node's lease port, on the bootstrap's address; optional).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataSetDesc {
     /// `dist:NAME` for a generated set, `keys` for a file's.
@@ -85,6 +87,8 @@ pub struct DataSetDesc {
     pub fill: f64,
     /// Error bound of the models.
     pub epsilon: u64,
+    /// The values' sizes (`crate::values`).
+    pub value_size: ValueSize,
     /// Port of the memory node's lease server (on the bootstrap's host),
     /// where each compute process gets the id its chain locks carry.
     pub lease: Option<u16>,
@@ -105,8 +109,15 @@ impl DataSetDesc {
     /// The text form.
     pub fn encode(&self) -> String {
         let mut s = format!(
-            "source={} n={} seed={} keyhash={:016x} leaf_slots={} fill={} epsilon={}",
-            self.source, self.n, self.seed, self.keyhash, self.leaf_slots, self.fill, self.epsilon
+            "source={} n={} seed={} keyhash={:016x} leaf_slots={} fill={} epsilon={} values={}",
+            self.source,
+            self.n,
+            self.seed,
+            self.keyhash,
+            self.leaf_slots,
+            self.fill,
+            self.epsilon,
+            self.value_size
         );
         if let Some(p) = self.lease {
             s.push_str(&format!(" lease={p}"));
@@ -137,6 +148,10 @@ impl DataSetDesc {
             leaf_slots: get("leaf_slots")?.parse().map_err(|_| bad("leaf_slots"))?,
             fill: get("fill")?.parse().map_err(|_| bad("fill"))?,
             epsilon: get("epsilon")?.parse().map_err(|_| bad("epsilon"))?,
+            value_size: match m.get("values") {
+                Some(v) => v.parse().map_err(|_| bad("values"))?,
+                None => ValueSize::default(),
+            },
             lease: match m.get("lease") {
                 Some(p) => Some(p.parse().map_err(|_| bad("lease"))?),
                 None => None,
@@ -224,6 +239,15 @@ pub struct MemnodeArgs {
     /// wakes on arriving bytes instead and ignores it.
     #[arg(long, default_value_t = 20)]
     idle_poll_us: u64,
+    /// Value size of the loaded data set, in bytes: `B`, or `MIN..MAX` (a
+    /// length per key, as `rolex bench --value-size` draws it). Values over
+    /// 8 bytes are laid out in value blocks.
+    #[arg(long, default_value = "8", value_name = "B|MIN..MAX")]
+    value_size: ValueSize,
+    /// MiB of value region beyond the loaded values, for the values
+    /// compute nodes write [default: half the loaded values, at least 16].
+    #[arg(long, value_name = "MIB")]
+    value_spare: Option<u64>,
 }
 
 /// Percentiles of a set of freeze times, in µs.
@@ -479,7 +503,9 @@ fn store_desc(pool_file: &Path, desc: &DataSetDesc) -> Result<(), String> {
 fn start_in_scratch_file(
     cfg: MemoryNodeConfig,
     pairs: &[(u64, u64)],
+    size: ValueSize,
 ) -> Result<MemoryNode, Box<dyn std::error::Error>> {
+    let fill = &mut |k, id, out: &mut Vec<u8>| size.fill(k, id, out);
     let dir = Path::new("/dev/shm");
     let dir = if dir.is_dir() {
         dir.to_path_buf()
@@ -494,7 +520,7 @@ fn start_in_scratch_file(
         pool_file: Some(path.clone()),
         ..cfg.clone()
     };
-    let started = MemoryNode::start(scratch, pairs);
+    let started = MemoryNode::start_with_values(scratch, pairs, fill);
     let _ = std::fs::remove_file(&path);
     match started {
         Ok(node) => Ok(node),
@@ -504,7 +530,7 @@ fn start_in_scratch_file(
                  and a fenced compute node's late writes are not refused",
                 dir.display()
             );
-            Ok(MemoryNode::start(cfg, pairs)?)
+            Ok(MemoryNode::start_with_values(cfg, pairs, fill)?)
         }
     }
 }
@@ -536,6 +562,7 @@ fn describe(args: &MemnodeArgs, cfg: &MemoryNodeConfig, keys: &[u64]) -> DataSet
         leaf_slots: cfg.leaf_slots,
         fill: cfg.fill,
         epsilon: cfg.epsilon,
+        value_size: args.value_size,
         lease: None,
     }
 }
@@ -584,6 +611,7 @@ fn serve(
         fill: args.fill.unwrap_or(defaults.fill),
         epsilon: args.epsilon.unwrap_or(defaults.epsilon),
         pool_file: args.pool_file.clone(),
+        value_spare: args.value_spare.map(|m| m.saturating_mul(1 << 20)),
         ..defaults
     };
     let (node_, desc) = match pool {
@@ -606,9 +634,12 @@ fn serve(
             // The values `rolex bench` checks its answers against.
             let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
             drop(keys);
+            let size = args.value_size;
             let node_ = match &args.pool_file {
-                Some(_) => MemoryNode::start(cfg, &pairs)?,
-                None => start_in_scratch_file(cfg, &pairs)?,
+                Some(_) => MemoryNode::start_with_values(cfg, &pairs, &mut |k, id, out| {
+                    size.fill(k, id, out)
+                })?,
+                None => start_in_scratch_file(cfg, &pairs, size)?,
             };
             drop(pairs);
             if let Some(path) = &args.pool_file {
@@ -851,9 +882,16 @@ mod tests {
             leaf_slots: 16,
             fill: 0.75,
             epsilon: 32,
+            value_size: "64..65536".parse().unwrap(),
             lease: Some(4000),
         };
         assert_eq!(DataSetDesc::parse(&d.encode()).unwrap(), d);
+        let old = d.encode().replace(" values=64..65536", "");
+        assert_eq!(
+            DataSetDesc::parse(&old).unwrap().value_size,
+            ValueSize::default(),
+            "a description without values has 8-byte values"
+        );
         assert_ne!(key_hash(&[1, 2, 3]), key_hash(&[1, 2, 4]));
         assert!(DataSetDesc::parse("source=keys n=1")
             .unwrap_err()

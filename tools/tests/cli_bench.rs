@@ -28,7 +28,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     j
 }
 
-const FIELDS: [&str; 22] = [
+const FIELDS: [&str; 23] = [
     "workload",
     "keys",
     "ops",
@@ -38,6 +38,7 @@ const FIELDS: [&str; 22] = [
     "p99_us",
     "rtt_per_op",
     "bytes_per_op",
+    "value_bytes_per_op",
     "leaves_per_get",
     "retries_per_op",
     "retrains",
@@ -92,6 +93,61 @@ fn every_workload_runs_and_verifies() {
         assert_eq!(j["locks_held_end"], 0, "{w}");
         space(&j, w);
     }
+}
+
+#[test]
+fn every_workload_runs_and_verifies_with_values_out_of_line() {
+    for (w, n) in [
+        ("ycsb-a", "2000"),
+        ("ycsb-e", "2000"),
+        ("ycsb-f", "2000"),
+        ("insert-only", "2000"),
+        ("churn", "2000"),
+        ("delete-only", "2000"),
+    ] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            n,
+            "--ops",
+            "1500",
+            "--value-size",
+            "9..3000",
+        ]);
+        assert_eq!(j["verified"], true, "{w}: {j}");
+        let total: f64 = ["get", "insert", "update", "delete", "scan"]
+            .iter()
+            .map(|k| j["value_bytes_per_op"][k].as_f64().unwrap())
+            .sum();
+        if w != "delete-only" {
+            assert!(total > 9.0, "{w}: values moved: {j}");
+        }
+        assert_eq!(j["locks_held_end"], 0, "{w}");
+    }
+    // Updates of large values reuse the blocks they free.
+    let j = bench_json(&[
+        "--workload",
+        "update-only",
+        "--dist",
+        "lognormal",
+        "-n",
+        "2000",
+        "--ops",
+        "20000",
+        "--value-size",
+        "4096",
+    ]);
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["value_bytes_per_op"]["update"], 4096.0, "{j}");
+    let (start, end) = (
+        j["pool_bytes_start"].as_f64().unwrap(),
+        j["pool_bytes_end"].as_f64().unwrap(),
+    );
+    // 20,000 updates of 4 KiB wrote 80 MB; the pool holds 2,000 values.
+    assert!(end <= start + 40e6, "space grew {start} -> {end}: {j}");
 }
 
 /// The space figures of a local run: bytes in use before and after, live
@@ -387,6 +443,18 @@ fn bad_arguments_are_refused() {
             "--fill",
         ),
         (vec!["--ops", "10", "--threads", "1", "--zipf", "1"], "θ"),
+        (
+            vec!["--ops", "10", "--threads", "1", "--value-size", "4"],
+            "below 8 bytes",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--value-size", "100..10"],
+            "empty",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--value-size", "1k"],
+            "byte count",
+        ),
         (vec!["--ops", "10", "--threads", "1", "--zipf", "0"], "θ"),
         (vec!["--ops", "10", "--threads", "1", "--zipf", "-0.5"], "θ"),
         (

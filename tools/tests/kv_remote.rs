@@ -45,10 +45,16 @@ impl Node {
     /// `rolex memnode` on `tcp` listening on `listen`, run under `prefix`
     /// (e.g. `ip netns exec NS`), holding `-n 3000` uniform keys.
     fn start(prefix: &[&str], listen: &str) -> Node {
+        Node::start_with(prefix, listen, &[])
+    }
+
+    /// [`Node::start`] with more arguments.
+    fn start_with(prefix: &[&str], listen: &str, extra: &[&str]) -> Node {
         let mut argv: Vec<&str> = prefix.to_vec();
         argv.push(BIN);
         argv.extend(["memnode", "--fabric", "libfabric:tcp", "--listen", listen]);
         argv.extend(["--dist", "uniform", "-n", "3000", "--token", "s3cret"]);
+        argv.extend_from_slice(extra);
         let mut cmd = Command::new(argv[0]);
         cmd.args(&argv[1..]);
         // The first line comes after the load.
@@ -311,6 +317,32 @@ fn two_compute_processes_insert_new_keys_into_one_memory_node() {
     let mut a = bench_args("ycsb-c", "500", &[]);
     a.extend(remote(&addr, "s3cret"));
     json(&spawn(&a).finish(), "reader after the inserts");
+}
+
+#[test]
+fn values_of_many_sizes_against_a_memory_node_in_another_process() {
+    // The node lays its keys' values (64 B to 64 KiB, out of line) into
+    // value blocks; a compute process updates and reads them over tcp, its
+    // new values in blocks it claims from the node's value region, and
+    // checks every value read back byte for byte.
+    let node = Node::start_with(
+        &[],
+        &format!("127.0.0.1:{}", free_port()),
+        &["--value-size", "64..65536"],
+    );
+    let mut a = bench_args("ycsb-a", "1500", &[]);
+    a.extend(remote(&node.addr, "s3cret"));
+    let v = json(&spawn(&a).finish(), "ycsb-a with values");
+    let get_bytes = v["value_bytes_per_op"]["get"].as_f64().unwrap();
+    assert!(get_bytes > 64.0, "values read back: {v}");
+    assert_eq!(v["rtt_per_op"]["get"].as_f64().unwrap().round(), 2.0, "{v}");
+    // A run that asks for other sizes is refused, naming them.
+    let mut a = bench_args("ycsb-a", "10", &["--value-size", "8"]);
+    a.extend(remote(&node.addr, "s3cret"));
+    let out = spawn(&a).finish();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("--value-size is 64..65536 there, 8 here"), "{e}");
 }
 
 #[test]

@@ -118,6 +118,26 @@
 //! posted, so an older read of it is a leaf that does not validate (zeros,
 //! as allocated) and is read again alone.
 //!
+//! # Values
+//!
+//! A slot holds a value of up to 8 bytes itself; a longer one lives in a
+//! value block the slot points to (`rolex_core::layout::value`: the block
+//! names its key, length and generation under a checksum). A write of an
+//! out-of-line value takes a block from the client's value space (module
+//! `values`; a chunk claim is one `FAA` round trip, amortized over a MiB)
+//! and WRITEs it **in the lock's batch**: nothing names the block yet, so
+//! it may land whether or not the lock does, and the leaf write that names
+//! it is posted only after that batch completed — so a reader that follows
+//! the pointer always finds the block whole, and writes keep their round
+//! trips (2 on an ordered fabric, 3 on an unordered one). A get of such a
+//! value is the leaf read, then the block read (2 round trips); a block
+//! that no longer names the key, length and generation its slot gave (the
+//! writer that replaced the value freed it and it was reused, or is being
+//! rewritten: the leaf read was stale) sends the get back to the leaf. The
+//! block a write replaced or deleted is freed once that write landed, and
+//! reused by this client with its generation bumped (module `values` says
+//! who releases what on every error path).
+//!
 //! # Errors: applied or not
 //!
 //! An error is determinate ([`KvError::may_have_applied`] is `false`: the
