@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 use rolex_core::imm_counter::{ImmCounter, ImmError};
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
 
+use crate::atomics::{AtomicProfile, AtomicRoute, SharedWords};
 use crate::batch::Channel;
 use crate::callback::{CallbackThread, Notify, OnDone, OnValue};
 use crate::counters::{Counters, DomainCounters, EngineCounters};
@@ -407,6 +408,68 @@ impl TransferEngine {
         // is this function's.
         let region = unsafe { Region::external(ptr, len, access, self.shared.id, group)? };
         self.register(region)
+    }
+
+    /// How this engine's NICs' atomics relate to the host: the reply byte
+    /// order of the first and the narrowest scope of all (design §5.8).
+    pub fn atomic_profile(&self) -> AtomicProfile {
+        AtomicProfile::combine(
+            self.shared
+                .groups
+                .iter()
+                .flat_map(|g| g.domains.iter().map(|d| d.atomic_profile())),
+        )
+    }
+
+    /// The host's own atomics on words of `mr` that peers update through
+    /// the NIC: through this engine's NIC where its atomics are atomic only
+    /// among NIC operations (ConnectX's `IBV_ATOMIC_HCA`), with CPU
+    /// atomics elsewhere (see [`crate::atomics`]). A memory node applies
+    /// every atomic on lock, queue and counter words through this.
+    pub fn shared_words(&self, mr: &MrHandle) -> Result<SharedWords, TransferError> {
+        self.shared_words_via(mr, self.atomic_profile().route())
+    }
+
+    /// [`TransferEngine::shared_words`] with the route chosen by the
+    /// caller (tests; a device whose detection is known to be wrong).
+    pub fn shared_words_via(
+        &self,
+        mr: &MrHandle,
+        route: AtomicRoute,
+    ) -> Result<SharedWords, TransferError> {
+        self.live()?;
+        if mr.region.engine() != self.shared.id {
+            return Err(TransferError::ForeignRegion);
+        }
+        let rkeys = self
+            .shared
+            .regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|r| Arc::ptr_eq(&r.region, &mr.region))
+            .map(|r| r.rkeys.clone())
+            .ok_or(TransferError::RegionDeregistered)?;
+        let group = self.group(mr.group())?;
+        let nics: Vec<(NetAddr, u64)> = group
+            .domains
+            .iter()
+            .map(|d| d.address())
+            .zip(rkeys)
+            .collect();
+        let r = &mr.region;
+        let desc = MrDesc::new(r.addr(), r.len(), r.access(), &nics).map_err(|error| {
+            TransferError::Malformed {
+                what: "local MrDesc",
+                error,
+            }
+        })?;
+        Ok(SharedWords::new(
+            self.shared.clone(),
+            mr.clone(),
+            desc,
+            route,
+        ))
     }
 
     /// Deregisters a region: its keys stop working at once, and when this

@@ -14,6 +14,8 @@
 //! - `shared` (private): the state the API, the group workers and the
 //!   channels share, and the check of remote ranges; it imports none of them.
 //! - `group` (private): the worker thread of each domain group.
+//! - [`atomics`]: how a NIC's atomics relate to the host's, and
+//!   [`SharedWords`], the host's own atomics on words peers update.
 //! - [`region`]: registered memory and [`MrHandle`].
 //! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
@@ -22,6 +24,7 @@
 //! - [`error`]: every failure, [`TransferError`].
 #![deny(missing_docs)]
 
+pub mod atomics;
 pub mod batch;
 pub mod callback;
 pub mod counters;
@@ -33,6 +36,7 @@ pub mod region;
 mod shared;
 pub mod watcher;
 
+pub use atomics::{AtomicProfile, AtomicRoute, AtomicScope, ReplyOrder, SharedWords};
 pub use batch::{BatchOp, Channel};
 pub use callback::{CompletionFlag, OnDone, OnValue};
 pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};

@@ -380,12 +380,14 @@ pub fn create_peer<D: QpDevice>(
 }
 
 /// What this side's handshake says about a peer's pair: the sender's
-/// address (`me`), its port's MTU code and the pair's numbers and PSNs.
+/// address (`me`), its port's MTU code, its read/atomic limits (`timing`,
+/// clamped to the device) and the pair's numbers and PSNs.
 pub fn local_handshake<Q>(
     kind: HandshakeKind,
     tag: u64,
     me: &VerbsAddr,
     mtu: u8,
+    timing: &RcTiming,
     qps: &PeerQps<Q>,
 ) -> Handshake {
     Handshake {
@@ -400,12 +402,15 @@ pub fn local_handshake<Q>(
         rdma_qpn: qps.rdma.qpn,
         rdma_psn: qps.rdma.psn,
         mtu,
+        rd_atomic: timing.max_rd_atomic,
+        dest_rd_atomic: timing.max_dest_rd_atomic,
     }
 }
 
 /// Connects a peer's two RC queue pairs (INIT → RTR → RTS) to the queue
 /// pairs the peer's handshake names: our msg QP to its msg QP, our rdma QP
-/// to its rdma QP.
+/// to its rdma QP. The initiator depth is lowered to the responder
+/// resources the peer offers ([`super::caps::agreed_timing`]).
 pub fn connect_peer<D: QpDevice>(
     dev: &mut D,
     qps: &mut PeerQps<D::Qp>,
@@ -415,6 +420,7 @@ pub fn connect_peer<D: QpDevice>(
     path_mtu: u8,
     timing: &RcTiming,
 ) -> Result<(), BringUpError> {
+    let timing = &super::caps::agreed_timing(timing, remote);
     let path = PathTo {
         dlid: remote.lid,
         dgid: remote.gid,
@@ -529,6 +535,9 @@ mod tests {
             rdma_qpn: 0x902,
             rdma_psn: 0x00_2222,
             mtu: 5,
+            rd_atomic: 16,
+            // The peer accepts fewer than we would initiate.
+            dest_rd_atomic: 4,
         }
     }
 
@@ -580,8 +589,10 @@ mod tests {
                 qkey: 0x55,
             },
             5,
+            &timing,
             &qps,
         );
+        assert_eq!((hs.rd_atomic, hs.dest_rd_atomic), (16, 16));
         assert_eq!((hs.msg_qpn, hs.msg_psn), (qps.msg.qpn, qps.msg.psn));
         assert_eq!((hs.rdma_qpn, hs.rdma_psn), (qps.rdma.qpn, qps.rdma.psn));
         connect_peer(&mut dev, &mut qps, &remote(), 1, 3, 5, &timing).unwrap();
@@ -611,6 +622,23 @@ mod tests {
                 ..
             }
         ));
+        // Initiator depth agreed down to the peer's 4; we accept our 16.
+        for (rtr, rts) in [(2, 3), (4, 5)] {
+            assert!(matches!(
+                dev.log[rtr].2,
+                Transition::Rtr {
+                    max_dest_rd_atomic: 16,
+                    ..
+                }
+            ));
+            assert!(matches!(
+                dev.log[rts].2,
+                Transition::Rts {
+                    max_rd_atomic: 4,
+                    ..
+                }
+            ));
+        }
         // Our msg QP targets the peer's msg QP at its PSN, rdma to rdma.
         match dev.log[2].2 {
             Transition::Rtr {

@@ -252,7 +252,7 @@ impl<Q> Connector<Q> {
     }
 
     fn handshake(&self, kind: HandshakeKind, tag: u64, qps: &PeerQps<Q>) -> Handshake {
-        local_handshake(kind, tag, &self.me, self.cfg.mtu, qps)
+        local_handshake(kind, tag, &self.me, self.cfg.mtu, &self.cfg.timing, qps)
     }
 
     /// Starts connecting to `peer` unless connected or connecting; returns

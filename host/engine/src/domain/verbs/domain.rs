@@ -48,6 +48,7 @@ use rolex_core::wire::{Access, NetAddr};
 
 use super::addr::VerbsAddr;
 use super::bringup::AccessFlags;
+use super::caps::DeviceCaps;
 use super::completions::WrError;
 use super::connect::{ConnectError, Connector, ConnectorConfig, Event, Outgoing, PeerState};
 use super::demux::{transfer_error, NotPosted, SendSide, WrTag};
@@ -57,6 +58,7 @@ use super::ffi::{wc_buffer, Ah, Device, DmaBuf, Qp, RegionMr};
 use super::handshake::ENCODED_LEN;
 use super::wr::{Chain, ChainOp, Sge, WrTemplates};
 use super::{Nic, VerbsConfig, GRH_LEN, UD_RECVS, UD_SENDS, UD_SLOT};
+use crate::atomics::AtomicProfile;
 use crate::counters::{CounterSnapshot, Counters};
 use crate::domain::{
     AnyEndpoint, Completion, Domain, Incoming, Local, RecvBuffer, Remote, WorkOp, WorkRequest,
@@ -220,6 +222,10 @@ pub(crate) struct Inner {
     waker: OnceLock<Thread>,
     alive: AtomicBool,
     pub(super) counters: Counters,
+    /// The device's atomics: fetched values are converted from
+    /// `atomics.reply` before a completion reports them.
+    atomics: AtomicProfile,
+    caps: DeviceCaps,
 }
 
 /// One verbs NIC of an engine (see the module docs).
@@ -336,7 +342,15 @@ impl VerbsDomain {
             lid,
             gid,
             mtu,
+            caps,
+            timing,
         } = nic;
+        // The receive queues were made as deep as the device takes.
+        let cfg = &VerbsConfig {
+            srq_depth: caps.clamp_srq(cfg.srq_depth),
+            timing,
+            ..cfg.clone()
+        };
         let me = VerbsAddr {
             gid,
             lid,
@@ -350,7 +364,7 @@ impl VerbsDomain {
                 port: cfg.port,
                 gid_index: cfg.gid_index,
                 mtu,
-                timing: cfg.timing,
+                timing,
                 retry: cfg.handshake_retry,
                 timeout: cfg.handshake_timeout,
             },
@@ -411,6 +425,8 @@ impl VerbsDomain {
                 waker: OnceLock::new(),
                 alive: AtomicBool::new(true),
                 counters: Counters::default(),
+                atomics: caps.atomic_profile(),
+                caps,
             }),
         })
     }
@@ -418,6 +434,11 @@ impl VerbsDomain {
     /// The device's name (`mlx5_0`, `rxe0`).
     pub fn device_name(&self) -> &str {
         &self.name
+    }
+
+    /// What the device reported at open.
+    pub fn caps(&self) -> DeviceCaps {
+        self.inner.caps
     }
 
     /// Whether registrations still ask for relaxed ordering (the device
@@ -877,10 +898,13 @@ impl Inner {
         }
     }
 
+    /// The old value an atomic left in its result slot, in host order.
     fn atomic_value(&self, live: &Live, slot: usize) -> Option<u64> {
-        live.atomics
+        let raw = live
+            .atomics
             .get(slot / ATOMIC_SLAB)?
-            .load_u64((slot % ATOMIC_SLAB) * 8)
+            .load_u64((slot % ATOMIC_SLAB) * 8)?;
+        Some(self.atomics.reply.to_host(raw))
     }
 
     fn atomic_slot(&self, live: &mut Live) -> Result<(usize, Sge), TransferError> {
@@ -1370,6 +1394,10 @@ impl Domain for VerbsDomain {
 
     fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    fn atomic_profile(&self) -> AtomicProfile {
+        self.inner.atomics
     }
 }
 

@@ -238,6 +238,24 @@ impl Context {
         Ok((attr.lid, attr.active_mtu as u8, attr.state))
     }
 
+    /// The device's capabilities the domain uses (`ibv_query_device`).
+    pub fn caps(&self) -> Result<super::caps::DeviceCaps, VerbsError> {
+        let mut attr = sys::ibv_device_attr::default();
+        // SAFETY: `attr` is a valid out-pointer for the call.
+        let rc = unsafe { sys::ibv_query_device(self.ctx, &mut attr) };
+        check("ibv_query_device", rc)?;
+        let nonneg = |v: c_int| u32::try_from(v).unwrap_or(0);
+        Ok(super::caps::DeviceCaps {
+            vendor_id: attr.vendor_id,
+            vendor_part_id: attr.vendor_part_id,
+            atomic_cap: attr.atomic_cap as u32,
+            max_qp_rd_atom: nonneg(attr.max_qp_rd_atom),
+            max_qp_init_rd_atom: nonneg(attr.max_qp_init_rd_atom),
+            max_qp: nonneg(attr.max_qp),
+            max_srq_wr: nonneg(attr.max_srq_wr),
+        })
+    }
+
     /// The GID at `index` of `port`.
     pub fn gid(&self, port: u8, index: u8) -> Result<[u8; 16], VerbsError> {
         let mut gid = sys::ibv_gid { raw: [0; 16] };

@@ -22,7 +22,9 @@
 //! and handshake exchange ([`connect`]), turning one completion per chain
 //! back into one outcome per request ([`completions`], [`demux`]) — lives
 //! in safe modules tested here, and names a failed call with
-//! [`VerbsError`] ([`error`]). The calls into libibverbs live in `ffi`, the
+//! [`VerbsError`] ([`error`]), the device's capabilities and what is
+//! chosen from them ([`caps`]: atomics' byte order and scope, clamped
+//! read/atomic limits agreed in the handshake). The calls into libibverbs live in `ffi`, the
 //! one module with `unsafe` besides the `Send` of the request chain and
 //! templates (`wr`); only the modules that drive a device import it:
 //! [`Nic`] (opening one) and the [`VerbsDomain`], which with its
@@ -30,6 +32,7 @@
 
 pub mod addr;
 pub mod bringup;
+pub mod caps;
 pub mod completions;
 pub mod connect;
 pub mod demux;

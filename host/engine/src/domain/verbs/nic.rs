@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use super::bringup::{self, BroughtUp};
+use super::bringup::{self, BroughtUp, RcTiming};
+use super::caps::DeviceCaps;
 use super::ffi::{Context, Cq, Device, Pd, Qp, Srq};
 use super::{cq_entries, demux, VerbsConfig};
 use crate::error::TransferError;
@@ -34,6 +35,11 @@ pub struct Nic {
     pub gid: [u8; 16],
     /// The port's active MTU code.
     pub mtu: u8,
+    /// What the device can do (`ibv_query_device`).
+    pub caps: DeviceCaps,
+    /// The configured RC timing with its read/atomic limits clamped to
+    /// the device: what the handshake offers.
+    pub timing: RcTiming,
 }
 
 impl Nic {
@@ -42,13 +48,16 @@ impl Nic {
         cfg.validate()
             .map_err(|why| TransferError::Config(crate::error::ConfigError::Verbs(why)))?;
         let ctx: Arc<Context> = Context::open(cfg.device.as_deref())?;
+        let caps = ctx.caps()?;
+        let timing = caps.clamp(cfg.timing);
+        let srq_depth = caps.clamp_srq(cfg.srq_depth);
         let (lid, mtu, _state) = ctx.port(cfg.port)?;
         let gid = ctx.gid(cfg.port, cfg.gid_index)?;
         let pd = Pd::new(&ctx)?;
         let cq = Cq::new(&ctx, cq_entries(cfg))?;
-        let srq = Srq::new(&pd, cfg.srq_depth)?;
-        srq.post_zero_length(cfg.srq_depth, demux::WrTag::Imm.id(0))?;
-        let msg_srq = Srq::new(&pd, cfg.srq_depth)?;
+        let srq = Srq::new(&pd, srq_depth)?;
+        srq.post_zero_length(srq_depth, demux::WrTag::Imm.id(0))?;
+        let msg_srq = Srq::new(&pd, srq_depth)?;
         let mut device = Device {
             pd,
             cq,
@@ -74,6 +83,8 @@ impl Nic {
             lid,
             gid,
             mtu: mtu.clamp(1, 5),
+            caps,
+            timing,
         })
     }
 
