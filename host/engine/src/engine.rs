@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rolex_core::imm_counter::{ImmCounter, ImmError};
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
 
 use crate::atomics::{AtomicProfile, AtomicRoute, SharedWords};
@@ -105,6 +104,14 @@ pub struct EngineConfig {
     pub max_transfer: u64,
     /// Pin workers to CPUs when the machine allows.
     pub pin_workers: bool,
+    /// Abort notices ([`crate::imm_wait`]): when a transfer carrying an
+    /// immediate fails part-way, tell its receiver with a zero-length write
+    /// carrying the immediate with [`ABORT_BIT`](crate::imm_wait::ABORT_BIT)
+    /// set, which fails the receiver's expectation on it with
+    /// [`TransferError::SenderAborted`]. Applications then use immediates
+    /// below the bit (others are refused with
+    /// [`TransferError::ImmReserved`]). Set it the same on every peer.
+    pub abort_notices: bool,
 }
 
 impl Default for EngineConfig {
@@ -115,6 +122,7 @@ impl Default for EngineConfig {
             fabric: Fabric::Loopback(LoopbackConfig::default()),
             max_transfer: 1 << 30,
             pin_workers: true,
+            abort_notices: false,
         }
     }
 }
@@ -229,12 +237,9 @@ impl TransferEngine {
                 return Err(TransferError::ThreadSpawn { thread: "callback" });
             }
         };
-        let shared = Arc::new(EngineShared::new(
-            id,
-            groups,
-            callback.queue(),
-            config.max_transfer,
-        ));
+        let mut shared = EngineShared::new(id, groups, callback.queue(), config.max_transfer);
+        shared.abort_notices = config.abort_notices;
+        let shared = Arc::new(shared);
         let mut engine = TransferEngine {
             shared: shared.clone(),
             workers: Vec::new(),
@@ -565,28 +570,73 @@ impl TransferEngine {
     /// fires once, when the count is reached, counting arrivals from before
     /// this call; firing consumes `count` arrivals so `imm` can be re-armed.
     /// `count == 0` fires at once. One expectation per immediate at a time.
+    /// It fires with an error instead if it is cancelled
+    /// ([`TransferEngine::cancel_imm_count`]) or the sender reports its
+    /// transfer failed ([`EngineConfig::abort_notices`]).
     pub fn expect_imm_count(
         &self,
         imm: u32,
         count: u32,
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.arm_imm(imm, count, on_done, None)
+    }
+
+    /// [`TransferEngine::expect_imm_count`] with a deadline: if the count
+    /// is not reached by `deadline`, `on_done` fires with
+    /// [`TransferError::ImmDeadline`] (naming the arrivals seen), and the
+    /// arrivals stay counted for the next expectation on `imm`.
+    pub fn expect_imm_count_until(
+        &self,
+        imm: u32,
+        count: u32,
+        deadline: std::time::Instant,
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.arm_imm(imm, count, on_done, Some(deadline))
+    }
+
+    /// Cancels the expectation armed on `imm`: its `on_done` fires with
+    /// [`TransferError::ImmCancelled`]; arrivals stay counted. Returns
+    /// whether one was armed.
+    pub fn cancel_imm_count(&self, imm: u32) -> bool {
+        let fired = self
+            .shared
+            .imm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cancel(imm);
+        match fired {
+            Some((n, r)) => {
+                n.fire(r, &self.shared.cbq);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn arm_imm(
+        &self,
+        imm: u32,
+        count: u32,
+        on_done: OnDone,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(), TransferError> {
         self.live()?;
+        self.shared.check_imm(Some(imm))?;
         let r = self
             .shared
             .imm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .expect(imm, count, Notify::Done(on_done));
+            .expect(imm, count, Notify::Done(on_done), deadline)?;
         match r {
-            Ok(Some(n)) => {
-                n.fire(Ok(0), &self.shared.cbq);
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(ImmError::AlreadyArmed(_)) => Err(TransferError::ImmAlreadyArmed { imm }),
-            Err(_) => Err(TransferError::ImmOverflow { imm }),
+            Some((n, r)) => n.fire(r, &self.shared.cbq),
+            // Group 0's worker keeps the deadlines: it recomputes its sleep.
+            None if deadline.is_some() => self.shared.groups[0].wake(),
+            None => {}
         }
+        Ok(())
     }
 
     /// Arrivals of `imm` not yet consumed by an expectation.
@@ -610,6 +660,7 @@ impl TransferEngine {
         dst: (&MrDesc, u64),
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         self.shared.check_len(OpKind::Write, len)?;
         self.shared.local(src.0, src.1, len)?;
         let group = src.0.group();
@@ -663,6 +714,7 @@ impl TransferEngine {
         dst: (&MrDesc, &Pages),
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         self.shared.check_len(OpKind::PagedWrite, page_len)?;
         let (sp, dp) = (src.1, dst.1);
         if sp.indices.len() != dp.indices.len() {
@@ -769,6 +821,7 @@ impl TransferEngine {
         src: &MrHandle,
         dst: &[ScatterDst],
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         if dst.is_empty() {
             return Err(TransferError::NoDestinations);
         }
@@ -818,6 +871,7 @@ impl TransferEngine {
         imm: u32,
         dst: &[MrDesc],
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(Some(imm))?;
         if dst.is_empty() {
             return Err(TransferError::NoDestinations);
         }
@@ -1002,12 +1056,11 @@ impl Drop for TransferEngine {
             r.region.kill();
         }
         // Expectations that can no longer fire.
-        let mut pending = Vec::new();
-        shared
+        let pending = shared
             .imm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .cancel_all(|_, n| pending.push(n));
+            .take_all();
         for n in pending {
             n.fire(Err(TransferError::EngineShutDown), &shared.cbq);
         }

@@ -16,6 +16,8 @@
 //! - `group` (private): the worker thread of each domain group.
 //! - [`atomics`]: how a NIC's atomics relate to the host's, and
 //!   [`SharedWords`], the host's own atomics on words peers update.
+//! - [`imm_wait`]: expectations with deadlines, cancellation and
+//!   senders' abort notices.
 //! - [`region`]: registered memory and [`MrHandle`].
 //! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
@@ -32,6 +34,7 @@ pub mod domain;
 pub mod engine;
 pub mod error;
 mod group;
+pub mod imm_wait;
 pub mod region;
 mod shared;
 pub mod watcher;
