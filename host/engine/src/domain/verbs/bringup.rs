@@ -158,6 +158,9 @@ pub enum Transition {
         /// RC: reads/atomics initiated.
         max_rd_atomic: u8,
     },
+    /// SQE → RTS: a UD queue pair whose send failed stops sending (the
+    /// send-queue-error state) until moved back; nothing else changes.
+    RecoverSqe,
 }
 
 /// A queue pair's state, as far as bring-up goes.
@@ -171,6 +174,9 @@ pub enum QpState {
     Rtr,
     /// Can send.
     Rts,
+    /// A send failed (UD): receives go on, sends wait for
+    /// [`Transition::RecoverSqe`].
+    Sqe,
 }
 
 impl QpState {
@@ -180,6 +186,9 @@ impl QpState {
             (QpState::Reset, Transition::Init { .. }) => Ok(QpState::Init),
             (QpState::Init, Transition::Rtr { .. }) => Ok(QpState::Rtr),
             (QpState::Rtr, Transition::Rts { .. }) => Ok(QpState::Rts),
+            // Harmless on a queue pair that is still at RTS (the error
+            // completion and the state change race).
+            (QpState::Sqe | QpState::Rts, Transition::RecoverSqe) => Ok(QpState::Rts),
             (from, _) => Err(BringUpError::Illegal { from }),
         }
     }
@@ -344,6 +353,13 @@ pub struct PeerQps<Q> {
     pub msg: BroughtUp<Q>,
     /// Write, write-with-immediate, read, atomics.
     pub rdma: BroughtUp<Q>,
+}
+
+/// Brings the UD queue pair back from SQE after a handshake send completed
+/// in error; without it every later handshake send of the domain would
+/// fail and no peer could connect.
+pub fn recover_ud<D: QpDevice>(dev: &mut D, qp: &mut D::Qp) -> Result<(), BringUpError> {
+    dev.modify(qp, QpRole::Ud, &Transition::RecoverSqe)
 }
 
 /// Creates the two RC queue pairs of a peer with random initial PSNs and
@@ -717,6 +733,19 @@ mod tests {
             })
         );
         assert!(QpState::Rts.apply(&rts).is_err());
+    }
+
+    #[test]
+    fn a_ud_queue_pair_comes_back_from_sqe() {
+        let r = Transition::RecoverSqe;
+        assert_eq!(QpState::Sqe.apply(&r), Ok(QpState::Rts));
+        assert_eq!(QpState::Rts.apply(&r), Ok(QpState::Rts));
+        assert!(QpState::Init.apply(&r).is_err());
+        // The call the domain makes after a failed handshake send.
+        let mut dev = Fake::default();
+        let (mut qp, _) = dev.create_qp(QpRole::Ud).unwrap();
+        recover_ud(&mut dev, &mut qp).unwrap();
+        assert_eq!(dev.log.last().map(|l| (l.0, l.2)), Some((QpRole::Ud, r)));
     }
 
     #[test]

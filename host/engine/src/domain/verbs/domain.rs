@@ -56,6 +56,7 @@ use super::endpoint::VerbsEndpoint;
 use super::error::VerbsError;
 use super::ffi::{wc_buffer, Ah, Device, DmaBuf, Qp, RegionMr};
 use super::handshake::ENCODED_LEN;
+use super::srq::SrqStock;
 use super::wr::{Chain, ChainOp, Sge, WrTemplates};
 use super::{Nic, VerbsConfig, GRH_LEN, UD_RECVS, UD_SENDS, UD_SLOT};
 use crate::atomics::AtomicProfile;
@@ -181,6 +182,8 @@ pub(super) struct Live {
     waiting: HashMap<NetAddr, VecDeque<(u64, ChainOp, Which)>>,
     next_seq: u64,
     budget: usize,
+    /// The immediates' receive queue (stocked by `Nic::open`).
+    imm_stock: SrqStock,
     templates: WrTemplates,
     chain: Chain,
     wcs: Vec<ibv_wc>,
@@ -341,6 +344,7 @@ impl VerbsDomain {
             qkey,
             lid,
             gid,
+            gid_index,
             mtu,
             caps,
             timing,
@@ -348,6 +352,7 @@ impl VerbsDomain {
         // The receive queues were made as deep as the device takes.
         let cfg = &VerbsConfig {
             srq_depth: caps.clamp_srq(cfg.srq_depth),
+            gid_index,
             timing,
             ..cfg.clone()
         };
@@ -363,6 +368,7 @@ impl VerbsDomain {
             ConnectorConfig {
                 port: cfg.port,
                 gid_index: cfg.gid_index,
+                max_peers: cfg.max_peers,
                 mtu,
                 timing,
                 retry: cfg.handshake_retry,
@@ -393,6 +399,11 @@ impl VerbsDomain {
             waiting: HashMap::new(),
             next_seq: 0,
             budget: cfg.cq_depth as usize,
+            imm_stock: {
+                let mut s = SrqStock::new(cfg.srq_depth);
+                s.refilled(cfg.srq_depth);
+                s
+            },
             templates: WrTemplates::new(cfg.max_inline),
             chain: Chain::new(),
             wcs: wc_buffer(64),
@@ -486,6 +497,10 @@ impl Inner {
                 break;
             }
         }
+        let due = live.imm_stock.due();
+        if due > 0 && live.dev.srq.post_zero_length(due, WrTag::Imm.id(0)).is_ok() {
+            live.imm_stock.refilled(due);
+        }
         let now = Instant::now();
         let (mut out, mut ev) = (Vec::new(), Vec::new());
         live.conn.tick(now, &mut out, &mut ev);
@@ -518,9 +533,8 @@ impl Inner {
                 } else if !ok && !flushed {
                     self.qp_failed(live, wc.qp_num);
                 }
-                // Keep the queue stocked; a failure leaves one fewer, which
-                // the sender's RNR retries absorb.
-                let _ = live.dev.srq.post_zero_length(1, WrTag::Imm.id(0));
+                // Refilled in one post below the watermark (`progress`).
+                live.imm_stock.consumed(1);
             }
             Some((WrTag::Msg, slot)) => {
                 let Some(MsgSlot { mut buf, staging }) = live.msgs.remove(&slot) else {
@@ -565,7 +579,14 @@ impl Inner {
                     let _ = live.ud.post_recv(WrTag::UdRecv.id(slot as u64), sge);
                 }
             }
-            Some((WrTag::UdSend, slot)) => live.ud_send_free.push(slot as usize),
+            Some((WrTag::UdSend, slot)) => {
+                live.ud_send_free.push(slot as usize);
+                if !ok && !flushed {
+                    // The UD queue pair is in SQE now; the handshake's
+                    // retry resends once it is back.
+                    let _ = super::bringup::recover_ud(&mut live.dev, &mut live.ud);
+                }
+            }
             None => {}
         }
     }

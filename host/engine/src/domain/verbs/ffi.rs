@@ -93,6 +93,11 @@ pub fn qp_attr(t: &Transition, ud: bool) -> (sys::ibv_qp_attr, c_uint) {
                 base | mask::IBV_QP_ACCESS_FLAGS
             }
         }
+        Transition::RecoverSqe => {
+            a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+            a.cur_qp_state = sys::ibv_qp_state::IBV_QPS_SQE;
+            mask::IBV_QP_STATE | mask::IBV_QP_CUR_STATE
+        }
         Transition::Rtr {
             path,
             dest_qpn,
@@ -248,7 +253,7 @@ impl Context {
         Ok(super::caps::DeviceCaps {
             vendor_id: attr.vendor_id,
             vendor_part_id: attr.vendor_part_id,
-            atomic_cap: attr.atomic_cap as u32,
+            atomic_cap: attr.atomic_cap,
             max_qp_rd_atom: nonneg(attr.max_qp_rd_atom),
             max_qp_init_rd_atom: nonneg(attr.max_qp_init_rd_atom),
             max_qp: nonneg(attr.max_qp),

@@ -31,8 +31,11 @@ pub struct Nic {
     pub qkey: u32,
     /// The port's LID.
     pub lid: u16,
-    /// The port's GID at the configured index.
+    /// The port's GID at `gid_index`.
     pub gid: [u8; 16],
+    /// The GID index in use: the configured one, or the one chosen
+    /// ([`VerbsConfig::auto_gid`]).
+    pub gid_index: u8,
     /// The port's active MTU code.
     pub mtu: u8,
     /// What the device can do (`ibv_query_device`).
@@ -52,7 +55,14 @@ impl Nic {
         let timing = caps.clamp(cfg.timing);
         let srq_depth = caps.clamp_srq(cfg.srq_depth);
         let (lid, mtu, _state) = ctx.port(cfg.port)?;
-        let gid = ctx.gid(cfg.port, cfg.gid_index)?;
+        let gid_index = match (cfg.auto_gid, cfg.gid_index) {
+            (true, 0) => {
+                let dir = std::path::Path::new(super::SYSFS_DEVICES).join(ctx.name());
+                super::gid::choose(&super::gid::read_port_gids(&dir, cfg.port)).unwrap_or(0)
+            }
+            (_, given) => given,
+        };
+        let gid = ctx.gid(cfg.port, gid_index)?;
         let pd = Pd::new(&ctx)?;
         let cq = Cq::new(&ctx, cq_entries(cfg))?;
         let srq = Srq::new(&pd, srq_depth)?;
@@ -82,6 +92,7 @@ impl Nic {
             qkey,
             lid,
             gid,
+            gid_index,
             mtu: mtu.clamp(1, 5),
             caps,
             timing,
