@@ -613,10 +613,16 @@ fn cpu_and_nic_atomics_agree(f: &dyn FabricUnderTest) -> CaseResult {
         profile.route()
     );
     let per = 64u64;
-    for (off, route) in [
+    let mut routes = vec![
         (8u64, profile.route()),
         (16, rolex_engine::AtomicRoute::Nic),
-    ] {
+    ];
+    // The experiment that answers "are this NIC's atomics atomic with the
+    // CPU's?" where the device says they are not (hwtests/README.md).
+    if std::env::var_os("ROLEX_HWTESTS_CPU_ATOMICS").is_some() {
+        routes.push((24, rolex_engine::AtomicRoute::Cpu));
+    }
+    for (off, route) in routes {
         let words = host.shared_words_via(&word, route)?;
         let peers: Vec<_> = (0..2)
             .map(|_| {
@@ -790,6 +796,70 @@ fn split_over_four_nics(f: &dyn FabricUnderTest) -> CaseResult {
     Ok(())
 }
 
+/// Several NICs per engine (design §4, multi-NIC): small writes, reads
+/// and atomics spread over every NIC of the sender's group, each lands
+/// right, and a receiver with another NIC count completes a sharded write
+/// knowing only its own count and the sender's.
+fn small_ops_spread_over_nics(f: &dyn FabricUnderTest) -> CaseResult {
+    let (a, b, src, dst, dd) = pair(f, 2, 4096)?;
+    src.write(0, &pattern(4096, 5))?;
+    let rounds = 8u64;
+    for i in 0..rounds {
+        let at = 64 * i;
+        let (fl, d) = flag();
+        a.submit_single_write(64, None, (&src, at), (&dd, at), d)?;
+        wait(&fl)??;
+        let (fl, d) = flag();
+        a.submit_read(64, (&src, 2048 + at), (&dd, at), d)?;
+        wait(&fl)??;
+        nic_atomic(&a, &dd, 1024 + 8 * (i % 4), Atomic::Faa(1))?;
+    }
+    ensure!(
+        dst.to_vec(0, 512)? == pattern(4096, 5)[..512],
+        "small writes misplaced"
+    );
+    ensure!(
+        src.to_vec(2048, 512)? == pattern(4096, 5)[..512],
+        "small reads misplaced"
+    );
+    for w in 0..4 {
+        ensure!(dst.load_u64(1024 + 8 * w)? == rounds / 4, "atomics lost");
+    }
+    let c = a.counters();
+    for d in &c.domains {
+        let k = &d.counters;
+        ensure!(
+            k.writes > 0 && k.reads > 0 && k.atomics > 0,
+            "NIC {} of 2 carried writes/reads/atomics {}/{}/{}",
+            d.addr,
+            k.writes,
+            k.reads,
+            k.atomics
+        );
+    }
+    // A 4-NIC sender to this 2-NIC receiver.
+    let wide = f.engine(4)?;
+    let len = 256 * 1024u64;
+    let (big, _) = wide.alloc_mr(len, Access::all())?;
+    let (bdst, bd) = b.alloc_mr(len, Access::all())?;
+    big.write(0, &pattern(len as usize, 6))?;
+    let (landed, d) = flag();
+    b.expect_imm_count(
+        11,
+        rolex_engine::single_write_pieces(len, wide.nics(), bd.nics.len()),
+        d,
+    )?;
+    let (fl, d) = flag();
+    wide.submit_single_write(len, Some(11), (&big, 0), (&bd, 0), d)?;
+    wait(&fl)??;
+    wait(&landed)??;
+    ensure!(
+        bdst.to_vec(0, len as usize)? == pattern(len as usize, 6),
+        "sharded write incomplete"
+    );
+    Ok(())
+}
+
 /// Every case, in run order.
 pub const CASES: &[Case] = &[
     Case {
@@ -823,6 +893,10 @@ pub const CASES: &[Case] = &[
     Case {
         name: "split_over_four_nics",
         run: split_over_four_nics,
+    },
+    Case {
+        name: "small_ops_spread_over_nics",
+        run: small_ops_spread_over_nics,
     },
 ];
 

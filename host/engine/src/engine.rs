@@ -11,7 +11,8 @@
 //!
 //! Multi-NIC: a single write of at least [`SPLIT_MIN`] bytes is split into
 //! [`single_write_pieces`] pieces, piece `i` on local NIC `i` to the
-//! peer's NIC `i`; paged writes send page `i`, and scatters destination
+//! peer's NIC `i`; smaller writes, reads, atomics and sends take the NICs
+//! in turn; paged writes send page `i`, and scatters destination
 //! `i`, through NIC `i mod k`. Every piece that carries an immediate counts
 //! one arrival at the receiver, so a receiver expects
 //! `single_write_pieces(len, sender_nics, receiver_nics)` arrivals for a
@@ -675,7 +676,14 @@ impl TransferEngine {
         }
         let mut ops = Vec::with_capacity(pieces as usize);
         let mut off = 0;
-        let mut i = 0;
+        // A write of one piece goes through the next NIC in turn (small
+        // writes spread over the group like reads and atomics); piece `i`
+        // of a split write through NIC `i`.
+        let mut i = if pieces == 1 {
+            self.shared.nic() % nics
+        } else {
+            0
+        };
         while off < len {
             let n = chunk.min(len - off);
             let remote = match remote(dst.0, i, dst.1 + off, n, Access::REMOTE_WRITE) {
