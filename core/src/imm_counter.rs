@@ -105,6 +105,23 @@ pub trait ImmCounter<T> {
     /// Removes the armed expectation on `imm` (engine shutdown,
     /// cancellation), returning its token. Arrivals already counted stay.
     fn cancel(&mut self, imm: u32) -> Option<T>;
+
+    /// The armed expectation on `imm`, as `(target, token)`.
+    fn armed(&self, imm: u32) -> Option<(u32, &T)>;
+
+    /// Removes the armed expectation on `imm` only if `pred` accepts its
+    /// token (a deadline that belongs to that expectation and not to a
+    /// later one on the same immediate); returns the token removed.
+    /// Arrivals already counted stay.
+    fn cancel_if(&mut self, imm: u32, pred: impl FnOnce(&T) -> bool) -> Option<T>
+    where
+        Self: Sized,
+    {
+        match self.armed(imm) {
+            Some((_, t)) if pred(t) => self.cancel(imm),
+            _ => None,
+        }
+    }
 }
 
 /// The state of one tracked immediate; the logic both stores share.
@@ -283,6 +300,11 @@ impl<T, const N: usize> ImmCounter<T> for FixedImmCounter<T, N> {
             .is_ok_and(|at| self.slots[at].1.armed.is_some())
     }
 
+    fn armed(&self, imm: u32) -> Option<(u32, &T)> {
+        let at = self.find(imm).ok()?;
+        self.slots[at].1.armed.as_ref().map(|(n, t)| (*n, t))
+    }
+
     fn cancel(&mut self, imm: u32) -> Option<T> {
         let at = self.find(imm).ok()?;
         let token = self.slots[at].1.armed.take().map(|(_, t)| t);
@@ -392,6 +414,10 @@ mod map {
         fn cancel(&mut self, imm: u32) -> Option<T> {
             self.with_slot(imm, |slot| slot.armed.take().map(|(_, t)| t))
         }
+
+        fn armed(&self, imm: u32) -> Option<(u32, &T)> {
+            self.slots.get(&imm)?.armed.as_ref().map(|(n, t)| (*n, t))
+        }
     }
 }
 
@@ -471,6 +497,29 @@ mod tests {
         assert_eq!(c.expect(1, u32::MAX, 4), Ok(None));
         assert_eq!(c.arrive(1, u32::MAX), Ok(Some(4)));
         assert_eq!(c.count(1), u32::MAX - 1);
+    }
+
+    fn cancel_if_only_takes_the_expectation_it_names<C: ImmCounter<u8>>(mut c: C) {
+        assert_eq!(c.armed(1), None);
+        assert_eq!(c.cancel_if(1, |_| true), None);
+        c.arrive(1, 2).unwrap();
+        assert_eq!(c.expect(1, 5, 7), Ok(None));
+        assert_eq!(c.armed(1), Some((5, &7)));
+        // A deadline of an earlier expectation (token 6) leaves this one.
+        assert_eq!(c.cancel_if(1, |t| *t == 6), None);
+        assert!(c.is_armed(1));
+        assert_eq!(c.cancel_if(1, |t| *t == 7), Some(7));
+        assert!(!c.is_armed(1));
+        // The arrivals stay for the next expectation.
+        assert_eq!(c.count(1), 2);
+        assert_eq!(c.expect(1, 2, 8), Ok(Some(8)));
+    }
+
+    #[test]
+    fn cancel_if_on_both_stores() {
+        cancel_if_only_takes_the_expectation_it_names(FixedImmCounter::<u8, 4>::new());
+        #[cfg(feature = "alloc")]
+        cancel_if_only_takes_the_expectation_it_names(ImmCounterMap::<u8>::new());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! names which fabrics ran, which were skipped and why, and every failure.
 //! The cases check only what design §3 promises on all fabrics: reliable,
 //! unordered delivery; protection (nothing changes on a violation);
-//! 8-byte atomics atomic against each other; immediates after data.
+//! 8-byte atomics atomic against each other and, through
+//! `shared_words`, against the host's own; immediates after data.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -556,6 +557,126 @@ fn atomics_are_atomic(f: &dyn FabricUnderTest) -> CaseResult {
     Ok(())
 }
 
+/// One atomic from `e` on `dst`'s word at `off`, waited for.
+fn nic_atomic(e: &TransferEngine, dst: &MrDesc, off: u64, op: Atomic) -> Result<u64, Failure> {
+    let (vf, v) = vflag();
+    match op {
+        Atomic::Faa(add) => e.submit_faa((dst, off), add, v)?,
+        Atomic::Cas(expected, new) => e.submit_cas((dst, off), expected, new, v)?,
+    }
+    Ok(wait(&vf)??)
+}
+
+#[derive(Clone, Copy)]
+enum Atomic {
+    Faa(u64),
+    Cas(u64, u64),
+}
+
+/// Design §5.8: a word the host updates itself while peers update it
+/// through the NIC. Checks the fetched value's byte order (a value the CPU
+/// stored comes back the same through FAA and CAS), then mixes the host's
+/// own increments, through [`TransferEngine::shared_words`] on the route
+/// the engine chose and on the NIC route, with peers' NIC increments on
+/// one word: no update may be lost.
+fn cpu_and_nic_atomics_agree(f: &dyn FabricUnderTest) -> CaseResult {
+    let host = f.engine(1)?;
+    let (word, wd) = host.alloc_mr(64, Access::all())?;
+    let peer = f.engine(1)?;
+    let v = 0x0102_0304_0506_0708u64;
+    word.store_u64(0, v)?;
+    let got = nic_atomic(&peer, &wd, 0, Atomic::Faa(0))?;
+    ensure!(
+        got == v,
+        "FAA fetched {got:#018x} for {v:#018x}{} (engine reply order: {:?})",
+        if got == v.swap_bytes() {
+            ": byte-swapped, the device replies big-endian"
+        } else {
+            ""
+        },
+        peer.atomic_profile().reply
+    );
+    let w = 0x1112_1314_1516_1718u64;
+    let got = nic_atomic(&peer, &wd, 0, Atomic::Cas(v, w))?;
+    ensure!(got == v, "CAS fetched {got:#018x}, expected {v:#018x}");
+    ensure!(
+        word.load_u64(0)? == w,
+        "CAS did not swap: the word holds {:#018x}",
+        word.load_u64(0)?
+    );
+
+    let profile = host.atomic_profile();
+    eprintln!(
+        "conformance: {}: atomics {:?}, the host's own go by {:?}",
+        f.name(),
+        profile,
+        profile.route()
+    );
+    let per = 64u64;
+    let mut routes = vec![
+        (8u64, profile.route()),
+        (16, rolex_engine::AtomicRoute::Nic),
+    ];
+    // The experiment that answers "are this NIC's atomics atomic with the
+    // CPU's?" where the device says they are not (hwtests/README.md).
+    if std::env::var_os("ROLEX_HWTESTS_CPU_ATOMICS").is_some() {
+        routes.push((24, rolex_engine::AtomicRoute::Cpu));
+    }
+    for (off, route) in routes {
+        let words = host.shared_words_via(&word, route)?;
+        let peers: Vec<_> = (0..2)
+            .map(|_| {
+                let e = f.engine(1);
+                let wd = wd.clone();
+                std::thread::spawn(move || -> Result<(), Failure> {
+                    let e = e?;
+                    for i in 0..per {
+                        // Half increments, half CAS loops as lock words see.
+                        if i % 2 == 0 {
+                            nic_atomic(&e, &wd, off, Atomic::Faa(1))?;
+                        } else {
+                            let mut seen = 0;
+                            loop {
+                                let old = nic_atomic(&e, &wd, off, Atomic::Cas(seen, seen + 1))?;
+                                if old == seen {
+                                    break;
+                                }
+                                seen = old;
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for i in 0..per {
+            if i % 2 == 0 {
+                words.faa(off, 1)?;
+            } else {
+                let mut seen = words.load(off)?;
+                loop {
+                    let old = words.cas(off, seen, seen + 1)?;
+                    if old == seen {
+                        break;
+                    }
+                    seen = old;
+                }
+            }
+        }
+        for h in peers {
+            h.join()
+                .map_err(|_| Failure("peer thread panicked".into()))??;
+        }
+        let total = word.load_u64(off)?;
+        ensure!(
+            total == 3 * per,
+            "{route:?} route: {total} of {} updates survived",
+            3 * per
+        );
+    }
+    Ok(())
+}
+
 fn send_recv(f: &dyn FabricUnderTest) -> CaseResult {
     let a = f.engine(1)?;
     let b = f.engine(1)?;
@@ -675,6 +796,70 @@ fn split_over_four_nics(f: &dyn FabricUnderTest) -> CaseResult {
     Ok(())
 }
 
+/// Several NICs per engine (design §4, multi-NIC): small writes, reads
+/// and atomics spread over every NIC of the sender's group, each lands
+/// right, and a receiver with another NIC count completes a sharded write
+/// knowing only its own count and the sender's.
+fn small_ops_spread_over_nics(f: &dyn FabricUnderTest) -> CaseResult {
+    let (a, b, src, dst, dd) = pair(f, 2, 4096)?;
+    src.write(0, &pattern(4096, 5))?;
+    let rounds = 8u64;
+    for i in 0..rounds {
+        let at = 64 * i;
+        let (fl, d) = flag();
+        a.submit_single_write(64, None, (&src, at), (&dd, at), d)?;
+        wait(&fl)??;
+        let (fl, d) = flag();
+        a.submit_read(64, (&src, 2048 + at), (&dd, at), d)?;
+        wait(&fl)??;
+        nic_atomic(&a, &dd, 1024 + 8 * (i % 4), Atomic::Faa(1))?;
+    }
+    ensure!(
+        dst.to_vec(0, 512)? == pattern(4096, 5)[..512],
+        "small writes misplaced"
+    );
+    ensure!(
+        src.to_vec(2048, 512)? == pattern(4096, 5)[..512],
+        "small reads misplaced"
+    );
+    for w in 0..4 {
+        ensure!(dst.load_u64(1024 + 8 * w)? == rounds / 4, "atomics lost");
+    }
+    let c = a.counters();
+    for d in &c.domains {
+        let k = &d.counters;
+        ensure!(
+            k.writes > 0 && k.reads > 0 && k.atomics > 0,
+            "NIC {} of 2 carried writes/reads/atomics {}/{}/{}",
+            d.addr,
+            k.writes,
+            k.reads,
+            k.atomics
+        );
+    }
+    // A 4-NIC sender to this 2-NIC receiver.
+    let wide = f.engine(4)?;
+    let len = 256 * 1024u64;
+    let (big, _) = wide.alloc_mr(len, Access::all())?;
+    let (bdst, bd) = b.alloc_mr(len, Access::all())?;
+    big.write(0, &pattern(len as usize, 6))?;
+    let (landed, d) = flag();
+    b.expect_imm_count(
+        11,
+        rolex_engine::single_write_pieces(len, wide.nics(), bd.nics.len()),
+        d,
+    )?;
+    let (fl, d) = flag();
+    wide.submit_single_write(len, Some(11), (&big, 0), (&bd, 0), d)?;
+    wait(&fl)??;
+    wait(&landed)??;
+    ensure!(
+        bdst.to_vec(0, len as usize)? == pattern(len as usize, 6),
+        "sharded write incomplete"
+    );
+    Ok(())
+}
+
 /// Every case, in run order.
 pub const CASES: &[Case] = &[
     Case {
@@ -694,6 +879,10 @@ pub const CASES: &[Case] = &[
         run: atomics_are_atomic,
     },
     Case {
+        name: "cpu_and_nic_atomics_agree",
+        run: cpu_and_nic_atomics_agree,
+    },
+    Case {
         name: "send_recv",
         run: send_recv,
     },
@@ -704,6 +893,10 @@ pub const CASES: &[Case] = &[
     Case {
         name: "split_over_four_nics",
         run: split_over_four_nics,
+    },
+    Case {
+        name: "small_ops_spread_over_nics",
+        run: small_ops_spread_over_nics,
     },
 ];
 

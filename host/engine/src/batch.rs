@@ -150,6 +150,7 @@ impl Channel {
                 imm,
             } => {
                 e.check_len(OpKind::Write, len)?;
+                e.check_imm(imm)?;
                 WorkOp::Write {
                     local: Some(e.local(src, src_offset, len)?),
                     remote: remote(dst, self.nic, dst_offset, len, Access::REMOTE_WRITE)?,

@@ -11,7 +11,8 @@
 //!
 //! Multi-NIC: a single write of at least [`SPLIT_MIN`] bytes is split into
 //! [`single_write_pieces`] pieces, piece `i` on local NIC `i` to the
-//! peer's NIC `i`; paged writes send page `i`, and scatters destination
+//! peer's NIC `i`; smaller writes, reads, atomics and sends take the NICs
+//! in turn; paged writes send page `i`, and scatters destination
 //! `i`, through NIC `i mod k`. Every piece that carries an immediate counts
 //! one arrival at the receiver, so a receiver expects
 //! `single_write_pieces(len, sender_nics, receiver_nics)` arrivals for a
@@ -23,9 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rolex_core::imm_counter::{ImmCounter, ImmError};
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
 
+use crate::atomics::{AtomicProfile, AtomicRoute, SharedWords};
 use crate::batch::Channel;
 use crate::callback::{CallbackThread, Notify, OnDone, OnValue};
 use crate::counters::{Counters, DomainCounters, EngineCounters};
@@ -104,6 +105,14 @@ pub struct EngineConfig {
     pub max_transfer: u64,
     /// Pin workers to CPUs when the machine allows.
     pub pin_workers: bool,
+    /// Abort notices ([`crate::imm_wait`]): when a transfer carrying an
+    /// immediate fails part-way, tell its receiver with a zero-length write
+    /// carrying the immediate with [`ABORT_BIT`](crate::imm_wait::ABORT_BIT)
+    /// set, which fails the receiver's expectation on it with
+    /// [`TransferError::SenderAborted`]. Applications then use immediates
+    /// below the bit (others are refused with
+    /// [`TransferError::ImmReserved`]). Set it the same on every peer.
+    pub abort_notices: bool,
 }
 
 impl Default for EngineConfig {
@@ -114,6 +123,7 @@ impl Default for EngineConfig {
             fabric: Fabric::Loopback(LoopbackConfig::default()),
             max_transfer: 1 << 30,
             pin_workers: true,
+            abort_notices: false,
         }
     }
 }
@@ -228,12 +238,9 @@ impl TransferEngine {
                 return Err(TransferError::ThreadSpawn { thread: "callback" });
             }
         };
-        let shared = Arc::new(EngineShared::new(
-            id,
-            groups,
-            callback.queue(),
-            config.max_transfer,
-        ));
+        let mut shared = EngineShared::new(id, groups, callback.queue(), config.max_transfer);
+        shared.abort_notices = config.abort_notices;
+        let shared = Arc::new(shared);
         let mut engine = TransferEngine {
             shared: shared.clone(),
             workers: Vec::new(),
@@ -409,6 +416,68 @@ impl TransferEngine {
         self.register(region)
     }
 
+    /// How this engine's NICs' atomics relate to the host: the reply byte
+    /// order of the first and the narrowest scope of all (design §5.8).
+    pub fn atomic_profile(&self) -> AtomicProfile {
+        AtomicProfile::combine(
+            self.shared
+                .groups
+                .iter()
+                .flat_map(|g| g.domains.iter().map(|d| d.atomic_profile())),
+        )
+    }
+
+    /// The host's own atomics on words of `mr` that peers update through
+    /// the NIC: through this engine's NIC where its atomics are atomic only
+    /// among NIC operations (ConnectX's `IBV_ATOMIC_HCA`), with CPU
+    /// atomics elsewhere (see [`crate::atomics`]). A memory node applies
+    /// every atomic on lock, queue and counter words through this.
+    pub fn shared_words(&self, mr: &MrHandle) -> Result<SharedWords, TransferError> {
+        self.shared_words_via(mr, self.atomic_profile().route())
+    }
+
+    /// [`TransferEngine::shared_words`] with the route chosen by the
+    /// caller (tests; a device whose detection is known to be wrong).
+    pub fn shared_words_via(
+        &self,
+        mr: &MrHandle,
+        route: AtomicRoute,
+    ) -> Result<SharedWords, TransferError> {
+        self.live()?;
+        if mr.region.engine() != self.shared.id {
+            return Err(TransferError::ForeignRegion);
+        }
+        let rkeys = self
+            .shared
+            .regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|r| Arc::ptr_eq(&r.region, &mr.region))
+            .map(|r| r.rkeys.clone())
+            .ok_or(TransferError::RegionDeregistered)?;
+        let group = self.group(mr.group())?;
+        let nics: Vec<(NetAddr, u64)> = group
+            .domains
+            .iter()
+            .map(|d| d.address())
+            .zip(rkeys)
+            .collect();
+        let r = &mr.region;
+        let desc = MrDesc::new(r.addr(), r.len(), r.access(), &nics).map_err(|error| {
+            TransferError::Malformed {
+                what: "local MrDesc",
+                error,
+            }
+        })?;
+        Ok(SharedWords::new(
+            self.shared.clone(),
+            mr.clone(),
+            desc,
+            route,
+        ))
+    }
+
     /// Deregisters a region: its keys stop working at once, and when this
     /// returns no NIC touches its memory any more.
     pub fn dereg_mr(&self, mr: &MrHandle) -> Result<(), TransferError> {
@@ -502,28 +571,73 @@ impl TransferEngine {
     /// fires once, when the count is reached, counting arrivals from before
     /// this call; firing consumes `count` arrivals so `imm` can be re-armed.
     /// `count == 0` fires at once. One expectation per immediate at a time.
+    /// It fires with an error instead if it is cancelled
+    /// ([`TransferEngine::cancel_imm_count`]) or the sender reports its
+    /// transfer failed ([`EngineConfig::abort_notices`]).
     pub fn expect_imm_count(
         &self,
         imm: u32,
         count: u32,
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.arm_imm(imm, count, on_done, None)
+    }
+
+    /// [`TransferEngine::expect_imm_count`] with a deadline: if the count
+    /// is not reached by `deadline`, `on_done` fires with
+    /// [`TransferError::ImmDeadline`] (naming the arrivals seen), and the
+    /// arrivals stay counted for the next expectation on `imm`.
+    pub fn expect_imm_count_until(
+        &self,
+        imm: u32,
+        count: u32,
+        deadline: std::time::Instant,
+        on_done: OnDone,
+    ) -> Result<(), TransferError> {
+        self.arm_imm(imm, count, on_done, Some(deadline))
+    }
+
+    /// Cancels the expectation armed on `imm`: its `on_done` fires with
+    /// [`TransferError::ImmCancelled`]; arrivals stay counted. Returns
+    /// whether one was armed.
+    pub fn cancel_imm_count(&self, imm: u32) -> bool {
+        let fired = self
+            .shared
+            .imm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cancel(imm);
+        match fired {
+            Some((n, r)) => {
+                n.fire(r, &self.shared.cbq);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn arm_imm(
+        &self,
+        imm: u32,
+        count: u32,
+        on_done: OnDone,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<(), TransferError> {
         self.live()?;
+        self.shared.check_imm(Some(imm))?;
         let r = self
             .shared
             .imm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .expect(imm, count, Notify::Done(on_done));
+            .expect(imm, count, Notify::Done(on_done), deadline)?;
         match r {
-            Ok(Some(n)) => {
-                n.fire(Ok(0), &self.shared.cbq);
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(ImmError::AlreadyArmed(_)) => Err(TransferError::ImmAlreadyArmed { imm }),
-            Err(_) => Err(TransferError::ImmOverflow { imm }),
+            Some((n, r)) => n.fire(r, &self.shared.cbq),
+            // Group 0's worker keeps the deadlines: it recomputes its sleep.
+            None if deadline.is_some() => self.shared.groups[0].wake(),
+            None => {}
         }
+        Ok(())
     }
 
     /// Arrivals of `imm` not yet consumed by an expectation.
@@ -547,6 +661,7 @@ impl TransferEngine {
         dst: (&MrDesc, u64),
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         self.shared.check_len(OpKind::Write, len)?;
         self.shared.local(src.0, src.1, len)?;
         let group = src.0.group();
@@ -561,7 +676,14 @@ impl TransferEngine {
         }
         let mut ops = Vec::with_capacity(pieces as usize);
         let mut off = 0;
-        let mut i = 0;
+        // A write of one piece goes through the next NIC in turn (small
+        // writes spread over the group like reads and atomics); piece `i`
+        // of a split write through NIC `i`.
+        let mut i = if pieces == 1 {
+            self.shared.nic() % nics
+        } else {
+            0
+        };
         while off < len {
             let n = chunk.min(len - off);
             let remote = match remote(dst.0, i, dst.1 + off, n, Access::REMOTE_WRITE) {
@@ -600,6 +722,7 @@ impl TransferEngine {
         dst: (&MrDesc, &Pages),
         on_done: OnDone,
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         self.shared.check_len(OpKind::PagedWrite, page_len)?;
         let (sp, dp) = (src.1, dst.1);
         if sp.indices.len() != dp.indices.len() {
@@ -706,6 +829,7 @@ impl TransferEngine {
         src: &MrHandle,
         dst: &[ScatterDst],
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(imm)?;
         if dst.is_empty() {
             return Err(TransferError::NoDestinations);
         }
@@ -755,6 +879,7 @@ impl TransferEngine {
         imm: u32,
         dst: &[MrDesc],
     ) -> Result<(), TransferError> {
+        self.shared.check_imm(Some(imm))?;
         if dst.is_empty() {
             return Err(TransferError::NoDestinations);
         }
@@ -939,12 +1064,11 @@ impl Drop for TransferEngine {
             r.region.kill();
         }
         // Expectations that can no longer fire.
-        let mut pending = Vec::new();
-        shared
+        let pending = shared
             .imm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .cancel_all(|_, n| pending.push(n));
+            .take_all();
         for n in pending {
             n.fire(Err(TransferError::EngineShutDown), &shared.cbq);
         }

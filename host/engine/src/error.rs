@@ -228,6 +228,34 @@ pub enum TransferError {
         /// The immediate.
         imm: u32,
     },
+    /// The expectation on this immediate was cancelled
+    /// ([`TransferEngine::cancel_imm_count`](crate::TransferEngine::cancel_imm_count)).
+    ImmCancelled {
+        /// The immediate.
+        imm: u32,
+    },
+    /// The expectation's deadline passed before enough arrivals; they
+    /// stay counted for the next expectation.
+    ImmDeadline {
+        /// The immediate.
+        imm: u32,
+        /// Arrivals counted by then.
+        arrived: u32,
+        /// Arrivals expected.
+        expected: u32,
+    },
+    /// A sender's transfer carrying this immediate failed part-way and it
+    /// said so (an abort notice): the data may be incomplete.
+    SenderAborted {
+        /// The immediate.
+        imm: u32,
+    },
+    /// An immediate with [`crate::imm_wait::ABORT_BIT`] set, which
+    /// [`crate::EngineConfig::abort_notices`] reserves for the engine.
+    ImmReserved {
+        /// The immediate.
+        imm: u32,
+    },
     /// A peer group handle this engine never issued.
     UnknownPeerGroup {
         /// The handle's value.
@@ -385,6 +413,23 @@ impl fmt::Display for TransferError {
                 write!(f, "an expectation is already armed on immediate {imm:#x}")
             }
             ImmOverflow { imm } => write!(f, "arrival count of immediate {imm:#x} overflows"),
+            ImmCancelled { imm } => write!(f, "expectation on immediate {imm:#x} cancelled"),
+            ImmDeadline {
+                imm,
+                arrived,
+                expected,
+            } => write!(
+                f,
+                "deadline passed on immediate {imm:#x} with {arrived} of {expected} arrivals"
+            ),
+            SenderAborted { imm } => write!(
+                f,
+                "the sender of immediate {imm:#x} reported its transfer failed part-way"
+            ),
+            ImmReserved { imm } => write!(
+                f,
+                "immediate {imm:#x} has the abort bit set, reserved for abort notices"
+            ),
             UnknownPeerGroup { handle } => write!(f, "unknown peer group {handle}"),
             PeerNotInGroup { peer, handle } => {
                 write!(f, "peer {peer} is not in peer group {handle}")

@@ -23,12 +23,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rolex_core::imm_counter::ImmCounter;
-
 use crate::callback::{Job, Notify};
 use crate::counters::Counters;
-use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, WorkRequest};
+use crate::domain::{
+    AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, Remote, WorkOp, WorkRequest,
+};
 use crate::error::TransferError;
+use crate::imm_wait::ABORT_BIT;
 use crate::shared::{EngineShared, GroupShared, Request};
 
 /// Most requests a worker takes from its queue per round before it reads
@@ -45,6 +46,45 @@ struct Transfer {
     error: Option<TransferError>,
     value: u64,
     notify: Notify,
+    /// With abort notices on: every piece that carried an immediate, in
+    /// piece order; its receiver is told if the transfer fails.
+    notices: Vec<Notice>,
+}
+
+/// A piece carrying an immediate, for an abort notice.
+struct Notice {
+    piece: u64,
+    nic: usize,
+    remote: Remote,
+    imm: u32,
+    /// The piece completed: its target and key are good for the notice.
+    landed: bool,
+}
+
+/// A work request's id: the transfer's slot in the low bits, the piece's
+/// index above [`PIECE_SHIFT`].
+const PIECE_SHIFT: u32 = 40;
+const SLOT_MASK: u64 = (1 << PIECE_SHIFT) - 1;
+
+/// The `wr_id` of abort notices: no transfer waits for them.
+const NOTICE: u64 = u64::MAX;
+
+/// Where abort notices go: one per `(peer, immediate)`, to the target of a
+/// piece that landed there if one did (its key is known good), else of
+/// the first piece.
+fn notice_targets(notices: &[Notice]) -> Vec<(usize, Remote, u32)> {
+    let mut out: Vec<(usize, Remote, u32, bool)> = Vec::new();
+    for n in notices {
+        match out
+            .iter_mut()
+            .find(|(_, r, i, _)| r.peer == n.remote.peer && *i == n.imm)
+        {
+            Some(o) if !o.3 && n.landed => *o = (n.nic, n.remote, n.imm, true),
+            Some(_) => {}
+            None => out.push((n.nic, n.remote, n.imm, n.landed)),
+        }
+    }
+    out.into_iter().map(|(d, r, i, _)| (d, r, i)).collect()
 }
 
 /// Pins the calling thread to one CPU of those it may run on, chosen
@@ -92,6 +132,8 @@ pub(crate) struct Worker {
     /// ([`Domain::wait_fd`]): the worker blocks on them instead of
     /// parking, so a NIC's event wakes it without a thread in between.
     wait_fds: Vec<libc::pollfd>,
+    /// Abort notices queued in `batches`, not yet posted.
+    notices_pending: bool,
 }
 
 impl Worker {
@@ -117,6 +159,7 @@ impl Worker {
             comps: Vec::new(),
             incoming: Vec::new(),
             wait_fds: Vec::new(),
+            notices_pending: false,
         };
         let ready = Arc::new(AtomicBool::new(false));
         let ready2 = ready.clone();
@@ -182,7 +225,7 @@ impl Worker {
                 self.accept(req);
                 taken += 1;
             }
-            if taken > 0 {
+            if taken > 0 || std::mem::take(&mut self.notices_pending) {
                 busy = true;
                 for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
                     ep.post(batch);
@@ -217,7 +260,10 @@ impl Worker {
                 self.shut_down();
                 return;
             }
-            if busy {
+            if let Some(at) = self.expire_imms() {
+                progress = progress.merge(Progress::WaitUntil(at));
+            }
+            if busy || self.notices_pending {
                 nap = Duration::from_micros(1);
                 continue;
             }
@@ -289,11 +335,31 @@ impl Worker {
             notify.fire(Ok(0), &self.engine.cbq);
             return;
         }
+        let mut notices = Vec::new();
+        if self.engine.abort_notices {
+            for (piece, (d, op)) in ops.iter().enumerate() {
+                if let WorkOp::Write {
+                    remote,
+                    imm: Some(imm),
+                    ..
+                } = op
+                {
+                    notices.push(Notice {
+                        piece: piece as u64,
+                        nic: *d,
+                        remote: *remote,
+                        imm: *imm,
+                        landed: false,
+                    });
+                }
+            }
+        }
         let t = Transfer {
             remaining: ops.len(),
             error: None,
             value: 0,
             notify,
+            notices,
         };
         let slot = match self.free.pop() {
             Some(s) => {
@@ -306,21 +372,27 @@ impl Worker {
             }
         };
         let n = self.batches.len();
-        for (d, op) in ops {
+        for (piece, (d, op)) in ops.into_iter().enumerate() {
             self.batches[d % n].push(WorkRequest {
-                wr_id: slot as u64,
+                wr_id: slot as u64 | ((piece as u64) << PIECE_SHIFT),
                 op,
             });
         }
     }
 
     fn complete(&mut self, wr_id: u64, result: Result<u64, TransferError>) {
-        let slot = wr_id as usize;
+        let slot = (wr_id & SLOT_MASK) as usize;
+        let piece = wr_id >> PIECE_SHIFT;
         let Some(Some(t)) = self.transfers.get_mut(slot) else {
             return;
         };
         match result {
-            Ok(v) => t.value = v,
+            Ok(v) => {
+                t.value = v;
+                if let Ok(i) = t.notices.binary_search_by_key(&piece, |n| n.piece) {
+                    t.notices[i].landed = true;
+                }
+            }
             Err(e) => {
                 if t.error.is_none() {
                     t.error = Some(e);
@@ -331,6 +403,9 @@ impl Worker {
         if t.remaining == 0 {
             if let Some(t) = self.transfers[slot].take() {
                 self.free.push(slot);
+                if t.error.is_some() && !t.notices.is_empty() {
+                    self.send_notices(&notice_targets(&t.notices));
+                }
                 let r = match t.error {
                     Some(e) => Err(e),
                     None => Ok(t.value),
@@ -340,15 +415,64 @@ impl Worker {
         }
     }
 
+    /// Tells the receivers of a failed transfer (abort notices): a
+    /// zero-length write carrying each immediate with the abort bit, to the
+    /// same target; posted with the next doorbell, its outcome ignored.
+    fn send_notices(&mut self, notices: &[(usize, Remote, u32)]) {
+        let n = self.batches.len();
+        for &(d, remote, imm) in notices {
+            self.batches[d % n].push(WorkRequest {
+                wr_id: NOTICE,
+                op: WorkOp::Write {
+                    local: None,
+                    remote,
+                    len: 0,
+                    imm: Some(imm | ABORT_BIT),
+                },
+            });
+            self.notices_pending = true;
+        }
+    }
+
+    /// Fires the expectations past their deadline (group 0 keeps them);
+    /// returns the next deadline.
+    fn expire_imms(&mut self) -> Option<Instant> {
+        if self.index != 0 {
+            return None;
+        }
+        let mut fired = Vec::new();
+        let next = {
+            let mut w = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
+            w.next_deadline()?;
+            w.expire(Instant::now(), &mut fired);
+            w.next_deadline()
+        };
+        for (n, r) in fired {
+            n.fire(r, &self.engine.cbq);
+        }
+        next
+    }
+
     fn arrival(&mut self, domain: usize, e: Incoming) {
         match e {
+            Incoming::Imm(imm) if self.engine.abort_notices && imm & ABORT_BIT != 0 => {
+                let fired = self
+                    .engine
+                    .imm
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .abort(imm & !ABORT_BIT);
+                if let Some((n, r)) = fired {
+                    n.fire(r, &self.engine.cbq);
+                }
+            }
             Incoming::Imm(imm) => {
                 let fired = {
-                    let mut counter = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
-                    counter.arrive(imm, 1)
+                    let mut w = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
+                    w.arrive(imm)
                 };
                 match fired {
-                    Ok(Some(notify)) => notify.fire(Ok(0), &self.engine.cbq),
+                    Ok(Some((notify, r))) => notify.fire(r, &self.engine.cbq),
                     Ok(None) => {}
                     // More than u32::MAX arrivals outstanding: count it as an
                     // error; an expectation would be reported by its caller.

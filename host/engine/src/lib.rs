@@ -14,6 +14,10 @@
 //! - `shared` (private): the state the API, the group workers and the
 //!   channels share, and the check of remote ranges; it imports none of them.
 //! - `group` (private): the worker thread of each domain group.
+//! - [`atomics`]: how a NIC's atomics relate to the host's, and
+//!   [`SharedWords`], the host's own atomics on words peers update.
+//! - [`imm_wait`]: expectations with deadlines, cancellation and
+//!   senders' abort notices.
 //! - [`region`]: registered memory and [`MrHandle`].
 //! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
@@ -22,6 +26,7 @@
 //! - [`error`]: every failure, [`TransferError`].
 #![deny(missing_docs)]
 
+pub mod atomics;
 pub mod batch;
 pub mod callback;
 pub mod counters;
@@ -29,10 +34,12 @@ pub mod domain;
 pub mod engine;
 pub mod error;
 mod group;
+pub mod imm_wait;
 pub mod region;
 mod shared;
 pub mod watcher;
 
+pub use atomics::{AtomicProfile, AtomicRoute, AtomicScope, ReplyOrder, SharedWords};
 pub use batch::{BatchOp, Channel};
 pub use callback::{CompletionFlag, OnDone, OnValue};
 pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};

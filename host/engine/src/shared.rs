@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::Thread;
 
 use crossbeam_queue::SegQueue;
-use rolex_core::imm_counter::ImmCounterMap;
 use rolex_core::wire::{Access, MrDesc, NetAddr};
 
 use crate::callback::{CallbackQueue, Notify};
 use crate::counters::Counters;
 use crate::domain::{AnyDomain, Domain, Local, Remote, WorkOp};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
+use crate::imm_wait::{ImmWaits, ABORT_BIT};
 use crate::region::{MrHandle, Region};
 
 /// A region registered with every NIC of its group, with the key each NIC
@@ -35,7 +35,9 @@ pub(crate) struct Registered {
 pub(crate) struct EngineShared {
     pub(crate) id: u64,
     pub(crate) groups: Vec<GroupShared>,
-    pub(crate) imm: Mutex<ImmCounterMap<Notify>>,
+    pub(crate) imm: Mutex<ImmWaits>,
+    /// [`crate::EngineConfig::abort_notices`].
+    pub(crate) abort_notices: bool,
     pub(crate) cbq: CallbackQueue,
     pub(crate) counters: Counters,
     pub(crate) shutdown: AtomicBool,
@@ -60,7 +62,8 @@ impl EngineShared {
         EngineShared {
             id,
             groups,
-            imm: Mutex::new(ImmCounterMap::new()),
+            imm: Mutex::new(ImmWaits::default()),
+            abort_notices: false,
             cbq,
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
@@ -109,6 +112,16 @@ impl EngineShared {
     }
 
     /// The next NIC index, round-robin, for operations not tied to one.
+    /// Refuses an application immediate that abort notices reserve.
+    pub(crate) fn check_imm(&self, imm: Option<u32>) -> Result<(), TransferError> {
+        match imm {
+            Some(imm) if self.abort_notices && imm & ABORT_BIT != 0 => {
+                Err(TransferError::ImmReserved { imm })
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn nic(&self) -> usize {
         self.next_nic.fetch_add(1, Relaxed)
     }

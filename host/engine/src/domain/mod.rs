@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use rolex_core::wire::NetAddr;
 
+use crate::atomics::AtomicProfile;
 use crate::counters::CounterSnapshot;
 use crate::error::{OpKind, TransferError};
 use crate::region::Region;
@@ -274,6 +275,12 @@ pub trait Domain: Send + Sync {
     }
     /// Wakes a worker blocked on the wait object.
     fn signal(&self) {}
+    /// How this NIC's 8-byte atomics relate to the host (reply byte order,
+    /// atomic with the CPU or not); the default is a NIC whose atomics
+    /// are the CPU's own (the loopback NIC).
+    fn atomic_profile(&self) -> AtomicProfile {
+        AtomicProfile::CPU_COHERENT
+    }
 }
 
 /// A queue pair and its completion queue.
@@ -376,6 +383,9 @@ impl Domain for AnyDomain {
     }
     fn signal(&self) {
         dispatch!(self, d => d.signal())
+    }
+    fn atomic_profile(&self) -> AtomicProfile {
+        dispatch!(self, d => d.atomic_profile())
     }
 }
 

@@ -65,6 +65,7 @@
 //!   its buffers stay owned by the domain until the provider lets go.
 
 pub mod bootstrap;
+pub mod efa;
 mod endpoint;
 mod ffi;
 pub mod keys;
@@ -1131,6 +1132,10 @@ impl Domain for LibfabricDomain {
 
     fn ordered(&self) -> bool {
         self.inner.ordered
+    }
+
+    fn atomic_profile(&self) -> crate::atomics::AtomicProfile {
+        efa::atomic_profile(&self.negotiated().provider)
     }
 
     fn counters(&self) -> CounterSnapshot {

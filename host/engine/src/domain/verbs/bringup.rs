@@ -158,6 +158,9 @@ pub enum Transition {
         /// RC: reads/atomics initiated.
         max_rd_atomic: u8,
     },
+    /// SQE → RTS: a UD queue pair whose send failed stops sending (the
+    /// send-queue-error state) until moved back; nothing else changes.
+    RecoverSqe,
 }
 
 /// A queue pair's state, as far as bring-up goes.
@@ -171,6 +174,9 @@ pub enum QpState {
     Rtr,
     /// Can send.
     Rts,
+    /// A send failed (UD): receives go on, sends wait for
+    /// [`Transition::RecoverSqe`].
+    Sqe,
 }
 
 impl QpState {
@@ -180,6 +186,9 @@ impl QpState {
             (QpState::Reset, Transition::Init { .. }) => Ok(QpState::Init),
             (QpState::Init, Transition::Rtr { .. }) => Ok(QpState::Rtr),
             (QpState::Rtr, Transition::Rts { .. }) => Ok(QpState::Rts),
+            // Harmless on a queue pair that is still at RTS (the error
+            // completion and the state change race).
+            (QpState::Sqe | QpState::Rts, Transition::RecoverSqe) => Ok(QpState::Rts),
             (from, _) => Err(BringUpError::Illegal { from }),
         }
     }
@@ -346,6 +355,13 @@ pub struct PeerQps<Q> {
     pub rdma: BroughtUp<Q>,
 }
 
+/// Brings the UD queue pair back from SQE after a handshake send completed
+/// in error; without it every later handshake send of the domain would
+/// fail and no peer could connect.
+pub fn recover_ud<D: QpDevice>(dev: &mut D, qp: &mut D::Qp) -> Result<(), BringUpError> {
+    dev.modify(qp, QpRole::Ud, &Transition::RecoverSqe)
+}
+
 /// Creates the two RC queue pairs of a peer with random initial PSNs and
 /// takes them to INIT.
 pub fn create_peer<D: QpDevice>(
@@ -380,12 +396,14 @@ pub fn create_peer<D: QpDevice>(
 }
 
 /// What this side's handshake says about a peer's pair: the sender's
-/// address (`me`), its port's MTU code and the pair's numbers and PSNs.
+/// address (`me`), its port's MTU code, its read/atomic limits (`timing`,
+/// clamped to the device) and the pair's numbers and PSNs.
 pub fn local_handshake<Q>(
     kind: HandshakeKind,
     tag: u64,
     me: &VerbsAddr,
     mtu: u8,
+    timing: &RcTiming,
     qps: &PeerQps<Q>,
 ) -> Handshake {
     Handshake {
@@ -400,12 +418,15 @@ pub fn local_handshake<Q>(
         rdma_qpn: qps.rdma.qpn,
         rdma_psn: qps.rdma.psn,
         mtu,
+        rd_atomic: timing.max_rd_atomic,
+        dest_rd_atomic: timing.max_dest_rd_atomic,
     }
 }
 
 /// Connects a peer's two RC queue pairs (INIT → RTR → RTS) to the queue
 /// pairs the peer's handshake names: our msg QP to its msg QP, our rdma QP
-/// to its rdma QP.
+/// to its rdma QP. The initiator depth is lowered to the responder
+/// resources the peer offers ([`super::caps::agreed_timing`]).
 pub fn connect_peer<D: QpDevice>(
     dev: &mut D,
     qps: &mut PeerQps<D::Qp>,
@@ -415,6 +436,7 @@ pub fn connect_peer<D: QpDevice>(
     path_mtu: u8,
     timing: &RcTiming,
 ) -> Result<(), BringUpError> {
+    let timing = &super::caps::agreed_timing(timing, remote);
     let path = PathTo {
         dlid: remote.lid,
         dgid: remote.gid,
@@ -529,6 +551,9 @@ mod tests {
             rdma_qpn: 0x902,
             rdma_psn: 0x00_2222,
             mtu: 5,
+            rd_atomic: 16,
+            // The peer accepts fewer than we would initiate.
+            dest_rd_atomic: 4,
         }
     }
 
@@ -580,8 +605,10 @@ mod tests {
                 qkey: 0x55,
             },
             5,
+            &timing,
             &qps,
         );
+        assert_eq!((hs.rd_atomic, hs.dest_rd_atomic), (16, 16));
         assert_eq!((hs.msg_qpn, hs.msg_psn), (qps.msg.qpn, qps.msg.psn));
         assert_eq!((hs.rdma_qpn, hs.rdma_psn), (qps.rdma.qpn, qps.rdma.psn));
         connect_peer(&mut dev, &mut qps, &remote(), 1, 3, 5, &timing).unwrap();
@@ -611,6 +638,23 @@ mod tests {
                 ..
             }
         ));
+        // Initiator depth agreed down to the peer's 4; we accept our 16.
+        for (rtr, rts) in [(2, 3), (4, 5)] {
+            assert!(matches!(
+                dev.log[rtr].2,
+                Transition::Rtr {
+                    max_dest_rd_atomic: 16,
+                    ..
+                }
+            ));
+            assert!(matches!(
+                dev.log[rts].2,
+                Transition::Rts {
+                    max_rd_atomic: 4,
+                    ..
+                }
+            ));
+        }
         // Our msg QP targets the peer's msg QP at its PSN, rdma to rdma.
         match dev.log[2].2 {
             Transition::Rtr {
@@ -689,6 +733,19 @@ mod tests {
             })
         );
         assert!(QpState::Rts.apply(&rts).is_err());
+    }
+
+    #[test]
+    fn a_ud_queue_pair_comes_back_from_sqe() {
+        let r = Transition::RecoverSqe;
+        assert_eq!(QpState::Sqe.apply(&r), Ok(QpState::Rts));
+        assert_eq!(QpState::Rts.apply(&r), Ok(QpState::Rts));
+        assert!(QpState::Init.apply(&r).is_err());
+        // The call the domain makes after a failed handshake send.
+        let mut dev = Fake::default();
+        let (mut qp, _) = dev.create_qp(QpRole::Ud).unwrap();
+        recover_ud(&mut dev, &mut qp).unwrap();
+        assert_eq!(dev.log.last().map(|l| (l.0, l.2)), Some((QpRole::Ud, r)));
     }
 
     #[test]

@@ -52,6 +52,10 @@ pub struct ConnectorConfig {
     pub port: u8,
     /// Local GID index.
     pub gid_index: u8,
+    /// Most peers in the table at once (connected or connecting); a
+    /// request from a new peer beyond it is refused without creating
+    /// queue pairs.
+    pub max_peers: usize,
     /// The port's active MTU code.
     pub mtu: u8,
     /// RC timing of every connection.
@@ -113,6 +117,11 @@ pub enum IncomingError {
     Sender(WireError),
     /// Answering it needed a queue pair that could not be brought up.
     Device(BringUpError),
+    /// A new peer while the table holds [`ConnectorConfig::max_peers`].
+    TooManyPeers {
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl fmt::Display for IncomingError {
@@ -121,6 +130,9 @@ impl fmt::Display for IncomingError {
             IncomingError::Malformed(e) => write!(f, "malformed handshake: {e}"),
             IncomingError::Sender(e) => write!(f, "handshake sender: {e}"),
             IncomingError::Device(e) => write!(f, "cannot answer handshake: {e}"),
+            IncomingError::TooManyPeers { max } => {
+                write!(f, "handshake from a new peer refused: {max} peers already")
+            }
         }
     }
 }
@@ -174,6 +186,10 @@ enum Slot<Q> {
         reply: Option<Outgoing>,
     },
 }
+
+/// Passive pairs kept for this domain's own requests (one per attempt
+/// still answerable; older ones are dropped first).
+pub const MAX_SELF_LOOPS: usize = 4;
 
 /// A passive pair answering this domain's own requests.
 struct SelfLoop<Q> {
@@ -252,7 +268,7 @@ impl<Q> Connector<Q> {
     }
 
     fn handshake(&self, kind: HandshakeKind, tag: u64, qps: &PeerQps<Q>) -> Handshake {
-        local_handshake(kind, tag, &self.me, self.cfg.mtu, qps)
+        local_handshake(kind, tag, &self.me, self.cfg.mtu, &self.cfg.timing, qps)
     }
 
     /// Starts connecting to `peer` unless connected or connecting; returns
@@ -381,6 +397,10 @@ impl<Q> Connector<Q> {
                 out.push(l.reply);
                 return Ok(());
             }
+            if self.loops.len() >= MAX_SELF_LOOPS {
+                // Only the newest attempts can still be waiting for an answer.
+                self.loops.remove(0);
+            }
             let (qps, reply) = self.answer(dev, h, from, rng)?;
             out.push(reply);
             self.loops.push(SelfLoop {
@@ -408,9 +428,16 @@ impl<Q> Connector<Q> {
                 // attempt; the peer abandons its own when ours arrives.
                 return Ok(());
             }
-            // Connecting and yielding, connected to a pair the peer dropped,
-            // or unknown: answer as the passive side.
-            _ => {}
+            // Connecting and yielding, or connected to a pair the peer
+            // dropped: answer as the passive side, in the peer's slot.
+            Some(_) => {}
+            // A new peer: only while the table has room.
+            None if self.slots.len() >= self.cfg.max_peers => {
+                return Err(IncomingError::TooManyPeers {
+                    max: self.cfg.max_peers,
+                })
+            }
+            None => {}
         }
         let (qps, reply) = self.answer(dev, h, from, rng)?;
         out.push(reply);
@@ -600,6 +627,7 @@ mod tests {
         ConnectorConfig {
             port: 1,
             gid_index: 3,
+            max_peers: 64,
             mtu: 5,
             timing: RcTiming::default(),
             retry: Duration::from_millis(10),
@@ -687,6 +715,77 @@ mod tests {
         assert_eq!(dest(&a.dev, qa.rdma.qpn), Some(qb.rdma.qpn));
         assert_eq!(dest(&b.dev, qb.msg.qpn), Some(qa.msg.qpn));
         assert_eq!(dest(&b.dev, qb.rdma.qpn), Some(qa.rdma.qpn));
+    }
+
+    #[test]
+    fn a_flood_of_requests_creates_a_bounded_number_of_queue_pairs() {
+        let mut target = side(1, 5);
+        target.c.cfg.max_peers = 3;
+        let mut refused = 0;
+        for n in 2..12u8 {
+            let mut s = side(n, 5);
+            let mut out = Vec::new();
+            let to = target.addr();
+            s.c.connect(&mut s.dev, &to, Instant::now(), &mut s.rng, &mut out)
+                .unwrap();
+            let (mut replies, mut ev) = (Vec::new(), Vec::new());
+            match target.c.on_message(
+                &mut target.dev,
+                &out[0].bytes,
+                &mut target.rng,
+                &mut replies,
+                &mut ev,
+            ) {
+                Ok(()) => target.absorb(ev),
+                Err(IncomingError::TooManyPeers { max: 3 }) => {
+                    refused += 1;
+                    assert!(replies.is_empty() && ev.is_empty());
+                }
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert_eq!((target.connected.len(), refused), (3, 7));
+        assert_eq!(target.dev.alive.borrow().len(), 2 * 3);
+        // A known peer starting over is still answered at the bound.
+        let known = *target.connected.keys().next().unwrap();
+        assert_eq!(target.c.state(&known), PeerState::Connected);
+
+        // Our own requests (a loop-back connection), each a new tag: the
+        // passive pairs kept for them stay bounded too.
+        let mut out = Vec::new();
+        let me = target.addr();
+        target
+            .c
+            .connect(
+                &mut target.dev,
+                &me,
+                Instant::now(),
+                &mut target.rng,
+                &mut out,
+            )
+            .unwrap();
+        let alive_before = target.dev.alive.borrow().len();
+        for tag in 0..10u64 {
+            let mut m = out[0];
+            m.bytes[6..14].copy_from_slice(&tag.to_le_bytes());
+            let (mut replies, mut ev) = (Vec::new(), Vec::new());
+            target
+                .c
+                .on_message(
+                    &mut target.dev,
+                    &m.bytes,
+                    &mut target.rng,
+                    &mut replies,
+                    &mut ev,
+                )
+                .unwrap();
+            assert_eq!(replies.len(), 1);
+        }
+        assert_eq!(target.c.loops.len(), MAX_SELF_LOOPS);
+        assert_eq!(
+            target.dev.alive.borrow().len(),
+            alive_before + 2 * MAX_SELF_LOOPS
+        );
     }
 
     #[test]

@@ -48,6 +48,7 @@ use rolex_core::wire::{Access, NetAddr};
 
 use super::addr::VerbsAddr;
 use super::bringup::AccessFlags;
+use super::caps::DeviceCaps;
 use super::completions::WrError;
 use super::connect::{ConnectError, Connector, ConnectorConfig, Event, Outgoing, PeerState};
 use super::demux::{transfer_error, NotPosted, SendSide, WrTag};
@@ -55,8 +56,10 @@ use super::endpoint::VerbsEndpoint;
 use super::error::VerbsError;
 use super::ffi::{wc_buffer, Ah, Device, DmaBuf, Qp, RegionMr};
 use super::handshake::ENCODED_LEN;
+use super::srq::SrqStock;
 use super::wr::{Chain, ChainOp, Sge, WrTemplates};
 use super::{Nic, VerbsConfig, GRH_LEN, UD_RECVS, UD_SENDS, UD_SLOT};
+use crate::atomics::AtomicProfile;
 use crate::counters::{CounterSnapshot, Counters};
 use crate::domain::{
     AnyEndpoint, Completion, Domain, Incoming, Local, RecvBuffer, Remote, WorkOp, WorkRequest,
@@ -179,6 +182,8 @@ pub(super) struct Live {
     waiting: HashMap<NetAddr, VecDeque<(u64, ChainOp, Which)>>,
     next_seq: u64,
     budget: usize,
+    /// The immediates' receive queue (stocked by `Nic::open`).
+    imm_stock: SrqStock,
     templates: WrTemplates,
     chain: Chain,
     wcs: Vec<ibv_wc>,
@@ -220,6 +225,10 @@ pub(crate) struct Inner {
     waker: OnceLock<Thread>,
     alive: AtomicBool,
     pub(super) counters: Counters,
+    /// The device's atomics: fetched values are converted from
+    /// `atomics.reply` before a completion reports them.
+    atomics: AtomicProfile,
+    caps: DeviceCaps,
 }
 
 /// One verbs NIC of an engine (see the module docs).
@@ -335,8 +344,18 @@ impl VerbsDomain {
             qkey,
             lid,
             gid,
+            gid_index,
             mtu,
+            caps,
+            timing,
         } = nic;
+        // The receive queues were made as deep as the device takes.
+        let cfg = &VerbsConfig {
+            srq_depth: caps.clamp_srq(cfg.srq_depth),
+            gid_index,
+            timing,
+            ..cfg.clone()
+        };
         let me = VerbsAddr {
             gid,
             lid,
@@ -349,8 +368,9 @@ impl VerbsDomain {
             ConnectorConfig {
                 port: cfg.port,
                 gid_index: cfg.gid_index,
+                max_peers: cfg.max_peers,
                 mtu,
-                timing: cfg.timing,
+                timing,
                 retry: cfg.handshake_retry,
                 timeout: cfg.handshake_timeout,
             },
@@ -379,6 +399,11 @@ impl VerbsDomain {
             waiting: HashMap::new(),
             next_seq: 0,
             budget: cfg.cq_depth as usize,
+            imm_stock: {
+                let mut s = SrqStock::new(cfg.srq_depth);
+                s.refilled(cfg.srq_depth);
+                s
+            },
             templates: WrTemplates::new(cfg.max_inline),
             chain: Chain::new(),
             wcs: wc_buffer(64),
@@ -411,6 +436,8 @@ impl VerbsDomain {
                 waker: OnceLock::new(),
                 alive: AtomicBool::new(true),
                 counters: Counters::default(),
+                atomics: caps.atomic_profile(),
+                caps,
             }),
         })
     }
@@ -418,6 +445,11 @@ impl VerbsDomain {
     /// The device's name (`mlx5_0`, `rxe0`).
     pub fn device_name(&self) -> &str {
         &self.name
+    }
+
+    /// What the device reported at open.
+    pub fn caps(&self) -> DeviceCaps {
+        self.inner.caps
     }
 
     /// Whether registrations still ask for relaxed ordering (the device
@@ -465,6 +497,10 @@ impl Inner {
                 break;
             }
         }
+        let due = live.imm_stock.due();
+        if due > 0 && live.dev.srq.post_zero_length(due, WrTag::Imm.id(0)).is_ok() {
+            live.imm_stock.refilled(due);
+        }
         let now = Instant::now();
         let (mut out, mut ev) = (Vec::new(), Vec::new());
         live.conn.tick(now, &mut out, &mut ev);
@@ -497,9 +533,8 @@ impl Inner {
                 } else if !ok && !flushed {
                     self.qp_failed(live, wc.qp_num);
                 }
-                // Keep the queue stocked; a failure leaves one fewer, which
-                // the sender's RNR retries absorb.
-                let _ = live.dev.srq.post_zero_length(1, WrTag::Imm.id(0));
+                // Refilled in one post below the watermark (`progress`).
+                live.imm_stock.consumed(1);
             }
             Some((WrTag::Msg, slot)) => {
                 let Some(MsgSlot { mut buf, staging }) = live.msgs.remove(&slot) else {
@@ -544,7 +579,14 @@ impl Inner {
                     let _ = live.ud.post_recv(WrTag::UdRecv.id(slot as u64), sge);
                 }
             }
-            Some((WrTag::UdSend, slot)) => live.ud_send_free.push(slot as usize),
+            Some((WrTag::UdSend, slot)) => {
+                live.ud_send_free.push(slot as usize);
+                if !ok && !flushed {
+                    // The UD queue pair is in SQE now; the handshake's
+                    // retry resends once it is back.
+                    let _ = super::bringup::recover_ud(&mut live.dev, &mut live.ud);
+                }
+            }
             None => {}
         }
     }
@@ -877,10 +919,13 @@ impl Inner {
         }
     }
 
+    /// The old value an atomic left in its result slot, in host order.
     fn atomic_value(&self, live: &Live, slot: usize) -> Option<u64> {
-        live.atomics
+        let raw = live
+            .atomics
             .get(slot / ATOMIC_SLAB)?
-            .load_u64((slot % ATOMIC_SLAB) * 8)
+            .load_u64((slot % ATOMIC_SLAB) * 8)?;
+        Some(self.atomics.reply.to_host(raw))
     }
 
     fn atomic_slot(&self, live: &mut Live) -> Result<(usize, Sge), TransferError> {
@@ -1370,6 +1415,10 @@ impl Domain for VerbsDomain {
 
     fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    fn atomic_profile(&self) -> AtomicProfile {
+        self.inner.atomics
     }
 }
 

@@ -93,6 +93,11 @@ pub fn qp_attr(t: &Transition, ud: bool) -> (sys::ibv_qp_attr, c_uint) {
                 base | mask::IBV_QP_ACCESS_FLAGS
             }
         }
+        Transition::RecoverSqe => {
+            a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
+            a.cur_qp_state = sys::ibv_qp_state::IBV_QPS_SQE;
+            mask::IBV_QP_STATE | mask::IBV_QP_CUR_STATE
+        }
         Transition::Rtr {
             path,
             dest_qpn,
@@ -236,6 +241,24 @@ impl Context {
         };
         check("ibv_query_port", rc)?;
         Ok((attr.lid, attr.active_mtu as u8, attr.state))
+    }
+
+    /// The device's capabilities the domain uses (`ibv_query_device`).
+    pub fn caps(&self) -> Result<super::caps::DeviceCaps, VerbsError> {
+        let mut attr = sys::ibv_device_attr::default();
+        // SAFETY: `attr` is a valid out-pointer for the call.
+        let rc = unsafe { sys::ibv_query_device(self.ctx, &mut attr) };
+        check("ibv_query_device", rc)?;
+        let nonneg = |v: c_int| u32::try_from(v).unwrap_or(0);
+        Ok(super::caps::DeviceCaps {
+            vendor_id: attr.vendor_id,
+            vendor_part_id: attr.vendor_part_id,
+            atomic_cap: attr.atomic_cap,
+            max_qp_rd_atom: nonneg(attr.max_qp_rd_atom),
+            max_qp_init_rd_atom: nonneg(attr.max_qp_init_rd_atom),
+            max_qp: nonneg(attr.max_qp),
+            max_srq_wr: nonneg(attr.max_srq_wr),
+        })
     }
 
     /// The GID at `index` of `port`.

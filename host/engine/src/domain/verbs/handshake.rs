@@ -1,14 +1,15 @@
 //! The connection handshake of the verbs domain, sent over each domain's
 //! UD queue pair: what one side must learn about the other to bring its
 //! two RC queue pairs to RTR (queue-pair numbers, initial PSNs, the port's
-//! LID and GID, the UD qkey, the port's active MTU) and a request tag
-//! pairing a reply with its request.
+//! LID and GID, the UD qkey, the port's active MTU, the outstanding
+//! read/atomic limits each side takes) and a request tag pairing a reply
+//! with its request.
 //!
 //! The encoding is fixed-size, little-endian and versioned: a magic, a
 //! version byte and a kind byte lead, and [`Handshake::decode`] refuses
 //! anything it does not understand (wrong magic or version, unknown kind,
 //! wrong length, a queue-pair number or PSN beyond 24 bits, an MTU code
-//! outside 1..=5) with a
+//! outside 1..=5, a read/atomic limit of 0) with a
 //! [`HandshakeError`] naming what was wrong — never a panic, since the
 //! bytes come from the network.
 
@@ -17,9 +18,10 @@ use std::fmt;
 /// The first bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"RXHS";
 /// The encoding this build writes and reads.
-pub const VERSION: u8 = 2;
+/// Version 3 added the read/atomic limits (`rd_atomic`, `dest_rd_atomic`).
+pub const VERSION: u8 = 3;
 /// Encoded size in bytes.
-pub const ENCODED_LEN: usize = 4 + 1 + 1 + 8 + 2 + 16 + 4 + 4 + 4 + 4 + 4 + 4 + 1;
+pub const ENCODED_LEN: usize = 4 + 1 + 1 + 8 + 2 + 16 + 4 + 4 + 4 + 4 + 4 + 4 + 1 + 1 + 1;
 
 /// Queue-pair numbers and PSNs are 24-bit quantities on the wire of
 /// InfiniBand and RoCE.
@@ -61,6 +63,13 @@ pub struct Handshake {
     /// The sender port's active MTU (IBV_MTU_* code, 1 = 256 … 5 = 4096);
     /// both sides use the smaller of the two.
     pub mtu: u8,
+    /// Outstanding reads/atomics the sender initiates at most (its
+    /// `max_rd_atomic`, clamped to its device).
+    pub rd_atomic: u8,
+    /// Outstanding reads/atomics the sender accepts as responder (its
+    /// `max_dest_rd_atomic`, clamped to its device): the receiver's
+    /// initiator depth on this connection is at most this.
+    pub dest_rd_atomic: u8,
 }
 
 /// What was wrong with a handshake message.
@@ -89,6 +98,11 @@ pub enum HandshakeError {
         /// The code received.
         got: u8,
     },
+    /// A read/atomic limit of 0 (no reads or atomics could flow).
+    RdAtomic {
+        /// The field.
+        field: &'static str,
+    },
     /// A 24-bit field holding a larger value.
     Field24 {
         /// The field.
@@ -110,6 +124,9 @@ impl fmt::Display for HandshakeError {
             }
             HandshakeError::Kind { got } => write!(f, "handshake kind {got} is unknown"),
             HandshakeError::Mtu { got } => write!(f, "handshake MTU code {got} is not 1..=5"),
+            HandshakeError::RdAtomic { field } => {
+                write!(f, "handshake {field} is 0")
+            }
             HandshakeError::Field24 { field, value } => {
                 write!(f, "handshake {field} {value:#x} does not fit 24 bits")
             }
@@ -148,7 +165,7 @@ impl Handshake {
         ] {
             w.put(&v.to_le_bytes());
         }
-        w.put(&[self.mtu]);
+        w.put(&[self.mtu, self.rd_atomic, self.dest_rd_atomic]);
         debug_assert_eq!(w.at, ENCODED_LEN);
         Ok(out)
     }
@@ -186,6 +203,8 @@ impl Handshake {
             rdma_qpn: u32_at(48),
             rdma_psn: u32_at(52),
             mtu: b[56],
+            rd_atomic: b[57],
+            dest_rd_atomic: b[58],
         };
         h.check()?;
         Ok(h)
@@ -194,6 +213,14 @@ impl Handshake {
     fn check(&self) -> Result<(), HandshakeError> {
         if !(1..=5).contains(&self.mtu) {
             return Err(HandshakeError::Mtu { got: self.mtu });
+        }
+        for (field, v) in [
+            ("rd_atomic", self.rd_atomic),
+            ("dest_rd_atomic", self.dest_rd_atomic),
+        ] {
+            if v == 0 {
+                return Err(HandshakeError::RdAtomic { field });
+            }
         }
         for (field, value) in [
             ("ud_qpn", self.ud_qpn),
@@ -240,6 +267,8 @@ mod tests {
             rdma_qpn: 0x33,
             rdma_psn: 0x12_3456,
             mtu: 5,
+            rd_atomic: 16,
+            dest_rd_atomic: 8,
         }
     }
 
@@ -252,6 +281,7 @@ mod tests {
         assert_eq!(&b[6..14], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(&b[52..56], &0x12_3456u32.to_le_bytes());
         assert_eq!(b[56], 5);
+        assert_eq!((b[57], b[58]), (16, 8));
     }
 
     #[test]
@@ -304,6 +334,14 @@ mod tests {
         let mut b = good;
         b[56] = 6;
         assert_eq!(Handshake::decode(&b), Err(HandshakeError::Mtu { got: 6 }));
+        let mut b = good;
+        b[58] = 0;
+        assert_eq!(
+            Handshake::decode(&b),
+            Err(HandshakeError::RdAtomic {
+                field: "dest_rd_atomic"
+            })
+        );
         assert!(HandshakeError::Magic.to_string().contains("magic"));
     }
 
@@ -314,10 +352,10 @@ mod tests {
             any::<u16>(),
             any::<[u8; 16]>(),
             (0..=MAX_24, any::<u32>(), 0..=MAX_24, 0..=MAX_24),
-            (0..=MAX_24, 0..=MAX_24, 1u8..=5),
+            (0..=MAX_24, 0..=MAX_24, 1u8..=5, 1u8.., 1u8..),
         )
-            .prop_map(|(req, tag, lid, gid, (ud, qkey, mq, mp), (rq, rp, mtu))| {
-                Handshake {
+            .prop_map(
+                |(req, tag, lid, gid, (ud, qkey, mq, mp), (rq, rp, mtu, ra, da))| Handshake {
                     kind: if req {
                         HandshakeKind::Request
                     } else {
@@ -333,8 +371,10 @@ mod tests {
                     rdma_qpn: rq,
                     rdma_psn: rp,
                     mtu,
-                }
-            })
+                    rd_atomic: ra,
+                    dest_rd_atomic: da,
+                },
+            )
     }
 
     proptest! {
@@ -365,7 +405,12 @@ mod tests {
             match Handshake::decode(&b) {
                 Ok(h) => prop_assert_eq!(h.encode().unwrap(), b),
                 Err(e) => {
-                    let is_field = matches!(e, HandshakeError::Field24 { .. } | HandshakeError::Mtu { .. });
+                    let is_field = matches!(
+                        e,
+                        HandshakeError::Field24 { .. }
+                            | HandshakeError::Mtu { .. }
+                            | HandshakeError::RdAtomic { .. }
+                    );
                     prop_assert!(is_field, "{}", e);
                 }
             }

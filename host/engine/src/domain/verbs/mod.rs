@@ -22,7 +22,9 @@
 //! and handshake exchange ([`connect`]), turning one completion per chain
 //! back into one outcome per request ([`completions`], [`demux`]) — lives
 //! in safe modules tested here, and names a failed call with
-//! [`VerbsError`] ([`error`]). The calls into libibverbs live in `ffi`, the
+//! [`VerbsError`] ([`error`]), the device's capabilities and what is
+//! chosen from them ([`caps`]: atomics' byte order and scope, clamped
+//! read/atomic limits agreed in the handshake). The calls into libibverbs live in `ffi`, the
 //! one module with `unsafe` besides the `Send` of the request chain and
 //! templates (`wr`); only the modules that drive a device import it:
 //! [`Nic`] (opening one) and the [`VerbsDomain`], which with its
@@ -30,6 +32,7 @@
 
 pub mod addr;
 pub mod bringup;
+pub mod caps;
 pub mod completions;
 pub mod connect;
 pub mod demux;
@@ -37,8 +40,10 @@ mod domain;
 mod endpoint;
 pub mod error;
 pub mod ffi;
+pub mod gid;
 pub mod handshake;
 mod nic;
+pub mod srq;
 pub mod wr;
 
 use std::path::Path;
@@ -73,15 +78,27 @@ pub struct VerbsConfig {
     pub device: Option<String>,
     /// Port number (1-based).
     pub port: u8,
-    /// GID index (RoCE v2 is usually 1 or 3; 0 on InfiniBand).
+    /// GID index (RoCE v2 is usually 1 or 3; 0 on InfiniBand). With
+    /// [`VerbsConfig::auto_gid`] an index of 0 means "choose".
     pub gid_index: u8,
+    /// Choose the GID from the port's table ([`gid::choose`]: RoCE v2 with
+    /// an IPv4 address first) when `gid_index` is 0; on InfiniBand nothing
+    /// is chosen and 0 stays. Off: `gid_index` as given.
+    pub auto_gid: bool,
+    /// Most peers connected or connecting at once; handshake requests
+    /// from new peers beyond it are dropped, so a flood of requests cannot
+    /// make the domain create queue pairs without bound.
+    pub max_peers: usize,
     /// RC retry and timeouts.
     pub timing: RcTiming,
     /// Writes and sends of at most this many bytes go inline.
     pub max_inline: u32,
     /// Send-queue depth of each RC queue pair.
     pub send_depth: u32,
-    /// Zero-length receives kept posted on the shared receive queue.
+    /// Zero-length receives kept posted on the shared receive queue
+    /// (clamped to the device's `max_srq_wr`), refilled below three
+    /// quarters ([`srq::SrqStock`]): a burst of immediates this deep lands
+    /// without receiver-not-ready NAKs.
     pub srq_depth: u32,
     /// Signalled chains in flight per domain (one completion-queue entry
     /// each); the completion queue is sized for every request of these
@@ -120,10 +137,12 @@ impl Default for VerbsConfig {
             device: None,
             port: 1,
             gid_index: 0,
+            auto_gid: true,
+            max_peers: 4096,
             timing: RcTiming::default(),
             max_inline: 64,
             send_depth: 256,
-            srq_depth: 1024,
+            srq_depth: 4096,
             cq_depth: 4096,
             handshake_timeout: Duration::from_secs(5),
             handshake_retry: Duration::from_millis(100),
@@ -143,6 +162,9 @@ impl VerbsConfig {
         }
         if self.send_depth < wr::MAX_CHAIN as u32 {
             return Err("send queue shallower than one chain");
+        }
+        if self.max_peers == 0 {
+            return Err("max_peers of 0");
         }
         if self.srq_depth == 0 || self.cq_depth == 0 {
             return Err("empty shared receive or completion queue");
@@ -221,7 +243,7 @@ mod tests {
         // Room for every request of every chain, both receive queues, UD.
         assert_eq!(
             cq_entries(&VerbsConfig::default()),
-            4 * 4096 + 2 * 1024 + 64
+            4 * 4096 + 2 * 4096 + 64
         );
     }
 

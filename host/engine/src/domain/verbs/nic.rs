@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use super::bringup::{self, BroughtUp};
+use super::bringup::{self, BroughtUp, RcTiming};
+use super::caps::DeviceCaps;
 use super::ffi::{Context, Cq, Device, Pd, Qp, Srq};
 use super::{cq_entries, demux, VerbsConfig};
 use crate::error::TransferError;
@@ -30,10 +31,18 @@ pub struct Nic {
     pub qkey: u32,
     /// The port's LID.
     pub lid: u16,
-    /// The port's GID at the configured index.
+    /// The port's GID at `gid_index`.
     pub gid: [u8; 16],
+    /// The GID index in use: the configured one, or the one chosen
+    /// ([`VerbsConfig::auto_gid`]).
+    pub gid_index: u8,
     /// The port's active MTU code.
     pub mtu: u8,
+    /// What the device can do (`ibv_query_device`).
+    pub caps: DeviceCaps,
+    /// The configured RC timing with its read/atomic limits clamped to
+    /// the device: what the handshake offers.
+    pub timing: RcTiming,
 }
 
 impl Nic {
@@ -42,13 +51,23 @@ impl Nic {
         cfg.validate()
             .map_err(|why| TransferError::Config(crate::error::ConfigError::Verbs(why)))?;
         let ctx: Arc<Context> = Context::open(cfg.device.as_deref())?;
+        let caps = ctx.caps()?;
+        let timing = caps.clamp(cfg.timing);
+        let srq_depth = caps.clamp_srq(cfg.srq_depth);
         let (lid, mtu, _state) = ctx.port(cfg.port)?;
-        let gid = ctx.gid(cfg.port, cfg.gid_index)?;
+        let gid_index = match (cfg.auto_gid, cfg.gid_index) {
+            (true, 0) => {
+                let dir = std::path::Path::new(super::SYSFS_DEVICES).join(ctx.name());
+                super::gid::choose(&super::gid::read_port_gids(&dir, cfg.port)).unwrap_or(0)
+            }
+            (_, given) => given,
+        };
+        let gid = ctx.gid(cfg.port, gid_index)?;
         let pd = Pd::new(&ctx)?;
         let cq = Cq::new(&ctx, cq_entries(cfg))?;
-        let srq = Srq::new(&pd, cfg.srq_depth)?;
-        srq.post_zero_length(cfg.srq_depth, demux::WrTag::Imm.id(0))?;
-        let msg_srq = Srq::new(&pd, cfg.srq_depth)?;
+        let srq = Srq::new(&pd, srq_depth)?;
+        srq.post_zero_length(srq_depth, demux::WrTag::Imm.id(0))?;
+        let msg_srq = Srq::new(&pd, srq_depth)?;
         let mut device = Device {
             pd,
             cq,
@@ -73,7 +92,10 @@ impl Nic {
             qkey,
             lid,
             gid,
+            gid_index,
             mtu: mtu.clamp(1, 5),
+            caps,
+            timing,
         })
     }
 
