@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rolex_core::layout::{Leaf, LeafError};
+use rolex_core::layout::{Leaf, LeafError, SlotValue};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -48,10 +48,10 @@ fuzz_target!(|data: &[u8]| {
         .entries()
         .iter()
         .find(|s| s.key() == key)
-        .map(|s| s.value());
+        .and_then(|s| s.value());
     assert_eq!(valid.get(key), linear, "binary search agrees with a scan");
 
-    let _ = leaf.upsert(key, key ^ 0x5a5a);
+    let _ = leaf.upsert(key, SlotValue::from_u64(key ^ 0x5a5a));
     leaf.seal();
     assert!(leaf.validate().is_ok(), "upsert keeps a valid leaf valid");
     let _ = leaf.remove(key);

@@ -233,6 +233,11 @@ pub enum ValueError {
         /// The checksum of the other bytes.
         computed: u64,
     },
+    /// The reserved word is not 0 (a block of another layout).
+    Reserved {
+        /// The word.
+        word: u32,
+    },
     /// The block belongs to another key, or to another write of this one
     /// (another generation or length): the slot that named it is stale.
     OtherOwner {
@@ -255,6 +260,9 @@ impl fmt::Display for ValueError {
                 f,
                 "value block checksum {stored:#018x} does not match contents ({computed:#018x}): torn or corrupted"
             ),
+            Self::Reserved { word } => {
+                write!(f, "value block reserved word is {word:#x}, not 0")
+            }
             Self::OtherOwner { key, len, gen } => write!(
                 f,
                 "value block now holds key {key} ({len} bytes, generation {gen}): reused"
@@ -378,6 +386,11 @@ impl ValueBlock {
             return Err(ValueError::ChecksumMismatch {
                 stored: header.checksum.get(),
                 computed,
+            });
+        }
+        if header.reserved.get() != 0 {
+            return Err(ValueError::Reserved {
+                word: header.reserved.get(),
             });
         }
         Ok(value)
