@@ -22,7 +22,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use rolex_core::entry::{LockOwner, LtEntry};
-use rolex_core::layout::{AgentArea, AgentAreaError, ModelRecord, ModelState, Superblock};
+use rolex_core::layout::{
+    AgentArea, AgentAreaError, ModelRecord, ModelState, Superblock, ValueRegionHeader,
+};
 
 /// Arguments of `rolex inspect`.
 #[derive(Debug, Args)]
@@ -118,6 +120,18 @@ pub fn run(args: InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
                 sb.keys_per_leaf(),
                 area.next_free()
             );
+            let header = pool
+                .get(sb.value_region_offset() as usize..)
+                .and_then(|b| ValueRegionHeader::read(b).ok());
+            match header {
+                Some(h) => println!(
+                    "values: {} of {} bytes of the value region handed out ({} to the bulk load)",
+                    h.alloc().min(h.capacity()),
+                    h.capacity(),
+                    h.loaded()
+                ),
+                None => println!("values: the value region header lies past the file"),
+            }
             if args.models {
                 print_models(pool, &sb)?;
             }

@@ -437,6 +437,17 @@ impl ValueRegionHeader {
         }
     }
 
+    /// The header at the start of `bytes`.
+    pub fn read(bytes: &[u8]) -> Result<Self, LayoutError> {
+        Self::read_from_prefix(bytes)
+            .map(|(h, _)| h)
+            .map_err(|_| LayoutError::TooShort {
+                part: Part::ValueRegion,
+                needed: Self::SIZE,
+                found: bytes.len() as u64,
+            })
+    }
+
     /// Bytes handed out so far (may exceed the capacity).
     pub fn alloc(&self) -> u64 {
         self.alloc.get()
