@@ -13,8 +13,9 @@
 //! until every model was queued through the CirQ, retrained by the
 //! emulated agent and redirected. Then it stops the agent, checks every
 //! model's redirection and reads every key back against a `BTreeMap`,
-//! decodes the agent's defmt log with the image's ELF (as `rolex inspect
-//! --log --elf IMAGE` does), and prints one JSON line last:
+//! decodes the agent's defmt log with the image's ELF (the decoder of
+//! `rolex inspect --log --elf IMAGE`, which reads a `--pool-file` kept
+//! afterwards), and prints one JSON line last:
 //! `{"arch","cpu","models_retrained","keys_verified","verified",
 //! "agent_log_lines"}`. Any mismatch is an error (non-zero exit).
 //!
@@ -618,9 +619,6 @@ fn serve(
         ring.get(AgentArea::SIZE as usize..).unwrap_or(&[]),
         Some(&table),
     )?;
-    for l in &lines {
-        eprintln!("agent: {l}");
-    }
     let logged = lines
         .iter()
         .filter(|l| l.contains("retrained: record"))
