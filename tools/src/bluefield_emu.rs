@@ -378,10 +378,11 @@ fn probe(args: &BluefieldEmuArgs, path: &Path) -> Result<(), Box<dyn std::error:
     );
     mem.word(P::GO_OFFSET)
         .store(args.probe_rounds, Ordering::SeqCst);
-    // Hammer the same words until the guest is done: every host round
-    // overlaps the guest's (it only counts while the guest runs).
+    // Hammer the same words until the guest is done (a busy loop on
+    // purpose, for the probe's second or so: the point is to race the
+    // guest's core).
     let started = Instant::now();
-    let mut host_rounds = 0u64;
+    let (mut host_rounds, mut host_cas_retries) = (0u64, 0u64);
     while done.load(Ordering::SeqCst) == 0 {
         faa.fetch_add(1, Ordering::SeqCst);
         let mut seen = cas.load(Ordering::SeqCst);
@@ -391,6 +392,9 @@ fn probe(args: &BluefieldEmuArgs, path: &Path) -> Result<(), Box<dyn std::error:
             Ordering::SeqCst,
             Ordering::SeqCst,
         ) {
+            // The guest changed the word between this load and this CAS:
+            // the two sides really interleaved.
+            host_cas_retries += 1;
             seen = now;
         }
         host_rounds += 1;
@@ -401,9 +405,6 @@ fn probe(args: &BluefieldEmuArgs, path: &Path) -> Result<(), Box<dyn std::error:
             if guest.exited()?.is_some() && done.load(Ordering::SeqCst) == 0 {
                 return Err(EmuError::Timeout("the probe exited without finishing").into());
             }
-            // Let the guest's thread have the core now and then (two cores
-            // here, shared).
-            std::thread::yield_now();
         }
     }
     guest.finish(0)?;
@@ -421,6 +422,7 @@ fn probe(args: &BluefieldEmuArgs, path: &Path) -> Result<(), Box<dyn std::error:
             "probe": "atomics",
             "agent_rounds": agent_rounds,
             "host_rounds": host_rounds,
+            "host_cas_retries": host_cas_retries,
             "faa_count": f,
             "cas_count": c,
             "cas_refused": refused,

@@ -25,6 +25,12 @@ pub extern "C" fn start(base: *mut u8, end: usize) -> ! {
     exit(crate::run(boot))
 }
 
+/// The agent's CPU time: its core runs nothing else and naps by spinning,
+/// so its busy time is all the time since boot.
+pub fn cpu_ns() -> u64 {
+    super::now_ns()
+}
+
 /// Waits about `ns` nanoseconds, hinting the core that it is idle (the
 /// core is the agent's own: nothing else would run on it).
 pub fn nap(ns: u64) {

@@ -1,8 +1,8 @@
 //! The image on Arm cores, bare metal (`aarch64-unknown-none`): what every
 //! aarch64 board shares — the entry point, the exception vectors and the
 //! generic timer — and the board module that knows the machine:
-//! [`bluefield`] (a BlueField DPU's Cortex-A72 cores, the default) or
-//! [`qemu_virt`] (QEMU's `virt` machine, feature `qemu-virt`, which
+//! `bluefield` (a BlueField DPU's Cortex-A72 cores, the default) or
+//! `qemu_virt` (QEMU's `virt` machine, feature `qemu-virt`, which
 //! `tools/bluefield-emu` boots). Each board's memory map is written down in
 //! its linker script in `linker/`.
 //!
@@ -27,7 +27,7 @@ pub mod qemu_virt;
 #[cfg(feature = "qemu-virt")]
 use qemu_virt as board;
 
-pub use board::{console, exit, nap};
+pub use board::{console, cpu_ns, exit, nap};
 
 /// Exit code of a CPU exception (a fault in the image).
 const EXCEPTION_EXIT: i32 = 102;
@@ -112,10 +112,4 @@ pub fn now_ns() -> u64 {
         return 0;
     }
     (u128::from(cnt) * 1_000_000_000 / u128::from(frq)) as u64
-}
-
-/// The agent's CPU time: its core runs nothing else, so its busy time is
-/// all the time since boot.
-pub fn cpu_ns() -> u64 {
-    now_ns()
 }

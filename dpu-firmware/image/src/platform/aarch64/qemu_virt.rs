@@ -26,6 +26,7 @@
 
 use core::arch::asm;
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::counter;
 use crate::platform::Boot;
@@ -259,8 +260,17 @@ fn ticks_for(ns: u64, frq: u64) -> u64 {
     (u128::from(ns) * u128::from(frq) / 1_000_000_000).min(u128::from(u64::MAX)) as u64
 }
 
+/// Nanoseconds spent waiting in [`nap`] (the core's only idle time).
+static NAPPED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The agent's CPU time: the time since boot less its naps in `wfi`.
+pub fn cpu_ns() -> u64 {
+    super::now_ns().saturating_sub(NAPPED_NS.load(Relaxed))
+}
+
 /// Waits about `ns` nanoseconds in `wfi`, woken by the virtual timer.
 pub fn nap(ns: u64) {
+    let started = super::now_ns();
     let (now, frq) = counter();
     let until = now.saturating_add(ticks_for(ns, frq));
     // SAFETY: arming the core's own virtual timer (compare value, enable,
@@ -287,6 +297,7 @@ pub fn nap(ns: u64) {
             reg_write(GICC + 0x10, id);
         }
     }
+    NAPPED_NS.fetch_add(super::now_ns().saturating_sub(started), Relaxed);
 }
 
 /// Writes `s` to QEMU's semihosting console.
