@@ -1,6 +1,8 @@
 //! Link arguments of the freestanding image, by target: the linker script
-//! from `linker/` (which also pulls in defmt's `defmt.x`), and for the
-//! x86_64 Linux process no start files, no libc and a static executable.
+//! from `linker/` (which also pulls in defmt's `defmt.x`; for aarch64 the
+//! board's: BlueField, or QEMU `virt` with feature `qemu-virt`), and for
+//! the x86_64 Linux process no start files, no libc and a static
+//! executable.
 
 use std::path::PathBuf;
 
@@ -14,6 +16,9 @@ fn main() {
                 println!("cargo:rustc-link-arg-bins={arg}");
             }
             Some(linker.join("x86_64-linux.ld"))
+        }
+        "aarch64-unknown-none" if std::env::var_os("CARGO_FEATURE_QEMU_VIRT").is_some() => {
+            Some(linker.join("qemu-virt-aarch64.ld"))
         }
         "aarch64-unknown-none" => Some(linker.join("bluefield-aarch64.ld")),
         _ => None,

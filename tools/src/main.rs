@@ -3,6 +3,7 @@
 //! Every subcommand returns its errors to `main`, which prints them as one
 //! `error: …` line and exits non-zero: bad input never panics.
 mod bench;
+mod bluefield_emu;
 mod dataset;
 mod fabric;
 mod inspect;
@@ -48,6 +49,12 @@ enum Command {
     /// Print a file-backed pool's agent state, superblock and models, and
     /// decode the agent's log ring (`--log`, with the firmware image's ELF).
     Inspect(inspect::InspectArgs),
+    /// Boot the memory-node agent's aarch64 firmware image in QEMU (`virt`,
+    /// Cortex-A72) on a pool shared with host compute nodes, which insert
+    /// until the emulated agent retrained every model; read every key back
+    /// and print one JSON line (`--probe-atomics`: check that guest and
+    /// host CAS/FAA agree on the shared memory first).
+    BluefieldEmu(bluefield_emu::BluefieldEmuArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +65,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Memnode(args) => memnode::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::BluefieldEmu(args) => bluefield_emu::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -36,6 +36,7 @@ fn image() -> &'static Path {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("firmware");
         let out = Command::new("bash")
             .arg(&script)
+            .arg("host")
             .output()
             .expect("run tools/firmware");
         assert!(
@@ -391,4 +392,62 @@ fn a_cirq_entry_naming_no_model_is_skipped_and_a_pool_going_bad_stops_the_image(
         text.contains("ERROR pool corrupted, stopping without touching it"),
         "{text}"
     );
+}
+
+#[test]
+fn the_probe_s_atomics_and_the_host_s_agree_on_the_mapped_file() {
+    use rolex_core::layout::AtomicsProbe as P;
+    use std::sync::atomic::AtomicU64;
+    let file = PoolFile::new("probe");
+    std::fs::write(&file.0, vec![0u8; 4096]).unwrap();
+    let map = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file.0)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of the 4 KiB file, unmapped below
+    // after its last use; every access to it is atomic.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: each word lies in the page-aligned mapping, which outlives
+    // the uses below.
+    let word = |at: u64| unsafe { &*base.cast::<u8>().add(at as usize).cast::<AtomicU64>() };
+    let child = Command::new(image())
+        .arg(&file.0)
+        .arg("probe-atomics")
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(20), || word(P::READY_OFFSET)
+        .load(Ordering::SeqCst)
+        == P::READY));
+    word(P::GO_OFFSET).store(50_000, Ordering::SeqCst);
+    let mut host = 0u64;
+    while word(P::DONE_OFFSET).load(Ordering::SeqCst) == 0 {
+        word(P::FAA_OFFSET).fetch_add(1, Ordering::SeqCst);
+        let cas = word(P::CAS_OFFSET);
+        let mut seen = cas.load(Ordering::SeqCst);
+        while let Err(now) =
+            cas.compare_exchange(seen, seen + 1, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            seen = now;
+        }
+        host += 1;
+    }
+    assert_eq!(exit_code(child), 0);
+    assert_eq!(word(P::AGENT_ROUNDS_OFFSET).load(Ordering::SeqCst), 50_000);
+    assert_eq!(word(P::FAA_OFFSET).load(Ordering::SeqCst), 50_000 + host);
+    assert_eq!(word(P::CAS_OFFSET).load(Ordering::SeqCst), 50_000 + host);
+    assert_eq!(word(P::CAS_REFUSED_OFFSET).load(Ordering::SeqCst), 50_000);
+    // SAFETY: the mapping made above; no word reference is used after.
+    unsafe { libc::munmap(base, 4096) };
 }

@@ -22,6 +22,7 @@
 //! alignment; every type's size is a multiple of 8).
 
 mod agent_area;
+mod atomics_probe;
 mod cirq;
 mod leaf;
 mod leaf_region;
@@ -34,6 +35,7 @@ pub use agent_area::{
     log_record_size, log_ring_index, AgentArea, AgentAreaError, AgentState, LogRecord, LogRecords,
     AGENT_AREA_VERSION, AGENT_MAGIC,
 };
+pub use atomics_probe::AtomicsProbe;
 pub use cirq::{CirqError, CirqHeader, Pop};
 pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};

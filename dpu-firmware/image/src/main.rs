@@ -12,7 +12,12 @@
 //!
 //! Exit codes: 0 stopped on request; 2 no usable memory or agent area;
 //! 3 the pool was refused at attach; 4 the pool went bad while serving;
-//! 101 panic.
+//! 101 panic; 102 a CPU exception (aarch64).
+//!
+//! Instead of the agent, a platform may run [`probe::atomics`] (the x86_64
+//! process with `probe-atomics` after the file, the QEMU `virt` board with
+//! it on the semihosting command line): it checks that the agent's atomics
+//! and a host process's agree on the memory they share.
 #![no_std]
 #![no_main]
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -21,6 +26,8 @@ extern crate alloc;
 
 mod log;
 mod platform;
+#[cfg(any(target_os = "linux", feature = "qemu-virt"))]
+mod probe;
 
 use core::fmt::Write as _;
 

@@ -13,11 +13,13 @@
 //!   the log ring exists.
 //! - the heap (`embedded-alloc` over a static arena) and the panic handler.
 //!
-//! The arch files hold the entry point and the system interface:
+//! The arch modules hold the entry point and the system interface:
 //! `x86_64_linux` (a freestanding static Linux process: raw syscalls, the
-//! memory handed over as a file mapped with `mmap`) and `aarch64_bluefield`
-//! (bare metal on a BlueField's ARM cores: the memory is a window of the
-//! memory map that `linker/bluefield-aarch64.ld` reserves).
+//! memory handed over as a file mapped with `mmap`) and `aarch64` (bare
+//! metal on Arm cores, one board module per machine: `bluefield`, whose
+//! memory is a window of the map `linker/bluefield-aarch64.ld` reserves,
+//! and `qemu_virt`, QEMU's `virt` machine with the memory shared with the
+//! host through an `ivshmem` PCI device, `linker/qemu-virt-aarch64.ld`).
 //!
 //! The invariant every accessor keeps: an access is inside the mapping (or
 //! it is refused with an error), and 8-byte atomics are only made on
@@ -31,9 +33,9 @@ mod x86_64_linux;
 use x86_64_linux as arch;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
-mod aarch64_bluefield;
+mod aarch64;
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
-use aarch64_bluefield as arch;
+use aarch64 as arch;
 
 pub use arch::{console, cpu_ns, exit, nap, now_ns};
 
@@ -82,6 +84,15 @@ impl Boot {
             )
         };
         Some((Area(area), Pool(pool)))
+    }
+
+    /// The whole memory as shared bytes, for the atomics probe (which runs
+    /// instead of the agent, never beside it).
+    pub fn into_shared(self) -> SharedBytes<'static> {
+        // SAFETY: the memory handed over, mapped and shared as
+        // `SharedBytes` requires (`Boot::new`'s contract); `self` is
+        // consumed, so no other window of it is made.
+        unsafe { SharedBytes::new(self.base, self.len) }
     }
 
     /// The first `len` bytes as an area, for reading its header before the

@@ -3,7 +3,9 @@
 //! `argc`/`argv` from the initial stack; the agent's memory is the file
 //! named by `argv[1]` (e.g. in `/dev/shm`), mapped shared, so the host
 //! process that laid the pool out sees every word the agent writes. The
-//! clock, CPU time, naps, console and exit are raw system calls.
+//! clock, CPU time, naps, console and exit are raw system calls. With
+//! `probe-atomics` as `argv[2]` the image runs the atomics probe on the file
+//! instead of the agent.
 
 use core::arch::{asm, global_asm};
 
@@ -85,24 +87,38 @@ unsafe fn c_strlen(p: *const u8) -> usize {
     n
 }
 
+/// The bytes of the NUL-terminated string at `p` (without the NUL).
+///
+/// # Safety
+/// `p` must point to a NUL-terminated string that lives for the whole
+/// process.
+unsafe fn c_str(p: *const u8) -> &'static [u8] {
+    // SAFETY: the caller's contract; `c_strlen` stops at the NUL.
+    unsafe { core::slice::from_raw_parts(p, c_strlen(p)) }
+}
+
 extern "C" fn start(sp: *const usize) -> ! {
     super::init_heap();
     // SAFETY: the kernel's initial stack holds argc followed by argc
     // pointers to NUL-terminated strings (and a NULL); `sp` points at argc.
     let (argc, argv) = unsafe { (*sp, sp.add(1) as *const *const u8) };
     if argc < 2 {
-        console("usage: rolex-dpu-image POOL_FILE\n");
+        console("usage: rolex-dpu-image POOL_FILE [probe-atomics]\n");
         exit(2);
     }
     // SAFETY: argc ≥ 2, so argv[1] exists and is a NUL-terminated string.
     let path = unsafe { *argv.add(1) };
+    // SAFETY: argv has argc entries, so argv[2] exists when argc ≥ 3 and is
+    // a NUL-terminated string that lives for the whole process.
+    let probe = argc >= 3 && unsafe { c_str(*argv.add(2)) } == b"probe-atomics";
     match map(path) {
+        Ok(boot) if probe => exit(crate::probe::atomics(boot.into_shared())),
         Ok(boot) => exit(crate::run(boot)),
         Err(what) => {
             console("rolex-dpu-image: cannot map ");
             // SAFETY: `path` is argv[1], a NUL-terminated string that
             // lives for the whole process.
-            let name = unsafe { core::slice::from_raw_parts(path, c_strlen(path)) };
+            let name = unsafe { c_str(path) };
             console(core::str::from_utf8(name).unwrap_or("the pool file"));
             console(": ");
             console(what);
