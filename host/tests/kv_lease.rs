@@ -11,39 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rolex_core::entry::{LockOwner, LtEntry};
-use rolex_core::layout::{ModelRecord, Superblock};
-use rolex_dpu::PoolMemory;
+use rolex_core::entry::LockOwner;
 use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError};
 use rolex_host::memnode::{AgentError, HostPool, MemoryNode, MemoryNodeError};
 use rolex_host::memnode::{LeaseConfig, LeaseServer};
-
-/// Locks every leaf-table entry of every model for `owner`; returns how
-/// many.
-fn plant_locks(node: &MemoryNode, owner: LockOwner) -> u64 {
-    let mem = HostPool::new(node.pool_handle().clone());
-    let mut sbb = [0u8; Superblock::SIZE as usize];
-    mem.read(0, &mut sbb).unwrap();
-    let sb = Superblock::read(&sbb).unwrap();
-    let mut rb = [0u8; ModelRecord::SIZE as usize];
-    let mut n = 0;
-    for m in 0..sb.model_count() {
-        let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
-        mem.read(at, &mut rb).unwrap();
-        let r = ModelRecord::read(&rb).unwrap();
-        for j in 0..r.leaf_count() {
-            let off = r.lt_entry_offset(j).unwrap();
-            let v = LtEntry::from_raw(mem.load(off).unwrap());
-            assert_eq!(
-                mem.cas(off, v.raw(), v.locked_by(owner).raw()).unwrap(),
-                v.raw()
-            );
-            n += 1;
-        }
-    }
-    n
-}
 
 fn lease_server(node: &MemoryNode) -> LeaseServer {
     LeaseServer::start(
@@ -66,7 +38,7 @@ fn writers_blocked_by_a_dead_nodes_locks_go_on_once_its_lease_ends() {
     let addr = srv.local_addr().to_string();
     let dead = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
     let alive = LeaseClient::acquire(&addr, "tok", Duration::from_secs(5)).unwrap();
-    let planted = plant_locks(&node, dead.owner());
+    let planted = common::plant_locks(&HostPool::new(node.pool_handle().clone()), dead.owner());
 
     let client = Arc::new(
         KvClient::connect(
@@ -114,7 +86,7 @@ fn a_freeze_over_a_dead_nodes_lock_thaws_and_succeeds_once_released() {
     let srv = lease_server(&node);
     let dead =
         LeaseClient::acquire(&srv.local_addr().to_string(), "tok", Duration::from_secs(5)).unwrap();
-    let planted = plant_locks(&node, dead.owner());
+    let planted = common::plant_locks(&HostPool::new(node.pool_handle().clone()), dead.owner());
     eprintln!(
         "injected: {planted} locks of lease {:?}, held",
         dead.owner()
@@ -168,12 +140,12 @@ fn a_sweep_releases_locks_whose_holder_has_no_lease() {
     // Locks of an id that holds no lease (its holder died long ago), and
     // of the live lease: only the first are orphans.
     let orphan = LockOwner(if live.owner().0 == 9 { 10 } else { 9 });
-    let planted = plant_locks(&node, orphan);
+    let planted = common::plant_locks(&HostPool::new(node.pool_handle().clone()), orphan);
     assert_eq!(
         node.release_locks_where(|o| !srv.holds(o)).unwrap(),
         planted
     );
-    let held = plant_locks(&node, live.owner());
+    let held = common::plant_locks(&HostPool::new(node.pool_handle().clone()), live.owner());
     assert_eq!(node.release_locks_where(|o| !srv.holds(o)).unwrap(), 0);
     assert_eq!(node.release_locks_of(live.owner()).unwrap(), held);
 }

@@ -51,7 +51,7 @@ use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
 use rolex_host::kv::{KvClient, KvClientConfig};
-use rolex_host::memnode::{AgentStats, MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::{AgentStats, AtomicsRoute, MemoryNode, MemoryNodeConfig};
 use rolex_host::memnode::{LeaseConfig, LeaseKeys, LeaseServer, PoolKeys};
 use rolex_host::Fabric;
 
@@ -248,6 +248,34 @@ pub struct MemnodeArgs {
     /// compute nodes write [default: half the loaded values, at least 16].
     #[arg(long, value_name = "MIB")]
     value_spare: Option<u64>,
+    /// Where the node applies its own atomics on pool words that compute
+    /// nodes CAS (locks, the CirQ, counters): `auto` through its NIC where
+    /// the device's atomics are atomic only among NIC operations
+    /// (ConnectX) or emulated by this CPU (EFA), else CPU atomics; `cpu`
+    /// or `nic` to force one.
+    #[arg(long, value_enum, default_value = "auto")]
+    atomics: Atomics,
+}
+
+/// `--atomics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Atomics {
+    /// As the NIC needs.
+    Auto,
+    /// CPU atomics.
+    Cpu,
+    /// Through the node's own NIC.
+    Nic,
+}
+
+impl From<Atomics> for AtomicsRoute {
+    fn from(a: Atomics) -> Self {
+        match a {
+            Atomics::Auto => AtomicsRoute::Auto,
+            Atomics::Cpu => AtomicsRoute::Cpu,
+            Atomics::Nic => AtomicsRoute::Nic,
+        }
+    }
 }
 
 /// Percentiles of a set of freeze times, in µs.
@@ -612,6 +640,7 @@ fn serve(
         epsilon: args.epsilon.unwrap_or(defaults.epsilon),
         pool_file: args.pool_file.clone(),
         value_spare: args.value_spare.map(|m| m.saturating_mul(1 << 20)),
+        atomics: args.atomics.into(),
         ..defaults
     };
     let (node_, desc) = match pool {

@@ -23,7 +23,9 @@ pub mod node;
 pub use error::{MemoryNodeError, NotAPool, PoolFileProblem};
 pub use lease_keys::LeaseKeys;
 pub use lease_server::{LeaseConfig, LeaseServer, OnExpire, PoolKeys};
-pub use node::{AgentActivity, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
+pub use node::{
+    AgentActivity, AtomicsRoute, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats,
+};
 pub use rolex_dpu::{
     AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport,
 };

@@ -4,7 +4,13 @@
 //!
 //! The agent reaches the pool through [`HostPool`], whose 8-byte atomics are
 //! the very `AtomicU64` words the loopback NIC's remote `CAS`/`FAA` use, so
-//! the agent's freeze races correctly with compute nodes' locks. The thread
+//! the agent's freeze races correctly with compute nodes' locks — where the
+//! engine's NIC makes its atomics atomic with the CPU's. Where it does not
+//! (ConnectX's `IBV_ATOMIC_HCA`; EFA, whose atomics the provider emulates
+//! on this CPU), the node's own `CAS`, `FAA` and stores on pool words go
+//! through its NIC, a queue pair to itself
+//! (`rolex_engine::TransferEngine::shared_words`, design §5.8):
+//! [`MemoryNodeConfig::atomics`] says which, `Auto` by default. The thread
 //! never sits on the data path: compute nodes only use one-sided verbs.
 //!
 //! The retraining thread runs on a core budget ([`MemoryNodeConfig::cores`]:
@@ -41,7 +47,7 @@ use rolex_dpu::{
     Prepared, RetrainReport, SharedBytes,
 };
 
-use rolex_engine::{EngineConfig, MrHandle, TransferEngine};
+use rolex_engine::{AtomicRoute, EngineConfig, MrHandle, SharedWords, TransferEngine};
 use rolex_kv::PoolInfo;
 
 use crate::error::{transfer, MemoryNodeError, NotAPool, PoolFileProblem};
@@ -123,6 +129,9 @@ pub struct MemoryNodeConfig {
     /// live out-of-line bytes plus a few chunks per client. `None`: half
     /// the loaded values' bytes, at least 16 MiB.
     pub value_spare: Option<u64>,
+    /// Where the node applies its own atomics on pool words (see
+    /// [`AtomicsRoute`]; `Auto` by default).
+    pub atomics: AtomicsRoute,
 }
 
 impl Default for MemoryNodeConfig {
@@ -146,6 +155,7 @@ impl Default for MemoryNodeConfig {
             pool_file: None,
             log_capacity: 64 << 10,
             value_spare: None,
+            atomics: AtomicsRoute::Auto,
         }
     }
 }
@@ -200,20 +210,80 @@ pub struct MemoryNodeStats {
     pub pinned_cores: u64,
 }
 
+/// Where a memory node applies its own atomics on pool words that compute
+/// nodes update through the NIC (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtomicsRoute {
+    /// As the engine's NICs need: through the NIC where one's atomics are
+    /// atomic only among NIC operations, else CPU atomics.
+    #[default]
+    Auto,
+    /// CPU atomics on the mapped words (right where the NIC's atomics are
+    /// coherent with the CPU's: loopback, libfabric `tcp`/`shm`, most
+    /// `IBV_ATOMIC_GLOB` devices).
+    Cpu,
+    /// Every `CAS`, `FAA` and store through this node's own NIC (tests of
+    /// that path on fabrics that would not need it).
+    Nic,
+}
+
 /// [`PoolMemory`] over a registered region (see the module docs).
 pub struct HostPool {
     mr: MrHandle,
     epoch: Instant,
+    /// The node's NIC route for atomics, when they go through it.
+    nic: Option<Arc<SharedWords>>,
 }
 
 impl HostPool {
     /// The pool over a registered region (for tools and tests that bulk
-    /// load or inspect a pool themselves).
+    /// load or inspect a pool themselves), its atomics on the CPU.
     pub fn new(mr: MrHandle) -> Self {
         Self {
             mr,
             epoch: Instant::now(),
+            nic: None,
         }
+    }
+
+    /// The pool over `mr`, registered with `engine`, its atomics where
+    /// `route` says (see [`AtomicsRoute`]).
+    pub fn with_route(
+        mr: MrHandle,
+        engine: &TransferEngine,
+        route: AtomicsRoute,
+    ) -> Result<Self, MemoryNodeError> {
+        let route = match route {
+            AtomicsRoute::Auto => engine.atomic_profile().route(),
+            AtomicsRoute::Cpu => AtomicRoute::Cpu,
+            AtomicsRoute::Nic => AtomicRoute::Nic,
+        };
+        let nic = match route {
+            AtomicRoute::Cpu => None,
+            AtomicRoute::Nic => Some(Arc::new(
+                engine
+                    .shared_words_via(&mr, AtomicRoute::Nic)
+                    .map_err(transfer("routing the pool's atomics through the NIC"))?,
+            )),
+        };
+        Ok(Self {
+            nic,
+            ..Self::new(mr)
+        })
+    }
+
+    /// The same pool and route, for another user (the reaper, a release).
+    fn share(&self) -> Self {
+        Self {
+            mr: self.mr.clone(),
+            epoch: self.epoch,
+            nic: self.nic.clone(),
+        }
+    }
+
+    /// Whether the atomics go through the NIC.
+    pub fn atomics_via_nic(&self) -> bool {
+        self.nic.is_some()
     }
 
     /// The region as shared bytes, for the checked word atomics.
@@ -268,13 +338,27 @@ impl PoolMemory for HostPool {
         self.words().load(offset)
     }
     fn store(&self, offset: u64, value: u64) -> Result<(), MemError> {
-        self.words().store(offset, value)
+        match &self.nic {
+            // A plain store could be undone by a NIC atomic that read the
+            // word before it: a CAS loop through the NIC instead.
+            Some(w) => w
+                .swap(offset, value)
+                .map(|_| ())
+                .map_err(mem_err(offset, 8)),
+            None => self.words().store(offset, value),
+        }
     }
     fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        self.words().cas(offset, expected, new)
+        match &self.nic {
+            Some(w) => w.cas(offset, expected, new).map_err(mem_err(offset, 8)),
+            None => self.words().cas(offset, expected, new),
+        }
     }
     fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-        self.words().faa(offset, add)
+        match &self.nic {
+            Some(w) => w.faa(offset, add).map_err(mem_err(offset, 8)),
+            None => self.words().faa(offset, add),
+        }
     }
     fn relax(&self, attempt: u32) {
         // Writers hold locks for microseconds and the agent may be waiting
@@ -340,6 +424,8 @@ struct Parts {
     leaves_loaded: u64,
     region: LeafRegion,
     values: ValueRegion,
+    /// The pool as the node's own atomics reach it (their route).
+    words: HostPool,
 }
 
 /// What compute nodes may do to the pool.
@@ -583,6 +669,8 @@ pub struct MemoryNode {
     leaf_size: u64,
     alloc_num_offset: u64,
     values: ValueRegion,
+    /// The pool as the node's own atomics reach it (their route).
+    words: HostPool,
     /// The agent area of a file-backed pool: its handle (registered for
     /// local access only) and its path.
     area: Option<(MrHandle, PathBuf)>,
@@ -742,8 +830,9 @@ impl MemoryNode {
                 r
             }
         };
-        let pool = HostPool::new(mr.clone());
+        let pool = HostPool::with_route(mr.clone(), &engine, cfg.atomics)?;
         plan.write_values(&pool, pairs, value_of)?;
+        let words = pool.share();
         let agent = Agent::attach(pool, agent_config(&cfg), plan.next_free())?;
         let region = plan.superblock().leaf_region()?;
         let values = plan.superblock().value_region()?;
@@ -761,6 +850,7 @@ impl MemoryNode {
                 leaves_loaded: plan.leaf_count(),
                 region,
                 values,
+                words,
             },
         )
     }
@@ -846,11 +936,9 @@ impl MemoryNode {
         // `assemble` returns and the caller offers its descriptor.
         let (mr, desc) = unsafe { engine.reg_mr(pool_ptr, pool_len, pool_access()) }
             .map_err(transfer("registering the pool"))?;
-        let (agent, recovery) = Agent::resume(
-            HostPool::new(mr.clone()),
-            agent_config(&cfg),
-            area_header.next_free(),
-        )?;
+        let pool = HostPool::with_route(mr.clone(), &engine, cfg.atomics)?;
+        let words = pool.share();
+        let (agent, recovery) = Agent::resume(pool, agent_config(&cfg), area_header.next_free())?;
         am.store_u64(AgentArea::NEXT_FREE_OFFSET, agent.next_free())
             .map_err(transfer("writing the agent area"))?;
         let region = sb.leaf_region()?;
@@ -869,6 +957,7 @@ impl MemoryNode {
                 leaves_loaded: allocated.min(region.capacity()),
                 region,
                 values: sb.value_region()?,
+                words,
             },
         )?;
         Ok((node, recovery))
@@ -920,6 +1009,7 @@ impl MemoryNode {
             leaf_size: p.region.leaf_size(),
             alloc_num_offset: p.region.alloc_num_offset(),
             values: p.values,
+            words: p.words,
             area: p.area,
             engine: p.engine,
             _mapping: p.mapping,
@@ -1017,7 +1107,7 @@ impl MemoryNode {
     /// for the retraining agent (whose freeze may be the one waiting for
     /// those locks).
     pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, MemoryNodeError> {
-        release_locks(&HostPool::new(self.mr.clone()), owner)
+        release_locks(&self.words, owner)
     }
 
     /// Releases every chain lock whose leased holder `dead` says is dead
@@ -1027,15 +1117,14 @@ impl MemoryNode {
         &self,
         dead: impl Fn(LockOwner) -> bool,
     ) -> Result<u64, MemoryNodeError> {
-        let pool = HostPool::new(self.mr.clone());
-        let sb = superblock_of(&pool)?;
-        Ok(rolex_dpu::release_locks_where(&pool, &sb, dead)?)
+        let sb = superblock_of(&self.words)?;
+        Ok(rolex_dpu::release_locks_where(&self.words, &sb, dead)?)
     }
 
     /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
     /// keeps the pool's registration alive, so it may outlive the node.
     pub fn lock_releaser(&self) -> Arc<crate::lease_server::OnExpire> {
-        let pool = HostPool::new(self.mr.clone());
+        let pool = self.words.share();
         Arc::new(move |owner| release_locks(&pool, owner).map_err(|e| e.to_string()))
     }
 
