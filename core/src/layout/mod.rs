@@ -29,7 +29,7 @@ mod leaf_region;
 mod model_record;
 mod superblock;
 pub mod topology;
-mod value;
+pub mod value;
 
 pub use agent_area::{
     log_record_size, log_ring_index, AgentArea, AgentAreaError, AgentState, LogRecord, LogRecords,
