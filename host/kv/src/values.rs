@@ -3,8 +3,10 @@
 //!
 //! Space comes from the pool one-sidedly: a session that finds no block of
 //! the class it needs claims a chunk with one `FAA` on the region's
-//! `alloc` word (1 MiB, or the block itself when larger) and carves it into
-//! blocks of that class; no memory-node CPU is involved. A block is
+//! `alloc` word and carves it into blocks of that class; no memory-node
+//! CPU is involved. A class's first chunk holds 16 blocks, each next one
+//! twice as many, up to 1 MiB (or one block, when larger): a class used
+//! once costs little, a busy one claims rarely. A block is
 //! *freed* by the client whose write replaced or deleted the value it held
 //! (once that write landed: no slot names it any more), and is handed out
 //! again by this client after [`ValueSpace::GRACE`] — or sooner, once
@@ -61,6 +63,8 @@ struct Inner {
     claimed: u64,
     /// Bytes in blocks freed and not handed out again.
     free_bytes: u64,
+    /// Chunks claimed so far, by class.
+    chunks: HashMap<u64, u32>,
 }
 
 /// The value space of one client, shared by its sessions (see the module
@@ -71,8 +75,10 @@ pub(crate) struct ValueSpace {
 }
 
 impl ValueSpace {
-    /// Bytes a chunk claim takes at least.
+    /// Bytes a chunk claim takes at most (unless one block is larger).
     pub(crate) const CHUNK: u64 = 1 << 20;
+    /// Blocks of a class's first chunk.
+    const FIRST_BLOCKS: u64 = 16;
     /// How long a freed block waits before it is handed out again.
     pub(crate) const GRACE: Duration = Duration::from_millis(20);
     /// Bytes of freed blocks that may wait out the grace at once; past
@@ -120,9 +126,13 @@ impl ValueSpace {
                     gen: next_gen(gen),
                 }))
             }
-            None => Some(Err(NeedChunk {
-                len: class.max(Self::CHUNK),
-            })),
+            None => {
+                let n = g.chunks.get(&class).copied().unwrap_or(0).min(16);
+                let grown = (class * Self::FIRST_BLOCKS).saturating_mul(1 << n);
+                Some(Err(NeedChunk {
+                    len: grown.min(Self::CHUNK).max(class),
+                }))
+            }
         }
     }
 
@@ -133,6 +143,7 @@ impl ValueSpace {
         let class = block_class(value_len).unwrap_or(MIN_BLOCK);
         let mut g = self.lock();
         g.claimed += len;
+        *g.chunks.entry(class).or_default() += 1;
         let (mut at, end) = (offset, offset + len);
         let blocks = len / class;
         let ready = g.ready.entry(class).or_default();
@@ -214,13 +225,14 @@ mod tests {
     fn chunks_are_carved_and_blocks_come_back_with_new_generations() {
         let s = space();
         let need = s.take(1000).unwrap().unwrap_err();
-        assert_eq!(need.len, ValueSpace::CHUNK);
+        let class = block_class(1000).unwrap();
+        assert_eq!(need.len, 16 * class, "a first chunk of 16 blocks");
         s.add_chunk(4096, need.len, 1000);
         let a = s.take(1000).unwrap().unwrap();
         let b = s.take(1000).unwrap().unwrap();
         assert_ne!(a.offset, b.offset);
         assert_eq!((a.class, a.gen), (block_class(1000).unwrap(), 1));
-        assert!(a.offset >= 4096 && a.offset + a.class <= 4096 + ValueSpace::CHUNK);
+        assert!(a.offset >= 4096 && a.offset + a.class <= 4096 + need.len);
         // Given back unpublished: ready at once, same generation next.
         s.give_back(a);
         let a2 = s.take(1000).unwrap().unwrap();
@@ -239,6 +251,28 @@ mod tests {
         }
         assert_eq!(got.map(|x| x.gen), Some(b.gen + 1));
         assert_eq!(s.take(MAX_LEN_PLUS), None);
+    }
+
+    #[test]
+    fn chunks_grow_per_class_up_to_a_mib() {
+        let s = space();
+        let class = block_class(100).unwrap();
+        let mut at = 0;
+        let mut lens = Vec::new();
+        for _ in 0..12 {
+            while let Some(Ok(_)) = s.take(100) {}
+            let need = s.take(100).unwrap().unwrap_err();
+            lens.push(need.len);
+            s.add_chunk(at, need.len, 100);
+            at += need.len;
+        }
+        assert_eq!(lens[0], 16 * class);
+        assert_eq!(lens[1], 32 * class);
+        assert_eq!(*lens.last().unwrap(), ValueSpace::CHUNK);
+        // A block larger than a chunk is claimed alone.
+        let big = rolex_core::layout::MAX_VALUE_LEN;
+        let need = s.take(big).unwrap().unwrap_err();
+        assert_eq!(need.len, block_class(big).unwrap());
     }
 
     const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;
