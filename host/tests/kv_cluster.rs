@@ -161,7 +161,10 @@ fn a_get_is_one_round_trip_on_any_node_and_a_crossing_scan_counts_once() {
     let st = c.stats().op(KvOp::Get);
     assert_eq!(st.rtts, st.ops, "one round trip per get");
     for i in 0..3 {
-        assert!(c.node_stats(i).unwrap().op(KvOp::Get).ops > 0, "node {i} served gets");
+        assert!(
+            c.node_stats(i).unwrap().op(KvOp::Get).ops > 0,
+            "node {i} served gets"
+        );
     }
     // One scan across the boundary of nodes 0 and 1.
     let (lo1, _) = c.map().range(1).unwrap();
@@ -171,7 +174,10 @@ fn a_get_is_one_round_trip_on_any_node_and_a_crossing_scan_counts_once() {
     assert!(got.first().unwrap().0 < lo1 && got.last().unwrap().0 >= lo1);
     let after = c.stats().op(KvOp::Scan);
     assert_eq!(after.ops - before.ops, 1, "a scan over two nodes is one op");
-    assert!(after.rtts - before.rtts >= 2, "with the round trips of both visits");
+    assert!(
+        after.rtts - before.rtts >= 2,
+        "with the round trips of both visits"
+    );
 }
 
 #[test]
@@ -192,7 +198,10 @@ fn a_failed_node_fails_its_range_fast_and_the_others_go_on() {
     let e = s.insert(in1 + 1, 5).unwrap_err();
     assert!(matches!(e, KvError::MemoryNodeDown { node: 1, range, .. } if range == (lo1, hi1)));
     assert!(!e.may_have_applied());
-    assert!(e.to_string().starts_with("memory node 1 (node-1) is down"), "{e}");
+    assert!(
+        e.to_string().starts_with("memory node 1 (node-1) is down"),
+        "{e}"
+    );
     // The other ranges go on: reads, writes, and scans that stay in them.
     for &(k, v) in pairs.iter().filter(|p| p.0 < lo1 || p.0 > hi1).step_by(50) {
         assert_eq!(s.get(k).unwrap(), Some(v));

@@ -224,7 +224,9 @@ impl PartitionMap {
             text: text.to_string(),
         };
         let (version, lows) = text.split_once(':').ok_or(bad("no VERSION: prefix"))?;
-        let version = version.parse().map_err(|_| bad("the version is not a number"))?;
+        let version = version
+            .parse()
+            .map_err(|_| bad("the version is not a number"))?;
         let lows = lows
             .split(',')
             .map(|l| l.parse::<u64>())
@@ -273,7 +275,12 @@ impl fmt::Debug for ClusterClient {
             .field("map", &self.shared.map.encode())
             .field(
                 "nodes",
-                &self.shared.nodes.iter().map(|n| &n.name).collect::<Vec<_>>(),
+                &self
+                    .shared
+                    .nodes
+                    .iter()
+                    .map(|n| &n.name)
+                    .collect::<Vec<_>>(),
             )
             .finish()
     }
