@@ -456,7 +456,7 @@ fn cluster_map(remotes: &[Remote]) -> Result<PartitionMap, BenchError> {
             }
             Some(s) if s.count != n => {
                 return Err(format!(
-                    "the memory node at {} is shard {s} of a cluster of {} nodes, but {n} were given",
+                    "the memory node at {} is shard {s} of a cluster of {} nodes, but --memnode names {n}",
                     r.addr, s.count
                 )
                 .into())
