@@ -2672,7 +2672,7 @@ mod tests {
             ],
             epoch: Instant::now(),
             start: Barrier::new(1),
-            activity: None,
+            activity: Vec::new(),
             faults: false,
             value_size: ValueSize::default(),
         };
