@@ -93,7 +93,10 @@ use rolex_core::layout::LAYOUT_VERSION;
 use rolex_host::domain::fabric::bootstrap::Bootstrap;
 use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::KvError;
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats, PoolInfo};
+use rolex_host::kv::{
+    ClusterClient, ClusterNode, KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats,
+    PartitionMap, PoolInfo,
+};
 use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, TransferEngine,
@@ -151,9 +154,17 @@ pub struct BenchArgs {
     #[command(flatten)]
     verbs: VerbsArgs,
     /// Bootstrap address (`ADDR:PORT`) of a `rolex memnode --fabric`
-    /// process to run against (needs `--fabric libfabric:PROVIDER`).
-    #[arg(long)]
+    /// process to run against (needs `--fabric libfabric:PROVIDER`), or
+    /// several, comma-separated, in shard order: the nodes of a cluster
+    /// (`rolex memnode --shard I/N`), which must agree on the data set, the
+    /// node count and the partition map.
+    #[arg(long, value_name = "ADDR:PORT[,ADDR:PORT…]")]
     memnode: Option<String>,
+    /// Memory nodes started in this process (loopback), each holding one
+    /// key range of equal key count (the loaded keys' quantiles); the
+    /// compute nodes route every operation by key.
+    #[arg(long, default_value_t = 1)]
+    memnodes: usize,
     /// Shared token of the bootstrap connection.
     #[arg(long, default_value = "rolex")]
     token: String,
@@ -322,6 +333,16 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     if matches!(args.fabric, FabricArg::Verbs(_)) && !cfg!(feature = "verbs") {
         return Err(format!("--fabric verbs: {NO_VERBS}").into());
     }
+    if args.memnodes == 0 {
+        return Err("--memnodes must be at least 1".into());
+    }
+    if args.memnodes > 1 && args.memnode.is_some() {
+        return Err(
+            "--memnodes starts memory nodes in this process; against memory nodes in other \
+             processes give their addresses: --memnode A,B,C"
+                .into(),
+        );
+    }
     if args.memnode.is_none() && !args.data.is_given() {
         return Err("give --keys FILE, or --dist with -n".into());
     }
@@ -350,7 +371,9 @@ fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
             let node = match (p.as_str(), &args.node) {
                 (_, Some(n)) => Some(n.clone()),
                 ("shm" | "efa" | "verbs", None) => None,
-                _ => args.memnode.as_deref().and_then(local_ip_towards),
+                _ => memnode_addrs(args)
+                    .first()
+                    .and_then(|a| local_ip_towards(a)),
             };
             return Ok(libfabric_engine(p, node.as_deref(), args.busy_poll_us));
         }
@@ -395,10 +418,74 @@ fn local_ip_towards(server: &str) -> Option<String> {
     Some(s.local_addr().ok()?.ip().to_string())
 }
 
+/// `--memnode`'s addresses, in shard order.
+fn memnode_addrs(args: &BenchArgs) -> Vec<&str> {
+    args.memnode
+        .as_deref()
+        .map(|m| m.split(',').map(str::trim).collect())
+        .unwrap_or_default()
+}
+
 /// A memory node in another process, as its bootstrap offer describes it.
 struct Remote {
+    /// Its bootstrap address.
+    addr: String,
     pool: PoolInfo,
     desc: DataSetDesc,
+}
+
+/// The partition map of the memory nodes `remotes` (given in this order):
+/// a lone node serves every key; the nodes of a cluster must each be the
+/// shard of their place, of as many nodes as were given, and agree on the
+/// rest of their description (data set, pool shape, partition map).
+fn cluster_map(remotes: &[Remote]) -> Result<PartitionMap, BenchError> {
+    let first = remotes.first().ok_or("--memnode names no memory node")?;
+    if remotes.len() == 1 && first.desc.shard.map_or(true, |s| s.count == 1) {
+        return Ok(first.desc.map.clone().unwrap_or_else(PartitionMap::single));
+    }
+    let n = remotes.len();
+    for (i, r) in remotes.iter().enumerate() {
+        match r.desc.shard {
+            None => {
+                return Err(format!(
+                    "the memory node at {} serves every key (no --shard), but {n} were given \
+                     as a cluster: start each with rolex memnode --shard I/{n}",
+                    r.addr
+                )
+                .into())
+            }
+            Some(s) if s.count != n => {
+                return Err(format!(
+                    "the memory node at {} is shard {s} of a cluster of {} nodes, but --memnode names {n}",
+                    r.addr, s.count
+                )
+                .into())
+            }
+            Some(s) if s.index != i => {
+                return Err(format!(
+                    "the memory node at {} is shard {s}, but was given as shard {i}/{n}: give --memnode in shard order",
+                    r.addr
+                )
+                .into())
+            }
+            Some(_) => {}
+        }
+        if r.desc.cluster_part() != first.desc.cluster_part() {
+            return Err(format!(
+                "the memory nodes disagree: {} holds {}, {} holds {}",
+                first.addr,
+                first.desc.encode(),
+                r.addr,
+                r.desc.encode()
+            )
+            .into());
+        }
+    }
+    first
+        .desc
+        .map
+        .clone()
+        .ok_or_else(|| format!("the memory node at {} names no partition map", first.addr).into())
 }
 
 /// Fetches the remote memory node's pool and data-set description.
@@ -410,7 +497,11 @@ fn fetch_remote(args: &BenchArgs, server: &str) -> Result<Remote, BenchError> {
         .map_err(|_| format!("the memory node at {server} sent a description that is not text"))?;
     let desc = DataSetDesc::parse(&text)
         .map_err(|e| format!("the memory node at {server} is not a rolex memnode: {e}"))?;
-    Ok(Remote { pool, desc })
+    Ok(Remote {
+        addr: server.to_string(),
+        pool,
+        desc,
+    })
 }
 
 /// The lease of this process at the memory node `server` (its host) on
@@ -764,8 +855,9 @@ struct RunCtx {
     epoch: Instant,
     /// Releases the threads together.
     start: Barrier,
-    /// Whether the memory node is retraining (splits insert latencies).
-    activity: Option<AgentActivity>,
+    /// Whether a local memory node is retraining (splits insert
+    /// latencies; empty against remote ones).
+    activity: Vec<AgentActivity>,
     /// Whether faults are injected: an operation that fails is counted
     /// and the run goes on.
     faults: bool,
@@ -923,7 +1015,7 @@ impl StreamRun<'_> {
     }
 
     fn insert(&mut self, key: u64, value: u64) -> Result<Option<Write>, Failed> {
-        let busy = || self.ctx.activity.as_ref().is_some_and(|a| a.busy());
+        let busy = || self.ctx.activity.iter().any(AgentActivity::busy);
         let before = busy();
         let start = self.now();
         let r = self.session.insert(key, value);
@@ -1018,7 +1110,7 @@ impl StreamRun<'_> {
 /// are injected: then a failed operation is counted, and the write it
 /// attempted recorded as one that may or may not have taken effect.
 fn run_thread(
-    client: &KvClient,
+    client: &ClusterClient,
     ctx: &RunCtx,
     t: usize,
     done: &AtomicU64,
@@ -1131,7 +1223,7 @@ fn diff(a: &OpStats, b: &OpStats) -> OpStats {
     }
 }
 
-fn merged_stats(clients: &[KvClient]) -> KvStats {
+fn merged_stats(clients: &[ClusterClient]) -> KvStats {
     let mut s = KvStats::default();
     for c in clients {
         s.merge(&c.stats());
@@ -1156,13 +1248,13 @@ struct RawSpec {
 /// The raw fabric baseline: each thread posts doorbell batches of `reads`
 /// reads of `len` bytes, `batches` batches in all; returns batches per
 /// second. Batch `i` of thread `t` reads where the key of its operation `i`
-/// sits in the pool (the key's rank among the loaded keys, scaled to the
-/// pool), so the baseline has the workload's skew and cache behaviour.
+/// sits in the pool of the memory node that serves it (the key's rank
+/// among that node's loaded keys, scaled to its pool), so the baseline has
+/// the workload's skew and cache behaviour.
 fn raw_reads(
-    clients: &[KvClient],
-    pool: &MrDesc,
+    clients: &[ClusterClient],
+    (pools, setup): (&[PoolInfo], &Setup),
     streams: &[Vec<Op>],
-    loaded: &[u64],
     spec: RawSpec,
     quiet: bool,
 ) -> Result<f64, BenchError> {
@@ -1173,21 +1265,43 @@ fn raw_reads(
         faults,
     } = spec;
     let threads = streams.len();
-    let len = len.clamp(8, pool.len);
-    let span = (pool.len - len) / 8 + 1;
-    let n = loaded.len().max(1) as u128;
+    let shortest = pools.iter().map(|p| p.desc.len).min().unwrap_or(8);
+    let len = len.clamp(8, shortest.max(8));
+    // Per node: its pool, the 8-byte positions a read may start at, and
+    // its loaded keys.
+    let targets: Vec<(&MrDesc, u64, &[u64])> = pools
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (
+                &p.desc,
+                p.desc.len.saturating_sub(len) / 8 + 1,
+                setup.loaded_on(i),
+            )
+        })
+        .collect();
     let start = Barrier::new(threads);
     let t0 = std::sync::Mutex::new(None::<Instant>);
     let ends = with_progress(threads, batches, "raw", quiet, |t, done, abort| {
-        let engine: &TransferEngine = clients[t % clients.len()].engine();
-        let (dst, _) = engine
-            .alloc_mr(len * reads as u64, Access::LOCAL_WRITE)
-            .map_err(|e| format!("raw reads: registering a buffer: {e}"))?;
-        let mut ch = engine
-            .channel()
-            .map_err(|e| format!("raw reads: opening a channel: {e}"))?;
+        let client = &clients[t % clients.len()];
+        // A buffer and a channel on the engine of each node's client.
+        let (mut dsts, mut chans) = (Vec::new(), Vec::new());
+        for node in 0..targets.len() {
+            let engine: &TransferEngine = client
+                .node(node)
+                .ok_or("raw reads: a memory node without a client")?
+                .engine();
+            let (dst, _) = engine
+                .alloc_mr(len * reads as u64, Access::LOCAL_WRITE)
+                .map_err(|e| format!("raw reads: registering a buffer: {e}"))?;
+            let ch = engine
+                .channel()
+                .map_err(|e| format!("raw reads: opening a channel: {e}"))?;
+            dsts.push(dst);
+            chans.push(ch);
+        }
         let mine = batches / threads as u64 + u64::from((t as u64) < batches % threads as u64);
-        let slots: Vec<u64> = streams[t]
+        let slots: Vec<(usize, u64)> = streams[t]
             .iter()
             .map(|&op| {
                 let key = match op {
@@ -1198,8 +1312,11 @@ fn raw_reads(
                     | Op::Delete { key }
                     | Op::Scan { from: key, .. } => key,
                 };
+                let node = setup.map.route(key);
+                let (_, span, loaded) = targets[node];
                 let rank = loaded.partition_point(|&k| k < key) as u128;
-                (rank * u128::from(span) / n) as u64
+                let n = loaded.len().max(1) as u128;
+                (node, (rank * u128::from(span) / n) as u64)
             })
             .take(mine as usize)
             .collect();
@@ -1214,18 +1331,24 @@ fn raw_reads(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let slot = slots[i as usize % slots.len().max(1)];
+            let (node, slot) = slots
+                .get(i as usize % slots.len().max(1))
+                .copied()
+                .unwrap_or((0, 0));
+            let (pool, span, _) = targets[node];
+            let dst = &dsts[node];
             ops.clear();
             for r in 0..reads as u64 {
                 ops.push(BatchOp::Read {
-                    dst: &dst,
+                    dst,
                     dst_offset: r * len,
                     src: pool,
                     src_offset: (slot + r * len / 8).min(span - 1) * 8,
                     len,
                 });
             }
-            ch.run(&ops, &mut results)
+            chans[node]
+                .run(&ops, &mut results)
                 .map_err(|e| format!("raw reads: {e}"))?;
             if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
                 if !faults {
@@ -1249,7 +1372,7 @@ fn raw_reads(
 /// Reads every written key back and checks it ([`final_possible`]);
 /// returns the problems.
 fn verify(
-    clients: &[KvClient],
+    clients: &[ClusterClient],
     loaded: &[u64],
     writes: HashMap<u64, Vec<KeyWrites>>,
     (args, value_size): (&BenchArgs, ValueSize),
@@ -1325,10 +1448,18 @@ fn retry_injected<T>(mut f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvE
     let mut tries = 1;
     loop {
         match f() {
-            Err(KvError::Transfer {
-                error: TransferError::InjectedFault { .. },
-                ..
-            }) if tries < INJECTED_TRIES => tries += 1,
+            Err(e)
+                if tries < INJECTED_TRIES
+                    && matches!(
+                        e.on_node(),
+                        KvError::Transfer {
+                            error: TransferError::InjectedFault { .. },
+                            ..
+                        }
+                    ) =>
+            {
+                tries += 1
+            }
             r => return r,
         }
     }
@@ -1356,7 +1487,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         streams: generate_streams(&setup.plan, &setup.sets, args.ops)?,
         epoch: Instant::now(),
         start: Barrier::new(args.threads),
-        activity: store.node.as_ref().map(|n| n.activity()),
+        activity: store.nodes.iter().map(MemoryNode::activity).collect(),
         faults: args.inject_failures.is_some(),
         value_size: setup.value_size,
     };
@@ -1459,19 +1590,21 @@ fn grow(
 struct Setup {
     plan: Plan,
     sets: KeySets,
-    /// The memory node in another process, if the run is against one.
-    remote: Option<Remote>,
+    /// The memory nodes in other processes, in shard order, if the run is
+    /// against them.
+    remotes: Vec<Remote>,
+    /// Which memory node serves which keys: the remote nodes' map, or
+    /// `--memnodes` ranges of the loaded keys' quantiles.
+    map: PartitionMap,
     /// This process's first thread of the plan.
     base: usize,
-    /// What this process's chain locks carry: its lease's id, if it holds
-    /// one.
-    lock_owner: LockOwner,
     /// The run's value sizes: `--value-size`, or the remote memory
     /// node's (they must agree), else 8.
     value_size: ValueSize,
-    /// Held until the run ends, so the memory node releases this
-    /// process's chain locks if it dies holding them.
-    _lease: Option<LeaseClient>,
+    /// This process's lease at each remote memory node (its id is what
+    /// the chain locks there carry), held until the run ends, so each
+    /// node releases this process's chain locks if it dies holding them.
+    leases: Vec<Option<LeaseClient>>,
 }
 
 impl Setup {
@@ -1492,18 +1625,24 @@ impl Setup {
             args.zipf,
             args.data.seed,
         )?;
-        let remote = match &args.memnode {
-            Some(server) => {
-                let r = fetch_remote(args, server)?;
-                let keys = remote_keys(args, server, &r)?;
-                Some((r, keys))
+        let remotes = memnode_addrs(args)
+            .into_iter()
+            .map(|server| fetch_remote(args, server))
+            .collect::<Result<Vec<_>, _>>()?;
+        let remote = match remotes.first() {
+            Some(r) => {
+                // The nodes agree on the data set (checked first), so the
+                // first one's is every one's.
+                let map = cluster_map(&remotes)?;
+                let keys = remote_keys(args, &r.addr, r)?;
+                Some((remotes, keys, map))
             }
             None => None,
         };
-        let (remote, sets) = match remote {
+        let (remotes, sets, map) = match remote {
             // The memory node loaded its whole data set: new keys come from
             // its gaps, or its generator, the same in every process.
-            Some((r, (keys, dist))) => {
+            Some((remotes, (keys, dist), map)) => {
                 let drawn = match dist {
                     Some(dist) if plan.needs_drawn_keys(&keys) => {
                         let n = (keys.len() as u64)
@@ -1513,7 +1652,7 @@ impl Setup {
                     }
                     _ => None,
                 };
-                (Some(r), plan.split_fresh(keys, drawn)?)
+                (remotes, plan.split_fresh(keys, drawn)?, map)
             }
             None => {
                 // `-n 0` with `--dist`: every key is generated to insert.
@@ -1523,33 +1662,39 @@ impl Setup {
                     Start::Loaded
                 };
                 let keys = args.data.load(plan.held_out(start), EmptyFile::Reject)?;
-                (None, plan.split(keys, start)?)
+                let sets = plan.split(keys, start)?;
+                let map = PartitionMap::balanced(&sets.loaded, args.memnodes)
+                    .map_err(|e| format!("--memnodes {}: {e}", args.memnodes))?;
+                (Vec::new(), sets, map)
             }
         };
-        let lease = match (&remote, &args.memnode) {
-            (Some(r), Some(server)) => r
-                .desc
-                .lease
-                .map(|port| acquire_lease(server, port, &args.token))
-                .transpose()?,
-            _ => None,
-        };
-        let lock_owner = lease
-            .as_ref()
-            .map_or(LockOwner::ANONYMOUS, LeaseClient::owner);
-        let value_size = match &remote {
+        let leases = remotes
+            .iter()
+            .map(|r| {
+                r.desc
+                    .lease
+                    .map(|port| acquire_lease(&r.addr, port, &args.token))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let value_size = match remotes.first() {
             Some(r) => r.desc.value_size,
             None => args.value_size.unwrap_or_default(),
         };
         Ok(Setup {
             plan,
             sets,
-            remote,
+            remotes,
+            map,
             base: args.compute_index * args.threads,
-            lock_owner,
             value_size,
-            _lease: lease,
+            leases,
         })
+    }
+
+    /// The loaded keys node `node` of the map holds.
+    fn loaded_on(&self, node: usize) -> &[u64] {
+        crate::memnode::range_of(&self.sets.loaded, &self.map, node)
     }
 
     /// This process's threads of the plan.
@@ -1558,49 +1703,58 @@ impl Setup {
     }
 }
 
-/// Step 2: the memory node — started here and bulk-loaded, or the remote
-/// one's pool — and the compute nodes connected to it.
+/// Step 2: the memory nodes — started here and bulk-loaded, each with
+/// its range of the key set, or the remote ones' pools — and the compute
+/// nodes connected to them.
 struct Store {
-    /// The memory node, when it runs in this process.
-    node: Option<MemoryNode>,
-    pool: PoolInfo,
+    /// The memory nodes, when they run in this process (in map order).
+    nodes: Vec<MemoryNode>,
+    /// Every memory node's pool, in map order.
+    pools: Vec<PoolInfo>,
     load_time: Duration,
-    /// Slots per leaf of the pool.
+    /// Slots per leaf of the pools.
     leaf_slots: u32,
-    clients: Vec<KvClient>,
+    /// The compute nodes: each a client of every memory node.
+    clients: Vec<ClusterClient>,
 }
 
 impl Store {
-    /// Starts the store `setup` plans: the local memory node (loaded with
-    /// the key set) unless the run is against a remote one, then
-    /// `--clients` compute nodes, each with an engine of its own.
+    /// Starts the store `setup` plans: the local memory nodes (each loaded
+    /// with its range of the key set) unless the run is against remote
+    /// ones, then `--clients` compute nodes, each with an engine of its
+    /// own per memory node.
     fn start(args: &BenchArgs, setup: &Setup, quiet: bool) -> Result<Self, BenchError> {
         let engine_cfg = engine_config(args)?;
-        let mn_cfg = memory_node_config(args, setup, engine_cfg.clone());
         let client_cfg = KvClientConfig {
-            engine: client_engine(args, engine_cfg),
-            lock_owner: setup.lock_owner,
-            lease: setup._lease.as_ref().map(LeaseClient::fence),
+            engine: client_engine(args, engine_cfg.clone()),
             ..KvClientConfig::default()
         };
-        let leaf_slots = mn_cfg.leaf_slots;
-        let (node, pool, load_time) = match &setup.remote {
-            Some(r) => (None, r.pool.clone(), Duration::ZERO),
-            None => {
-                let (node, load_time) =
-                    bulk_load(mn_cfg, &setup.sets.loaded, setup.value_size, quiet)?;
-                let pool = node.pool();
-                (Some(node), pool, load_time)
-            }
-        };
-        // Connecting only reads: a try that met an injected fault is
-        // simply made again.
+        let leaf_slots = memory_node_config(args, setup, 0, engine_cfg.clone()).leaf_slots;
+        let (nodes, pools, names, load_time): (_, Vec<PoolInfo>, Vec<String>, _) =
+            if setup.remotes.is_empty() {
+                let mut nodes = Vec::new();
+                let mut load_time = Duration::ZERO;
+                for i in 0..setup.map.nodes() {
+                    let loaded = setup.loaded_on(i);
+                    let cfg = memory_node_config(args, setup, loaded.len(), engine_cfg.clone());
+                    let (node, took) = bulk_load(cfg, loaded, setup.value_size, quiet)?;
+                    load_time += took;
+                    nodes.push(node);
+                }
+                let pools = nodes.iter().map(MemoryNode::pool).collect();
+                let names = (0..nodes.len()).map(|i| format!("local {i}")).collect();
+                (nodes, pools, names, load_time)
+            } else {
+                let pools = setup.remotes.iter().map(|r| r.pool.clone()).collect();
+                let names = setup.remotes.iter().map(|r| r.addr.clone()).collect();
+                (Vec::new(), pools, names, Duration::ZERO)
+            };
         let clients = (0..args.clients)
-            .map(|_| retry_injected(|| KvClient::connect(client_cfg.clone(), &pool)))
+            .map(|_| connect_cluster(setup, &client_cfg, &pools, &names))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Store {
-            node,
-            pool,
+            nodes,
+            pools,
             load_time,
             leaf_slots,
             clients,
@@ -1608,11 +1762,52 @@ impl Store {
     }
 }
 
-/// The memory node's configuration: the pool's shape from the arguments
-/// (or the remote node's leaf size), with room for the run's inserts.
-fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> MemoryNodeConfig {
+/// One compute node: a client of each memory node (`pools`, named
+/// `names`), with this process's lease there if it holds one, routed by
+/// the setup's map.
+fn connect_cluster(
+    setup: &Setup,
+    cfg: &KvClientConfig,
+    pools: &[PoolInfo],
+    names: &[String],
+) -> Result<ClusterClient, BenchError> {
+    let mut nodes = Vec::new();
+    for (i, (pool, name)) in pools.iter().zip(names).enumerate() {
+        let cfg = match setup.leases.get(i).and_then(Option::as_ref) {
+            Some(lease) => cfg.clone().with_lease(lease),
+            None => KvClientConfig {
+                lock_owner: LockOwner::ANONYMOUS,
+                ..cfg.clone()
+            },
+        };
+        // Connecting only reads: a try that met an injected fault is
+        // simply made again.
+        let client = retry_injected(|| KvClient::connect(cfg.clone(), pool))
+            .map_err(|e| format!("connecting to the memory node {name}: {e}"))?;
+        nodes.push(ClusterNode {
+            name: name.clone(),
+            client,
+        });
+    }
+    if nodes.len() == 1 {
+        if let Some(n) = nodes.pop() {
+            return Ok(ClusterClient::single(n.client));
+        }
+    }
+    Ok(ClusterClient::new(setup.map.clone(), nodes)?)
+}
+
+/// A memory node's configuration: the pool's shape from the arguments
+/// (or the remote node's leaf size), for `loaded` keys, with room for the
+/// run's inserts (all of them: their keys may all fall in its range).
+fn memory_node_config(
+    args: &BenchArgs,
+    setup: &Setup,
+    loaded: usize,
+    engine: EngineConfig,
+) -> MemoryNodeConfig {
     let defaults = MemoryNodeConfig::default();
-    let leaf_slots = match &setup.remote {
+    let leaf_slots = match setup.remotes.first() {
         Some(r) => r.desc.leaf_slots,
         None => args.leaf_slots.unwrap_or(defaults.leaf_slots),
     };
@@ -1624,9 +1819,7 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
     // leaves as a factor of the leaves it loads — one leaf for an empty
     // store — so the factor carries the count.
     let keys_per_leaf = (f64::from(leaf_slots) * fill).round().max(1.0);
-    let loaded_leaves = (setup.sets.loaded.len() as f64 / keys_per_leaf)
-        .ceil()
-        .max(1.0);
+    let loaded_leaves = (loaded as f64 / keys_per_leaf).ceil().max(1.0);
     let insert_leaves = 2.0 * inserts as f64 / f64::from(leaf_slots);
     // Value blocks: the loaded ones are sized by the node; beyond them,
     // every insert's block at the largest size, and per compute node a
@@ -1641,7 +1834,7 @@ fn memory_node_config(args: &BenchArgs, setup: &Setup, engine: EngineConfig) -> 
             inserts
                 .saturating_mul(block)
                 .saturating_add(per_client.saturating_mul(args.clients as u64))
-                .saturating_add(setup.sets.loaded.len() as u64 * block / 4),
+                .saturating_add(loaded as u64 * block / 4),
         )
     };
     MemoryNodeConfig {
@@ -1687,16 +1880,52 @@ fn bulk_load(
 /// and the local memory node's.
 struct Snapshot {
     clients: KvStats,
+    /// The local memory nodes' counters summed ([`sum_node_stats`]);
+    /// `None` against remote ones.
     node: Option<MemoryNodeStats>,
+    /// Per memory node, the operations the compute nodes' sessions made
+    /// there (a scan across a boundary counts at each node it read).
+    per_node_ops: Vec<u64>,
 }
 
 impl Snapshot {
     fn take(store: &Store) -> Self {
+        let stats: Vec<MemoryNodeStats> = store.nodes.iter().map(MemoryNode::stats).collect();
         Snapshot {
             clients: merged_stats(&store.clients),
-            node: store.node.as_ref().map(|n| n.stats()),
+            node: sum_node_stats(&stats),
+            per_node_ops: (0..store.pools.len())
+                .map(|i| {
+                    store
+                        .clients
+                        .iter()
+                        .filter_map(|c| c.node_stats(i))
+                        .map(|s| s.total().ops)
+                        .sum()
+                })
+                .collect(),
         }
     }
+}
+
+/// The counters of several memory nodes as one: the fields the report
+/// reads summed (the longest freeze: the longest of any); `None` for none.
+fn sum_node_stats(stats: &[MemoryNodeStats]) -> Option<MemoryNodeStats> {
+    let (first, rest) = stats.split_first()?;
+    let mut t = *first;
+    for s in rest {
+        t.agent.retrains += s.agent.retrains;
+        t.agent.freeze_ns_max = t.agent.freeze_ns_max.max(s.agent.freeze_ns_max);
+        t.models += s.models;
+        t.keys_loaded += s.keys_loaded;
+        t.leaves_loaded += s.leaves_loaded;
+        t.synonym_leaves += s.synonym_leaves;
+        t.pool_bytes_used += s.pool_bytes_used;
+        t.leaves_live += s.leaves_live;
+        t.leaves_free += s.leaves_free;
+        t.agent_cpu_ns += s.agent_cpu_ns;
+    }
+    Some(t)
 }
 
 /// Step 3: every process's operation streams (another process's values
@@ -1742,20 +1971,23 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// counts them. `None` when the memory node is remote: other processes
 /// may still be running there.
 fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
-    let Some(node) = &store.node else {
+    if store.nodes.is_empty() {
         return Ok(None);
-    };
-    let activity = node.activity();
+    }
     let deadline = Instant::now() + SETTLE;
     let mut idle_looks = 0;
     while idle_looks < 3 && Instant::now() < deadline {
-        idle_looks = if activity.busy() { 0 } else { idle_looks + 1 };
+        let busy = store.nodes.iter().any(|n| n.activity().busy());
+        idle_looks = if busy { 0 } else { idle_looks + 1 };
         std::thread::sleep(Duration::from_millis(10));
     }
-    let pool = node.pool_handle();
-    let bytes = pool.to_vec(0, pool.len() as usize)?;
-    let held = crate::inspect::locked_chains(&bytes)?;
-    Ok(Some(held.values().sum()))
+    let mut locked = 0;
+    for node in &store.nodes {
+        let pool = node.pool_handle();
+        let bytes = pool.to_vec(0, pool.len() as usize)?;
+        locked += crate::inspect::locked_chains(&bytes)?.values().sum::<u64>();
+    }
+    Ok(Some(locked))
 }
 
 /// Step 4, once the run settled: the local memory node's space.
@@ -1776,7 +2008,8 @@ impl Space {
     /// memory node is remote.
     fn settled(before: &Snapshot, store: &Store) -> Option<Space> {
         let start = before.node.as_ref()?;
-        let end = store.node.as_ref()?.stats();
+        let stats: Vec<MemoryNodeStats> = store.nodes.iter().map(MemoryNode::stats).collect();
+        let end = sum_node_stats(&stats)?;
         Some(Space {
             bytes_start: start.pool_bytes_used,
             bytes_end: end.pool_bytes_used,
@@ -1862,6 +2095,8 @@ struct Figures {
     retrains: Option<u64>,
     synonym_leaves: Option<u64>,
     model_bytes: ModelBytes,
+    /// Operations each memory node served over the run (this process's).
+    per_node_ops: Vec<u64>,
 }
 
 impl Figures {
@@ -1895,9 +2130,8 @@ impl Figures {
         };
         let raw_mops = raw_reads(
             &store.clients,
-            &store.pool.desc,
+            (&store.pools, setup),
             &ctx.streams[setup.mine(args)],
-            &setup.sets.loaded,
             RawSpec {
                 reads: raw_reads_n,
                 len: raw_len,
@@ -1925,6 +2159,12 @@ impl Figures {
             retrains,
             synonym_leaves: after.node.as_ref().map(|a| a.synonym_leaves),
             model_bytes: store.clients[0].model_bytes(),
+            per_node_ops: before
+                .per_node_ops
+                .iter()
+                .zip(&after.per_node_ops)
+                .map(|(b, a)| a - b)
+                .collect(),
         })
     }
 }
@@ -1995,6 +2235,11 @@ impl Report<'_> {
             .saturating_sub(plan.total_deletes())
     }
 
+    /// Loaded keys each memory node holds (its range of the key set).
+    fn per_node_keys(&self) -> Vec<u64> {
+        self.setup.map.count(self.setup.sets.loaded.iter().copied())
+    }
+
     /// The JSON line: its keys and their order are the command's contract.
     fn print_json(&self) {
         let (args, f, space) = (self.args, self.figures, self.space);
@@ -2036,6 +2281,9 @@ impl Report<'_> {
             ("pool_bytes_end", v(space.map(|s| s.bytes_end).into())),
             ("leaves_live", v(space.map(|s| s.leaves_live).into())),
             ("leaves_free", v(space.map(|s| s.leaves_free).into())),
+            ("memnodes", v(self.setup.map.nodes().into())),
+            ("per_memnode_keys", v(self.per_node_keys().into())),
+            ("per_memnode_ops", v(f.per_node_ops.clone().into())),
             ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
@@ -2044,6 +2292,7 @@ impl Report<'_> {
     /// The table, for a person.
     fn print_table(&self) {
         self.print_setting();
+        self.print_memnodes();
         self.print_per_op();
         self.print_speed();
         self.print_retraining();
@@ -2058,6 +2307,7 @@ impl Report<'_> {
             args.workload, args.ops, args.threads, args.clients, args.zipf
         );
         match (&self.counters.1.node, &args.memnode) {
+            // (the memory nodes' counters summed when there are several)
             (Some(na), _) => {
                 let plan = &self.setup.plan;
                 println!(
@@ -2084,8 +2334,8 @@ impl Report<'_> {
                     "keys            {} held by the memory node ({})",
                     sets.loaded.len(),
                     self.setup
-                        .remote
-                        .as_ref()
+                        .remotes
+                        .first()
                         .map(|r| r.desc.encode())
                         .unwrap_or_default()
                 );
@@ -2095,7 +2345,7 @@ impl Report<'_> {
                     server.as_deref().unwrap_or("?"),
                     args.compute_index,
                     args.compute_count,
-                    if store.clients[0].engine().ordered() {
+                    if store.clients[0].ordered() {
                         "ordered"
                     } else {
                         "unordered"
@@ -2103,6 +2353,21 @@ impl Report<'_> {
                 );
             }
         }
+    }
+
+    /// A cluster's nodes: keys and operations each served.
+    fn print_memnodes(&self) {
+        let map = &self.setup.map;
+        if map.nodes() < 2 {
+            return;
+        }
+        println!(
+            "memory nodes    {} (partition map version {}): loaded keys {:?}, operations served {:?}",
+            map.nodes(),
+            map.version(),
+            self.per_node_keys(),
+            self.figures.per_node_ops
+        );
     }
 
     /// Round trips, bytes, leaves and retries per operation kind.
@@ -2407,7 +2672,7 @@ mod tests {
             ],
             epoch: Instant::now(),
             start: Barrier::new(1),
-            activity: None,
+            activity: Vec::new(),
             faults: false,
             value_size: ValueSize::default(),
         };

@@ -50,7 +50,7 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
-use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::kv::{KvClient, KvClientConfig, PartitionMap};
 use rolex_host::memnode::{AgentStats, AtomicsRoute, MemoryNode, MemoryNodeConfig};
 use rolex_host::memnode::{LeaseConfig, LeaseKeys, LeaseServer, PoolKeys};
 use rolex_host::Fabric;
@@ -69,8 +69,13 @@ use crate::ycsb;
 /// Text form: `key=value` words separated by spaces — `source` (`dist:D`
 /// or `keys`), `n`, `seed`, `keyhash` (FNV-1a of the keys' little-endian
 /// bytes, in hex), `leaf_slots`, `fill`, `epsilon`, `values` (the value
-/// sizes, `B` or `MIN..MAX`; 8 when absent) and `lease` (the memory
-/// node's lease port, on the bootstrap's address; optional).
+/// sizes, `B` or `MIN..MAX`; 8 when absent), `shard` and `map` (a node
+/// of a cluster: its index and the node count, `I/N`, and the partition
+/// map every node computed from the whole data set,
+/// `rolex_kv::cluster::PartitionMap`'s text form; both absent for a lone
+/// node) and `lease` (the memory node's lease port, on the bootstrap's
+/// address; optional). `n` and `keyhash` are the whole data set's, on
+/// every node of a cluster: each node holds its range of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataSetDesc {
     /// `dist:NAME` for a generated set, `keys` for a file's.
@@ -89,6 +94,10 @@ pub struct DataSetDesc {
     pub epsilon: u64,
     /// The values' sizes (`crate::values`).
     pub value_size: ValueSize,
+    /// This node's place in a cluster (`None`: a lone node).
+    pub shard: Option<Shard>,
+    /// The cluster's partition map (with `shard`).
+    pub map: Option<PartitionMap>,
     /// Port of the memory node's lease server (on the bootstrap's host),
     /// where each compute process gets the id its chain locks carry.
     pub lease: Option<u16>,
@@ -119,10 +128,27 @@ impl DataSetDesc {
             self.epsilon,
             self.value_size
         );
+        if let Some(shard) = self.shard {
+            s.push_str(&format!(" shard={shard}"));
+        }
+        if let Some(map) = &self.map {
+            s.push_str(&format!(" map={}", map.encode()));
+        }
         if let Some(p) = self.lease {
             s.push_str(&format!(" lease={p}"));
         }
         s
+    }
+
+    /// This description with what differs between the nodes of one
+    /// cluster (the shard index, the lease port) left out: the nodes of a
+    /// cluster agree on it.
+    pub fn cluster_part(&self) -> DataSetDesc {
+        DataSetDesc {
+            shard: self.shard.map(|s| Shard { index: 0, ..s }),
+            lease: None,
+            ..self.clone()
+        }
     }
 
     /// Parses the text form; names what is missing or malformed.
@@ -152,12 +178,70 @@ impl DataSetDesc {
                 Some(v) => v.parse().map_err(|_| bad("values"))?,
                 None => ValueSize::default(),
             },
+            shard: match m.get("shard") {
+                Some(v) => Some(
+                    v.parse()
+                        .map_err(|e| format!("data-set description: {e}"))?,
+                ),
+                None => None,
+            },
+            map: match m.get("map") {
+                Some(v) => Some(
+                    PartitionMap::decode(v).map_err(|e| format!("data-set description: {e}"))?,
+                ),
+                None => None,
+            },
             lease: match m.get("lease") {
                 Some(p) => Some(p.parse().map_err(|_| bad("lease"))?),
                 None => None,
             },
         })
     }
+}
+
+/// A memory node's place in a cluster: node `index` of `count`, serving
+/// the `index`-th key range of the partition map (`--shard I/N`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This node's index, `0..count`.
+    pub index: usize,
+    /// Nodes in the cluster.
+    pub count: usize,
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `I/N`, with `I < N` and `N` at least 1.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("shard {s:?} is not I/N (this node's index, then the node count)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count): (usize, usize) = (
+            i.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
+        if count == 0 || index >= count {
+            return Err(format!(
+                "shard {s:?}: the index must be below the node count (0/{count} … {}/{count})",
+                count.saturating_sub(1)
+            ));
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// The keys of `keys` (sorted) in `map`'s range `node`.
+pub fn range_of<'a>(keys: &'a [u64], map: &PartitionMap, node: usize) -> &'a [u64] {
+    let (lo, hi) = map.range(node).unwrap_or((1, 0));
+    let a = keys.partition_point(|&k| k < lo);
+    let b = keys.partition_point(|&k| k <= hi);
+    &keys[a..b.max(a)]
 }
 
 /// Arguments of `rolex memnode`.
@@ -255,6 +339,12 @@ pub struct MemnodeArgs {
     /// or `nic` to force one.
     #[arg(long, value_enum, default_value = "auto")]
     atomics: Atomics,
+    /// With `--fabric`: serve node I of a cluster of N memory nodes, which
+    /// holds the I-th of N key ranges of equal key counts (the data set's
+    /// quantiles); every node is given the same data set, and `rolex bench
+    /// --memnode A,B,…` names them in shard order.
+    #[arg(long, value_name = "I/N", requires = "fabric")]
+    shard: Option<Shard>,
 }
 
 /// `--atomics`.
@@ -591,6 +681,8 @@ fn describe(args: &MemnodeArgs, cfg: &MemoryNodeConfig, keys: &[u64]) -> DataSet
         fill: cfg.fill,
         epsilon: cfg.epsilon,
         value_size: args.value_size,
+        shard: None,
+        map: None,
         lease: None,
     }
 }
@@ -643,9 +735,22 @@ fn serve(
         atomics: args.atomics.into(),
         ..defaults
     };
-    let (node_, desc) = match pool {
+    let (node_, desc, held) = match pool {
         Pool::Load(keys) => {
-            let desc = describe(args, &cfg, &keys);
+            let mut desc = describe(args, &cfg, &keys);
+            // A node of a cluster: the map from the whole data set's
+            // quantiles (every node computes the same), and its range.
+            let mine = match args.shard {
+                Some(shard) => {
+                    let map = PartitionMap::balanced(&keys, shard.count)
+                        .map_err(|e| format!("--shard {shard}: {e}"))?;
+                    let mine = range_of(&keys, &map, shard.index).to_vec();
+                    desc.shard = Some(shard);
+                    desc.map = Some(map);
+                    mine
+                }
+                None => keys,
+            };
             if let Some(path) = &args.pool_file {
                 // A description left by an earlier pool in this file must
                 // never outlive it.
@@ -661,8 +766,9 @@ fn serve(
                 }
             }
             // The values `rolex bench` checks its answers against.
-            let pairs: Vec<(u64, u64)> = keys.iter().map(|&k| (k, ycsb::load_value(k))).collect();
-            drop(keys);
+            let pairs: Vec<(u64, u64)> = mine.iter().map(|&k| (k, ycsb::load_value(k))).collect();
+            drop(mine);
+            let held = pairs.len() as u64;
             let size = args.value_size;
             let node_ = match &args.pool_file {
                 Some(_) => MemoryNode::start_with_values(cfg, &pairs, &mut |k, id, out| {
@@ -674,7 +780,7 @@ fn serve(
             if let Some(path) = &args.pool_file {
                 store_desc(path, &desc)?;
             }
-            (node_, desc)
+            (node_, desc, held)
         }
         Pool::Resume(path) => {
             // The pool file's problems first (missing, not a pool, another
@@ -688,6 +794,8 @@ fn serve(
                     leaf_slots: desc.leaf_slots,
                     fill: desc.fill,
                     epsilon: desc.epsilon,
+                    shard: args.shard.or(desc.shard),
+                    map: desc.map.clone(),
                     ..describe(args, &defaults_for(args), &keys)
                 };
                 if mine != desc {
@@ -730,7 +838,7 @@ fn serve(
             for m in &rec.untiled {
                 eprintln!("model {m}: its leaves do not tile its key range");
             }
-            (node_, desc)
+            (node_, desc, rec.keys)
         }
     };
     let node_ = Arc::new(node_);
@@ -777,7 +885,7 @@ fn serve(
         srv.local_addr(),
         fabric.name(),
         node_.engine().main_address(),
-        desc.n,
+        held,
         node_.model_count(),
         desc.encode()
     );
@@ -912,9 +1020,33 @@ mod tests {
             fill: 0.75,
             epsilon: 32,
             value_size: "64..65536".parse().unwrap(),
+            shard: None,
+            map: None,
             lease: Some(4000),
         };
         assert_eq!(DataSetDesc::parse(&d.encode()).unwrap(), d);
+        let node = DataSetDesc {
+            shard: Some("2/3".parse().unwrap()),
+            map: Some(PartitionMap::new(1, vec![0, 10, 20]).unwrap()),
+            ..d.clone()
+        };
+        assert!(node.encode().contains(" shard=2/3 map=1:0,10,20 "));
+        assert_eq!(DataSetDesc::parse(&node.encode()).unwrap(), node);
+        assert_eq!(
+            node.cluster_part().shard,
+            Some("0/3".parse().unwrap()),
+            "the index is what differs between the nodes"
+        );
+        assert!("3/3"
+            .parse::<Shard>()
+            .unwrap_err()
+            .contains("below the node count"));
+        assert!("x".parse::<Shard>().unwrap_err().contains("not I/N"));
+        assert!(
+            DataSetDesc::parse(&d.encode().replace("lease=", "map=9:1 lease="))
+                .unwrap_err()
+                .contains("start at key 0")
+        );
         let old = d.encode().replace(" values=64..65536", "");
         assert_eq!(
             DataSetDesc::parse(&old).unwrap().value_size,

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use rolex_host::kv::{KvError, KvSession};
+use rolex_host::kv::{ClusterSession, KvError};
 
 /// The value sizes of a run: `min..=max` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,14 +168,14 @@ impl Prior {
 /// byte methods otherwise.
 pub struct IdSession {
     /// The store session.
-    pub session: KvSession,
+    pub session: ClusterSession,
     size: ValueSize,
     buf: Vec<u8>,
 }
 
 impl IdSession {
     /// `session`, storing values of `size`.
-    pub fn new(session: KvSession, size: ValueSize) -> Self {
+    pub fn new(session: ClusterSession, size: ValueSize) -> Self {
         Self {
             session,
             size,

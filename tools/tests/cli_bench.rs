@@ -28,7 +28,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     j
 }
 
-const FIELDS: [&str; 23] = [
+const FIELDS: [&str; 26] = [
     "workload",
     "keys",
     "ops",
@@ -51,6 +51,9 @@ const FIELDS: [&str; 23] = [
     "pool_bytes_end",
     "leaves_live",
     "leaves_free",
+    "memnodes",
+    "per_memnode_keys",
+    "per_memnode_ops",
     "verified",
 ];
 
@@ -367,6 +370,67 @@ fn injected_failures_leave_no_chain_locked() {
     }
 }
 
+/// Several memory nodes in one process: every workload kind routes by
+/// key and verifies (ycsb-e's scans cross the nodes' boundaries), the
+/// nodes hold equal shares of the keys, and a get is still one round trip.
+#[test]
+fn several_memory_nodes_route_by_key_and_verify() {
+    let one = bench_json(&[
+        "--workload",
+        "ycsb-c",
+        "--dist",
+        "uniform",
+        "-n",
+        "3000",
+        "--ops",
+        "500",
+    ]);
+    assert_eq!(one["memnodes"], 1);
+    assert_eq!(one["per_memnode_keys"], serde_json::json!([3000]));
+    assert_eq!(one["per_memnode_ops"], serde_json::json!([500]));
+    for (w, values) in [
+        ("ycsb-e", "8"),
+        ("ycsb-a", "8"),
+        ("ycsb-e", "8..300"),
+        ("churn", "8"),
+    ] {
+        let j = bench_json(&[
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            "3000",
+            "--memnodes",
+            "3",
+            "--value-size",
+            values,
+        ]);
+        assert_eq!(j["verified"], true, "{w} {values}");
+        assert_eq!(j["memnodes"], 3);
+        let keys: Vec<u64> = j["per_memnode_keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_u64().unwrap())
+            .collect();
+        assert_eq!(keys, vec![1000, 1000, 1000], "{w}: quantile ranges");
+        let ops = j["per_memnode_ops"].as_array().unwrap();
+        assert_eq!(ops.len(), 3);
+        assert!(
+            ops.iter().all(|o| o.as_u64().unwrap() > 0),
+            "{w}: every node served: {j}"
+        );
+        if w == "ycsb-a" {
+            assert_eq!(j["rtt_per_op"]["get"], 1.0, "{w}");
+        }
+        assert_eq!(j["locks_held_end"], 0, "{w}");
+        space(&j, w);
+    }
+}
+
 #[test]
 fn read_only_gets_take_one_round_trip() {
     let j = bench_json(&[
@@ -476,6 +540,25 @@ fn bad_arguments_are_refused() {
         (
             vec!["--ops", "10", "--threads", "1", "--inject-failures", "-0.1"],
             "--inject-failures",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--memnodes", "0"],
+            "--memnodes",
+        ),
+        (
+            vec![
+                "--ops",
+                "10",
+                "--threads",
+                "1",
+                "--memnodes",
+                "2",
+                "--fabric",
+                "libfabric:tcp",
+                "--memnode",
+                "127.0.0.1:1",
+            ],
+            "--memnode A,B,C",
         ),
         (
             vec![

@@ -13,6 +13,14 @@
 //! a wrong token, another data set, or whose memory node dies, fails with a
 //! clear error in bounded time.
 //!
+//! A cluster: three `rolex memnode --shard i/3` processes (in one network
+//! namespace, the compute processes in another, where namespaces can be
+//! made; else all on 127.0.0.1) serve two compute processes sharing ycsb-a,
+//! then ycsb-e plans, every answer and final state verified; one of three
+//! killed mid-run makes the compute process fail at once with an error
+//! naming that node; nodes given out of shard order, or that disagree on
+//! the data set, are refused with a clear error.
+//!
 //! Every child runs under a deadline and is killed on every path (the
 //! memory node by its guard's `Drop`).
 
@@ -530,4 +538,141 @@ fn a_memory_node_that_dies_mid_run_is_an_error_not_a_hang() {
     let out = run.finish();
     assert!(!out.status.success());
     assert!(stderr(&out).contains("error:"), "{}", stderr(&out));
+}
+
+/// Three memory nodes `--shard i/3` of one data set, under `prefix`,
+/// listening on `host` (ports from `port`, or free ones of 127.0.0.1
+/// when `None`); `extra[i]` adds arguments to node `i`.
+fn cluster_nodes(prefix: &[&str], host: &str, port: Option<u16>, extra: [&[&str]; 3]) -> Vec<Node> {
+    (0..3)
+        .map(|i| {
+            let shard = format!("{i}/3");
+            let mut a = vec!["--shard", shard.as_str()];
+            a.extend_from_slice(extra[i]);
+            let p = port.map_or_else(free_port, |p| p + i as u16);
+            Node::start_with(prefix, &format!("{host}:{p}"), &a)
+        })
+        .collect()
+}
+
+fn addrs(nodes: &[Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Two compute processes under `prefix` share a plan of `workload` on the
+/// cluster `nodes`; both must verify.
+fn two_on_cluster(prefix: &[&str], nodes: &[Node], workload: &str) {
+    let list = addrs(nodes);
+    let runs: Vec<Running> = (0..2)
+        .map(|i| {
+            let idx = i.to_string();
+            let mut a = bench_args(workload, "1500", &[]);
+            a.extend(remote(&list, "s3cret"));
+            a.extend(["--compute-count", "2", "--compute-index", &idx]);
+            spawn_in(prefix, &a)
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let v = json(&r.finish(), &format!("{workload}, compute process {i}"));
+        assert_eq!(v["memnodes"], 3);
+        assert_eq!(v["keys"], 3000);
+        assert_eq!(v["per_memnode_keys"], serde_json::json!([1000, 1000, 1000]));
+        let ops = v["per_memnode_ops"].as_array().expect("per node");
+        assert!(
+            ops.iter().all(|o| o.as_u64().unwrap_or(0) > 0),
+            "{workload}: {v}"
+        );
+        if workload == "ycsb-a" {
+            assert_eq!(v["rtt_per_op"]["get"], 1.0);
+        }
+    }
+}
+
+#[test]
+fn three_memory_nodes_serve_two_compute_processes() {
+    let ns = Netns::create();
+    if let Err(why) = &ns {
+        eprintln!("no network namespaces here ({why}): the cluster runs on 127.0.0.1");
+    }
+    let (host, exec_a, exec_b) = match &ns {
+        Ok(ns) => (
+            ns.addr_a.clone(),
+            vec!["ip", "netns", "exec", ns.a.as_str()],
+            vec!["ip", "netns", "exec", ns.b.as_str()],
+        ),
+        Err(_) => ("127.0.0.1".to_string(), vec![], vec![]),
+    };
+    // Inside the namespace every port is free.
+    let port = ns.is_ok().then_some(7331);
+    // A fresh cluster per workload: a run checks every value against its
+    // own plan's writes.
+    let nodes = cluster_nodes(&exec_a, &host, port, [&[], &[], &[]]);
+    two_on_cluster(&exec_b, &nodes, "ycsb-a");
+    drop(nodes);
+    let nodes = cluster_nodes(&exec_a, &host, port.map(|p| p + 3), [&[], &[], &[]]);
+    two_on_cluster(&exec_b, &nodes, "ycsb-e");
+}
+
+#[test]
+fn a_memory_node_of_three_killed_mid_run_is_named_in_the_error() {
+    let mut nodes = cluster_nodes(&[], "127.0.0.1", None, [&[], &[], &[]]);
+    let list = addrs(&nodes);
+    let mut a = bench_args("ycsb-c", "3000000", &[]);
+    a.extend(remote(&list, "s3cret"));
+    let run = spawn(&a);
+    // Kill node 1 once the compute process holds a lease on every node
+    // (it connected to all three).
+    let deadline = Instant::now() + LIMIT;
+    while !nodes.iter().all(|n| n.stderr().contains("with a lease: 1")) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let dead = nodes[1].addr.clone();
+    let _ = nodes[1].guard.0.kill();
+    let _ = nodes[1].guard.0.wait();
+    let out = run.finish();
+    assert!(!out.status.success(), "the run cannot go on without node 1");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("memory node 1 ({dead})")),
+        "the error names the dead node: {err}"
+    );
+    // The others are still serving (their processes run).
+    for i in [0, 2] {
+        let n = &mut nodes[i];
+        assert!(
+            n.guard.0.try_wait().expect("wait").is_none(),
+            "{} died",
+            n.addr
+        );
+    }
+}
+
+#[test]
+fn nodes_out_of_order_or_of_another_data_set_are_refused() {
+    let nodes = cluster_nodes(&[], "127.0.0.1", None, [&[], &[], &["--seed", "9"]]);
+    let (a0, a1, a2) = (&nodes[0].addr, &nodes[1].addr, &nodes[2].addr);
+    let refused = |list: String, what: &str| {
+        let mut a = bench_args("ycsb-c", "10", &[]);
+        a.extend(remote(&list, "s3cret"));
+        let out = spawn(&a).finish();
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains(what), "expected {what:?} in: {err}");
+    };
+    refused(format!("{a1},{a0},{a2}"), "give --memnode in shard order");
+    refused(format!("{a0},{a1},{a2}"), "the memory nodes disagree");
+    refused(
+        format!("{a0},{a1}"),
+        "of a cluster of 3 nodes, but --memnode names 2",
+    );
+    refused(
+        a0.to_string(),
+        "of a cluster of 3 nodes, but --memnode names 1",
+    );
 }

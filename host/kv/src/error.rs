@@ -238,6 +238,30 @@ pub enum KvError {
         /// if one did.
         after: Option<Box<KvError>>,
     },
+    /// An operation of a cluster client ([`crate::cluster::ClusterSession`])
+    /// failed on one memory node: `error` is what failed there, and
+    /// whether the operation may have taken effect is `error`'s.
+    MemoryNode {
+        /// The node's index in the partition map.
+        node: usize,
+        /// Its name (its bootstrap address, or a local name).
+        name: String,
+        /// What failed there.
+        error: Box<KvError>,
+    },
+    /// A memory node of a cluster was found gone (its peer failed or
+    /// vanished): every operation on its key range fails at once with this,
+    /// posting nothing; the other nodes' ranges go on. Determinate.
+    MemoryNodeDown {
+        /// The node's index in the partition map.
+        node: usize,
+        /// Its name (its bootstrap address, or a local name).
+        name: String,
+        /// The key range it serves, inclusive.
+        range: (u64, u64),
+        /// The failure that showed it gone.
+        cause: Box<KvError>,
+    },
 }
 
 impl KvError {
@@ -246,6 +270,7 @@ impl KvError {
     pub fn may_have_applied(&self) -> bool {
         match self {
             Self::Indeterminate(_) => true,
+            Self::MemoryNode { error, .. } => error.may_have_applied(),
             Self::LockMaybeHeld { after, .. } => {
                 after.as_ref().is_some_and(|e| e.may_have_applied())
             }
@@ -258,9 +283,18 @@ impl KvError {
     /// [`KvError::LockMaybeHeld`]).
     pub fn lock_may_be_held(&self) -> bool {
         match self {
-            Self::Indeterminate(e) => e.lock_may_be_held(),
+            Self::Indeterminate(e) | Self::MemoryNode { error: e, .. } => e.lock_may_be_held(),
             Self::LockMaybeHeld { .. } => true,
             _ => false,
+        }
+    }
+
+    /// The error met on the memory node, without the cluster's wrapping
+    /// ([`KvError::MemoryNode`]); any other error as it is.
+    pub fn on_node(&self) -> &KvError {
+        match self {
+            Self::MemoryNode { error, .. } => error.on_node(),
+            e => e,
         }
     }
 
@@ -370,6 +404,18 @@ impl fmt::Display for KvError {
             } => write!(
                 f,
                 "{after}; then model {model}: a chain lock may still be held ({release}); the client releases it later"
+            ),
+            Self::MemoryNode { node, name, error } => {
+                write!(f, "memory node {node} ({name}): {error}")
+            }
+            Self::MemoryNodeDown {
+                node,
+                name,
+                range: (lo, hi),
+                cause,
+            } => write!(
+                f,
+                "memory node {node} ({name}) is down: keys {lo}..={hi} are unavailable (it failed with: {cause})"
             ),
         }
     }

@@ -19,6 +19,10 @@
 //! in `rolex-core`. The hosted memory node is `rolex-memnode`.
 //!
 //! - [`client`]: [`KvClient`], [`KvClientConfig`].
+//! - [`cluster`]: several memory nodes, each serving a key range of a
+//!   versioned [`PartitionMap`]: [`ClusterClient`] (one [`KvClient`] per
+//!   node) and [`ClusterSession`], which route every operation by key and
+//!   scan across the ranges in key order.
 //! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase);
 //!   its private `lock` takes and releases chain locks, `split` splits a
 //!   full leaf.
@@ -40,6 +44,7 @@
 
 mod cache;
 pub mod client;
+pub mod cluster;
 pub mod error;
 mod held;
 mod io;
@@ -50,6 +55,7 @@ pub mod stats;
 mod values;
 
 pub use client::{KvClient, KvClientConfig};
+pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;
 pub use session::KvSession;

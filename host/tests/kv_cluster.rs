@@ -1,0 +1,216 @@
+//! Several memory nodes on loopback (`rolex_kv::cluster`): every key
+//! routed to the node of its range and only there; scans and ranges across
+//! the nodes' boundaries against a `BTreeMap` (u64 and byte values); a
+//! get is one round trip whichever node serves it, and a scan across a
+//! boundary counts once; one node failed: its range fails fast with an
+//! error naming it, the other ranges go on.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
+use rolex_host::kv::{KvClient, KvClientConfig, KvError, KvOp};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+
+/// `nodes` memory nodes holding `pairs` (sorted by key) by quantile
+/// ranges, and a cluster client over them.
+fn cluster(pairs: &[(u64, u64)], nodes: usize) -> (Vec<MemoryNode>, ClusterClient) {
+    let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+    let map = PartitionMap::balanced(&keys, nodes).unwrap();
+    let mut mns = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..nodes {
+        let (lo, hi) = map.range(i).unwrap();
+        let mine: Vec<(u64, u64)> = pairs
+            .iter()
+            .copied()
+            .filter(|&(k, _)| lo <= k && k <= hi)
+            .collect();
+        let node = MemoryNode::start(
+            MemoryNodeConfig {
+                leaf_slots: 8,
+                max_model_leaves: 32,
+                ..MemoryNodeConfig::default()
+            },
+            &mine,
+        )
+        .unwrap();
+        let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        clients.push(ClusterNode {
+            name: format!("node-{i}"),
+            client,
+        });
+        mns.push(node);
+    }
+    (mns, ClusterClient::new(map, clients).unwrap())
+}
+
+fn loaded(n: u64, gap: u64) -> Vec<(u64, u64)> {
+    (0..n).map(|i| (i * gap + 1, i)).collect()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u64, u64),
+    Put(u64, u8),
+    Delete(u64),
+}
+
+fn op(max: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..max, any::<u64>()).prop_map(|(k, v)| Op::Insert(k, v)),
+        (0..max, 0u8..40).prop_map(|(k, l)| Op::Put(k, l)),
+        (0..max).prop_map(Op::Delete),
+    ]
+}
+
+fn bytes(key: u64, len: u8) -> Vec<u8> {
+    (0..len).map(|i| (key as u8).wrapping_add(i)).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Writes anywhere, then scans and ranges from anywhere (boundaries
+    /// included) return exactly the model's pairs, in key order; each
+    /// node's pool holds only its range's keys.
+    #[test]
+    fn scans_cross_partition_boundaries_in_key_order(
+        nodes in 2usize..5,
+        ops in proptest::collection::vec(op(3000), 0..200),
+        scans in proptest::collection::vec((0u64..3100, 1usize..400), 12),
+    ) {
+        let pairs = loaded(300, 10);
+        let (_mns, c) = cluster(&pairs, nodes);
+        let mut model: BTreeMap<u64, Vec<u8>> =
+            pairs.iter().map(|&(k, v)| (k, v.to_le_bytes().to_vec())).collect();
+        let mut s = c.session().unwrap();
+        for o in &ops {
+            match *o {
+                Op::Insert(k, v) => {
+                    let was = s.insert(k, v);
+                    let old = model.insert(k, v.to_le_bytes().to_vec());
+                    match was {
+                        Ok(p) => prop_assert_eq!(p, old.map(|o| u64::from_le_bytes(o.try_into().unwrap()))),
+                        Err(KvError::MemoryNode { error, .. }) => {
+                            // A key holding bytes of another length: refused, unchanged.
+                            prop_assert!(matches!(*error, KvError::ValueNotU64 { .. }), "{error}");
+                            model.insert(k, s.get_value(k).unwrap().unwrap());
+                        }
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                }
+                Op::Put(k, l) => {
+                    let v = bytes(k, l);
+                    prop_assert_eq!(s.put(k, &v).unwrap(), model.insert(k, v).is_some());
+                }
+                Op::Delete(k) => {
+                    prop_assert_eq!(s.remove(k).unwrap(), model.remove(&k).is_some());
+                }
+            }
+        }
+        // Every key is in its own node's pool, and nowhere else.
+        for i in 0..c.nodes() {
+            let (lo, hi) = c.map().range(i).unwrap();
+            let mut own = c.node(i).unwrap().session().unwrap();
+            let there = own.range_values(0, u64::MAX).unwrap();
+            let want: Vec<(u64, Vec<u8>)> =
+                model.range(lo..=hi).map(|(k, v)| (*k, v.clone())).collect();
+            prop_assert_eq!(there, want, "node {}", i);
+        }
+        // Boundaries and their neighbours as scan starts.
+        let mut starts: Vec<(u64, usize)> = scans;
+        for i in 1..c.nodes() {
+            let (lo, _) = c.map().range(i).unwrap();
+            starts.push((lo, 50));
+            starts.push((lo - 1, 3));
+        }
+        for (from, n) in starts {
+            let got = s.scan_values(from, n).unwrap();
+            let want: Vec<(u64, Vec<u8>)> =
+                model.range(from..).take(n).map(|(k, v)| (*k, v.clone())).collect();
+            prop_assert_eq!(&got, &want, "scan_values {} {}", from, n);
+            let hi = from + n as u64 * 7;
+            let got = s.range_values(from, hi).unwrap();
+            let want: Vec<(u64, Vec<u8>)> =
+                model.range(from..=hi).map(|(k, v)| (*k, v.clone())).collect();
+            prop_assert_eq!(&got, &want, "range_values {} {}", from, hi);
+            // The u64 methods, where every value in the window is 8 bytes.
+            if want.iter().all(|(_, v)| v.len() == 8) {
+                let got = s.range(from, hi).unwrap();
+                let want: Vec<(u64, u64)> = want
+                    .iter()
+                    .map(|(k, v)| (*k, u64::from_le_bytes(v.as_slice().try_into().unwrap())))
+                    .collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_get_is_one_round_trip_on_any_node_and_a_crossing_scan_counts_once() {
+    let pairs = loaded(3000, 4);
+    let (_mns, c) = cluster(&pairs, 3);
+    let per = c.map().count(pairs.iter().map(|p| p.0));
+    assert_eq!(per, vec![1000, 1000, 1000]);
+    let mut s = c.session().unwrap();
+    for &(k, v) in pairs.iter().step_by(7) {
+        assert_eq!(s.get(k).unwrap(), Some(v));
+    }
+    let st = c.stats().op(KvOp::Get);
+    assert_eq!(st.rtts, st.ops, "one round trip per get");
+    for i in 0..3 {
+        assert!(
+            c.node_stats(i).unwrap().op(KvOp::Get).ops > 0,
+            "node {i} served gets"
+        );
+    }
+    // One scan across the boundary of nodes 0 and 1.
+    let (lo1, _) = c.map().range(1).unwrap();
+    let before = c.stats().op(KvOp::Scan);
+    let got = s.scan(lo1 - 40, 20).unwrap();
+    assert_eq!(got.len(), 20);
+    assert!(got.first().unwrap().0 < lo1 && got.last().unwrap().0 >= lo1);
+    let after = c.stats().op(KvOp::Scan);
+    assert_eq!(after.ops - before.ops, 1, "a scan over two nodes is one op");
+    assert!(
+        after.rtts - before.rtts >= 2,
+        "with the round trips of both visits"
+    );
+}
+
+#[test]
+fn a_failed_node_fails_its_range_fast_and_the_others_go_on() {
+    let pairs = loaded(3000, 4);
+    let (mns, c) = cluster(&pairs, 3);
+    let mut s = c.session().unwrap();
+    let (lo1, hi1) = c.map().range(1).unwrap();
+    let in1 = pairs.iter().find(|p| p.0 >= lo1).unwrap().0;
+    assert!(mns[1].engine().set_failed(true), "loopback fails peers");
+    // The first operation meets the failure and names the node …
+    match s.get(in1) {
+        Err(KvError::MemoryNode { node: 1, name, .. }) => assert_eq!(name, "node-1"),
+        other => panic!("expected node 1's failure, got {other:?}"),
+    }
+    assert!(c.is_down(1));
+    // … every later one on its range is refused at once, naming it too.
+    let e = s.insert(in1 + 1, 5).unwrap_err();
+    assert!(matches!(e, KvError::MemoryNodeDown { node: 1, range, .. } if range == (lo1, hi1)));
+    assert!(!e.may_have_applied());
+    assert!(
+        e.to_string().starts_with("memory node 1 (node-1) is down"),
+        "{e}"
+    );
+    // The other ranges go on: reads, writes, and scans that stay in them.
+    for &(k, v) in pairs.iter().filter(|p| p.0 < lo1 || p.0 > hi1).step_by(50) {
+        assert_eq!(s.get(k).unwrap(), Some(v));
+        assert_eq!(s.update(k, v + 1).unwrap(), Some(v));
+    }
+    let (lo2, _) = c.map().range(2).unwrap();
+    assert_eq!(s.scan(lo2, 10).unwrap().len(), 10);
+    // A scan that must cross into the failed range fails, naming it.
+    let e = s.scan(lo1 - 8, 10).unwrap_err();
+    assert!(matches!(e, KvError::MemoryNodeDown { node: 1, .. }), "{e}");
+    assert!(s.flush().is_ok(), "flushing skips the node that is down");
+}
