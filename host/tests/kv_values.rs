@@ -389,3 +389,54 @@ fn histories_with_values_of_many_lengths_are_linearizable() {
         });
     assert!(checked.single_ops > 0 && checked.scans > 0);
 }
+
+#[test]
+fn get_many_answers_as_single_gets_in_one_round_trip() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let pairs: Vec<(u64, u64)> = (0..600u64).map(|i| (i * 30, i)).collect();
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs.iter().map(|&(k, i)| (k, encode(k, i))).collect();
+    let node = node(&pairs, 64 << 20);
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    // A fresh cache: 32 gets of 8-byte values in one round trip.
+    let keys: Vec<u64> = (0..32u64).map(|i| i * 8 * 30).collect(); // ids ≡ 0 mod 8
+    let before = client.stats().op(KvOp::Get);
+    let got = s.get_many(&keys).unwrap();
+    let after = client.stats().op(KvOp::Get);
+    assert_eq!((after.ops - before.ops, after.rtts - before.rtts), (32, 1));
+    for (k, v) in keys.iter().zip(&got) {
+        assert_eq!(*v, Some(k / 30), "key {k}");
+    }
+    // Then with writes, splits and retraining between the reads (stale
+    // caches), values of every length, absent and repeated keys.
+    for round in 0..40u64 {
+        for _ in 0..40 {
+            let k = rng.gen_range(0..600 * 30 + 50);
+            let id = 1000 + round * 100 + rng.gen_range(0..100);
+            if rng.gen_bool(0.2) {
+                s.remove(k).unwrap();
+                model.remove(&k);
+            } else {
+                s.put(k, &encode(k, id)).unwrap();
+                model.insert(k, encode(k, id));
+            }
+        }
+        if round % 10 == 9 {
+            for m in 0..node.model_count() {
+                common::retrain_unless_busy(&node, m);
+            }
+        }
+        let keys: Vec<u64> = (0..24).map(|_| rng.gen_range(0..600 * 30 + 50)).collect();
+        let got = s.get_many_values(&keys).unwrap();
+        for (k, v) in keys.iter().zip(got) {
+            assert_eq!(v.as_ref(), model.get(k), "round {round}, key {k}");
+        }
+    }
+    // The u64 form refuses a value that is not 8 bytes, naming its key.
+    s.put(7, b"abc").unwrap();
+    let e = s.get_many(&[0, 7]).unwrap_err();
+    assert!(
+        matches!(e, KvError::ValueNotU64 { key: 7, len: 3 }),
+        "{e:?}"
+    );
+}

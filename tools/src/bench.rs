@@ -209,6 +209,11 @@ pub struct BenchArgs {
     /// checked byte for byte. [default: 8, or the remote memory node's]
     #[arg(long, value_name = "B|MIN..MAX")]
     value_size: Option<ValueSize>,
+    /// Operations a thread keeps in flight: runs of up to D consecutive
+    /// gets of its stream go out together (`get_many`: one doorbell batch
+    /// per memory node); writes and scans go one at a time.
+    #[arg(long, default_value_t = 1, value_name = "D")]
+    depth: usize,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -257,6 +262,9 @@ fn kind(op: &Op) -> usize {
 const INTERVAL_NS: u64 = 10_000_000;
 
 fn validate(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.depth == 0 {
+        return Err("--depth must be at least 1 (operations in flight per thread)".into());
+    }
     if args.ops == 0 {
         return Err("--ops must be at least 1".into());
     }
@@ -863,6 +871,8 @@ struct RunCtx {
     faults: bool,
     /// The run's value sizes.
     value_size: ValueSize,
+    /// Gets a thread reads together (`--depth`).
+    depth: usize,
 }
 
 impl RunCtx {
@@ -961,6 +971,24 @@ impl StreamRun<'_> {
             .get(key)
             .map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
         self.out.gets += 1;
+        self.check_read(what, key, got);
+        Ok(())
+    }
+
+    /// The gets of `keys`, read together ([`IdSession::get_many`]).
+    fn get_many(&mut self, keys: &[u64]) -> Result<(), Failed> {
+        let got = self.session.get_many(keys).map_err(|error| {
+            Failed::new(format_args!("get_many {} keys", keys.len()), error, None)
+        })?;
+        for (&key, got) in keys.iter().zip(got) {
+            self.out.gets += 1;
+            self.check_read("get", key, got);
+        }
+        Ok(())
+    }
+
+    /// Checks what a get of `key` read.
+    fn check_read(&mut self, what: &str, key: u64, got: Option<Read>) {
         let got = match got {
             None => Prior::Absent,
             Some(Read::Id(v)) => Prior::Id(v),
@@ -970,11 +998,10 @@ impl StreamRun<'_> {
                         "{what} of key {key} returned {len} bytes that are no value written to it"
                     )
                 });
-                return Ok(());
+                return;
             }
         };
         self.check_present(what, key, got);
-        Ok(())
     }
 
     fn update(&mut self, what: &str, key: u64, value: u64) -> Result<Option<Write>, Failed> {
@@ -1131,10 +1158,46 @@ fn run_thread(
     // write's interval (the final-state check stays sound) and adds the
     // loop's few nanoseconds to the latency.
     let mut inv = run.now();
-    for op in &ctx.streams[t] {
+    let stream = &ctx.streams[t];
+    let mut at = 0;
+    while at < stream.len() {
         if abort.load(Ordering::Relaxed) {
             break;
         }
+        // A run of gets, read together.
+        let gets = stream[at..]
+            .iter()
+            .take(ctx.depth)
+            .take_while(|op| matches!(op, Op::Read(_)))
+            .count();
+        if gets > 1 {
+            let keys: Vec<u64> = stream[at..at + gets]
+                .iter()
+                .map(|op| match op {
+                    Op::Read(k) => *k,
+                    _ => 0,
+                })
+                .collect();
+            match run.get_many(&keys) {
+                Ok(()) => {}
+                Err(_) if ctx.faults => run.out.failed += gets as u64,
+                Err(f) => return Err(f.message),
+            }
+            let ret = run.now();
+            for op in &stream[at..at + gets] {
+                run.out.record(op, (inv, ret), None);
+            }
+            inv = ret;
+            at += gets;
+            since += gets as u64;
+            if since >= PROGRESS_EVERY {
+                done.fetch_add(since, Ordering::Relaxed);
+                since = 0;
+            }
+            continue;
+        }
+        let op = &stream[at];
+        at += 1;
         let write = match run.execute(*op) {
             Ok(write) => write,
             Err(f) if ctx.faults => {
@@ -1147,7 +1210,7 @@ fn run_thread(
         run.out.record(op, (inv, ret), write);
         inv = ret;
         since += 1;
-        if since == PROGRESS_EVERY {
+        if since >= PROGRESS_EVERY {
             done.fetch_add(since, Ordering::Relaxed);
             since = 0;
         }
@@ -1490,6 +1553,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         activity: store.nodes.iter().map(MemoryNode::activity).collect(),
         faults: args.inject_failures.is_some(),
         value_size: setup.value_size,
+        depth: args.depth,
     };
     let outs = run_workload(&args, &store, &ctx, setup.base, quiet)?;
     let after = Snapshot::take(&store);
@@ -2675,6 +2739,7 @@ mod tests {
             activity: Vec::new(),
             faults: false,
             value_size: ValueSize::default(),
+            depth: 1,
         };
         assert!(ctx.value_ok(5, load_value(5)));
         assert!(!ctx.value_ok(7, load_value(5)));

@@ -194,6 +194,25 @@ impl IdSession {
         Ok(Some(self.read(key)))
     }
 
+    /// The values of `keys`, read together (`ClusterSession::get_many`).
+    pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<Read>>, KvError> {
+        if self.size.is_u64() {
+            let got = self.session.get_many(keys)?;
+            return Ok(got.into_iter().map(|v| v.map(Read::Id)).collect());
+        }
+        let got = self.session.get_many_values(keys)?;
+        Ok(keys
+            .iter()
+            .zip(got)
+            .map(|(&k, v)| {
+                v.map(|v| match self.size.decode(k, &v) {
+                    Some(id) => Read::Id(id),
+                    None => Read::Foreign(v.len()),
+                })
+            })
+            .collect())
+    }
+
     fn read(&self, key: u64) -> Read {
         match self.size.decode(key, &self.buf) {
             Some(id) => Read::Id(id),

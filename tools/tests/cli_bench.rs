@@ -153,6 +153,33 @@ fn every_workload_runs_and_verifies_with_values_out_of_line() {
     assert!(end <= start + 40e6, "space grew {start} -> {end}: {j}");
 }
 
+#[test]
+fn gets_in_flight_together_verify_and_share_round_trips() {
+    for (w, extra) in [
+        ("ycsb-c", vec![]),
+        ("ycsb-a", vec![]),
+        ("ycsb-b", vec!["--value-size", "9..2000"]),
+    ] {
+        let mut a = vec![
+            "--workload",
+            w,
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            "3000",
+            "--depth",
+            "8",
+        ];
+        a.extend(extra);
+        let j = bench_json(&a);
+        assert_eq!(j["verified"], true, "{w}: {j}");
+        let get = j["rtt_per_op"]["get"].as_f64().unwrap();
+        assert!(get < 1.0, "{w}: gets share batches: {j}");
+    }
+}
+
 /// The space figures of a local run: bytes in use before and after, live
 /// leaves (at least the one an empty store has), free leaves.
 fn space(j: &serde_json::Value, what: &str) {
@@ -510,6 +537,10 @@ fn bad_arguments_are_refused() {
         (
             vec!["--ops", "10", "--threads", "1", "--value-size", "4"],
             "below 8 bytes",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--depth", "0"],
+            "--depth",
         ),
         (
             vec!["--ops", "10", "--threads", "1", "--value-size", "100..10"],

@@ -506,6 +506,41 @@ impl ClusterSession {
         self.on(self.node_of(key), |s| s.get(key))
     }
 
+    /// As [`KvSession::get_many`]: the keys of each node read together
+    /// (one batch per node that holds some of them), answers in `keys`'
+    /// order.
+    pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
+        self.many(keys, KvSession::get_many)
+    }
+
+    /// As [`KvSession::get_many_values`], per node as [`Self::get_many`].
+    pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.many(keys, KvSession::get_many_values)
+    }
+
+    /// `f` on each node's share of `keys`, the answers put back in order.
+    fn many<T: Clone>(
+        &mut self,
+        keys: &[u64],
+        f: impl Fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>,
+    ) -> Result<Vec<Option<T>>, KvError> {
+        let mut out: Vec<Option<T>> = vec![None; keys.len()];
+        for node in 0..self.sessions.len() {
+            let idx: Vec<usize> = (0..keys.len())
+                .filter(|&i| self.node_of(keys[i]) == node)
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let mine: Vec<u64> = idx.iter().map(|&i| keys[i]).collect();
+            let got = self.on(node, |s| f(s, &mine))?;
+            for (i, v) in idx.into_iter().zip(got) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
     /// As [`KvSession::insert`].
     pub fn insert(&mut self, key: u64, value: u64) -> Result<Option<u64>, KvError> {
         self.on(self.node_of(key), |s| s.insert(key, value))

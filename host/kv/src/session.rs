@@ -336,6 +336,50 @@ impl KvSession {
         })
     }
 
+    /// The values of `keys` (as [`Self::get`], each), read together: the
+    /// leaves of every key and each model's staleness word go out in one
+    /// doorbell batch, so `n` gets cost one round trip instead of `n`
+    /// (plus one more for the keys whose cached model was stale, and for
+    /// out-of-line values). Each get is linearized at its own leaf read,
+    /// as a single get; the gets of one call are concurrent with each
+    /// other (they all only read). Counted as `keys.len()` gets.
+    pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
+        self.counted_n(KvOp::Get, keys.len(), |s| {
+            let found = s.get_many_inner(keys)?;
+            let mut out = Vec::with_capacity(found.len());
+            for (&key, v) in keys.iter().zip(found) {
+                if let Some(v) = v {
+                    s.io.cur.value_bytes += v.len() as u64;
+                }
+                out.push(v.map(|v| as_u64(key, v)).transpose()?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// [`Self::get_many`] for values of any length (out-of-line values are
+    /// read in one more batch).
+    pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.counted_n(KvOp::Get, keys.len(), |s| {
+            let found = s.get_many_inner(keys)?;
+            let pairs: Vec<(usize, SlotValue)> = found
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| v.map(|v| (i, v)))
+                .collect();
+            let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
+            let mut out = vec![None; keys.len()];
+            // `resolve` keeps the order and drops keys removed meanwhile.
+            let mut resolved = s.resolve(present)?.into_iter().peekable();
+            for (i, _) in pairs {
+                if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
+                    out[i] = resolved.next().map(|(_, v)| v);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Sets `key` to the 8-byte value `value`; returns the previous value
     /// if the key was present. A key whose value is not 8 bytes long is
     /// left as it is ([`KvError::ValueNotU64`]).
@@ -486,12 +530,22 @@ impl KvSession {
         op: KvOp,
         f: impl FnOnce(&mut Self) -> Result<T, KvError>,
     ) -> Result<T, KvError> {
+        self.counted_n(op, 1, f)
+    }
+
+    /// [`Self::counted`] for a call that is `n` operations of kind `op`.
+    fn counted_n<T>(
+        &mut self,
+        op: KvOp,
+        n: usize,
+        f: impl FnOnce(&mut Self) -> Result<T, KvError>,
+    ) -> Result<T, KvError> {
         self.io.cur = Default::default();
         let r = self.settle().and_then(|()| {
             self.resolve_held();
             f(self)
         });
-        self.io.cur.ops = 1;
+        self.io.cur.ops = n as u64;
         self.counters.per_op[op.index()].add(&self.io.cur);
         r
     }
@@ -557,22 +611,37 @@ impl KvSession {
     /// where the leaves may go in the read buffer, and the clock before
     /// the batch.
     fn model_check(&self, m: usize, view: &ModelView) -> Result<(Vec<Op>, u64, u64), KvError> {
-        let dir = self.shared.sb.directory_entry_offset(m as u64)?;
+        let mut ops = Vec::new();
         let posted = clock_ns();
-        let mut ops = vec![Op::Read {
+        let end = self.model_check_at(m, view, 0, posted, &mut ops)?;
+        Ok((ops, end, posted))
+    }
+
+    /// [`Self::model_check`]'s READs into `ops`, landing at `at` in the
+    /// read buffer; returns where the next free byte is.
+    fn model_check_at(
+        &self,
+        m: usize,
+        view: &ModelView,
+        at: u64,
+        posted: u64,
+        ops: &mut Vec<Op>,
+    ) -> Result<u64, KvError> {
+        let dir = self.shared.sb.directory_entry_offset(m as u64)?;
+        ops.push(Op::Read {
             remote: dir,
-            local: 0,
+            local: at,
             len: 8,
-        }];
+        });
         if view.age_ns(posted) <= self.max_age_ns() {
-            return Ok((ops, 8, posted));
+            return Ok(at + 8);
         }
         ops.push(Op::Read {
             remote: view.offset + ModelRecord::STATE_OFFSET,
-            local: 8,
+            local: at + 8,
             len: 16,
         });
-        Ok((ops, 24, posted))
+        Ok(at + 24)
     }
 
     /// After a batch [`Self::model_check`] started: whether `view` is
@@ -581,12 +650,17 @@ impl KvSession {
     /// and model id the view's). Then the view counts as seen live at
     /// `posted`.
     fn still_current(&self, view: &ModelView, posted: u64) -> Result<bool, KvError> {
-        if self.io.local_u64(0)? != view.offset {
+        self.still_current_at(view, posted, 0)
+    }
+
+    /// [`Self::still_current`] for a check that landed at `at`.
+    fn still_current_at(&self, view: &ModelView, posted: u64, at: u64) -> Result<bool, KvError> {
+        if self.io.local_u64(at)? != view.offset {
             return Ok(false);
         }
         if view.age_ns(posted) > self.max_age_ns() {
-            let state = ModelState::from_raw(self.io.local_u64(8)?);
-            if !view.is_current(state, self.io.local_u64(16)?) {
+            let state = ModelState::from_raw(self.io.local_u64(at + 8)?);
+            if !view.is_current(state, self.io.local_u64(at + 16)?) {
                 return Ok(false);
             }
         }
@@ -761,6 +835,89 @@ impl KvSession {
             op: "get",
             attempts: self.shared.cfg.max_attempts,
         })
+    }
+
+    /// The slot values of `keys`: every key's chain (as its cached model
+    /// has it) and each model's staleness check in one batch, landing past
+    /// the first leaf of the read buffer (a chase that reads a leaf alone
+    /// reads it there); keys whose model was stale, or whose chase says so,
+    /// go again in the next batch, after a refresh.
+    fn get_many_inner(&mut self, keys: &[u64]) -> Result<Vec<Option<SlotValue>>, KvError> {
+        let pool = self.shared.pool.clone();
+        let mut out = vec![None; keys.len()];
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            if attempt >= self.shared.cfg.max_attempts {
+                return Err(KvError::TooManyRetries {
+                    op: "get_many",
+                    attempts: attempt,
+                });
+            }
+            attempt += 1;
+            // One check per model, then each key's chain.
+            let posted = clock_ns();
+            let mut ops = Vec::new();
+            let mut at = self.leaf_size.next_multiple_of(8);
+            let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
+            let mut plans = Vec::with_capacity(pending.len());
+            for &i in &pending {
+                let ChainAt { m, view, j } = self.chain_at(keys[i])?;
+                if !checks.iter().any(|c| c.0 == m) {
+                    let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
+                    checks.push((m, view.clone(), at));
+                    at = next;
+                }
+                let mut reads = Vec::with_capacity(self.chain.len());
+                for &addr in &self.chain {
+                    ops.push(Op::Read {
+                        remote: self.shared.region.leaf_offset(addr)?,
+                        local: at,
+                        len: self.leaf_size,
+                    });
+                    reads.push((addr, at));
+                    at += self.leaf_size.next_multiple_of(8);
+                }
+                self.io.cur.leaves_read += reads.len() as u64;
+                plans.push((i, m, view, j, reads));
+            }
+            self.io.reserve(&self.shared.engine, at, 0)?;
+            self.io.run(&pool, &ops, "get_many")?;
+            let mut stale: Vec<usize> = Vec::new();
+            for (m, view, at) in &checks {
+                if !self.still_current_at(view, posted, *at)? {
+                    stale.push(*m);
+                }
+            }
+            let mut again = Vec::new();
+            for (i, m, view, j, reads) in plans {
+                if stale.contains(&m) {
+                    again.push(i);
+                    continue;
+                }
+                let start = reads[0].0;
+                self.chain.clear();
+                self.chain.extend(reads.iter().map(|r| r.0));
+                match self.chase(m as u64, keys[i], start, 0, &reads)? {
+                    Chase::Owner(owner) => {
+                        self.learn(&view, j, &owner.path, owner.addr);
+                        out[i] = lookup(&owner.bytes, keys[i]);
+                    }
+                    Chase::Stale => {
+                        if !stale.contains(&m) {
+                            stale.push(m);
+                        }
+                        again.push(i);
+                    }
+                }
+            }
+            for m in stale {
+                self.io.cur.retries += 1;
+                self.refresh(m)?;
+            }
+            pending = again;
+        }
+        Ok(out)
     }
 
     /// [`Self::get_inner`], then the value's bytes into `out`: read from
