@@ -7,12 +7,13 @@
 //! operation at a time) gives `p50_us` and `p99_us`. For `write-imm` the
 //! latency is until the receiver's ImmCounter expectation fires, and the
 //! throughput phase ends when the receiver has counted every piece. In
-//! the throughput phase a thread waiting for its oldest operation parks
-//! (`CompletionFlag::wait`: the engine's threads and the peer need the
-//! CPU), in the latency phase it spins (its own wake-up is not the
-//! engine's latency). Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
-//! engine's worker like the writes; `--channel` runs them (and `write`) as
-//! client doorbell batches of `--depth` operations instead.
+//! the throughput phase a thread waiting for its oldest operation uses
+//! `CompletionFlag::wait`: it polls the completion itself for `--spin-us`
+//! and then parks (the peer may need the CPU); so does the latency phase.
+//! Bandwidths are in Gbit/s. Operations are submitted as the API offers
+//! them (posted by the submitting thread when the engine's group is free,
+//! else by its worker); `--channel` runs `read`, `write`, `cas` and `faa`
+//! as client doorbell batches of `--depth` operations instead.
 //!
 //! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
 //! the same size (`std::net`, one sender and one receiver thread, like
@@ -152,10 +153,19 @@ pub struct TeBenchArgs {
     /// Bytes of the region `--serve` offers.
     #[arg(long, default_value_t = 64 << 20)]
     region: u64,
-    /// libfabric: spin (yielding) this many µs after the last activity
-    /// before sleeping between queue reads (latency vs CPU).
-    #[arg(long, default_value_t = 200)]
-    busy_poll_us: u64,
+    /// libfabric: the worker reads the queue without pause (yielding the
+    /// CPU between reads) for this many µs after the last activity before
+    /// it sleeps on the wait object (latency vs CPU). Default: 0 for a
+    /// client, whose waiting threads poll their own completions; 10000
+    /// with `--serve`, which then serves a benchmark's operations as fast
+    /// as the provider allows (as `fi_pingpong` does) and prints the CPU
+    /// that costs.
+    #[arg(long)]
+    busy_poll_us: Option<u64>,
+    /// How long a thread waiting for its operation polls the completion
+    /// itself before it sleeps (the engine's `EngineConfig::spin`).
+    #[arg(long, default_value_t = rolex_host::DEFAULT_SPIN.as_micros() as u64)]
+    spin_us: u64,
     /// libfabric: queue-read interval in µs once idle (default: the
     /// domain's own, `LibfabricConfig::idle_poll`).
     #[arg(long)]
@@ -166,6 +176,10 @@ pub struct TeBenchArgs {
 }
 
 const IMM: u32 = 0x7e_0000;
+/// `--busy-poll-us` of `--serve` by default.
+const SERVE_BUSY_POLL_US: u64 = 10_000;
+/// How often `--serve` reports the CPU it used, when it used any.
+const SERVE_REPORT: Duration = Duration::from_secs(5);
 const MAX_REGION: u64 = 4 << 30;
 
 struct Ctx {
@@ -315,7 +329,11 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         FabricArg::Libfabric(p) => {
             let node = serving_node(p, args.node.as_deref(), args.listen.as_deref());
             let mut cfg = LibfabricConfig {
-                busy_poll: Duration::from_micros(args.busy_poll_us),
+                busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(if args.serve {
+                    SERVE_BUSY_POLL_US
+                } else {
+                    0
+                })),
                 ..LibfabricConfig::new(p, node.as_deref())
             };
             if let Some(us) = args.idle_poll_us {
@@ -333,6 +351,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         // processes of a libfabric run on one machine would both put
         // their worker on the first CPU.
         pin_workers: args.fabric == FabricArg::Loopback,
+        spin: Duration::from_micros(args.spin_us),
         ..EngineConfig::default()
     })?;
     // Once per process (a local run opens several engines), on stderr:
@@ -370,8 +389,24 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
     );
     use std::io::Write as _;
     std::io::stdout().flush()?;
+    // The target of one-sided operations over a software provider is its
+    // CPU: say what serving costs, whenever it cost anything.
+    let mut last = (Instant::now(), process_cpu().0);
     loop {
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(SERVE_REPORT);
+        let now = (Instant::now(), process_cpu().0);
+        let cpu = now.1.saturating_sub(last.1).as_secs_f64();
+        if cpu >= 0.001 {
+            println!(
+                "te-bench serve: {:.3} s of CPU in the last {:.1} s ({:.0}% of a core; busy poll {} µs)",
+                cpu,
+                now.0.duration_since(last.0).as_secs_f64(),
+                100.0 * cpu / now.0.duration_since(last.0).as_secs_f64(),
+                args.busy_poll_us.unwrap_or(SERVE_BUSY_POLL_US)
+            );
+            std::io::stdout().flush()?;
+        }
+        last = now;
     }
 }
 
@@ -463,36 +498,14 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     Ok(ctx)
 }
 
-/// Waits for a flag: checks briefly, then parks until the engine's
-/// completion unparks it (a waiting benchmark thread leaves the CPU to the
-/// engine's threads and the peer on a small machine); gives up after a
+/// Waits for a flag as a user of the engine does
+/// (`CompletionFlag::wait`: polls the completion itself for `--spin-us`,
+/// then parks until the completing thread unparks it); gives up after a
 /// generous hang guard.
 fn wait(f: &CompletionFlag) -> Result<u64, BenchError> {
     match f.wait(Duration::from_secs(120)) {
         Some(r) => Ok(r?),
         None => Err("an operation did not complete within 120 s".into()),
-    }
-}
-
-/// Waits for a flag without sleeping (spins, then yields): the latency
-/// phase measures the engine, not the benchmark thread's own wake-up
-/// (one operation in flight leaves the CPU to spare).
-fn wait_spinning(f: &CompletionFlag) -> Result<u64, BenchError> {
-    let start = Instant::now();
-    let mut i = 0u64;
-    loop {
-        if let Some(r) = f.result() {
-            return Ok(r?);
-        }
-        i += 1;
-        if i < 100 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-            if i & 4095 == 0 && start.elapsed() > Duration::from_secs(120) {
-                return Err("an operation did not complete within 120 s".into());
-            }
-        }
     }
 }
 
@@ -626,18 +639,18 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
         } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
             b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
             submit(ctx, t, Some(imm), &f)?;
-            wait_spinning(&rf)?;
+            wait(&rf)?;
         } else if ctx.op == Op::WriteImm {
             // The receiver is another process: until the write completes.
             submit(ctx, t, Some(imm), &f)?;
-            wait_spinning(&f)?;
+            wait(&f)?;
         } else {
             submit(ctx, t, None, &f)?;
-            wait_spinning(&f)?;
+            wait(&f)?;
         }
         lat.push(start.elapsed());
         if ctx.op == Op::WriteImm && ch.is_none() && ctx.b.is_some() {
-            wait_spinning(&f)?;
+            wait(&f)?;
         }
     }
     Ok(lat)

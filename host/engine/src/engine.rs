@@ -22,6 +22,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rolex_core::imm_counter::{ImmCounter, ImmError};
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
@@ -32,7 +33,7 @@ use crate::counters::{Counters, DomainCounters, EngineCounters};
 use crate::domain::loopback::{self, LoopbackConfig};
 use crate::domain::{AnyDomain, Domain, Local, RecvBuffer, Remote, WorkOp};
 use crate::error::{ConfigError, OpKind, TransferError};
-use crate::group::Worker;
+use crate::group::{arrive, Worker, WorkerConfig};
 use crate::region::{MrHandle, Region};
 use crate::shared::{remote, EngineShared, GroupShared, Registered, Request};
 use crate::watcher::{Watcher, WatcherSet};
@@ -104,7 +105,16 @@ pub struct EngineConfig {
     pub max_transfer: u64,
     /// Pin workers to CPUs when the machine allows.
     pub pin_workers: bool,
+    /// How long a thread waiting on a [`CompletionFlag`](crate::CompletionFlag)
+    /// (or a [`Channel`] waiting for its batch) polls the completion itself
+    /// before it sleeps: a small operation then completes on the waiting
+    /// thread, without waking the worker; longer waits cost no CPU.
+    pub spin: Duration,
 }
+
+/// [`EngineConfig::spin`] by default: a few round trips of a software
+/// fabric on this kind of machine.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -114,6 +124,7 @@ impl Default for EngineConfig {
             fabric: Fabric::Loopback(LoopbackConfig::default()),
             max_transfer: 1 << 30,
             pin_workers: true,
+            spin: DEFAULT_SPIN,
         }
     }
 }
@@ -234,17 +245,26 @@ impl TransferEngine {
             callback.queue(),
             config.max_transfer,
         ));
+        // Immediates are counted by whichever thread reads them off a NIC.
+        for d in &all {
+            let (imms, cbq) = (shared.imm.clone(), shared.cbq.clone());
+            d.set_imm_sink(Arc::new(move |imm| arrive(&imms, &cbq, imm)));
+        }
         let mut engine = TransferEngine {
             shared: shared.clone(),
             workers: Vec::new(),
             callback,
             watchers: WatcherSet::new(id),
         };
+        let worker = WorkerConfig {
+            pin: config.pin_workers,
+            spin: config.spin,
+        };
         for g in 0..config.groups {
             // On failure, dropping `engine` stops what was started.
             engine
                 .workers
-                .push(Worker::spawn(shared.clone(), g, config.pin_workers)?);
+                .push(Worker::spawn(shared.clone(), g, &worker)?);
         }
         Ok(engine)
     }
@@ -444,7 +464,7 @@ impl TransferEngine {
         self.live()?;
         let g = self.group(group)?;
         Counters::bump(&self.shared.counters.rtts, 1);
-        g.push(Request { ops, notify });
+        g.submit(Request { ops, notify });
         Ok(())
     }
 

@@ -11,14 +11,14 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::thread::Thread;
 
 use crossbeam_queue::SegQueue;
 use rolex_core::imm_counter::ImmCounterMap;
 use rolex_core::wire::{Access, MrDesc, NetAddr};
 
-use crate::callback::{CallbackQueue, Notify};
+use crate::callback::{CallbackQueue, FlagDriver, Notify};
 use crate::counters::Counters;
 use crate::domain::{AnyDomain, Domain, Local, Remote, WorkOp};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
@@ -35,7 +35,8 @@ pub(crate) struct Registered {
 pub(crate) struct EngineShared {
     pub(crate) id: u64,
     pub(crate) groups: Vec<GroupShared>,
-    pub(crate) imm: Mutex<ImmCounterMap<Notify>>,
+    /// The ImmCounter, shared with the NICs' immediate sinks.
+    pub(crate) imm: Arc<Mutex<ImmCounterMap<Notify>>>,
     pub(crate) cbq: CallbackQueue,
     pub(crate) counters: Counters,
     pub(crate) shutdown: AtomicBool,
@@ -60,7 +61,7 @@ impl EngineShared {
         EngineShared {
             id,
             groups,
-            imm: Mutex::new(ImmCounterMap::new()),
+            imm: Arc::new(Mutex::new(ImmCounterMap::new())),
             cbq,
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
@@ -121,6 +122,15 @@ pub(crate) struct Request {
     pub(crate) notify: Notify,
 }
 
+/// Posting from the submitting thread, without the worker (implemented
+/// by the group's worker state, in `group`).
+pub(crate) trait DirectPost: Send + Sync {
+    /// Posts `req` now, or hands it back to be queued for the worker (the
+    /// group is busy, closed, has requests queued before it, or its NICs
+    /// do not allow it).
+    fn try_post(&self, req: Request) -> Result<(), Request>;
+}
+
 /// What the engine and the worker of one group share.
 pub(crate) struct GroupShared {
     pub(crate) domains: Vec<AnyDomain>,
@@ -132,6 +142,11 @@ pub(crate) struct GroupShared {
     pub(crate) sleeping: Arc<AtomicBool>,
     /// Client channels opened on this group, for round-robin NIC choice.
     pub(crate) channels: AtomicUsize,
+    /// The group's completion processing, for threads waiting on a flag
+    /// (set when the worker starts).
+    pub(crate) flag_driver: OnceLock<Weak<dyn FlagDriver>>,
+    /// Posting from the submitting thread (set when the worker starts).
+    pub(crate) direct: OnceLock<Weak<dyn DirectPost>>,
 }
 
 impl GroupShared {
@@ -142,6 +157,32 @@ impl GroupShared {
             waker: OnceLock::new(),
             sleeping: Arc::new(AtomicBool::new(false)),
             channels: AtomicUsize::new(0),
+            flag_driver: OnceLock::new(),
+            direct: OnceLock::new(),
+        }
+    }
+
+    /// Takes a request: a flag's waiter will drive the group itself, and
+    /// such a request is posted by the calling thread when the group
+    /// allows it (no hand-off to the worker); anything else is queued
+    /// for the worker.
+    pub(crate) fn submit(&self, req: Request) {
+        let Some(flag) = req.notify.flag() else {
+            return self.push(req);
+        };
+        if let Some(d) = self.flag_driver.get() {
+            flag.set_driver(d.clone());
+        }
+        if !self.queue.is_empty() {
+            return self.push(req);
+        }
+        match self.direct.get().and_then(Weak::upgrade) {
+            Some(d) => {
+                if let Err(req) = d.try_post(req) {
+                    self.push(req);
+                }
+            }
+            None => self.push(req),
         }
     }
 

@@ -209,6 +209,12 @@ pub enum Incoming {
     },
 }
 
+/// Where a NIC hands each arriving immediate at once, from whichever thread
+/// learns of it (the engine's ImmCounter: an expectation's flag is set
+/// without a hop through the worker). Returns `false` when the count of
+/// that immediate overflowed (the NIC counts it as an error).
+pub type ImmSink = Arc<dyn Fn(u32) -> bool + Send + Sync>;
+
 /// The tail of a [`Domain::poll_incoming`] for a backend that queues what
 /// its progress delivers: moves everything queued into `out`; returns how
 /// many.
@@ -243,6 +249,10 @@ pub trait Domain: Send + Sync {
     fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize;
     /// The thread to unpark when something arrives.
     fn set_waker(&self, waker: Thread);
+    /// Hands immediates to `sink` as they arrive instead of queueing them
+    /// for [`Domain::poll_incoming`] (messages are still queued). The
+    /// default keeps queueing them.
+    fn set_imm_sink(&self, _sink: ImmSink) {}
     /// Whether operations posted on one endpoint take effect in order
     /// (RC-like); `false` for SRD-like unordered delivery.
     fn ordered(&self) -> bool;
@@ -274,6 +284,14 @@ pub trait Domain: Send + Sync {
     }
     /// Wakes a worker blocked on the wait object.
     fn signal(&self) {}
+    /// Whether a thread other than the group's worker may post on the
+    /// worker's endpoint and leave the completion to whoever polls next
+    /// (the waiter, or the worker woken by the NIC's own wait object or
+    /// timer): true where posting and progress need no thread of their
+    /// own. The default: no.
+    fn direct_post(&self) -> bool {
+        false
+    }
 }
 
 /// A queue pair and its completion queue.
@@ -353,6 +371,9 @@ impl Domain for AnyDomain {
     fn set_waker(&self, waker: Thread) {
         dispatch!(self, d => d.set_waker(waker))
     }
+    fn set_imm_sink(&self, sink: ImmSink) {
+        dispatch!(self, d => d.set_imm_sink(sink))
+    }
     fn ordered(&self) -> bool {
         dispatch!(self, d => d.ordered())
     }
@@ -376,6 +397,9 @@ impl Domain for AnyDomain {
     }
     fn signal(&self) {
         dispatch!(self, d => d.signal())
+    }
+    fn direct_post(&self) -> bool {
+        dispatch!(self, d => d.direct_post())
     }
 }
 

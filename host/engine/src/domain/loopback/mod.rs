@@ -201,6 +201,17 @@ impl Domain for LoopbackDomain {
         self.nic.set_waker(waker);
     }
 
+    fn set_imm_sink(&self, sink: crate::domain::ImmSink) {
+        self.nic.set_imm_sink(sink);
+    }
+
+    fn direct_post(&self) -> bool {
+        // Operations take effect at post time, on the posting thread;
+        // modelled time needs the worker's timed sleeps.
+        let c = &self.cfg;
+        c.latency.is_zero() && c.bandwidth_gbps.is_none() && c.unordered.is_none()
+    }
+
     fn ordered(&self) -> bool {
         self.cfg.unordered.is_none()
     }
