@@ -3,6 +3,7 @@
 //! Every subcommand returns its errors to `main`, which prints them as one
 //! `error: …` line and exits non-zero: bad input never panics.
 mod bench;
+mod cpu;
 mod dataset;
 mod fabric;
 mod inspect;

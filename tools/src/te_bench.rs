@@ -33,7 +33,13 @@
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
-//! usec/xfer.
+//! usec/xfer. So is every 8-byte `write`, `read`, `cas` and `faa` at
+//! `--depth 1`, whose mean time (1 / `mops`) is comparable with twice
+//! `fi_pingpong`'s usec/xfer too (a mean, after a warm-up of a few
+//! operations that sets up the connection, as `fi_pingpong`'s is). The
+//! server reads its queue without pause while it is being used
+//! (`--busy-poll-us`, 10 ms after each operation by default, as
+//! `fi_pingpong` polls) and prints the CPU that costs every 5 s.
 //!
 //! `--sweep` runs the measurement for every size from 64 B to 4 MiB
 //! (powers of 4) on the same engines and regions, one line per size (with
@@ -55,6 +61,7 @@ use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
 use rolex_host::domain::fabric::LibfabricConfig;
 
+use crate::cpu::{process_cpu, share, CpuWindow};
 use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
 use crate::plot::{self, SweepPoint};
 use rolex_host::{
@@ -176,6 +183,8 @@ pub struct TeBenchArgs {
 }
 
 const IMM: u32 = 0x7e_0000;
+/// Operations run against a peer before measuring (connection set-up).
+const WARM_UP: u64 = 10;
 /// `--busy-poll-us` of `--serve` by default.
 const SERVE_BUSY_POLL_US: u64 = 10_000;
 /// How often `--serve` reports the CPU it used, when it used any.
@@ -391,22 +400,20 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
     std::io::stdout().flush()?;
     // The target of one-sided operations over a software provider is its
     // CPU: say what serving costs, whenever it cost anything.
-    let mut last = (Instant::now(), process_cpu().0);
+    let mut window = CpuWindow::start();
     loop {
         std::thread::sleep(SERVE_REPORT);
-        let now = (Instant::now(), process_cpu().0);
-        let cpu = now.1.saturating_sub(last.1).as_secs_f64();
-        if cpu >= 0.001 {
+        let (cpu, wall) = window.take();
+        if cpu >= Duration::from_millis(1) {
             println!(
                 "te-bench serve: {:.3} s of CPU in the last {:.1} s ({:.0}% of a core; busy poll {} µs)",
-                cpu,
-                now.0.duration_since(last.0).as_secs_f64(),
-                100.0 * cpu / now.0.duration_since(last.0).as_secs_f64(),
+                cpu.as_secs_f64(),
+                wall.as_secs_f64(),
+                share(cpu, wall),
                 args.busy_poll_us.unwrap_or(SERVE_BUSY_POLL_US)
             );
             std::io::stdout().flush()?;
         }
-        last = now;
     }
 }
 
@@ -712,21 +719,6 @@ fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
     })
 }
 
-/// CPU time (user and system) of every thread of this process so far,
-/// and how many times its threads gave up a CPU (voluntary and forced
-/// context switches).
-fn process_cpu() -> (Duration, u64) {
-    // SAFETY: `getrusage` writes one `rusage` to a valid pointer.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return (Duration::ZERO, 0);
-    }
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let switches = (ru.ru_nvcsw + ru.ru_nivcsw) as u64;
-    (tv(ru.ru_utime) + tv(ru.ru_stime), switches)
-}
-
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
 fn memcpy_gbps(bytes: u64, total: u64) -> f64 {
     let len = bytes.min(1 << 30) as usize;
@@ -917,6 +909,11 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
     if args.sweep {
         return sweep(&args, &mut ctx);
     }
+    // As `--sweep` does: the first operations to a peer set up its
+    // connection, which is no operation's latency nor rate.
+    if ctx.b.is_none() {
+        latency(&ctx, 0, WARM_UP, args.channel)?;
+    }
     let m = measure(&args, &ctx)?;
     if args.json {
         println!("{}", json_line(&args, &ctx, &m));
@@ -990,7 +987,7 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
     // A few operations first: the first ones to a peer set up its
     // connection, which would otherwise count against the smallest size.
     ctx.set_size(sweep_sizes().next().unwrap_or(64));
-    latency(ctx, 0, 10, args.channel)?;
+    latency(ctx, 0, WARM_UP, args.channel)?;
     let mut points = Vec::new();
     for size in sweep_sizes() {
         ctx.set_size(size);

@@ -101,7 +101,9 @@ impl std::fmt::Debug for Channel {
 const POLLS_PER_YIELD: u32 = 4;
 
 /// Registers a channel as polling its group while it waits (the group's
-/// worker stands aside meanwhile); unregisters on drop.
+/// worker stands aside meanwhile); unregisters on drop, or with
+/// [`Spinning::stop`] when the channel goes to sleep with operations in
+/// flight (the worker then takes the group back at once).
 struct Spinning(Option<Arc<dyn FlagDriver>>);
 
 impl Spinning {
@@ -111,13 +113,17 @@ impl Spinning {
         }
         Spinning(driver)
     }
+
+    fn stop(&mut self, waiting: bool) {
+        if let Some(d) = self.0.take() {
+            d.leave(waiting);
+        }
+    }
 }
 
 impl Drop for Spinning {
     fn drop(&mut self) {
-        if let Some(d) = &self.0 {
-            d.leave();
-        }
+        self.stop(false);
     }
 }
 
@@ -245,6 +251,7 @@ impl Channel {
             .map_or(crate::engine::DEFAULT_SPIN, |d| d.spin());
         let start = Instant::now();
         let mut spinning = Spinning::new(driver);
+        let mut sleeping = false;
         let mut polls = 0u32;
         let mut nap = Duration::from_micros(1);
         loop {
@@ -258,6 +265,9 @@ impl Channel {
                 }
             }
             if remaining == 0 {
+                if sleeping {
+                    self.endpoint.set_sleeper(None);
+                }
                 return Ok(());
             }
             match progress {
@@ -268,6 +278,9 @@ impl Channel {
                         if *p {
                             *r = Err(TransferError::LostCompletion);
                         }
+                    }
+                    if sleeping {
+                        self.endpoint.set_sleeper(None);
                     }
                     return Ok(());
                 }
@@ -284,9 +297,17 @@ impl Channel {
                             std::hint::spin_loop();
                         }
                     } else {
-                        // Sleeping: the worker takes the group back.
-                        drop(std::mem::replace(&mut spinning, Spinning(None)));
-                        thread::sleep(nap);
+                        // Sleeping: the worker takes the group back, and
+                        // whoever reads the completion off the NIC wakes
+                        // this thread (backends that can; the others'
+                        // callers wake on the growing nap).
+                        if !sleeping {
+                            sleeping = true;
+                            spinning.stop(true);
+                            self.endpoint.set_sleeper(Some(thread::current()));
+                            continue;
+                        }
+                        thread::park_timeout(nap);
                         nap = (nap * 2).min(Duration::from_micros(200));
                     }
                 }

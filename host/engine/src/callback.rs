@@ -110,8 +110,10 @@ pub(crate) trait FlagDriver: Send + Sync {
     fn spin(&self) -> Duration;
     /// A waiter starts polling: the group's worker may stand aside.
     fn enter(&self);
-    /// That waiter stops polling (done, or about to park).
-    fn leave(&self);
+    /// That waiter stops polling: done, or (`waiting`) about to sleep
+    /// while its operation is still in flight, which the worker must then
+    /// see to at once.
+    fn leave(&self, waiting: bool);
 }
 
 /// Polls between two yields of the CPU while a waiter drives its group.
@@ -232,7 +234,7 @@ impl CompletionFlag {
                     std::hint::spin_loop();
                 }
             }
-            d.leave();
+            d.leave(!self.done());
         }
         for _ in 0..SPINS {
             if let Some(r) = self.outcome() {

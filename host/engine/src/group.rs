@@ -360,11 +360,11 @@ impl FlagDriver for WorkerCell {
         self.spinners.fetch_add(1, SeqCst);
     }
 
-    fn leave(&self) {
+    fn leave(&self, waiting: bool) {
         // The last waiter to stop with work still in flight (its budget ran
         // out) hands the group back to the worker at once.
         if self.spinners.fetch_sub(1, SeqCst) == 1
-            && (self.inflight.load(SeqCst) > 0 || !self.group().queue.is_empty())
+            && (waiting || self.inflight.load(SeqCst) > 0 || !self.group().queue.is_empty())
         {
             self.group().wake();
         }
@@ -583,6 +583,15 @@ impl Worker {
                 // A descriptor in error would make every sleep return at
                 // once: park from now on (the NICs' own timers remain).
                 self.wait_fds.clear();
+            } else if rc > 0 {
+                // A peer's operation aimed at this NIC leaves no completion
+                // here: its wake-up is the only sign of that activity
+                // (busy polling counts from it).
+                for (d, p) in group.domains.iter().zip(&self.wait_fds) {
+                    if p.revents != 0 {
+                        d.woken();
+                    }
+                }
             }
         }
         group.sleeping.store(false, SeqCst);

@@ -284,6 +284,10 @@ pub trait Domain: Send + Sync {
     }
     /// Wakes a worker blocked on the wait object.
     fn signal(&self) {}
+    /// The worker blocked on the wait object was woken by it: the NIC had
+    /// something to do (a peer's operation aimed at it, which leaves no
+    /// completion, included). The default ignores it.
+    fn woken(&self) {}
     /// Whether a thread other than the group's worker may post on the
     /// worker's endpoint and leave the completion to whoever polls next
     /// (the waiter, or the worker woken by the NIC's own wait object or
@@ -304,6 +308,10 @@ pub trait Endpoint: Send {
     /// Completes everything outstanding with
     /// [`TransferError::EngineShutDown`] (nothing more takes effect).
     fn flush(&mut self, out: &mut Vec<Completion>);
+    /// Names a thread to unpark when one of this endpoint's operations
+    /// completes on another thread (`None`: nobody). The default ignores
+    /// it: the caller then wakes on its own timer only.
+    fn set_sleeper(&mut self, _thread: Option<Thread>) {}
 }
 
 /// The backends, for dispatch.
@@ -398,6 +406,9 @@ impl Domain for AnyDomain {
     fn signal(&self) {
         dispatch!(self, d => d.signal())
     }
+    fn woken(&self) {
+        dispatch!(self, d => d.woken())
+    }
     fn direct_post(&self) -> bool {
         dispatch!(self, d => d.direct_post())
     }
@@ -420,6 +431,15 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Libfabric(e) => e.poll(out),
             #[cfg(feature = "verbs")]
             AnyEndpoint::Verbs(e) => e.poll(out),
+        }
+    }
+    fn set_sleeper(&mut self, thread: Option<Thread>) {
+        match self {
+            AnyEndpoint::Loopback(e) => e.set_sleeper(thread),
+            #[cfg(feature = "libfabric")]
+            AnyEndpoint::Libfabric(e) => e.set_sleeper(thread),
+            #[cfg(feature = "verbs")]
+            AnyEndpoint::Verbs(e) => e.set_sleeper(thread),
         }
     }
     fn flush(&mut self, out: &mut Vec<Completion>) {

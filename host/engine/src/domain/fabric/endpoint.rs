@@ -10,8 +10,8 @@
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
@@ -39,6 +39,8 @@ impl FabricEndpoint {
             sink: Arc::new(Sink {
                 queue: SegQueue::new(),
                 outstanding: AtomicU64::new(0),
+                sleeper: Mutex::new(None),
+                has_sleeper: AtomicBool::new(false),
             }),
             chain: Vec::new(),
         }
@@ -391,6 +393,12 @@ impl Endpoint for FabricEndpoint {
         } else {
             Progress::WaitUntil(Instant::now() + cfg.idle_poll)
         }
+    }
+
+    fn set_sleeper(&mut self, thread: Option<std::thread::Thread>) {
+        let set = thread.is_some();
+        *lock(&self.sink.sleeper) = thread;
+        self.sink.has_sleeper.store(set, SeqCst);
     }
 
     fn flush(&mut self, out: &mut Vec<Completion>) {

@@ -124,8 +124,15 @@ pub struct LibfabricConfig {
     pub node: Option<String>,
     /// Bound on posting (while the connection forms) and on completion.
     pub op_timeout: Duration,
-    /// Spin (yielding) for this long after the last activity instead of
-    /// sleeping: lower latency, one busy core per domain meanwhile.
+    /// The worker reads the queue without pause (yielding the CPU between
+    /// reads) for this long after the last activity instead of sleeping:
+    /// lower latency, one busy core per domain meanwhile. Activity is a
+    /// post, a completion, an arrival, or a wake-up by the wait object
+    /// (a peer's one-sided operation aimed at this NIC, which leaves no
+    /// completion here: a target busy-polls between its peers' operations).
+    /// Threads waiting on their own operations poll them themselves
+    /// ([`EngineConfig::spin`](crate::EngineConfig::spin)) and do not
+    /// need it.
     pub busy_poll: Duration,
     /// Queue-read interval when nothing happened for [`HOT`], on a NIC
     /// without a waiter (see [`LibfabricConfig::wait_fd`]).
@@ -297,6 +304,12 @@ struct Pending {
 pub(crate) struct Sink {
     queue: SegQueue<Completion>,
     outstanding: AtomicU64,
+    /// A thread that sleeps until the endpoint's next completion (a
+    /// client channel past its spin budget), unparked by whoever reads it
+    /// off the queue.
+    sleeper: Mutex<Option<Thread>>,
+    /// Whether `sleeper` is set (read without the lock on every finish).
+    has_sleeper: AtomicBool,
 }
 
 impl Sink {
@@ -310,6 +323,11 @@ impl Sink {
         }
         self.queue.push(Completion { wr_id, result });
         self.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+        if self.has_sleeper.load(SeqCst) {
+            if let Some(t) = lock(&self.sleeper).as_ref() {
+                t.unpark();
+            }
+        }
     }
 }
 
@@ -1155,6 +1173,15 @@ impl Domain for LibfabricDomain {
 
     fn set_imm_sink(&self, sink: ImmSink) {
         let _ = self.inner.imm_sink.set(sink);
+    }
+
+    fn woken(&self) {
+        // Target-side work (a peer's write, read or atomic) produces no
+        // completion here: count the wake-up as activity, so that
+        // `busy_poll` keeps reading the queue for the peer's next one.
+        if let Some(live) = lock(&self.inner.live).as_mut() {
+            live.last_activity = Instant::now();
+        }
     }
 
     fn direct_post(&self) -> bool {
