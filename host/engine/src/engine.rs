@@ -463,8 +463,13 @@ impl TransferEngine {
     ) -> Result<(), TransferError> {
         self.live()?;
         let g = self.group(group)?;
-        Counters::bump(&self.shared.counters.rtts, 1);
-        g.submit(Request { ops, notify });
+        let c = &self.shared.counters;
+        Counters::bump(&c.rtts, 1);
+        if g.submit(Request { ops, notify }) {
+            Counters::bump(&c.direct_posts, 1);
+        } else {
+            Counters::bump(&c.handoffs, 1);
+        }
         Ok(())
     }
 

@@ -165,25 +165,24 @@ impl GroupShared {
     /// Takes a request: a flag's waiter will drive the group itself, and
     /// such a request is posted by the calling thread when the group
     /// allows it (no hand-off to the worker); anything else is queued
-    /// for the worker.
-    pub(crate) fn submit(&self, req: Request) {
+    /// for the worker. Returns whether it was posted here.
+    pub(crate) fn submit(&self, req: Request) -> bool {
         let Some(flag) = req.notify.flag() else {
-            return self.push(req);
+            self.push(req);
+            return false;
         };
         if let Some(d) = self.flag_driver.get() {
             flag.set_driver(d.clone());
         }
-        if !self.queue.is_empty() {
-            return self.push(req);
-        }
-        match self.direct.get().and_then(Weak::upgrade) {
-            Some(d) => {
-                if let Err(req) = d.try_post(req) {
-                    self.push(req);
-                }
-            }
-            None => self.push(req),
-        }
+        let req = match self.direct.get().and_then(Weak::upgrade) {
+            Some(d) if self.queue.is_empty() => match d.try_post(req) {
+                Ok(()) => return true,
+                Err(req) => req,
+            },
+            _ => req,
+        };
+        self.push(req);
+        false
     }
 
     pub(crate) fn push(&self, req: Request) {

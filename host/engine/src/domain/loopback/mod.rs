@@ -316,6 +316,48 @@ mod tests {
     }
 
     #[test]
+    fn an_immediate_reaches_the_sink_on_the_posting_thread() {
+        let a = open_host(&LoopbackConfig::default(), 1).unwrap();
+        let b = open_host(&LoopbackConfig::default(), 1).unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        b[0].set_imm_sink(Arc::new(move |imm| {
+            s.lock().unwrap().push((imm, std::thread::current().id()));
+            true
+        }));
+        let (src, dst) = (region(64), region(64));
+        let rkey = b[0].register(&dst).unwrap();
+        let mut ep = a[0].open_endpoint().unwrap();
+        ep.post(&mut vec![WorkRequest {
+            wr_id: 1,
+            op: WorkOp::Write {
+                local: Some(Local {
+                    region: src,
+                    offset: 0,
+                }),
+                remote: Remote {
+                    peer: b[0].address(),
+                    rkey,
+                    addr: dst.addr(),
+                },
+                len: 8,
+                imm: Some(9),
+            },
+        }]);
+        // Counted by the thread that ran the write: nothing waits in the
+        // target's queue for a worker.
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(9, std::thread::current().id())]
+        );
+        assert_eq!(b[0].poll_incoming(&mut Vec::new()), 0);
+        assert_eq!(b[0].counters().imm_arrivals, 1);
+        for d in a.iter().chain(&b) {
+            d.shutdown();
+        }
+    }
+
+    #[test]
     fn latency_defers_and_flush_fails_outstanding() {
         let cfg = LoopbackConfig {
             latency: Duration::from_secs(3600),
