@@ -786,9 +786,13 @@ fn serve(
                 busy_ns: st.retrain_busy_ns - before.retrain_busy_ns,
                 wall: since.elapsed(),
             };
+            let h = &st.agent.freeze_hist;
             eprintln!(
-                "retrained {} model(s) so far ({rate} since the last report); {} synonym leaves created by compute nodes; {}",
+                "retrained {} model(s) so far ({rate} since the last report; freeze p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs over all); {} synonym leaves created by compute nodes; {}",
                 progress.0,
+                us(h.quantile(500)),
+                us(h.quantile(990)),
+                us(h.max()),
                 progress.1,
                 RegionUse(&st.agent)
             );

@@ -880,6 +880,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "ratio": m.memcpy_gbps.map(|r| m.gbps / r), "count": m.total_ops, "nics": args.nics,
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
+        "direct_posts": c.direct_posts, "handoffs": c.handoffs,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,
