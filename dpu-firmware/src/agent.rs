@@ -939,14 +939,32 @@ impl<M: PoolMemory> Agent<M> {
             return Err(AgentError::ModelRegionFull { needed, left });
         }
 
+        // Steps 2–6: every writer of the model waits for them, so the
+        // platform may keep this thread from being preempted meanwhile.
+        self.mem.frozen(true);
+        let done = self.frozen_steps(&r, at, state, &p);
+        self.mem.frozen(false);
+        done
+    }
+
+    /// Steps 2–6 of [`Self::install_steps`] (the frozen section): freeze,
+    /// build, switch, then roll forward; before the switch a failure
+    /// thaws.
+    fn frozen_steps(
+        &mut self,
+        r: &ModelRecord,
+        at: u64,
+        state: ModelState,
+        p: &Prepared,
+    ) -> Result<RetrainReport, AgentError> {
         let t0 = self.mem.now_ns();
-        let frozen = self.freeze(&r, at, state);
+        let frozen = self.freeze(r, at, state);
         self.stats.lock_ns_total += self.mem.now_ns().saturating_sub(t0);
         if let Err(AgentError::FreezeDeadline { .. }) = frozen {
             self.stats.freeze_timeouts += 1;
         }
         let frozen = frozen?;
-        let mut built = match self.build(&r, at, state, &p) {
+        let mut built = match self.build(r, at, state, p) {
             Ok(built) => built,
             Err(e) => {
                 self.thaw(frozen)?;
@@ -1959,6 +1977,7 @@ struct Switched {
 mod tests {
     use super::*;
     use crate::memory::testing::VecPool;
+    use core::sync::atomic::Ordering::SeqCst;
     use rolex_core::layout::Slot;
 
     fn load(n: u64) -> (VecPool, u64) {
@@ -2069,6 +2088,36 @@ mod tests {
         }
         // Nothing is due now; a CirQ entry is consumed and skipped.
         assert_eq!(agent.poll().unwrap(), None);
+    }
+
+    #[test]
+    fn every_frozen_section_is_left_also_when_it_thaws() {
+        // Retrained: one section, entered before the freeze and left after
+        // the last leaf is released.
+        let (mem, next_free) = load(40);
+        let mut agent = Agent::attach(&mem, AgentConfig::default(), next_free).unwrap();
+        agent.retrain(0).unwrap();
+        assert_eq!(
+            (mem.frozen_in.load(SeqCst), mem.frozen_out.load(SeqCst)),
+            (1, 1)
+        );
+        assert_eq!(mem.relax_frozen.load(SeqCst), 0);
+        // A writer holds a lock for good: the freeze waits (relaxing inside
+        // the section, where a platform must let that writer run), thaws at
+        // its deadline, and the section is left all the same.
+        let r = agent.records()[0];
+        let (rec, _) = lt_words(&mem, r);
+        let lt = rec.lt_entry_offset(1).unwrap();
+        let e = LtEntry::from_raw(mem.load(lt).unwrap());
+        mem.store(lt, e.with_lock().raw()).unwrap();
+        mem.tick_on_relax(1_000_000);
+        let err = agent.retrain(0).unwrap_err();
+        assert!(matches!(err, AgentError::FreezeDeadline { .. }), "{err}");
+        assert_eq!(
+            (mem.frozen_in.load(SeqCst), mem.frozen_out.load(SeqCst)),
+            (2, 2)
+        );
+        assert!(mem.relax_frozen.load(SeqCst) > 0);
     }
 
     #[test]

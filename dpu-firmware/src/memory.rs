@@ -82,6 +82,13 @@ pub trait PoolMemory {
     /// every writer, an unwritten CirQ ticket is waited for, a failing
     /// model is not retried by [`crate::Agent::poll`]).
     fn now_ns(&self) -> u64;
+    /// The agent enters (`true`) or leaves (`false`) a model's frozen
+    /// section (retraining steps 2–6), during which every writer of the
+    /// model waits for it: a platform may keep the agent from being
+    /// preempted meanwhile (the hosted memory node raises its thread to a
+    /// real-time priority), and [`PoolMemory::relax`] inside it must still
+    /// let the writers it waits for run. The default does nothing.
+    fn frozen(&self, _on: bool) {}
 }
 
 /// A byte range other parties read and write at any time (compute nodes
@@ -243,6 +250,9 @@ impl<M: PoolMemory + ?Sized> PoolMemory for &M {
     fn now_ns(&self) -> u64 {
         (**self).now_ns()
     }
+    fn frozen(&self, on: bool) {
+        (**self).frozen(on)
+    }
 }
 
 #[cfg(test)]
@@ -270,6 +280,11 @@ pub(crate) mod testing {
         /// Mutations (writes, stores, CAS, FAA) left before the pool
         /// refuses every one (the agent "died"); `u64::MAX`: never.
         crash_left: AtomicU64,
+        /// Frozen sections entered and left ([`PoolMemory::frozen`]), and
+        /// `relax` calls made inside one.
+        pub(crate) frozen_in: AtomicU64,
+        pub(crate) frozen_out: AtomicU64,
+        pub(crate) relax_frozen: AtomicU64,
     }
 
     impl VecPool {
@@ -283,6 +298,9 @@ pub(crate) mod testing {
                 fail_to: AtomicU64::new(0),
                 fail_left: AtomicU32::new(0),
                 crash_left: AtomicU64::new(u64::MAX),
+                frozen_in: AtomicU64::new(0),
+                frozen_out: AtomicU64::new(0),
+                relax_frozen: AtomicU64::new(0),
             }
         }
 
@@ -426,11 +444,24 @@ pub(crate) mod testing {
             self.words().faa(offset, add)
         }
         fn relax(&self, _attempt: u32) {
+            if self.frozen_in.load(SeqCst) > self.frozen_out.load(SeqCst) {
+                self.relax_frozen.fetch_add(1, SeqCst);
+            }
             self.advance(self.tick.load(SeqCst));
             std::thread::yield_now();
         }
         fn now_ns(&self) -> u64 {
             self.clock.load(SeqCst)
+        }
+        fn frozen(&self, on: bool) {
+            let (i, o) = (self.frozen_in.load(SeqCst), self.frozen_out.load(SeqCst));
+            // Sections never nest, and are only left once entered.
+            assert_eq!(i, o + u64::from(!on), "frozen({on}) after {i} in, {o} out");
+            if on {
+                self.frozen_in.fetch_add(1, SeqCst);
+            } else {
+                self.frozen_out.fetch_add(1, SeqCst);
+            }
         }
     }
 }

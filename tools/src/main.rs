@@ -4,6 +4,7 @@
 //! `error: …` line and exits non-zero: bad input never panics.
 mod bench;
 mod bluefield_emu;
+mod cpu;
 mod dataset;
 mod fabric;
 mod inspect;

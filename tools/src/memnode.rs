@@ -55,6 +55,7 @@ use rolex_host::memnode::{AgentStats, AtomicsRoute, MemoryNode, MemoryNodeConfig
 use rolex_host::memnode::{LeaseConfig, LeaseKeys, LeaseServer, PoolKeys};
 use rolex_host::Fabric;
 
+use crate::cpu::{share, CpuWindow};
 use crate::dataset::{DataSetArgs, EmptyFile};
 use crate::fabric::{
     libfabric_engine, parse_fabric, serving_node, verbs_kv_engine, FabricArg, VerbsArgs,
@@ -311,8 +312,11 @@ pub struct MemnodeArgs {
     /// `--listen` address; unused by `shm`).
     #[arg(long)]
     node: Option<String>,
-    /// libfabric: spin (yielding) this many µs after the last activity
-    /// before sleeping between queue reads (latency vs CPU).
+    /// libfabric: the engine reads the queue without pause (yielding the
+    /// CPU between reads) for this many µs after the last activity, then
+    /// sleeps on the provider's wait object, which wakes it when bytes
+    /// arrive (0: always sleep there). Latency against CPU: the memory
+    /// node prints what serving costs every 5 s while it serves.
     #[arg(long, default_value_t = 200)]
     busy_poll_us: u64,
     /// libfabric without a wait descriptor (`shm`): µs between queue reads
@@ -898,9 +902,35 @@ fn serve(
     let mut progress = (0, 0);
     let mut ticks = 0u64;
     let mut last = (node_.stats(), Instant::now());
+    // What serving costs (the provider's progress: the software stand-in
+    // for the NIC, design §7), apart from the agent's retraining.
+    let mut window = (CpuWindow::start(), node_.stats().agent_cpu_ns);
+    let how = match fabric {
+        FabricArg::Libfabric(_) if args.busy_poll_us > 0 => format!(
+            "the engine busy-polls {} µs after each activity",
+            args.busy_poll_us
+        ),
+        FabricArg::Libfabric(_) => "the engine wakes on the wait object".to_string(),
+        _ => "a hardware NIC".to_string(),
+    };
     loop {
         std::thread::sleep(Duration::from_millis(200));
         ticks += 1;
+        if ticks % 25 == 0 {
+            let (cpu, wall) = window.0.take();
+            let agent_ns = node_.stats().agent_cpu_ns;
+            let agent = Duration::from_nanos(agent_ns.saturating_sub(window.1));
+            window.1 = agent_ns;
+            let serving = cpu.saturating_sub(agent);
+            if serving >= Duration::from_millis(1) {
+                eprintln!(
+                    "serving: {:.0}% of a core in the last {:.1} s ({how}), agent {:.0}%",
+                    share(serving, wall),
+                    wall.as_secs_f64(),
+                    share(agent, wall)
+                );
+            }
+        }
         // Every 5 s: locks held by ids with no lease (a dead node's lock
         // CAS that landed after both releases of its lease).
         if ticks % 25 == 0 {
@@ -924,9 +954,13 @@ fn serve(
                 busy_ns: st.retrain_busy_ns - before.retrain_busy_ns,
                 wall: since.elapsed(),
             };
+            let h = &st.agent.freeze_hist;
             eprintln!(
-                "retrained {} model(s) so far ({rate} since the last report); {} synonym leaves created by compute nodes; {}",
+                "retrained {} model(s) so far ({rate} since the last report; freeze p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs over all); {} synonym leaves created by compute nodes; {}",
                 progress.0,
+                us(h.quantile(500)),
+                us(h.quantile(990)),
+                us(h.max()),
                 progress.1,
                 RegionUse(&st.agent)
             );

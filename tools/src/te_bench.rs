@@ -7,12 +7,13 @@
 //! operation at a time) gives `p50_us` and `p99_us`. For `write-imm` the
 //! latency is until the receiver's ImmCounter expectation fires, and the
 //! throughput phase ends when the receiver has counted every piece. In
-//! the throughput phase a thread waiting for its oldest operation parks
-//! (`CompletionFlag::wait`: the engine's threads and the peer need the
-//! CPU), in the latency phase it spins (its own wake-up is not the
-//! engine's latency). Bandwidths are in Gbit/s. `read`, `cas` and `faa` go through the
-//! engine's worker like the writes; `--channel` runs them (and `write`) as
-//! client doorbell batches of `--depth` operations instead.
+//! the throughput phase a thread waiting for its oldest operation uses
+//! `CompletionFlag::wait`: it polls the completion itself for `--spin-us`
+//! and then parks (the peer may need the CPU); so does the latency phase.
+//! Bandwidths are in Gbit/s. Operations are submitted as the API offers
+//! them (posted by the submitting thread when the engine's group is free,
+//! else by its worker); `--channel` runs `read`, `write`, `cas` and `faa`
+//! as client doorbell batches of `--depth` operations instead.
 //!
 //! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
 //! the same size (`std::net`, one sender and one receiver thread, like
@@ -32,7 +33,13 @@
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
-//! usec/xfer.
+//! usec/xfer. So is every 8-byte `write`, `read`, `cas` and `faa` at
+//! `--depth 1`, whose mean time (1 / `mops`) is comparable with twice
+//! `fi_pingpong`'s usec/xfer too (a mean, after a warm-up of a few
+//! operations that sets up the connection, as `fi_pingpong`'s is). The
+//! server reads its queue without pause while it is being used
+//! (`--busy-poll-us`, 10 ms after each operation by default, as
+//! `fi_pingpong` polls) and prints the CPU that costs every 5 s.
 //!
 //! `--sweep` runs the measurement for every size from 64 B to 4 MiB
 //! (powers of 4) on the same engines and regions, one line per size (with
@@ -54,6 +61,7 @@ use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
 use rolex_host::domain::fabric::LibfabricConfig;
 
+use crate::cpu::{process_cpu, share, CpuWindow};
 use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
 use crate::plot::{self, SweepPoint};
 use rolex_host::{
@@ -152,10 +160,19 @@ pub struct TeBenchArgs {
     /// Bytes of the region `--serve` offers.
     #[arg(long, default_value_t = 64 << 20)]
     region: u64,
-    /// libfabric: spin (yielding) this many µs after the last activity
-    /// before sleeping between queue reads (latency vs CPU).
-    #[arg(long, default_value_t = 200)]
-    busy_poll_us: u64,
+    /// libfabric: the worker reads the queue without pause (yielding the
+    /// CPU between reads) for this many µs after the last activity before
+    /// it sleeps on the wait object (latency vs CPU). Default: 0 for a
+    /// client, whose waiting threads poll their own completions; 10000
+    /// with `--serve`, which then serves a benchmark's operations as fast
+    /// as the provider allows (as `fi_pingpong` does) and prints the CPU
+    /// that costs.
+    #[arg(long)]
+    busy_poll_us: Option<u64>,
+    /// How long a thread waiting for its operation polls the completion
+    /// itself before it sleeps (the engine's `EngineConfig::spin`).
+    #[arg(long, default_value_t = rolex_host::DEFAULT_SPIN.as_micros() as u64)]
+    spin_us: u64,
     /// libfabric: queue-read interval in µs once idle (default: the
     /// domain's own, `LibfabricConfig::idle_poll`).
     #[arg(long)]
@@ -166,6 +183,12 @@ pub struct TeBenchArgs {
 }
 
 const IMM: u32 = 0x7e_0000;
+/// Operations run against a peer before measuring (connection set-up).
+const WARM_UP: u64 = 10;
+/// `--busy-poll-us` of `--serve` by default.
+const SERVE_BUSY_POLL_US: u64 = 10_000;
+/// How often `--serve` reports the CPU it used, when it used any.
+const SERVE_REPORT: Duration = Duration::from_secs(5);
 const MAX_REGION: u64 = 4 << 30;
 
 struct Ctx {
@@ -315,7 +338,11 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         FabricArg::Libfabric(p) => {
             let node = serving_node(p, args.node.as_deref(), args.listen.as_deref());
             let mut cfg = LibfabricConfig {
-                busy_poll: Duration::from_micros(args.busy_poll_us),
+                busy_poll: Duration::from_micros(args.busy_poll_us.unwrap_or(if args.serve {
+                    SERVE_BUSY_POLL_US
+                } else {
+                    0
+                })),
                 ..LibfabricConfig::new(p, node.as_deref())
             };
             if let Some(us) = args.idle_poll_us {
@@ -333,6 +360,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         // processes of a libfabric run on one machine would both put
         // their worker on the first CPU.
         pin_workers: args.fabric == FabricArg::Loopback,
+        spin: Duration::from_micros(args.spin_us),
         ..EngineConfig::default()
     })?;
     // Once per process (a local run opens several engines), on stderr:
@@ -370,8 +398,22 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
     );
     use std::io::Write as _;
     std::io::stdout().flush()?;
+    // The target of one-sided operations over a software provider is its
+    // CPU: say what serving costs, whenever it cost anything.
+    let mut window = CpuWindow::start();
     loop {
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(SERVE_REPORT);
+        let (cpu, wall) = window.take();
+        if cpu >= Duration::from_millis(1) {
+            println!(
+                "te-bench serve: {:.3} s of CPU in the last {:.1} s ({:.0}% of a core; busy poll {} µs)",
+                cpu.as_secs_f64(),
+                wall.as_secs_f64(),
+                share(cpu, wall),
+                args.busy_poll_us.unwrap_or(SERVE_BUSY_POLL_US)
+            );
+            std::io::stdout().flush()?;
+        }
     }
 }
 
@@ -463,36 +505,14 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     Ok(ctx)
 }
 
-/// Waits for a flag: checks briefly, then parks until the engine's
-/// completion unparks it (a waiting benchmark thread leaves the CPU to the
-/// engine's threads and the peer on a small machine); gives up after a
+/// Waits for a flag as a user of the engine does
+/// (`CompletionFlag::wait`: polls the completion itself for `--spin-us`,
+/// then parks until the completing thread unparks it); gives up after a
 /// generous hang guard.
 fn wait(f: &CompletionFlag) -> Result<u64, BenchError> {
     match f.wait(Duration::from_secs(120)) {
         Some(r) => Ok(r?),
         None => Err("an operation did not complete within 120 s".into()),
-    }
-}
-
-/// Waits for a flag without sleeping (spins, then yields): the latency
-/// phase measures the engine, not the benchmark thread's own wake-up
-/// (one operation in flight leaves the CPU to spare).
-fn wait_spinning(f: &CompletionFlag) -> Result<u64, BenchError> {
-    let start = Instant::now();
-    let mut i = 0u64;
-    loop {
-        if let Some(r) = f.result() {
-            return Ok(r?);
-        }
-        i += 1;
-        if i < 100 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-            if i & 4095 == 0 && start.elapsed() > Duration::from_secs(120) {
-                return Err("an operation did not complete within 120 s".into());
-            }
-        }
     }
 }
 
@@ -626,18 +646,18 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
         } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
             b.expect_imm_count(imm, ctx.pieces, OnDone::flag(&rf))?;
             submit(ctx, t, Some(imm), &f)?;
-            wait_spinning(&rf)?;
+            wait(&rf)?;
         } else if ctx.op == Op::WriteImm {
             // The receiver is another process: until the write completes.
             submit(ctx, t, Some(imm), &f)?;
-            wait_spinning(&f)?;
+            wait(&f)?;
         } else {
             submit(ctx, t, None, &f)?;
-            wait_spinning(&f)?;
+            wait(&f)?;
         }
         lat.push(start.elapsed());
         if ctx.op == Op::WriteImm && ch.is_none() && ctx.b.is_some() {
-            wait_spinning(&f)?;
+            wait(&f)?;
         }
     }
     Ok(lat)
@@ -697,21 +717,6 @@ fn tcp_stream_gbps(size: u64, dur: Duration) -> std::io::Result<f64> {
             .map_err(|_| std::io::Error::other("tcp sender panicked"))??;
         Ok(got as f64 * 8.0 / secs / 1e9)
     })
-}
-
-/// CPU time (user and system) of every thread of this process so far,
-/// and how many times its threads gave up a CPU (voluntary and forced
-/// context switches).
-fn process_cpu() -> (Duration, u64) {
-    // SAFETY: `getrusage` writes one `rusage` to a valid pointer.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return (Duration::ZERO, 0);
-    }
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    let switches = (ru.ru_nvcsw + ru.ru_nivcsw) as u64;
-    (tv(ru.ru_utime) + tv(ru.ru_stime), switches)
 }
 
 /// memcpy bandwidth (Gbit/s) of `bytes`-sized copies, about `total` bytes.
@@ -875,6 +880,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "ratio": m.memcpy_gbps.map(|r| m.gbps / r), "count": m.total_ops, "nics": args.nics,
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
+        "direct_posts": c.direct_posts, "handoffs": c.handoffs,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,
@@ -903,6 +909,11 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
     let mut ctx = setup(&args)?;
     if args.sweep {
         return sweep(&args, &mut ctx);
+    }
+    // As `--sweep` does: the first operations to a peer set up its
+    // connection, which is no operation's latency nor rate.
+    if ctx.b.is_none() {
+        latency(&ctx, 0, WARM_UP, args.channel)?;
     }
     let m = measure(&args, &ctx)?;
     if args.json {
@@ -977,7 +988,7 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
     // A few operations first: the first ones to a peer set up its
     // connection, which would otherwise count against the smallest size.
     ctx.set_size(sweep_sizes().next().unwrap_or(64));
-    latency(ctx, 0, 10, args.channel)?;
+    latency(ctx, 0, WARM_UP, args.channel)?;
     let mut points = Vec::new();
     for size in sweep_sizes() {
         ctx.set_size(size);

@@ -6,16 +6,19 @@
 //! Invariants: one [`Channel::run`] is one doorbell batch and one round
 //! trip in the counters (its operations are independent: the NIC may run
 //! them in any order); every operation gets exactly one result; waiting
-//! polls briefly, then sleeps until the backend's next due time or with a
+//! polls for the engine's spin budget ([`EngineConfig::spin`](crate::EngineConfig::spin),
+//! yielding the CPU every few polls, the group's worker standing aside
+//! meanwhile), then sleeps until the backend's next due time or with a
 //! growing nap, never a long busy spin.
 
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rolex_core::wire::{Access, MrDesc};
 
+use crate::callback::FlagDriver;
 use crate::counters::Counters;
 use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -81,6 +84,7 @@ pub enum BatchOp<'a> {
 pub struct Channel {
     engine: Arc<EngineShared>,
     endpoint: AnyEndpoint,
+    group: usize,
     nic: usize,
     wrs: Vec<WorkRequest>,
     comps: Vec<Completion>,
@@ -93,8 +97,35 @@ impl std::fmt::Debug for Channel {
     }
 }
 
-/// Polls before the first sleep while waiting for a batch.
-const SPIN_POLLS: u32 = 200;
+/// Polls between two yields of the CPU while spinning.
+const POLLS_PER_YIELD: u32 = 4;
+
+/// Registers a channel as polling its group while it waits (the group's
+/// worker stands aside meanwhile); unregisters on drop, or with
+/// [`Spinning::stop`] when the channel goes to sleep with operations in
+/// flight (the worker then takes the group back at once).
+struct Spinning(Option<Arc<dyn FlagDriver>>);
+
+impl Spinning {
+    fn new(driver: Option<Arc<dyn FlagDriver>>) -> Self {
+        if let Some(d) = &driver {
+            d.enter();
+        }
+        Spinning(driver)
+    }
+
+    fn stop(&mut self, waiting: bool) {
+        if let Some(d) = self.0.take() {
+            d.leave(waiting);
+        }
+    }
+}
+
+impl Drop for Spinning {
+    fn drop(&mut self) {
+        self.stop(false);
+    }
+}
 
 impl Channel {
     pub(crate) fn new(
@@ -106,6 +137,7 @@ impl Channel {
         Ok(Channel {
             engine,
             endpoint,
+            group,
             nic,
             wrs: Vec::new(),
             comps: Vec::new(),
@@ -211,6 +243,16 @@ impl Channel {
         }
         Counters::bump(&self.engine.counters.rtts, 1);
         self.endpoint.post(&mut self.wrs);
+        let driver = self.engine.groups[self.group]
+            .flag_driver
+            .get()
+            .and_then(Weak::upgrade);
+        let budget = driver
+            .as_ref()
+            .map_or(crate::engine::DEFAULT_SPIN, |d| d.spin());
+        let start = Instant::now();
+        let mut spinning = Spinning::new(driver);
+        let mut sleeping = false;
         let mut polls = 0u32;
         let mut nap = Duration::from_micros(1);
         loop {
@@ -224,6 +266,9 @@ impl Channel {
                 }
             }
             if remaining == 0 {
+                if sleeping {
+                    self.endpoint.set_sleeper(None);
+                }
                 return Ok(());
             }
             match progress {
@@ -235,20 +280,35 @@ impl Channel {
                             *r = Err(TransferError::LostCompletion);
                         }
                     }
+                    if sleeping {
+                        self.endpoint.set_sleeper(None);
+                    }
                     return Ok(());
                 }
-                Progress::WaitUntil(t) => {
-                    let now = Instant::now();
-                    if t > now {
-                        thread::sleep(t - now);
-                    }
+                Progress::WaitUntil(t) if t > Instant::now() => {
+                    thread::sleep(t - Instant::now());
                 }
-                Progress::Busy => {
+                // Due now (busy polling) or still working.
+                Progress::WaitUntil(_) | Progress::Busy => {
                     polls += 1;
-                    if polls < SPIN_POLLS {
-                        std::hint::spin_loop();
+                    if start.elapsed() < budget {
+                        if polls % POLLS_PER_YIELD == 0 {
+                            thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
                     } else {
-                        thread::sleep(nap);
+                        // Sleeping: the worker takes the group back, and
+                        // whoever reads the completion off the NIC wakes
+                        // this thread (backends that can; the others'
+                        // callers wake on the growing nap).
+                        if !sleeping {
+                            sleeping = true;
+                            spinning.stop(true);
+                            self.endpoint.set_sleeper(Some(thread::current()));
+                            continue;
+                        }
+                        thread::park_timeout(nap);
                         nap = (nap * 2).min(Duration::from_micros(200));
                     }
                 }

@@ -6,12 +6,19 @@
 //! goes first. Flags are set by the thread that learns the outcome (no
 //! thread hop); callbacks run on the one callback thread, in completion
 //! order, so a slow callback delays other callbacks but never a worker.
+//!
+//! Whoever waits polls (design §4, "Latency"): a flag handed to an engine
+//! remembers the [`FlagDriver`] of the group that carries its operation,
+//! and [`CompletionFlag::wait`] runs that group's completion processing
+//! itself for up to the engine's spin budget before it parks, so a small
+//! operation completes on the waiting thread without waking the worker;
+//! [`CompletionFlag::is_done`] and [`CompletionFlag::result`] run it once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{
     AtomicU64, AtomicU8, Ordering::AcqRel, Ordering::Acquire, Ordering::Release,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -93,19 +100,52 @@ const SPINS: u32 = 64;
 /// Longest a waiter parks before it looks at the flag again unwoken.
 const BACKSTOP: Duration = Duration::from_millis(10);
 
+/// The completion processing of the domain group that carries a flag's
+/// operation, run by the thread that waits on the flag (module docs).
+pub(crate) trait FlagDriver: Send + Sync {
+    /// Runs one round of the group's completion processing unless another
+    /// thread is running one; never blocks.
+    fn drive(&self);
+    /// How long a waiter polls before it parks.
+    fn spin(&self) -> Duration;
+    /// A waiter starts polling: the group's worker may stand aside.
+    fn enter(&self);
+    /// That waiter stops polling: done, or (`waiting`) about to sleep
+    /// while its operation is still in flight, which the worker must then
+    /// see to at once.
+    fn leave(&self, waiting: bool);
+}
+
+/// Polls between two yields of the CPU while a waiter drives its group.
+const POLLS_PER_YIELD: u32 = 4;
+
 /// An atomic completion flag recording success (with a value: the old word
 /// of an atomic, 0 otherwise) or the error.
 ///
-/// Waiting ([`CompletionFlag::wait`]) parks the waiting thread after a
-/// short spin and the completing thread unparks it: a waiter costs no CPU
-/// and a completion nobody sleeps on costs one atomic swap.
-#[derive(Debug, Default)]
+/// Waiting ([`CompletionFlag::wait`]) first polls the operation's
+/// completion itself (for the engine's spin budget), then parks the
+/// waiting thread and the completing thread unparks it: a waiter costs
+/// CPU only while it spins, and a completion nobody sleeps on costs one
+/// atomic swap.
+#[derive(Default)]
 pub struct CompletionFlag {
     state: AtomicU8,
     value: AtomicU64,
     error: Mutex<Option<TransferError>>,
     /// The thread sleeping in `wait`, while `SLEEPER` is set.
     sleeper: Mutex<Option<thread::Thread>>,
+    /// The group whose completion processing finishes the operation (set
+    /// by the engine at submission; a dead engine leaves it dangling).
+    driver: Mutex<Option<Weak<dyn FlagDriver>>>,
+}
+
+impl std::fmt::Debug for CompletionFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionFlag")
+            .field("state", &self.state)
+            .field("value", &self.value)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CompletionFlag {
@@ -114,13 +154,54 @@ impl CompletionFlag {
         Arc::new(Self::default())
     }
 
-    /// Whether the operation finished (either way).
+    /// Whether the operation finished (either way). While it has not,
+    /// runs its group's completion processing once (see the module docs).
     pub fn is_done(&self) -> bool {
+        self.done_driving()
+    }
+
+    /// The outcome, once finished. While it has not, runs its group's
+    /// completion processing once (see the module docs).
+    pub fn result(&self) -> Option<Result<u64, TransferError>> {
+        self.done_driving();
+        self.outcome()
+    }
+
+    fn done(&self) -> bool {
         self.state.load(Acquire) & !SLEEPER != PENDING
     }
 
-    /// The outcome, once finished.
-    pub fn result(&self) -> Option<Result<u64, TransferError>> {
+    /// [`Self::done`], after one round of the driver while not.
+    fn done_driving(&self) -> bool {
+        if self.done() {
+            return true;
+        }
+        if let Some(d) = self.driver() {
+            d.drive();
+        }
+        self.done()
+    }
+
+    /// The driver, if its engine is still there.
+    fn driver(&self) -> Option<Arc<dyn FlagDriver>> {
+        self.driver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade)
+    }
+
+    /// Called by the engine when it takes an operation notifying this flag.
+    pub(crate) fn set_driver(&self, driver: Weak<dyn FlagDriver>) {
+        let mut d = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+        // Most flags are reused on the same group: skip the store then.
+        if !d.as_ref().is_some_and(|old| Weak::ptr_eq(old, &driver)) {
+            *d = Some(driver);
+        }
+    }
+
+    /// The outcome, once finished, without driving.
+    fn outcome(&self) -> Option<Result<u64, TransferError>> {
         match self.state.load(Acquire) & !SLEEPER {
             OK => Some(Ok(self.value.load(Acquire))),
             FAILED => Some(Err(self
@@ -133,24 +214,41 @@ impl CompletionFlag {
         }
     }
 
-    /// Waits up to `timeout` for the outcome: checks briefly, then parks
-    /// until the completing thread unparks it (never a busy spin). One
-    /// thread at a time may wait on a flag.
+    /// Waits up to `timeout` for the outcome: polls the operation's
+    /// completion itself for the engine's spin budget (yielding the CPU
+    /// every few polls), then parks until the completing thread unparks it.
+    /// One thread at a time may wait on a flag.
     pub fn wait(&self, timeout: Duration) -> Option<Result<u64, TransferError>> {
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout);
+        if let Some(d) = self.driver().filter(|_| !self.done()) {
+            let budget = d.spin().min(timeout);
+            d.enter();
+            let mut polls = 0u32;
+            while !self.done() && start.elapsed() < budget {
+                d.drive();
+                polls += 1;
+                if polls % POLLS_PER_YIELD == 0 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            d.leave(!self.done());
+        }
         for _ in 0..SPINS {
-            if let Some(r) = self.result() {
+            if let Some(r) = self.outcome() {
                 return Some(r);
             }
             std::hint::spin_loop();
         }
-        let deadline = Instant::now().checked_add(timeout);
         *self.sleeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread::current());
         // Announce the sleeper; fails when the flag completed meanwhile.
         let _ = self
             .state
             .compare_exchange(PENDING, PENDING | SLEEPER, AcqRel, Acquire);
         let r = loop {
-            if let Some(r) = self.result() {
+            if let Some(r) = self.outcome() {
                 break Some(r);
             }
             // The backstop covers a second thread waiting on the same flag
@@ -222,6 +320,14 @@ impl From<OnValue> for Notify {
 }
 
 impl Notify {
+    /// The flag, when the notification is one.
+    pub(crate) fn flag(&self) -> Option<&Arc<CompletionFlag>> {
+        match self {
+            Notify::Done(OnDone::Flag(f)) | Notify::Value(OnValue::Flag(f)) => Some(f),
+            _ => None,
+        }
+    }
+
     /// Delivers the outcome: flags at once, callbacks through `cbq`.
     pub(crate) fn fire(self, result: Result<u64, TransferError>, cbq: &CallbackQueue) {
         match self {

@@ -80,6 +80,12 @@ counters! {
     rtts,
     /// Immediates delivered to this side (each piece of a split write counts).
     imm_arrivals,
+    /// Transfers posted by the submitting thread itself (a flag's
+    /// operation on a free group: no hand-off to the worker).
+    direct_posts,
+    /// Transfers queued for a group's worker (callbacks, a busy group, or
+    /// NICs that need the worker to post).
+    handoffs,
 }
 
 impl Counters {

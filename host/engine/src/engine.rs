@@ -23,6 +23,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst, Wire};
 
@@ -33,7 +34,7 @@ use crate::counters::{Counters, DomainCounters, EngineCounters};
 use crate::domain::loopback::{self, LoopbackConfig};
 use crate::domain::{AnyDomain, Domain, Local, RecvBuffer, Remote, WorkOp};
 use crate::error::{ConfigError, OpKind, TransferError};
-use crate::group::Worker;
+use crate::group::{arrive, Worker, WorkerConfig};
 use crate::region::{MrHandle, Region};
 use crate::shared::{remote, EngineShared, GroupShared, Registered, Request};
 use crate::watcher::{Watcher, WatcherSet};
@@ -113,7 +114,16 @@ pub struct EngineConfig {
     /// below the bit (others are refused with
     /// [`TransferError::ImmReserved`]). Set it the same on every peer.
     pub abort_notices: bool,
+    /// How long a thread waiting on a [`CompletionFlag`](crate::CompletionFlag)
+    /// (or a [`Channel`] waiting for its batch) polls the completion itself
+    /// before it sleeps: a small operation then completes on the waiting
+    /// thread, without waking the worker; longer waits cost no CPU.
+    pub spin: Duration,
 }
+
+/// [`EngineConfig::spin`] by default: a few round trips of a software
+/// fabric on this kind of machine.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -124,6 +134,7 @@ impl Default for EngineConfig {
             max_transfer: 1 << 30,
             pin_workers: true,
             abort_notices: false,
+            spin: DEFAULT_SPIN,
         }
     }
 }
@@ -241,17 +252,27 @@ impl TransferEngine {
         let mut shared = EngineShared::new(id, groups, callback.queue(), config.max_transfer);
         shared.abort_notices = config.abort_notices;
         let shared = Arc::new(shared);
+        // Immediates are counted by whichever thread reads them off a NIC.
+        for d in &all {
+            let (imms, cbq) = (shared.imm.clone(), shared.cbq.clone());
+            let aborts = shared.abort_notices;
+            d.set_imm_sink(Arc::new(move |imm| arrive(&imms, &cbq, aborts, imm)));
+        }
         let mut engine = TransferEngine {
             shared: shared.clone(),
             workers: Vec::new(),
             callback,
             watchers: WatcherSet::new(id),
         };
+        let worker = WorkerConfig {
+            pin: config.pin_workers,
+            spin: config.spin,
+        };
         for g in 0..config.groups {
             // On failure, dropping `engine` stops what was started.
             engine
                 .workers
-                .push(Worker::spawn(shared.clone(), g, config.pin_workers)?);
+                .push(Worker::spawn(shared.clone(), g, &worker)?);
         }
         Ok(engine)
     }
@@ -512,8 +533,13 @@ impl TransferEngine {
     ) -> Result<(), TransferError> {
         self.live()?;
         let g = self.group(group)?;
-        Counters::bump(&self.shared.counters.rtts, 1);
-        g.push(Request { ops, notify });
+        let c = &self.shared.counters;
+        Counters::bump(&c.rtts, 1);
+        if g.submit(Request { ops, notify }) {
+            Counters::bump(&c.direct_posts, 1);
+        } else {
+            Counters::bump(&c.handoffs, 1);
+        }
         Ok(())
     }
 

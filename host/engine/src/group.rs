@@ -1,36 +1,49 @@
-//! The worker thread of each domain group.
+//! The worker thread of each domain group, and the group's completion
+//! processing that waiting threads run themselves.
 //!
-//! A group is 1 to 4 domains (NICs) served by one worker thread; the state
-//! the worker shares with the API ([`GroupShared`], its request queue) is
-//! in `shared`. The
-//! worker takes requests from a lock-free queue, posts their work requests
-//! as one doorbell per domain per round, polls completions, aggregates the
-//! pieces of each transfer into one notification, and turns arrivals
-//! (immediates, messages) into ImmCounter updates and receive callbacks.
+//! A group is 1 to 4 domains (NICs). Its state — the endpoints the worker
+//! posts on, the transfers in flight, the batches being built — lives in
+//! one [`WorkerCell`] behind a lock, and a *round* (take queued requests,
+//! post them as one doorbell per domain, poll completions, aggregate the
+//! pieces of each transfer into one notification, turn arrivals into
+//! ImmCounter updates and receive callbacks) can be run by whoever holds
+//! the lock:
+//!
+//! - the group's worker thread, which runs rounds while work is pending;
+//! - a thread waiting on a [`CompletionFlag`](crate::CompletionFlag) of
+//!   one of the group's operations, which runs rounds itself for the
+//!   engine's spin budget ([`FlagDriver`]) — no thread hand-off between
+//!   the completion and the waiter — while the worker stands aside
+//!   (parked, not woken by the NICs' wait objects);
+//! - a submitting thread, which posts a request whose notification is a
+//!   flag at once under the lock ([`DirectPost`]) when nothing waits in
+//!   the group's queue (so posting order is kept) and the NICs allow it.
 //!
 //! Invariants: every request's notification fires exactly once (on
 //! shutdown with [`TransferError::EngineShutDown`] for whatever had not
-//! finished); the worker never spins while idle — with nothing in flight it
-//! parks until unparked by a submission or an arrival (or, when every NIC
-//! of the group has a wait object, blocks on those: see `Worker::sleep`),
-//! and while operations wait on modelled time it sleeps until the earliest
-//! of them. A round posts at most `ROUND_BYTES` of payload before it
-//! reads completions again, so a burst of large writes does not hold back
-//! the completions of those before it.
+//! finished; a request that reaches a closed group fails so); the worker
+//! never spins while idle — with nothing in flight it parks until unparked
+//! by a submission or an arrival (or, when every NIC of the group has a
+//! wait object, blocks on those: see `Worker::sleep`), and while
+//! operations wait on modelled time it sleeps until the earliest of them.
+//! A round posts at most `ROUND_BYTES` of payload before it reads
+//! completions again, so a burst of large writes does not hold back the
+//! completions of those before it. Lock order: a group's cell, then a
+//! NIC's own locks, then the engine's ImmCounter.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::callback::{Job, Notify};
+use crate::callback::{CallbackQueue, FlagDriver, Job, Notify};
 use crate::counters::Counters;
 use crate::domain::{
     AnyEndpoint, Completion, Domain, Endpoint, Incoming, Progress, Remote, WorkOp, WorkRequest,
 };
 use crate::error::TransferError;
-use crate::imm_wait::ABORT_BIT;
-use crate::shared::{EngineShared, GroupShared, Request};
+use crate::imm_wait::{ImmWaits, ABORT_BIT};
+use crate::shared::{DirectPost, EngineShared, GroupShared, Request};
 
 /// Most requests a worker takes from its queue per round before it reads
 /// completions again.
@@ -39,6 +52,10 @@ const ROUND_OPS: usize = 1024;
 /// software providers posting copies the data into a socket, about 100 µs
 /// per 256 KiB here, and completions wait meanwhile.
 const ROUND_BYTES: u64 = 256 << 10;
+/// Longest the worker stands aside while waiters poll its group: it then
+/// looks again (a waiter that stops polling with work outstanding wakes
+/// it at once).
+const ASIDE_BACKSTOP: Duration = Duration::from_micros(500);
 
 /// A transfer in flight: pieces left, first error, value (atomics).
 struct Transfer {
@@ -118,29 +135,417 @@ fn pin_current_thread() {
     let _ = unsafe { libc::sched_setaffinity(0, size, &one) };
 }
 
-/// The worker of one group.
-pub(crate) struct Worker {
-    index: usize,
-    engine: Arc<EngineShared>,
+/// What one round found.
+struct Round {
+    /// Something was posted, completed or arrived.
+    busy: bool,
+    /// What the endpoints need next.
+    progress: Progress,
+}
+
+/// The state a round works on (see the module docs).
+pub(crate) struct WorkerState {
     endpoints: Vec<AnyEndpoint>,
     batches: Vec<Vec<WorkRequest>>,
     transfers: Vec<Option<Transfer>>,
     free: Vec<usize>,
     comps: Vec<Completion>,
     incoming: Vec<Incoming>,
+    /// Set when the worker has shut the group down: nothing is posted any
+    /// more.
+    closed: bool,
+    /// Abort notices queued in `batches`, not yet posted.
+    notices_pending: bool,
+}
+
+/// A group's completion processing, shared by its worker, the threads
+/// that wait on its flags and those that post directly.
+pub(crate) struct WorkerCell {
+    index: usize,
+    engine: Arc<EngineShared>,
+    state: Mutex<WorkerState>,
+    /// Threads polling the group themselves right now.
+    spinners: AtomicUsize,
+    /// Transfers accepted and not yet notified.
+    inflight: AtomicUsize,
+    /// Whether every NIC of the group lets a submitter post directly.
+    direct: bool,
+    /// How long a waiter polls before it parks.
+    spin: Duration,
+}
+
+impl WorkerCell {
+    fn group(&self) -> &GroupShared {
+        &self.engine.groups[self.index]
+    }
+
+    fn lock(&self) -> MutexGuard<'_, WorkerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_lock(&self) -> Option<MutexGuard<'_, WorkerState>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// One round (see the module docs) on `s`.
+    fn round(&self, s: &mut WorkerState) -> Round {
+        let group = self.group();
+        let mut busy = false;
+        // Submissions first (new work fills the pipeline), up to a round's
+        // budget: completions are read between rounds, so a burst of large
+        // writes does not hold back the completions (and the submitters
+        // waiting on them) of the writes before.
+        let (mut taken, mut bytes) = (0, 0);
+        while taken < ROUND_OPS && bytes < ROUND_BYTES {
+            let Some(req) = group.queue.pop() else {
+                break;
+            };
+            bytes += req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>();
+            self.accept(s, req);
+            taken += 1;
+        }
+        if taken > 0 || std::mem::take(&mut s.notices_pending) {
+            busy = true;
+            s.post();
+        }
+        // Completions.
+        let mut progress = Progress::Idle;
+        for ep in &mut s.endpoints {
+            progress = progress.merge(ep.poll(&mut s.comps));
+        }
+        if !s.comps.is_empty() {
+            busy = true;
+            let comps = std::mem::take(&mut s.comps);
+            for c in &comps {
+                self.complete(s, c.wr_id, c.result.clone());
+            }
+            s.comps = comps;
+            s.comps.clear();
+        }
+        // Arrivals.
+        let mut arrived = 0;
+        for d in 0..group.domains.len() {
+            let mut inc = std::mem::take(&mut s.incoming);
+            arrived += group.domains[d].poll_incoming(&mut inc);
+            for e in inc.drain(..) {
+                self.arrival(d, e);
+            }
+            s.incoming = inc;
+        }
+        busy |= arrived > 0;
+        // Abort notices of transfers that failed this round.
+        if std::mem::take(&mut s.notices_pending) {
+            busy = true;
+            s.post();
+        }
+        if let Some(at) = self.expire_imms() {
+            progress = progress.merge(Progress::WaitUntil(at));
+        }
+        Round { busy, progress }
+    }
+
+    fn accept(&self, s: &mut WorkerState, req: Request) {
+        let Request { ops, notify } = req;
+        if s.closed {
+            notify.fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
+            return;
+        }
+        if ops.is_empty() {
+            notify.fire(Ok(0), &self.engine.cbq);
+            return;
+        }
+        let mut notices = Vec::new();
+        if self.engine.abort_notices {
+            for (piece, (d, op)) in ops.iter().enumerate() {
+                if let WorkOp::Write {
+                    remote,
+                    imm: Some(imm),
+                    ..
+                } = op
+                {
+                    notices.push(Notice {
+                        piece: piece as u64,
+                        nic: *d,
+                        remote: *remote,
+                        imm: *imm,
+                        landed: false,
+                    });
+                }
+            }
+        }
+        let t = Transfer {
+            remaining: ops.len(),
+            error: None,
+            value: 0,
+            notify,
+            notices,
+        };
+        self.inflight.fetch_add(1, SeqCst);
+        let slot = match s.free.pop() {
+            Some(i) => {
+                s.transfers[i] = Some(t);
+                i
+            }
+            None => {
+                s.transfers.push(Some(t));
+                s.transfers.len() - 1
+            }
+        };
+        let n = s.batches.len();
+        for (piece, (d, op)) in ops.into_iter().enumerate() {
+            s.batches[d % n].push(WorkRequest {
+                wr_id: slot as u64 | ((piece as u64) << PIECE_SHIFT),
+                op,
+            });
+        }
+    }
+
+    fn complete(&self, s: &mut WorkerState, wr_id: u64, result: Result<u64, TransferError>) {
+        let slot = (wr_id & SLOT_MASK) as usize;
+        let piece = wr_id >> PIECE_SHIFT;
+        let Some(Some(t)) = s.transfers.get_mut(slot) else {
+            return;
+        };
+        match result {
+            Ok(v) => {
+                t.value = v;
+                if let Ok(i) = t.notices.binary_search_by_key(&piece, |n| n.piece) {
+                    t.notices[i].landed = true;
+                }
+            }
+            Err(e) => {
+                if t.error.is_none() {
+                    t.error = Some(e);
+                }
+            }
+        }
+        t.remaining -= 1;
+        if t.remaining == 0 {
+            if let Some(t) = s.transfers[slot].take() {
+                s.free.push(slot);
+                self.inflight.fetch_sub(1, SeqCst);
+                if t.error.is_some() && !t.notices.is_empty() && !s.closed {
+                    Self::send_notices(s, &notice_targets(&t.notices));
+                }
+                let r = match t.error {
+                    Some(e) => Err(e),
+                    None => Ok(t.value),
+                };
+                t.notify.fire(r, &self.engine.cbq);
+            }
+        }
+    }
+
+    /// Tells the receivers of a failed transfer (abort notices): a
+    /// zero-length write carrying each immediate with the abort bit, to the
+    /// same target; posted by the round, its outcome ignored.
+    fn send_notices(s: &mut WorkerState, notices: &[(usize, Remote, u32)]) {
+        let n = s.batches.len();
+        for &(d, remote, imm) in notices {
+            s.batches[d % n].push(WorkRequest {
+                wr_id: NOTICE,
+                op: WorkOp::Write {
+                    local: None,
+                    remote,
+                    len: 0,
+                    imm: Some(imm | ABORT_BIT),
+                },
+            });
+            s.notices_pending = true;
+        }
+    }
+
+    /// Fires the expectations past their deadline (group 0 keeps them);
+    /// returns the next deadline.
+    fn expire_imms(&self) -> Option<Instant> {
+        if self.index != 0 {
+            return None;
+        }
+        let mut fired = Vec::new();
+        let next = {
+            let mut w = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
+            w.next_deadline()?;
+            w.expire(Instant::now(), &mut fired);
+            w.next_deadline()
+        };
+        for (n, r) in fired {
+            n.fire(r, &self.engine.cbq);
+        }
+        next
+    }
+
+    fn arrival(&self, domain: usize, e: Incoming) {
+        match e {
+            Incoming::Imm(imm) => {
+                if !arrive(
+                    &self.engine.imm,
+                    &self.engine.cbq,
+                    self.engine.abort_notices,
+                    imm,
+                ) {
+                    // More than u32::MAX arrivals outstanding: count it as
+                    // an error; an expectation would be reported by its
+                    // caller.
+                    Counters::bump(&self.engine.counters.errors, 1);
+                }
+            }
+            Incoming::Message { buf, len } => {
+                let d = self.group().domains[domain].clone();
+                self.engine.cbq.push(Job::Run(Box::new(move || {
+                    (buf.pool)(&buf.data[..len.min(buf.data.len())]);
+                    // The buffer goes back to the pool after the callback.
+                    d.post_recv(buf);
+                })));
+            }
+        }
+    }
+
+    /// Fails everything in flight or queued with
+    /// [`TransferError::EngineShutDown`] and closes the group.
+    fn shut_down(&self, s: &mut WorkerState) {
+        let mut comps = Vec::new();
+        for (ep, batch) in s.endpoints.iter_mut().zip(s.batches.iter_mut()) {
+            for wr in batch.drain(..) {
+                comps.push(Completion {
+                    wr_id: wr.wr_id,
+                    result: Err(TransferError::EngineShutDown),
+                });
+            }
+            ep.flush(&mut comps);
+        }
+        for c in comps {
+            self.complete(s, c.wr_id, c.result);
+        }
+        s.closed = true;
+        while let Some(req) = self.group().queue.pop() {
+            req.notify
+                .fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
+        }
+        for t in s.transfers.iter_mut().filter_map(Option::take) {
+            self.inflight.fetch_sub(1, SeqCst);
+            t.notify.fire(
+                Err(t.error.unwrap_or(TransferError::EngineShutDown)),
+                &self.engine.cbq,
+            );
+        }
+    }
+}
+
+impl WorkerState {
+    /// Posts every batch built (one doorbell per domain).
+    fn post(&mut self) {
+        for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
+            ep.post(batch);
+        }
+    }
+}
+
+/// Counts one arrival of `imm` in the engine's ImmCounter and fires the
+/// expectation it completes, on the calling thread (flags are set here,
+/// callbacks go to the callback thread); with abort notices on, an
+/// immediate with [`ABORT_BIT`] fails the expectation of the immediate
+/// below it instead. `false` when the count of `imm` overflowed.
+pub(crate) fn arrive(imms: &Mutex<ImmWaits>, cbq: &CallbackQueue, aborts: bool, imm: u32) -> bool {
+    let mut w = imms.lock().unwrap_or_else(|e| e.into_inner());
+    if aborts && imm & ABORT_BIT != 0 {
+        let fired = w.abort(imm & !ABORT_BIT);
+        drop(w);
+        if let Some((n, r)) = fired {
+            n.fire(r, cbq);
+        }
+        return true;
+    }
+    let fired = w.arrive(imm);
+    drop(w);
+    match fired {
+        Ok(Some((notify, r))) => {
+            notify.fire(r, cbq);
+            true
+        }
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
+impl FlagDriver for WorkerCell {
+    fn drive(&self) {
+        if let Some(mut s) = self.try_lock() {
+            if !s.closed {
+                self.round(&mut s);
+            }
+        }
+    }
+
+    fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    fn enter(&self) {
+        self.spinners.fetch_add(1, SeqCst);
+    }
+
+    fn leave(&self, waiting: bool) {
+        // The last waiter to stop with work still in flight (its budget ran
+        // out) hands the group back to the worker at once.
+        if self.spinners.fetch_sub(1, SeqCst) == 1
+            && (waiting || self.inflight.load(SeqCst) > 0 || !self.group().queue.is_empty())
+        {
+            self.group().wake();
+        }
+    }
+}
+
+impl DirectPost for WorkerCell {
+    fn try_post(&self, req: Request) -> Result<(), Request> {
+        // A send may wait for the peer's receive buffer: the worker's
+        // timed retries see to it.
+        let sends = req
+            .ops
+            .iter()
+            .any(|(_, op)| matches!(op, WorkOp::Send { .. }));
+        if !self.direct || sends {
+            return Err(req);
+        }
+        let Some(mut s) = self.try_lock() else {
+            // A round is running: it (or the next) takes the queue.
+            return Err(req);
+        };
+        // Requests queued before this one are posted first (posting order).
+        if s.closed || !self.group().queue.is_empty() {
+            return Err(req);
+        }
+        self.accept(&mut s, req);
+        s.post();
+        Ok(())
+    }
+}
+
+/// The worker thread of one group.
+pub(crate) struct Worker {
+    cell: Arc<WorkerCell>,
     /// The NICs' wait objects when every NIC of the group has one
     /// ([`Domain::wait_fd`]): the worker blocks on them instead of
     /// parking, so a NIC's event wakes it without a thread in between.
     wait_fds: Vec<libc::pollfd>,
-    /// Abort notices queued in `batches`, not yet posted.
-    notices_pending: bool,
+}
+
+/// How a worker is started.
+pub(crate) struct WorkerConfig {
+    /// Pin the thread to a CPU.
+    pub(crate) pin: bool,
+    /// How long a waiter polls the group before it parks.
+    pub(crate) spin: Duration,
 }
 
 impl Worker {
     pub(crate) fn spawn(
         engine: Arc<EngineShared>,
         index: usize,
-        pin: bool,
+        cfg: &WorkerConfig,
     ) -> Result<thread::JoinHandle<()>, TransferError> {
         let group = &engine.groups[index];
         let endpoints = group
@@ -149,18 +554,34 @@ impl Worker {
             .map(|d| d.open_endpoint())
             .collect::<Result<Vec<_>, _>>()?;
         let n = endpoints.len();
-        let worker = Worker {
+        let direct = group.domains.iter().all(|d| d.direct_post());
+        let cell = Arc::new(WorkerCell {
             index,
             engine: engine.clone(),
-            endpoints,
-            batches: (0..n).map(|_| Vec::new()).collect(),
-            transfers: Vec::new(),
-            free: Vec::new(),
-            comps: Vec::new(),
-            incoming: Vec::new(),
+            state: Mutex::new(WorkerState {
+                endpoints,
+                batches: (0..n).map(|_| Vec::new()).collect(),
+                transfers: Vec::new(),
+                free: Vec::new(),
+                comps: Vec::new(),
+                incoming: Vec::new(),
+                closed: false,
+                notices_pending: false,
+            }),
+            spinners: AtomicUsize::new(0),
+            inflight: AtomicUsize::new(0),
+            direct,
+            spin: cfg.spin,
+        });
+        let flag_driver: Weak<dyn FlagDriver> = Arc::downgrade(&cell) as Weak<dyn FlagDriver>;
+        let direct_post: Weak<dyn DirectPost> = Arc::downgrade(&cell) as Weak<dyn DirectPost>;
+        let _ = group.flag_driver.set(flag_driver);
+        let _ = group.direct.set(direct_post);
+        let worker = Worker {
+            cell,
             wait_fds: Vec::new(),
-            notices_pending: false,
         };
+        let pin = cfg.pin;
         let ready = Arc::new(AtomicBool::new(false));
         let ready2 = ready.clone();
         let handle = thread::Builder::new()
@@ -170,8 +591,8 @@ impl Worker {
                 if pin {
                     pin_current_thread();
                 }
-                let engine = worker.engine.clone();
-                let group = &engine.groups[worker.index];
+                let engine = worker.cell.engine.clone();
+                let group = &engine.groups[worker.cell.index];
                 let _ = group.waker.set(thread::current());
                 for d in &group.domains {
                     d.set_waker(thread::current());
@@ -204,75 +625,40 @@ impl Worker {
         Ok(handle)
     }
 
-    fn group(&self) -> &GroupShared {
-        &self.engine.groups[self.index]
-    }
-
     fn run(mut self) {
+        let cell = self.cell.clone();
         let mut nap = Duration::from_micros(1);
         loop {
-            let mut busy = false;
-            // Submissions first (new work fills the pipeline), up to a
-            // round's budget: completions are read between rounds, so a
-            // burst of large writes does not hold back the completions
-            // (and the submitters waiting on them) of the writes before.
-            let (mut taken, mut bytes) = (0, 0);
-            while taken < ROUND_OPS && bytes < ROUND_BYTES {
-                let Some(req) = self.group().queue.pop() else {
-                    break;
-                };
-                bytes += req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>();
-                self.accept(req);
-                taken += 1;
-            }
-            if taken > 0 || std::mem::take(&mut self.notices_pending) {
-                busy = true;
-                for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
-                    ep.post(batch);
+            let round = {
+                let mut s = cell.lock();
+                let round = cell.round(&mut s);
+                if cell.engine.shutdown.load(SeqCst) {
+                    cell.shut_down(&mut s);
+                    return;
                 }
-            }
-            // Completions.
-            let mut progress = Progress::Idle;
-            for ep in &mut self.endpoints {
-                progress = progress.merge(ep.poll(&mut self.comps));
-            }
-            if !self.comps.is_empty() {
-                busy = true;
-                let comps = std::mem::take(&mut self.comps);
-                for c in &comps {
-                    self.complete(c.wr_id, c.result.clone());
-                }
-                self.comps = comps;
-                self.comps.clear();
-            }
-            // Arrivals.
-            let mut arrived = 0;
-            for d in 0..self.group().domains.len() {
-                let mut inc = std::mem::take(&mut self.incoming);
-                arrived += self.group().domains[d].poll_incoming(&mut inc);
-                for e in inc.drain(..) {
-                    self.arrival(d, e);
-                }
-                self.incoming = inc;
-            }
-            busy |= arrived > 0;
-            if self.engine.shutdown.load(SeqCst) {
-                self.shut_down();
-                return;
-            }
-            if let Some(at) = self.expire_imms() {
-                progress = progress.merge(Progress::WaitUntil(at));
-            }
-            if busy || self.notices_pending {
+                round
+            };
+            if round.busy {
                 nap = Duration::from_micros(1);
                 continue;
             }
-            match progress {
+            if cell.spinners.load(SeqCst) > 0 {
+                // Waiters poll the group themselves: stand aside, parked
+                // rather than on the wait objects (which would wake this
+                // thread for every completion they handle).
+                thread::park_timeout(ASIDE_BACKSTOP);
+                continue;
+            }
+            match round.progress {
                 Progress::Idle => self.sleep(None),
                 Progress::WaitUntil(t) => {
                     let now = Instant::now();
                     if t > now {
                         self.sleep(Some(t - now));
+                    } else {
+                        // Busy polling: leave the CPU to others between
+                        // rounds, outside the lock.
+                        thread::yield_now();
                     }
                 }
                 Progress::Busy => {
@@ -295,13 +681,15 @@ impl Worker {
             }
             return;
         }
-        let group = &self.engine.groups[self.index];
+        let engine = &self.cell.engine;
+        let group = &engine.groups[self.cell.index];
         group.sleeping.store(true, SeqCst);
         // Pairs with the fence in `GroupShared::wake`: a submission either
         // sees `sleeping` and signals, or is seen here.
         std::sync::atomic::fence(SeqCst);
         let may_block = group.queue.is_empty()
-            && !self.engine.shutdown.load(SeqCst)
+            && !engine.shutdown.load(SeqCst)
+            && self.cell.spinners.load(SeqCst) == 0
             && group.domains.iter().all(|d| d.may_block());
         if may_block {
             let ts = timeout.map(|t| libc::timespec {
@@ -324,195 +712,17 @@ impl Worker {
                 // A descriptor in error would make every sleep return at
                 // once: park from now on (the NICs' own timers remain).
                 self.wait_fds.clear();
+            } else if rc > 0 {
+                // A peer's operation aimed at this NIC leaves no completion
+                // here: its wake-up is the only sign of that activity
+                // (busy polling counts from it).
+                for (d, p) in group.domains.iter().zip(&self.wait_fds) {
+                    if p.revents != 0 {
+                        d.woken();
+                    }
+                }
             }
         }
         group.sleeping.store(false, SeqCst);
-    }
-
-    fn accept(&mut self, req: Request) {
-        let Request { ops, notify } = req;
-        if ops.is_empty() {
-            notify.fire(Ok(0), &self.engine.cbq);
-            return;
-        }
-        let mut notices = Vec::new();
-        if self.engine.abort_notices {
-            for (piece, (d, op)) in ops.iter().enumerate() {
-                if let WorkOp::Write {
-                    remote,
-                    imm: Some(imm),
-                    ..
-                } = op
-                {
-                    notices.push(Notice {
-                        piece: piece as u64,
-                        nic: *d,
-                        remote: *remote,
-                        imm: *imm,
-                        landed: false,
-                    });
-                }
-            }
-        }
-        let t = Transfer {
-            remaining: ops.len(),
-            error: None,
-            value: 0,
-            notify,
-            notices,
-        };
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.transfers[s] = Some(t);
-                s
-            }
-            None => {
-                self.transfers.push(Some(t));
-                self.transfers.len() - 1
-            }
-        };
-        let n = self.batches.len();
-        for (piece, (d, op)) in ops.into_iter().enumerate() {
-            self.batches[d % n].push(WorkRequest {
-                wr_id: slot as u64 | ((piece as u64) << PIECE_SHIFT),
-                op,
-            });
-        }
-    }
-
-    fn complete(&mut self, wr_id: u64, result: Result<u64, TransferError>) {
-        let slot = (wr_id & SLOT_MASK) as usize;
-        let piece = wr_id >> PIECE_SHIFT;
-        let Some(Some(t)) = self.transfers.get_mut(slot) else {
-            return;
-        };
-        match result {
-            Ok(v) => {
-                t.value = v;
-                if let Ok(i) = t.notices.binary_search_by_key(&piece, |n| n.piece) {
-                    t.notices[i].landed = true;
-                }
-            }
-            Err(e) => {
-                if t.error.is_none() {
-                    t.error = Some(e);
-                }
-            }
-        }
-        t.remaining -= 1;
-        if t.remaining == 0 {
-            if let Some(t) = self.transfers[slot].take() {
-                self.free.push(slot);
-                if t.error.is_some() && !t.notices.is_empty() {
-                    self.send_notices(&notice_targets(&t.notices));
-                }
-                let r = match t.error {
-                    Some(e) => Err(e),
-                    None => Ok(t.value),
-                };
-                t.notify.fire(r, &self.engine.cbq);
-            }
-        }
-    }
-
-    /// Tells the receivers of a failed transfer (abort notices): a
-    /// zero-length write carrying each immediate with the abort bit, to the
-    /// same target; posted with the next doorbell, its outcome ignored.
-    fn send_notices(&mut self, notices: &[(usize, Remote, u32)]) {
-        let n = self.batches.len();
-        for &(d, remote, imm) in notices {
-            self.batches[d % n].push(WorkRequest {
-                wr_id: NOTICE,
-                op: WorkOp::Write {
-                    local: None,
-                    remote,
-                    len: 0,
-                    imm: Some(imm | ABORT_BIT),
-                },
-            });
-            self.notices_pending = true;
-        }
-    }
-
-    /// Fires the expectations past their deadline (group 0 keeps them);
-    /// returns the next deadline.
-    fn expire_imms(&mut self) -> Option<Instant> {
-        if self.index != 0 {
-            return None;
-        }
-        let mut fired = Vec::new();
-        let next = {
-            let mut w = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
-            w.next_deadline()?;
-            w.expire(Instant::now(), &mut fired);
-            w.next_deadline()
-        };
-        for (n, r) in fired {
-            n.fire(r, &self.engine.cbq);
-        }
-        next
-    }
-
-    fn arrival(&mut self, domain: usize, e: Incoming) {
-        match e {
-            Incoming::Imm(imm) if self.engine.abort_notices && imm & ABORT_BIT != 0 => {
-                let fired = self
-                    .engine
-                    .imm
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .abort(imm & !ABORT_BIT);
-                if let Some((n, r)) = fired {
-                    n.fire(r, &self.engine.cbq);
-                }
-            }
-            Incoming::Imm(imm) => {
-                let fired = {
-                    let mut w = self.engine.imm.lock().unwrap_or_else(|e| e.into_inner());
-                    w.arrive(imm)
-                };
-                match fired {
-                    Ok(Some((notify, r))) => notify.fire(r, &self.engine.cbq),
-                    Ok(None) => {}
-                    // More than u32::MAX arrivals outstanding: count it as an
-                    // error; an expectation would be reported by its caller.
-                    Err(_) => Counters::bump(&self.engine.counters.errors, 1),
-                }
-            }
-            Incoming::Message { buf, len } => {
-                let d = self.group().domains[domain].clone();
-                self.engine.cbq.push(Job::Run(Box::new(move || {
-                    (buf.pool)(&buf.data[..len.min(buf.data.len())]);
-                    // The buffer goes back to the pool after the callback.
-                    d.post_recv(buf);
-                })));
-            }
-        }
-    }
-
-    fn shut_down(&mut self) {
-        let mut comps = Vec::new();
-        for (ep, batch) in self.endpoints.iter_mut().zip(self.batches.iter_mut()) {
-            for wr in batch.drain(..) {
-                comps.push(Completion {
-                    wr_id: wr.wr_id,
-                    result: Err(TransferError::EngineShutDown),
-                });
-            }
-            ep.flush(&mut comps);
-        }
-        for c in comps {
-            self.complete(c.wr_id, c.result);
-        }
-        while let Some(req) = self.group().queue.pop() {
-            req.notify
-                .fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
-        }
-        for t in self.transfers.iter_mut().filter_map(Option::take) {
-            t.notify.fire(
-                Err(t.error.unwrap_or(TransferError::EngineShutDown)),
-                &self.engine.cbq,
-            );
-        }
     }
 }

@@ -46,7 +46,7 @@ pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
 pub use domain::loopback::{Faults, LoopbackConfig, Unordered};
 pub use engine::{
     mr_desc_from_bytes, net_addr_from_bytes, single_write_pieces, EngineConfig, Fabric,
-    PeerGroupHandle, TransferEngine, SPLIT_MIN,
+    PeerGroupHandle, TransferEngine, DEFAULT_SPIN, SPLIT_MIN,
 };
 pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
 pub use region::MrHandle;

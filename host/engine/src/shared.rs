@@ -11,13 +11,13 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::thread::Thread;
 
 use crossbeam_queue::SegQueue;
 use rolex_core::wire::{Access, MrDesc, NetAddr};
 
-use crate::callback::{CallbackQueue, Notify};
+use crate::callback::{CallbackQueue, FlagDriver, Notify};
 use crate::counters::Counters;
 use crate::domain::{AnyDomain, Domain, Local, Remote, WorkOp};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
@@ -35,7 +35,9 @@ pub(crate) struct Registered {
 pub(crate) struct EngineShared {
     pub(crate) id: u64,
     pub(crate) groups: Vec<GroupShared>,
-    pub(crate) imm: Mutex<ImmWaits>,
+    /// The ImmCounter and its expectations' deadlines, shared with the
+    /// NICs' immediate sinks.
+    pub(crate) imm: Arc<Mutex<ImmWaits>>,
     /// [`crate::EngineConfig::abort_notices`].
     pub(crate) abort_notices: bool,
     pub(crate) cbq: CallbackQueue,
@@ -62,7 +64,7 @@ impl EngineShared {
         EngineShared {
             id,
             groups,
-            imm: Mutex::new(ImmWaits::default()),
+            imm: Arc::new(Mutex::new(ImmWaits::default())),
             abort_notices: false,
             cbq,
             counters: Counters::default(),
@@ -134,6 +136,15 @@ pub(crate) struct Request {
     pub(crate) notify: Notify,
 }
 
+/// Posting from the submitting thread, without the worker (implemented
+/// by the group's worker state, in `group`).
+pub(crate) trait DirectPost: Send + Sync {
+    /// Posts `req` now, or hands it back to be queued for the worker (the
+    /// group is busy, closed, has requests queued before it, or its NICs
+    /// do not allow it).
+    fn try_post(&self, req: Request) -> Result<(), Request>;
+}
+
 /// What the engine and the worker of one group share.
 pub(crate) struct GroupShared {
     pub(crate) domains: Vec<AnyDomain>,
@@ -145,6 +156,11 @@ pub(crate) struct GroupShared {
     pub(crate) sleeping: Arc<AtomicBool>,
     /// Client channels opened on this group, for round-robin NIC choice.
     pub(crate) channels: AtomicUsize,
+    /// The group's completion processing, for threads waiting on a flag
+    /// (set when the worker starts).
+    pub(crate) flag_driver: OnceLock<Weak<dyn FlagDriver>>,
+    /// Posting from the submitting thread (set when the worker starts).
+    pub(crate) direct: OnceLock<Weak<dyn DirectPost>>,
 }
 
 impl GroupShared {
@@ -155,7 +171,32 @@ impl GroupShared {
             waker: OnceLock::new(),
             sleeping: Arc::new(AtomicBool::new(false)),
             channels: AtomicUsize::new(0),
+            flag_driver: OnceLock::new(),
+            direct: OnceLock::new(),
         }
+    }
+
+    /// Takes a request: a flag's waiter will drive the group itself, and
+    /// such a request is posted by the calling thread when the group
+    /// allows it (no hand-off to the worker); anything else is queued
+    /// for the worker. Returns whether it was posted here.
+    pub(crate) fn submit(&self, req: Request) -> bool {
+        let Some(flag) = req.notify.flag() else {
+            self.push(req);
+            return false;
+        };
+        if let Some(d) = self.flag_driver.get() {
+            flag.set_driver(d.clone());
+        }
+        let req = match self.direct.get().and_then(Weak::upgrade) {
+            Some(d) if self.queue.is_empty() => match d.try_post(req) {
+                Ok(()) => return true,
+                Err(req) => req,
+            },
+            _ => req,
+        };
+        self.push(req);
+        false
     }
 
     pub(crate) fn push(&self, req: Request) {

@@ -32,7 +32,7 @@
 
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -228,11 +228,46 @@ pub enum AtomicsRoute {
 }
 
 /// [`PoolMemory`] over a registered region (see the module docs).
+///
+/// During a model's frozen section ([`PoolMemory::frozen`]) the calling
+/// thread runs at real-time priority (`SCHED_FIFO` 1): on a machine
+/// whose cores are shared, a time-shared thread is preempted by whatever
+/// wakes on its core, and every writer of the frozen model waits for the
+/// whole preemption (the README's issue-17 figures: the freeze's p99 with
+/// and without it). The section is bounded work: its only
+/// wait, for a writer's lock ([`PoolMemory::relax`]), runs at normal
+/// priority, so the writer gets the CPU. Without the privilege
+/// (`CAP_SYS_NICE`) the thread stays as it is.
 pub struct HostPool {
     mr: MrHandle,
     epoch: Instant,
     /// The node's NIC route for atomics, when they go through it.
     nic: Option<Arc<SharedWords>>,
+    /// [`BOOST_OFF`], [`BOOST_ON`] or [`BOOST_REFUSED`].
+    boost: AtomicU8,
+}
+
+/// The agent's thread runs at its normal priority.
+const BOOST_OFF: u8 = 0;
+/// The agent's thread runs at real-time priority (a frozen section).
+const BOOST_ON: u8 = 1;
+/// The system refused real-time priority: not asked again.
+const BOOST_REFUSED: u8 = 2;
+
+/// Sets the calling thread's scheduling policy (`SCHED_FIFO` at priority
+/// 1, or back to `SCHED_OTHER`); whether the system agreed.
+fn set_realtime(on: bool) -> bool {
+    let (policy, priority) = if on {
+        (libc::SCHED_FIFO, 1)
+    } else {
+        (libc::SCHED_OTHER, 0)
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid `sched_param`; pid 0 is the calling
+    // thread.
+    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
 impl HostPool {
@@ -243,6 +278,7 @@ impl HostPool {
             mr,
             epoch: Instant::now(),
             nic: None,
+            boost: AtomicU8::new(BOOST_OFF),
         }
     }
 
@@ -278,6 +314,7 @@ impl HostPool {
             mr: self.mr.clone(),
             epoch: self.epoch,
             nic: self.nic.clone(),
+            boost: AtomicU8::new(BOOST_OFF),
         }
     }
 
@@ -361,6 +398,12 @@ impl PoolMemory for HostPool {
         }
     }
     fn relax(&self, attempt: u32) {
+        // Inside a frozen section: wait at normal priority, so that the
+        // writer whose lock the agent waits for gets the CPU.
+        let boosted = self.boost.load(SeqCst) == BOOST_ON;
+        if boosted {
+            set_realtime(false);
+        }
         // Writers hold locks for microseconds and the agent may be waiting
         // under a freeze: yield for a good while before napping (a nap
         // costs at least the timer slack, tens of microseconds).
@@ -369,9 +412,29 @@ impl PoolMemory for HostPool {
         } else {
             std::thread::sleep(Duration::from_micros(u64::from(attempt.min(1000))));
         }
+        if boosted {
+            set_realtime(true);
+        }
     }
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+    fn frozen(&self, on: bool) {
+        match (on, self.boost.load(SeqCst)) {
+            (true, BOOST_OFF) => {
+                let next = if set_realtime(true) {
+                    BOOST_ON
+                } else {
+                    BOOST_REFUSED
+                };
+                self.boost.store(next, SeqCst);
+            }
+            (false, BOOST_ON) => {
+                set_realtime(false);
+                self.boost.store(BOOST_OFF, SeqCst);
+            }
+            _ => {}
+        }
     }
 }
 

@@ -210,6 +210,12 @@ pub enum Incoming {
     },
 }
 
+/// Where a NIC hands each arriving immediate at once, from whichever thread
+/// learns of it (the engine's ImmCounter: an expectation's flag is set
+/// without a hop through the worker). Returns `false` when the count of
+/// that immediate overflowed (the NIC counts it as an error).
+pub type ImmSink = Arc<dyn Fn(u32) -> bool + Send + Sync>;
+
 /// The tail of a [`Domain::poll_incoming`] for a backend that queues what
 /// its progress delivers: moves everything queued into `out`; returns how
 /// many.
@@ -244,6 +250,10 @@ pub trait Domain: Send + Sync {
     fn poll_incoming(&self, out: &mut Vec<Incoming>) -> usize;
     /// The thread to unpark when something arrives.
     fn set_waker(&self, waker: Thread);
+    /// Hands immediates to `sink` as they arrive instead of queueing them
+    /// for [`Domain::poll_incoming`] (messages are still queued). The
+    /// default keeps queueing them.
+    fn set_imm_sink(&self, _sink: ImmSink) {}
     /// Whether operations posted on one endpoint take effect in order
     /// (RC-like); `false` for SRD-like unordered delivery.
     fn ordered(&self) -> bool;
@@ -281,6 +291,18 @@ pub trait Domain: Send + Sync {
     fn atomic_profile(&self) -> AtomicProfile {
         AtomicProfile::CPU_COHERENT
     }
+    /// The worker blocked on the wait object was woken by it: the NIC had
+    /// something to do (a peer's operation aimed at it, which leaves no
+    /// completion, included). The default ignores it.
+    fn woken(&self) {}
+    /// Whether a thread other than the group's worker may post on the
+    /// worker's endpoint and leave the completion to whoever polls next
+    /// (the waiter, or the worker woken by the NIC's own wait object or
+    /// timer): true where posting and progress need no thread of their
+    /// own. The default: no.
+    fn direct_post(&self) -> bool {
+        false
+    }
 }
 
 /// A queue pair and its completion queue.
@@ -293,6 +315,10 @@ pub trait Endpoint: Send {
     /// Completes everything outstanding with
     /// [`TransferError::EngineShutDown`] (nothing more takes effect).
     fn flush(&mut self, out: &mut Vec<Completion>);
+    /// Names a thread to unpark when one of this endpoint's operations
+    /// completes on another thread (`None`: nobody). The default ignores
+    /// it: the caller then wakes on its own timer only.
+    fn set_sleeper(&mut self, _thread: Option<Thread>) {}
 }
 
 /// The backends, for dispatch.
@@ -360,6 +386,9 @@ impl Domain for AnyDomain {
     fn set_waker(&self, waker: Thread) {
         dispatch!(self, d => d.set_waker(waker))
     }
+    fn set_imm_sink(&self, sink: ImmSink) {
+        dispatch!(self, d => d.set_imm_sink(sink))
+    }
     fn ordered(&self) -> bool {
         dispatch!(self, d => d.ordered())
     }
@@ -387,6 +416,12 @@ impl Domain for AnyDomain {
     fn atomic_profile(&self) -> AtomicProfile {
         dispatch!(self, d => d.atomic_profile())
     }
+    fn woken(&self) {
+        dispatch!(self, d => d.woken())
+    }
+    fn direct_post(&self) -> bool {
+        dispatch!(self, d => d.direct_post())
+    }
 }
 
 impl Endpoint for AnyEndpoint {
@@ -406,6 +441,15 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Libfabric(e) => e.poll(out),
             #[cfg(feature = "verbs")]
             AnyEndpoint::Verbs(e) => e.poll(out),
+        }
+    }
+    fn set_sleeper(&mut self, thread: Option<Thread>) {
+        match self {
+            AnyEndpoint::Loopback(e) => e.set_sleeper(thread),
+            #[cfg(feature = "libfabric")]
+            AnyEndpoint::Libfabric(e) => e.set_sleeper(thread),
+            #[cfg(feature = "verbs")]
+            AnyEndpoint::Verbs(e) => e.set_sleeper(thread),
         }
     }
     fn flush(&mut self, out: &mut Vec<Completion>) {

@@ -10,8 +10,8 @@
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
@@ -39,6 +39,8 @@ impl FabricEndpoint {
             sink: Arc::new(Sink {
                 queue: SegQueue::new(),
                 outstanding: AtomicU64::new(0),
+                sleeper: Mutex::new(None),
+                has_sleeper: AtomicBool::new(false),
             }),
             chain: Vec::new(),
         }
@@ -307,6 +309,18 @@ impl Endpoint for FabricEndpoint {
         }
         chain.clear();
         self.chain = chain;
+        // Posted by another thread than the worker (a submitter posting
+        // directly): a post the provider refused waits for our retry,
+        // which only a poller makes, and the worker may sleep on a wait
+        // object that will not announce it.
+        if !live.retry.is_empty() {
+            if let Some(t) = inner.waker.get() {
+                if t.id() != std::thread::current().id() {
+                    t.unpark();
+                    inner.wake_sleeping_worker();
+                }
+            }
+        }
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
@@ -318,7 +332,7 @@ impl Endpoint for FabricEndpoint {
         let mut g = lock(&inner.live);
         let (since, retrying) = match g.as_mut() {
             Some(live) => {
-                inner.progress(live);
+                inner.progress(live, Some(&self.sink));
                 inner.endpoint_polled.store(true, Relaxed);
                 (Some(live.last_activity.elapsed()), !live.retry.is_empty())
             }
@@ -341,9 +355,11 @@ impl Endpoint for FabricEndpoint {
                 w.arm();
             }
         }
+        // "Poll again now" (busy polling) is `WaitUntil(now)`: the caller
+        // yields the CPU after letting go of what it holds (the worker's
+        // round runs under its group's lock, which waiters poll through).
         if self.sink.outstanding.load(SeqCst) > 0 {
             if spin {
-                std::thread::yield_now();
                 return Progress::WaitUntil(Instant::now());
             }
             let woken = inner
@@ -369,7 +385,6 @@ impl Endpoint for FabricEndpoint {
         };
         let cfg = &inner.cfg;
         if spin {
-            std::thread::yield_now();
             Progress::WaitUntil(Instant::now())
         } else if waiter.is_some() {
             Progress::WaitUntil(Instant::now() + WAIT_BACKSTOP)
@@ -378,6 +393,12 @@ impl Endpoint for FabricEndpoint {
         } else {
             Progress::WaitUntil(Instant::now() + cfg.idle_poll)
         }
+    }
+
+    fn set_sleeper(&mut self, thread: Option<std::thread::Thread>) {
+        let set = thread.is_some();
+        *lock(&self.sink.sleeper) = thread;
+        self.sink.has_sleeper.store(set, SeqCst);
     }
 
     fn flush(&mut self, out: &mut Vec<Completion>) {

@@ -87,7 +87,7 @@ use ffi::{
 use waiter::{Waiter, WaiterHealth};
 
 use crate::counters::{CounterSnapshot, Counters};
-use crate::domain::{AnyEndpoint, Completion, Domain, Incoming, RecvBuffer, Remote};
+use crate::domain::{AnyEndpoint, Completion, Domain, ImmSink, Incoming, RecvBuffer, Remote};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::Region;
 
@@ -125,8 +125,15 @@ pub struct LibfabricConfig {
     pub node: Option<String>,
     /// Bound on posting (while the connection forms) and on completion.
     pub op_timeout: Duration,
-    /// Spin (yielding) for this long after the last activity instead of
-    /// sleeping: lower latency, one busy core per domain meanwhile.
+    /// The worker reads the queue without pause (yielding the CPU between
+    /// reads) for this long after the last activity instead of sleeping:
+    /// lower latency, one busy core per domain meanwhile. Activity is a
+    /// post, a completion, an arrival, or a wake-up by the wait object
+    /// (a peer's one-sided operation aimed at this NIC, which leaves no
+    /// completion here: a target busy-polls between its peers' operations).
+    /// Threads waiting on their own operations poll them themselves
+    /// ([`EngineConfig::spin`](crate::EngineConfig::spin)) and do not
+    /// need it.
     pub busy_poll: Duration,
     /// Queue-read interval when nothing happened for [`HOT`], on a NIC
     /// without a waiter (see [`LibfabricConfig::wait_fd`]).
@@ -298,6 +305,12 @@ struct Pending {
 pub(crate) struct Sink {
     queue: SegQueue<Completion>,
     outstanding: AtomicU64,
+    /// A thread that sleeps until the endpoint's next completion (a
+    /// client channel past its spin budget), unparked by whoever reads it
+    /// off the queue.
+    sleeper: Mutex<Option<Thread>>,
+    /// Whether `sleeper` is set (read without the lock on every finish).
+    has_sleeper: AtomicBool,
 }
 
 impl Sink {
@@ -311,6 +324,11 @@ impl Sink {
         }
         self.queue.push(Completion { wr_id, result });
         self.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+        if self.has_sleeper.load(SeqCst) {
+            if let Some(t) = lock(&self.sleeper).as_ref() {
+                t.unpark();
+            }
+        }
     }
 }
 
@@ -404,6 +422,8 @@ pub(crate) struct Inner {
     chain_limit: usize,
     cfg: LibfabricConfig,
     incoming: SegQueue<Incoming>,
+    /// Where immediates go at once (the engine's ImmCounter), when set.
+    imm_sink: OnceLock<ImmSink>,
     waker: OnceLock<Thread>,
     /// Whether a waiter reads the queue (unset: the poller reads it on a
     /// timer).
@@ -564,6 +584,7 @@ impl LibfabricDomain {
             chain_limit: g.chain_limit,
             cfg: cfg.clone(),
             incoming: SegQueue::new(),
+            imm_sink: OnceLock::new(),
             waker: OnceLock::new(),
             wait: OnceLock::new(),
             wait_obj: OnceLock::new(),
@@ -633,7 +654,7 @@ fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
             return false;
         };
         let handled = match lock(&inner.live).as_mut() {
-            Some(live) => inner.progress(live),
+            Some(live) => inner.progress(live, None),
             None => return false,
         };
         if handled > 0 {
@@ -738,23 +759,31 @@ impl Inner {
     }
 
     /// Reads the completion queue (driving progress), retries posts the
-    /// provider refused with `-FI_EAGAIN`, and fails what timed out.
-    /// Returns how many events were handled.
-    fn progress(&self, live: &mut Live) -> usize {
+    /// provider refused with `-FI_EAGAIN`, and fails what timed out, on
+    /// behalf of the endpoint whose completions go to `own` (`None`: of
+    /// nobody's in particular). Returns how many events were handled.
+    fn progress(&self, live: &mut Live, own: Option<&Arc<Sink>>) -> usize {
         let mut events = Vec::new();
         // A failing read leaves the queue as it was; the next poll retries.
         let n = live.cq.read(&mut events, 256).unwrap_or_default();
+        let mut foreign = 0;
         for ev in events {
-            self.event(live, ev);
+            if self.event(live, ev, own) {
+                foreign += 1;
+            }
         }
         let mut handled = n;
         handled += self.retry(live);
         self.expire(live);
         if handled > 0 {
             live.last_activity = Instant::now();
-            // Read by another thread (a client channel): completions of
-            // the worker's operations may be among them, and the worker
-            // may be asleep on a wait object that no longer fires.
+        }
+        // Completions of another endpoint's operations (the worker's, read
+        // by a client channel): the worker may be asleep on a wait object
+        // that no longer fires. Completions of the caller's own endpoint
+        // wake nobody: a thread running the worker's round for it (a
+        // waiter on a flag) handles them itself.
+        if foreign > 0 {
             if let Some(t) = self.waker.get() {
                 if t.id() != std::thread::current().id() {
                     t.unpark();
@@ -765,13 +794,23 @@ impl Inner {
         handled
     }
 
-    fn event(&self, live: &mut Live, ev: CqEvent) {
+    /// Handles one event of the queue; whether it completed an operation
+    /// of an endpoint other than the one whose completions go to `own`.
+    fn event(&self, live: &mut Live, ev: CqEvent, own: Option<&Arc<Sink>>) -> bool {
         match ev {
             CqEvent::RemoteData(d) => {
                 Counters::bump(&self.counters.imm_arrivals, 1);
                 // The immediate is 32 bits; the provider's CQ data may be
                 // wider, the upper bits are never set by our writes.
-                self.deliver(Incoming::Imm(d as u32));
+                match self.imm_sink.get() {
+                    // Counted at once by whoever read the queue.
+                    Some(sink) => {
+                        if !sink(d as u32) {
+                            Counters::bump(&self.counters.errors, 1);
+                        }
+                    }
+                    None => self.deliver(Incoming::Imm(d as u32)),
+                }
             }
             CqEvent::Done {
                 mut ctx,
@@ -798,7 +837,7 @@ impl Inner {
                 CtxKind::Op(seq) => {
                     live.abandoned.remove(&seq);
                     let Some(f) = live.inflight.remove(&seq) else {
-                        return;
+                        return false;
                     };
                     let value = ctx.words[2];
                     drop(ctx);
@@ -814,10 +853,13 @@ impl Inner {
                             })
                         }
                     };
+                    let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
                     f.sink.finish(f.wr_id, f.pieces, result);
+                    return foreign;
                 }
             },
         }
+        false
     }
 
     fn deliver(&self, e: Incoming) {
@@ -990,7 +1032,7 @@ impl Inner {
                 let mut events = Vec::new();
                 let _ = live.cq.read(&mut events, 256);
                 for ev in events {
-                    self.event(live, ev);
+                    self.event(live, ev, None);
                 }
                 if live.inflight.is_empty() && live.abandoned.is_empty() {
                     return;
@@ -1118,7 +1160,7 @@ impl Domain for LibfabricDomain {
         if !self.inner.endpoint_polled.swap(false, Relaxed) {
             if let Ok(mut g) = self.inner.live.try_lock() {
                 if let Some(live) = g.as_mut() {
-                    self.inner.progress(live);
+                    self.inner.progress(live, None);
                 }
             }
         }
@@ -1128,6 +1170,26 @@ impl Domain for LibfabricDomain {
     fn set_waker(&self, waker: Thread) {
         let _ = self.inner.waker.set(waker.clone());
         waker.unpark();
+    }
+
+    fn set_imm_sink(&self, sink: ImmSink) {
+        let _ = self.inner.imm_sink.set(sink);
+    }
+
+    fn woken(&self) {
+        // Target-side work (a peer's write, read or atomic) produces no
+        // completion here: count the wake-up as activity, so that
+        // `busy_poll` keeps reading the queue for the peer's next one.
+        if let Some(live) = lock(&self.inner.live).as_mut() {
+            live.last_activity = Instant::now();
+        }
+    }
+
+    fn direct_post(&self) -> bool {
+        // Posting only takes the endpoint's lock; what the provider still
+        // has to do is announced on the wait object, or read on the
+        // timer, and a refused post wakes the worker (`post`).
+        true
     }
 
     fn ordered(&self) -> bool {

@@ -16,7 +16,7 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::{Access, NetAddr};
 
 use crate::counters::Counters;
-use crate::domain::{Incoming, RecvBuffer, Remote};
+use crate::domain::{ImmSink, Incoming, RecvBuffer, Remote};
 use crate::error::{ProtectionCheck, TransferError};
 use crate::region::Region;
 
@@ -30,6 +30,8 @@ pub(crate) struct NicState {
     pub(crate) recvq: Arc<SegQueue<RecvBuffer>>,
     incoming: SegQueue<Incoming>,
     waker: OnceLock<Thread>,
+    /// Where immediates go at once, when the engine set it.
+    imm_sink: OnceLock<ImmSink>,
     alive: AtomicBool,
     failed: AtomicBool,
     pub(crate) counters: Counters,
@@ -49,6 +51,7 @@ impl NicState {
             recvq,
             incoming: SegQueue::new(),
             waker: OnceLock::new(),
+            imm_sink: OnceLock::new(),
             alive: AtomicBool::new(true),
             failed: AtomicBool::new(false),
             counters: Counters::default(),
@@ -156,11 +159,21 @@ impl NicState {
         Ok((region, offset))
     }
 
-    /// Hands an arrival to the owning engine's worker. Called after the
-    /// data it announces is visible: the queue's push publishes it.
+    /// Hands an arrival to the owning engine: an immediate to its sink
+    /// (on the calling thread, the initiator's), when set; anything else
+    /// to its worker. Called after the data it announces is visible: the
+    /// sink's lock or the queue's push publishes it.
     pub(crate) fn deliver(&self, event: Incoming) {
         match &event {
-            Incoming::Imm(_) => Counters::bump(&self.counters.imm_arrivals, 1),
+            Incoming::Imm(imm) => {
+                Counters::bump(&self.counters.imm_arrivals, 1);
+                if let Some(sink) = self.imm_sink.get() {
+                    if !sink(*imm) {
+                        Counters::bump(&self.counters.errors, 1);
+                    }
+                    return;
+                }
+            }
             Incoming::Message { .. } => Counters::bump(&self.counters.recvs, 1),
         }
         self.incoming.push(event);
@@ -171,6 +184,10 @@ impl NicState {
 
     pub(crate) fn pop_incoming(&self) -> Option<Incoming> {
         self.incoming.pop()
+    }
+
+    pub(crate) fn set_imm_sink(&self, sink: ImmSink) {
+        let _ = self.imm_sink.set(sink);
     }
 
     pub(crate) fn set_waker(&self, t: Thread) {
