@@ -24,8 +24,10 @@
 #[cfg(feature = "alloc")]
 use alloc::vec::Vec;
 
+#[cfg(feature = "alloc")]
 use xxhash_rust::xxh3::xxh3_64;
 
+#[cfg(feature = "alloc")]
 use super::{Field, LayoutError, Part};
 
 /// Bytes before the entries: count, epoch, checksum.
@@ -79,6 +81,7 @@ pub struct Topology {
     pub ids: Vec<u64>,
 }
 
+#[cfg(feature = "alloc")]
 fn word(bytes: &[u8], i: usize) -> u64 {
     bytes
         .get(8 * i..8 * i + 8)

@@ -8,7 +8,7 @@
 //! order, so a slow callback delays other callbacks but never a worker.
 //!
 //! Whoever waits polls (design §4, "Latency"): a flag handed to an engine
-//! remembers the [`FlagDriver`] of the group that carries its operation,
+//! remembers the `FlagDriver` of the group that carries its operation,
 //! and [`CompletionFlag::wait`] runs that group's completion processing
 //! itself for up to the engine's spin budget before it parks, so a small
 //! operation completes on the waiting thread without waking the worker;
