@@ -143,7 +143,13 @@ impl ModelView {
     /// Notes that a READ posted at `at_ns` ([`clock_ns`]) found the record
     /// live and this model's, with the cached generation.
     pub(crate) fn seen_live(&self, at_ns: u64) {
-        self.seen_live_ns.fetch_max(at_ns, Relaxed);
+        // Sessions of every thread read this word on each operation; write
+        // it only when it moves by a millisecond or more (the view then
+        // looks up to 1 ms older than it is: conservative), so the cache
+        // line is not bounced between them by every get.
+        if at_ns > self.seen_live_ns.load(Relaxed).saturating_add(1_000_000) {
+            self.seen_live_ns.fetch_max(at_ns, Relaxed);
+        }
     }
 
     /// Nanoseconds from when the record was last seen live to `now_ns`.
