@@ -13,10 +13,11 @@ use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig};
 use rolex_host::memnode::{AtomicsRoute, HostPool, MemoryNode, MemoryNodeConfig};
 
-fn node(pairs: &[(u64, u64)]) -> MemoryNode {
+fn node(pairs: &[(u64, u64)], retraining_thread: bool) -> MemoryNode {
     MemoryNode::start(
         MemoryNodeConfig {
             atomics: AtomicsRoute::Nic,
+            retraining_thread,
             ..common::churning_config()
         },
         pairs,
@@ -27,7 +28,7 @@ fn node(pairs: &[(u64, u64)]) -> MemoryNode {
 #[test]
 fn histories_stay_linearizable_with_the_agents_atomics_through_the_nic() {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2000, i)).collect();
-    let node = node(&pairs);
+    let node = node(&pairs, true);
     let clients = [
         KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap(),
         KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap(),
@@ -44,17 +45,20 @@ fn histories_stay_linearizable_with_the_agents_atomics_through_the_nic() {
 
 #[test]
 fn a_dead_owners_locks_are_released_through_the_nic() {
+    // No retraining meanwhile: a freeze would take the planted locks'
+    // place (planting is the test's stand-in for a compute node).
     let pairs: Vec<(u64, u64)> = (0..100u64).map(|i| (i * 10, i)).collect();
-    let node = node(&pairs);
+    let node = node(&pairs, false);
     let pool =
         HostPool::with_route(node.pool_handle().clone(), node.engine(), AtomicsRoute::Nic).unwrap();
     assert!(pool.atomics_via_nic());
     let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = client.session().unwrap();
     assert_eq!(s.insert(5, 1).unwrap(), None);
-    s.flush().unwrap(); // a split's unlock is posted, not awaited
-                        // Compute node 7 holds every chain lock, and dies: the reaper's
-                        // releases go through the NIC too.
+    // A split's unlock is posted, not awaited.
+    s.flush().unwrap();
+    // Compute node 7 holds every chain lock, and dies: the reaper's
+    // releases go through the NIC too.
     let owner = LockOwner(7);
     let planted = common::plant_locks(&pool, owner);
     assert!(planted > 0);

@@ -15,6 +15,7 @@
 //! topology again (`ClientShared::refresh_topology`), and a model it has
 //! not cached yet is read when first needed.
 
+use std::sync::atomic::{AtomicU64, Ordering::Release};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -108,8 +109,14 @@ pub(crate) struct ClientShared {
     pub(crate) cfg: KvClientConfig,
     /// The models' key ranges as last read.
     pub(crate) topology: RwLock<Arc<Topology>>,
+    /// Bumped each time `topology` is replaced (sessions keep a copy while
+    /// it does not move).
+    pub(crate) topology_version: AtomicU64,
     /// Cached models, by directory slot (`None`: not read yet).
     pub(crate) models: Vec<RwLock<Option<Arc<ModelView>>>>,
+    /// Bumped each time a model's view is installed, by directory slot
+    /// (sessions keep a copy while it does not move).
+    pub(crate) model_versions: Vec<AtomicU64>,
     pub(crate) sessions: Mutex<Vec<Arc<SessionCounters>>>,
     /// Leaf numbers drawn for a split that found its SLT full and could
     /// not give them back: the next split takes one instead of drawing.
@@ -227,6 +234,9 @@ impl ClientShared {
     pub(crate) fn install(&self, m: usize, v: ModelView) {
         if let Some(slot) = self.models.get(m) {
             *slot.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(v));
+            if let Some(version) = self.model_versions.get(m) {
+                version.fetch_add(1, Release);
+            }
         }
     }
 
@@ -238,22 +248,13 @@ impl ClientShared {
             .clone()
     }
 
-    /// The directory slot of the model the cached topology names for
-    /// `key` (a read lock, no reference count touched: every operation
-    /// asks).
-    pub(crate) fn route(&self, key: u64) -> usize {
-        self.topology
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .route(key)
-    }
-
     /// Reads the topology again and keeps it if it is newer.
     pub(crate) fn refresh_topology(&self, io: &mut Io) -> Result<(), KvError> {
         let t = read_topology(io, &self.pool, &self.sb, self.cfg.upper_epsilon)?;
         let mut g = self.topology.write().unwrap_or_else(|e| e.into_inner());
         if t.epoch > g.epoch {
             *g = Arc::new(t);
+            self.topology_version.fetch_add(1, Release);
         }
         Ok(())
     }
@@ -405,6 +406,10 @@ impl KvClient {
             ordered,
             cfg,
             topology: RwLock::new(Arc::new(topology)),
+            topology_version: AtomicU64::new(0),
+            model_versions: (0..sb.directory_capacity())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             models: views,
             sessions: Mutex::new(Vec::new()),
             spare_leaves: Mutex::new(Vec::new()),

@@ -155,7 +155,7 @@
 mod lock;
 mod split;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -232,6 +232,9 @@ struct ChainAt {
     m: usize,
     view: Arc<ModelView>,
     j: u64,
+    /// The client's version of model `m`'s view when it was taken from the
+    /// session's cache (see [`KvSession::keep_view`]).
+    version: u64,
 }
 
 /// How a locked modification ended.
@@ -287,6 +290,14 @@ pub struct KvSession {
     /// Whether the current write posted a leaf write that names its new
     /// value (from then on its block is never given back).
     slot_posted: bool,
+    /// The topology as this session last took it, with the client's
+    /// version of it: routing reads the session's copy while the version
+    /// word says it is the client's, so a get touches no lock and no
+    /// reference count the client's other threads write.
+    topo: (u64, Arc<crate::client::Topology>),
+    /// Model views this session took, by directory slot, with the
+    /// client's version of each (see `topo`).
+    views: Vec<Option<(u64, Arc<ModelView>)>>,
 }
 
 impl std::fmt::Debug for KvSession {
@@ -310,6 +321,7 @@ impl KvSession {
             .push(counters.clone());
         let leaf_size = shared.region.leaf_size();
         let rng = (Arc::as_ptr(&counters) as u64) | 1;
+        let topo = (shared.topology_version.load(Acquire), shared.topology());
         Ok(Self {
             shared,
             io,
@@ -321,6 +333,8 @@ impl KvSession {
             value_local: (8 * leaf_size).max(64 << 10),
             scratch: Vec::new(),
             slot_posted: false,
+            topo,
+            views: Vec::new(),
         })
     }
 
@@ -559,20 +573,25 @@ impl KvSession {
     /// topology is read again, then, if it still routes `key` there, the
     /// model. A view that does hold `key` may still be stale (retired);
     /// the operation notices and refreshes it (see the module docs).
-    fn view_for(&mut self, key: u64) -> Result<(usize, Arc<ModelView>), KvError> {
+    ///
+    /// The view is taken out of the session's cache (the third value is its
+    /// version); give it back with [`Self::keep_view`] (one not given back
+    /// is read from the client's cache next time).
+    fn view_for(&mut self, key: u64) -> Result<(usize, Arc<ModelView>, u64), KvError> {
         for attempt in 0..self.shared.cfg.max_attempts {
-            let m = self.shared.route(key);
-            let Some(view) = self.shared.view(m) else {
+            let m = self.route(key);
+            let Some((version, view)) = self.take_view(m) else {
                 self.refresh(m)?;
                 continue;
             };
             if (view.record.first_key()..=view.record.key_hi()).contains(&key) {
-                return Ok((m, view));
+                return Ok((m, view, version));
             }
+            self.keep_view(m, (version, view));
             self.io.cur.retries += 1;
             self.shared.refresh_topology(&mut self.io)?;
             self.io.cur.refreshes += 1;
-            if self.shared.route(key) == m {
+            if self.route(key) == m {
                 self.refresh(m)?;
                 self.backoff(attempt);
             }
@@ -586,11 +605,51 @@ impl KvSession {
     /// The chain that owns `key` in the cached view; `self.chain` is set to
     /// its leaves as the cache knows them.
     fn chain_at(&mut self, key: u64) -> Result<ChainAt, KvError> {
-        let (m, view) = self.view_for(key)?;
+        let (m, view, version) = self.view_for(key)?;
         let j = self.owner(&view, key);
         self.chain.clear();
         view.chain(j, &mut self.chain);
-        Ok(ChainAt { m, view, j })
+        Ok(ChainAt {
+            m,
+            view,
+            j,
+            version,
+        })
+    }
+
+    /// The directory slot of the model the topology routes `key` to: the
+    /// session's copy while it is the client's current one.
+    fn route(&mut self, key: u64) -> usize {
+        let v = self.shared.topology_version.load(Acquire);
+        if v != self.topo.0 {
+            self.topo = (v, self.shared.topology());
+        }
+        self.topo.1.route(key)
+    }
+
+    /// Model `m`'s view and its version: the session's copy while it is
+    /// the client's current one (moved out: no reference count touched),
+    /// else the client's (`None`: not read yet).
+    fn take_view(&mut self, m: usize) -> Option<(u64, Arc<ModelView>)> {
+        // The version first: a view installed after it was read is newer
+        // than the version says, and is taken again next time.
+        let v = self.shared.model_versions.get(m)?.load(Acquire);
+        if let Some(slot) = self.views.get_mut(m) {
+            if slot.as_ref().is_some_and(|(cv, _)| *cv == v) {
+                return slot.take();
+            }
+        }
+        self.shared.view(m).map(|view| (v, view))
+    }
+
+    /// Puts a view taken by [`Self::take_view`] back into the session's
+    /// cache.
+    fn keep_view(&mut self, m: usize, cached: (u64, Arc<ModelView>)) {
+        if self.views.len() <= m {
+            let n = self.shared.models.len().max(m + 1);
+            self.views.resize_with(n, || None);
+        }
+        self.views[m] = Some(cached);
     }
 
     fn refresh(&mut self, m: usize) -> Result<(), KvError> {
@@ -808,25 +867,15 @@ impl KvSession {
     // ---- get -----------------------------------------------------------
 
     fn get_inner(&mut self, key: u64) -> Result<Option<SlotValue>, KvError> {
-        let pool = self.shared.pool.clone();
         for attempt in 0..self.shared.cfg.max_attempts {
-            let ChainAt { m, view, j } = self.chain_at(key)?;
-            let (mut ops, base, posted) = self.model_check(m, &view)?;
-            let batch = self.plan_reads(base, &mut ops)?;
-            self.io.run(&pool, &ops, "get")?;
-            if !self.still_current(&view, posted)? {
-                self.io.cur.retries += 1;
-                self.refresh(m)?;
-                continue;
-            }
-            match self.chase(m as u64, key, self.chain[0], 0, &batch)? {
-                Chase::Owner(owner) => {
-                    self.learn(&view, j, &owner.path, owner.addr);
-                    return Ok(lookup(&owner.bytes, key));
-                }
-                Chase::Stale => {
+            let at = self.chain_at(key)?;
+            let found = self.get_once(key, &at);
+            self.keep_view(at.m, (at.version, at.view));
+            match found? {
+                Some(v) => return Ok(v),
+                None => {
                     self.io.cur.retries += 1;
-                    self.refresh(m)?;
+                    self.refresh(at.m)?;
                     self.backoff(attempt);
                 }
             }
@@ -835,6 +884,25 @@ impl KvSession {
             op: "get",
             attempts: self.shared.cfg.max_attempts,
         })
+    }
+
+    /// One attempt of a get through the chain `at`: the value found
+    /// (`Some(None)`: absent), or `None` when the model view was stale.
+    fn get_once(&mut self, key: u64, at: &ChainAt) -> Result<Option<Option<SlotValue>>, KvError> {
+        let pool = self.shared.pool.clone();
+        let (mut ops, base, posted) = self.model_check(at.m, &at.view)?;
+        let batch = self.plan_reads(base, &mut ops)?;
+        self.io.run(&pool, &ops, "get")?;
+        if !self.still_current(&at.view, posted)? {
+            return Ok(None);
+        }
+        match self.chase(at.m as u64, key, self.chain[0], 0, &batch)? {
+            Chase::Owner(owner) => {
+                self.learn(&at.view, at.j, &owner.path, owner.addr);
+                Ok(Some(lookup(&owner.bytes, key)))
+            }
+            Chase::Stale => Ok(None),
+        }
     }
 
     /// The slot values of `keys`: every key's chain (as its cached model
@@ -862,7 +930,7 @@ impl KvSession {
             let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
             let mut plans = Vec::with_capacity(pending.len());
             for &i in &pending {
-                let ChainAt { m, view, j } = self.chain_at(keys[i])?;
+                let ChainAt { m, view, j, .. } = self.chain_at(keys[i])?;
                 if !checks.iter().any(|c| c.0 == m) {
                     let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
                     checks.push((m, view.clone(), at));
@@ -1137,10 +1205,14 @@ impl KvSession {
         for attempt in 0..self.shared.cfg.max_attempts {
             let at = self.chain_at(key)?;
             let Some((lock, batch)) = self.lock_chain(&at, attempt, block)? else {
+                self.keep_view(at.m, (at.version, at.view));
                 continue;
             };
             match self.modify_locked(key, kind, strict, &at, lock, &batch)? {
-                Locked::Done(v) => return Ok(v),
+                Locked::Done(v) => {
+                    self.keep_view(at.m, (at.version, at.view));
+                    return Ok(v);
+                }
                 Locked::SltFull => {
                     // Its unlock lands before this operation locks again.
                     self.settle()?;
@@ -1465,7 +1537,7 @@ impl KvSession {
                     attempts: attempt,
                 });
             }
-            let (m, view) = self.view_for(cursor)?;
+            let (m, view, _) = self.view_for(cursor)?;
             let j = self.owner(&view, cursor);
             let leaves = view.fences.len() as u64;
             let want = (n.saturating_sub(out.len()) as u64)
