@@ -78,10 +78,35 @@ struct Notice {
     landed: bool,
 }
 
-/// A work request's id: the transfer's slot in the low bits, the piece's
-/// index above [`PIECE_SHIFT`].
+/// A work request's id: the transfer's slot in the low bits and, only for
+/// a piece that needs an abort notice, 1 + its index above
+/// [`PIECE_SHIFT`]. Every other piece of a transfer carries the bare slot:
+/// a NIC chains consecutive pieces with the same id into one post (the
+/// libfabric endpoint's `fi_writemsg` chains), so giving each piece its own
+/// id would post every page alone.
 const PIECE_SHIFT: u32 = 40;
 const SLOT_MASK: u64 = (1 << PIECE_SHIFT) - 1;
+
+/// The id of a transfer's piece: `notice` is the piece's index when an
+/// abort notice tracks it.
+fn piece_wr_id(slot: usize, notice: Option<usize>) -> u64 {
+    slot as u64 | notice.map_or(0, |p| (p as u64 + 1) << PIECE_SHIFT)
+}
+
+/// The ids of a transfer's pieces in piece order, `tracked` the (sorted)
+/// pieces that abort notices track; endless, zipped with the pieces.
+fn piece_ids(slot: usize, tracked: impl Iterator<Item = u64>) -> impl Iterator<Item = u64> {
+    let mut tracked = tracked.peekable();
+    (0u64..).map(move |p| piece_wr_id(slot, tracked.next_if_eq(&p).map(|p| p as usize)))
+}
+
+/// The slot of a piece's id, and the piece's index if a notice tracks it.
+fn split_wr_id(wr_id: u64) -> (usize, Option<u64>) {
+    (
+        (wr_id & SLOT_MASK) as usize,
+        (wr_id >> PIECE_SHIFT).checked_sub(1),
+    )
+}
 
 /// The `wr_id` of abort notices: no transfer waits for them.
 const NOTICE: u64 = u64::MAX;
@@ -296,24 +321,27 @@ impl WorkerCell {
             }
         };
         let n = s.batches.len();
-        for (piece, (d, op)) in ops.into_iter().enumerate() {
-            s.batches[d % n].push(WorkRequest {
-                wr_id: slot as u64 | ((piece as u64) << PIECE_SHIFT),
-                op,
-            });
+        let tracked = s.transfers[slot]
+            .as_ref()
+            .map_or(&[][..], |t| &t.notices[..])
+            .iter()
+            .map(|n| n.piece);
+        let ids = piece_ids(slot, tracked);
+        for ((d, op), wr_id) in ops.into_iter().zip(ids) {
+            s.batches[d % n].push(WorkRequest { wr_id, op });
         }
     }
 
     fn complete(&self, s: &mut WorkerState, wr_id: u64, result: Result<u64, TransferError>) {
-        let slot = (wr_id & SLOT_MASK) as usize;
-        let piece = wr_id >> PIECE_SHIFT;
+        let (slot, piece) = split_wr_id(wr_id);
         let Some(Some(t)) = s.transfers.get_mut(slot) else {
             return;
         };
         match result {
             Ok(v) => {
                 t.value = v;
-                if let Ok(i) = t.notices.binary_search_by_key(&piece, |n| n.piece) {
+                if let Some(Ok(i)) = piece.map(|p| t.notices.binary_search_by_key(&p, |n| n.piece))
+                {
                     t.notices[i].landed = true;
                 }
             }
@@ -724,5 +752,33 @@ impl Worker {
             }
         }
         group.sleeping.store(false, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_without_a_notice_share_their_transfers_id() {
+        // 16 pages, no immediates: one id for all, so a NIC may chain them.
+        let ids: Vec<u64> = piece_ids(7, std::iter::empty()).take(16).collect();
+        assert!(ids.iter().all(|&id| id == 7), "{ids:x?}");
+        assert_eq!(split_wr_id(ids[0]), (7, None));
+    }
+
+    #[test]
+    fn pieces_a_notice_tracks_are_named_apart() {
+        // Pieces 0 and 5 carry immediates (tracked); the rest do not.
+        let ids: Vec<u64> = piece_ids(3, [0u64, 5].into_iter()).take(8).collect();
+        for (p, &id) in ids.iter().enumerate() {
+            let (slot, piece) = split_wr_id(id);
+            assert_eq!(slot, 3);
+            match p {
+                0 | 5 => assert_eq!(piece, Some(p as u64)),
+                _ => assert_eq!((id, piece), (3, None)),
+            }
+        }
+        assert_ne!(ids[0], ids[1], "a tracked piece 0 is not an untracked one");
     }
 }
