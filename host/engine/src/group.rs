@@ -53,8 +53,8 @@ const ROUND_OPS: usize = 1024;
 /// per 256 KiB here, and completions wait meanwhile.
 const ROUND_BYTES: u64 = 256 << 10;
 /// Longest the worker stands aside while waiters poll its group: it then
-/// looks again (a waiter that stops polling with work outstanding wakes
-/// it at once).
+/// looks again. The last waiter to stop polling wakes it at once when
+/// something needs it (see `FlagDriver::leave` for `WorkerCell`).
 const ASIDE_BACKSTOP: Duration = Duration::from_micros(500);
 
 /// A transfer in flight: pieces left, first error, value (atomics).
@@ -63,6 +63,8 @@ struct Transfer {
     error: Option<TransferError>,
     value: u64,
     notify: Notify,
+    /// Notified by a callback: no waiter polls for it.
+    callback: bool,
     /// With abort notices on: every piece that carried an immediate, in
     /// piece order; its receiver is told if the transfer fails.
     notices: Vec<Notice>,
@@ -193,6 +195,11 @@ pub(crate) struct WorkerCell {
     spinners: AtomicUsize,
     /// Transfers accepted and not yet notified.
     inflight: AtomicUsize,
+    /// Of those, the ones notified by a callback.
+    callbacks: AtomicUsize,
+    /// Waiters that stopped polling with their operation in flight and
+    /// sleep until it completes.
+    asleep: AtomicUsize,
     /// Whether every NIC of the group lets a submitter post directly.
     direct: bool,
     /// How long a waiter polls before it parks.
@@ -302,14 +309,19 @@ impl WorkerCell {
                 }
             }
         }
+        let callback = notify.flag().is_none();
         let t = Transfer {
             remaining: ops.len(),
             error: None,
             value: 0,
             notify,
+            callback,
             notices,
         };
         self.inflight.fetch_add(1, SeqCst);
+        if callback {
+            self.callbacks.fetch_add(1, SeqCst);
+        }
         let slot = match s.free.pop() {
             Some(i) => {
                 s.transfers[i] = Some(t);
@@ -330,6 +342,14 @@ impl WorkerCell {
         for ((d, op), wr_id) in ops.into_iter().zip(ids) {
             s.batches[d % n].push(WorkRequest { wr_id, op });
         }
+    }
+
+    /// Counts a transfer out of those in flight (it is being notified).
+    fn settled(&self, t: &Transfer) {
+        if t.callback {
+            self.callbacks.fetch_sub(1, SeqCst);
+        }
+        self.inflight.fetch_sub(1, SeqCst);
     }
 
     fn complete(&self, s: &mut WorkerState, wr_id: u64, result: Result<u64, TransferError>) {
@@ -355,7 +375,7 @@ impl WorkerCell {
         if t.remaining == 0 {
             if let Some(t) = s.transfers[slot].take() {
                 s.free.push(slot);
-                self.inflight.fetch_sub(1, SeqCst);
+                self.settled(&t);
                 if t.error.is_some() && !t.notices.is_empty() && !s.closed {
                     Self::send_notices(s, &notice_targets(&t.notices));
                 }
@@ -454,7 +474,7 @@ impl WorkerCell {
                 .fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
         }
         for t in s.transfers.iter_mut().filter_map(Option::take) {
-            self.inflight.fetch_sub(1, SeqCst);
+            self.settled(&t);
             t.notify.fire(
                 Err(t.error.unwrap_or(TransferError::EngineShutDown)),
                 &self.engine.cbq,
@@ -517,13 +537,29 @@ impl FlagDriver for WorkerCell {
     }
 
     fn leave(&self, waiting: bool) {
-        // The last waiter to stop with work still in flight (its budget ran
-        // out) hands the group back to the worker at once.
+        if waiting {
+            self.asleep.fetch_add(1, SeqCst);
+        }
+        // The last waiter to stop polling hands the group back to the
+        // worker at once when work is left that no polling thread will see
+        // to: a sleeper's operation, a callback's, queued requests. Flag
+        // operations nobody waits on yet are not reason enough: their
+        // waiters poll for them when they come (a waiter that got its
+        // outcome is usually back within microseconds, and waking the
+        // worker for each cost a thread hand-off per transfer at depth 32);
+        // the worker looks again after `ASIDE_BACKSTOP` anyway.
         if self.spinners.fetch_sub(1, SeqCst) == 1
-            && (waiting || self.inflight.load(SeqCst) > 0 || !self.group().queue.is_empty())
+            && (waiting
+                || self.asleep.load(SeqCst) > 0
+                || self.callbacks.load(SeqCst) > 0
+                || !self.group().queue.is_empty())
         {
             self.group().wake();
         }
+    }
+
+    fn woke(&self) {
+        self.asleep.fetch_sub(1, SeqCst);
     }
 }
 
@@ -598,6 +634,8 @@ impl Worker {
             }),
             spinners: AtomicUsize::new(0),
             inflight: AtomicUsize::new(0),
+            callbacks: AtomicUsize::new(0),
+            asleep: AtomicUsize::new(0),
             direct,
             spin: cfg.spin,
         });
