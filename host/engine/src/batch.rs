@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rolex_core::wire::{Access, MrDesc};
 
-use crate::callback::FlagDriver;
+use crate::callback::{Asleep, FlagDriver};
 use crate::counters::Counters;
 use crate::domain::{AnyEndpoint, Completion, Domain, Endpoint, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -104,19 +104,23 @@ const POLLS_PER_YIELD: u32 = 4;
 /// worker stands aside meanwhile); unregisters on drop, or with
 /// [`Spinning::stop`] when the channel goes to sleep with operations in
 /// flight (the worker then takes the group back at once).
-struct Spinning(Option<Arc<dyn FlagDriver>>);
+/// After `stop(true)` it holds the sleeper's registration until dropped.
+struct Spinning(Option<Arc<dyn FlagDriver>>, Asleep);
 
 impl Spinning {
     fn new(driver: Option<Arc<dyn FlagDriver>>) -> Self {
         if let Some(d) = &driver {
             d.enter();
         }
-        Spinning(driver)
+        Spinning(driver, Asleep(None))
     }
 
     fn stop(&mut self, waiting: bool) {
         if let Some(d) = self.0.take() {
             d.leave(waiting);
+            if waiting {
+                self.1 = Asleep(Some(d));
+            }
         }
     }
 }

@@ -112,8 +112,23 @@ pub(crate) trait FlagDriver: Send + Sync {
     fn enter(&self);
     /// That waiter stops polling: done, or (`waiting`) about to sleep
     /// while its operation is still in flight, which the worker must then
-    /// see to at once.
+    /// see to at once (and keep seeing to until the sleeper calls
+    /// [`FlagDriver::woke`]).
     fn leave(&self, waiting: bool);
+    /// A waiter that left with `waiting` no longer sleeps.
+    fn woke(&self);
+}
+
+/// A waiter that left its group's polling with `waiting`: tells the
+/// driver it no longer sleeps when dropped.
+pub(crate) struct Asleep(pub(crate) Option<Arc<dyn FlagDriver>>);
+
+impl Drop for Asleep {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            d.woke();
+        }
+    }
 }
 
 /// Polls between two yields of the CPU while a waiter drives its group.
@@ -221,6 +236,7 @@ impl CompletionFlag {
     pub fn wait(&self, timeout: Duration) -> Option<Result<u64, TransferError>> {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
+        let mut _asleep = Asleep(None);
         if let Some(d) = self.driver().filter(|_| !self.done()) {
             let budget = d.spin().min(timeout);
             d.enter();
@@ -234,7 +250,11 @@ impl CompletionFlag {
                     std::hint::spin_loop();
                 }
             }
-            d.leave(!self.done());
+            let waiting = !self.done();
+            d.leave(waiting);
+            if waiting {
+                _asleep = Asleep(Some(d));
+            }
         }
         for _ in 0..SPINS {
             if let Some(r) = self.outcome() {

@@ -53,8 +53,8 @@ const ROUND_OPS: usize = 1024;
 /// per 256 KiB here, and completions wait meanwhile.
 const ROUND_BYTES: u64 = 256 << 10;
 /// Longest the worker stands aside while waiters poll its group: it then
-/// looks again (a waiter that stops polling with work outstanding wakes
-/// it at once).
+/// looks again. The last waiter to stop polling wakes it at once when
+/// something needs it (see `FlagDriver::leave` for `WorkerCell`).
 const ASIDE_BACKSTOP: Duration = Duration::from_micros(500);
 
 /// A transfer in flight: pieces left, first error, value (atomics).
@@ -63,6 +63,8 @@ struct Transfer {
     error: Option<TransferError>,
     value: u64,
     notify: Notify,
+    /// Notified by a callback: no waiter polls for it.
+    callback: bool,
     /// With abort notices on: every piece that carried an immediate, in
     /// piece order; its receiver is told if the transfer fails.
     notices: Vec<Notice>,
@@ -78,10 +80,35 @@ struct Notice {
     landed: bool,
 }
 
-/// A work request's id: the transfer's slot in the low bits, the piece's
-/// index above [`PIECE_SHIFT`].
+/// A work request's id: the transfer's slot in the low bits and, only for
+/// a piece that needs an abort notice, 1 + its index above
+/// [`PIECE_SHIFT`]. Every other piece of a transfer carries the bare slot:
+/// a NIC chains consecutive pieces with the same id into one post (the
+/// libfabric endpoint's `fi_writemsg` chains), so giving each piece its own
+/// id would post every page alone.
 const PIECE_SHIFT: u32 = 40;
 const SLOT_MASK: u64 = (1 << PIECE_SHIFT) - 1;
+
+/// The id of a transfer's piece: `notice` is the piece's index when an
+/// abort notice tracks it.
+fn piece_wr_id(slot: usize, notice: Option<usize>) -> u64 {
+    slot as u64 | notice.map_or(0, |p| (p as u64 + 1) << PIECE_SHIFT)
+}
+
+/// The ids of a transfer's pieces in piece order, `tracked` the (sorted)
+/// pieces that abort notices track; endless, zipped with the pieces.
+fn piece_ids(slot: usize, tracked: impl Iterator<Item = u64>) -> impl Iterator<Item = u64> {
+    let mut tracked = tracked.peekable();
+    (0u64..).map(move |p| piece_wr_id(slot, tracked.next_if_eq(&p).map(|p| p as usize)))
+}
+
+/// The slot of a piece's id, and the piece's index if a notice tracks it.
+fn split_wr_id(wr_id: u64) -> (usize, Option<u64>) {
+    (
+        (wr_id & SLOT_MASK) as usize,
+        (wr_id >> PIECE_SHIFT).checked_sub(1),
+    )
+}
 
 /// The `wr_id` of abort notices: no transfer waits for them.
 const NOTICE: u64 = u64::MAX;
@@ -168,6 +195,11 @@ pub(crate) struct WorkerCell {
     spinners: AtomicUsize,
     /// Transfers accepted and not yet notified.
     inflight: AtomicUsize,
+    /// Of those, the ones notified by a callback.
+    callbacks: AtomicUsize,
+    /// Waiters that stopped polling with their operation in flight and
+    /// sleep until it completes.
+    asleep: AtomicUsize,
     /// Whether every NIC of the group lets a submitter post directly.
     direct: bool,
     /// How long a waiter polls before it parks.
@@ -277,14 +309,19 @@ impl WorkerCell {
                 }
             }
         }
+        let callback = notify.flag().is_none();
         let t = Transfer {
             remaining: ops.len(),
             error: None,
             value: 0,
             notify,
+            callback,
             notices,
         };
         self.inflight.fetch_add(1, SeqCst);
+        if callback {
+            self.callbacks.fetch_add(1, SeqCst);
+        }
         let slot = match s.free.pop() {
             Some(i) => {
                 s.transfers[i] = Some(t);
@@ -296,24 +333,35 @@ impl WorkerCell {
             }
         };
         let n = s.batches.len();
-        for (piece, (d, op)) in ops.into_iter().enumerate() {
-            s.batches[d % n].push(WorkRequest {
-                wr_id: slot as u64 | ((piece as u64) << PIECE_SHIFT),
-                op,
-            });
+        let tracked = s.transfers[slot]
+            .as_ref()
+            .map_or(&[][..], |t| &t.notices[..])
+            .iter()
+            .map(|n| n.piece);
+        let ids = piece_ids(slot, tracked);
+        for ((d, op), wr_id) in ops.into_iter().zip(ids) {
+            s.batches[d % n].push(WorkRequest { wr_id, op });
         }
     }
 
+    /// Counts a transfer out of those in flight (it is being notified).
+    fn settled(&self, t: &Transfer) {
+        if t.callback {
+            self.callbacks.fetch_sub(1, SeqCst);
+        }
+        self.inflight.fetch_sub(1, SeqCst);
+    }
+
     fn complete(&self, s: &mut WorkerState, wr_id: u64, result: Result<u64, TransferError>) {
-        let slot = (wr_id & SLOT_MASK) as usize;
-        let piece = wr_id >> PIECE_SHIFT;
+        let (slot, piece) = split_wr_id(wr_id);
         let Some(Some(t)) = s.transfers.get_mut(slot) else {
             return;
         };
         match result {
             Ok(v) => {
                 t.value = v;
-                if let Ok(i) = t.notices.binary_search_by_key(&piece, |n| n.piece) {
+                if let Some(Ok(i)) = piece.map(|p| t.notices.binary_search_by_key(&p, |n| n.piece))
+                {
                     t.notices[i].landed = true;
                 }
             }
@@ -327,7 +375,7 @@ impl WorkerCell {
         if t.remaining == 0 {
             if let Some(t) = s.transfers[slot].take() {
                 s.free.push(slot);
-                self.inflight.fetch_sub(1, SeqCst);
+                self.settled(&t);
                 if t.error.is_some() && !t.notices.is_empty() && !s.closed {
                     Self::send_notices(s, &notice_targets(&t.notices));
                 }
@@ -426,7 +474,7 @@ impl WorkerCell {
                 .fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
         }
         for t in s.transfers.iter_mut().filter_map(Option::take) {
-            self.inflight.fetch_sub(1, SeqCst);
+            self.settled(&t);
             t.notify.fire(
                 Err(t.error.unwrap_or(TransferError::EngineShutDown)),
                 &self.engine.cbq,
@@ -489,13 +537,29 @@ impl FlagDriver for WorkerCell {
     }
 
     fn leave(&self, waiting: bool) {
-        // The last waiter to stop with work still in flight (its budget ran
-        // out) hands the group back to the worker at once.
+        if waiting {
+            self.asleep.fetch_add(1, SeqCst);
+        }
+        // The last waiter to stop polling hands the group back to the
+        // worker at once when work is left that no polling thread will see
+        // to: a sleeper's operation, a callback's, queued requests. Flag
+        // operations nobody waits on yet are not reason enough: their
+        // waiters poll for them when they come (a waiter that got its
+        // outcome is usually back within microseconds, and waking the
+        // worker for each cost a thread hand-off per transfer at depth 32);
+        // the worker looks again after `ASIDE_BACKSTOP` anyway.
         if self.spinners.fetch_sub(1, SeqCst) == 1
-            && (waiting || self.inflight.load(SeqCst) > 0 || !self.group().queue.is_empty())
+            && (waiting
+                || self.asleep.load(SeqCst) > 0
+                || self.callbacks.load(SeqCst) > 0
+                || !self.group().queue.is_empty())
         {
             self.group().wake();
         }
+    }
+
+    fn woke(&self) {
+        self.asleep.fetch_sub(1, SeqCst);
     }
 }
 
@@ -570,6 +634,8 @@ impl Worker {
             }),
             spinners: AtomicUsize::new(0),
             inflight: AtomicUsize::new(0),
+            callbacks: AtomicUsize::new(0),
+            asleep: AtomicUsize::new(0),
             direct,
             spin: cfg.spin,
         });
@@ -724,5 +790,33 @@ impl Worker {
             }
         }
         group.sleeping.store(false, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_without_a_notice_share_their_transfers_id() {
+        // 16 pages, no immediates: one id for all, so a NIC may chain them.
+        let ids: Vec<u64> = piece_ids(7, std::iter::empty()).take(16).collect();
+        assert!(ids.iter().all(|&id| id == 7), "{ids:x?}");
+        assert_eq!(split_wr_id(ids[0]), (7, None));
+    }
+
+    #[test]
+    fn pieces_a_notice_tracks_are_named_apart() {
+        // Pieces 0 and 5 carry immediates (tracked); the rest do not.
+        let ids: Vec<u64> = piece_ids(3, [0u64, 5].into_iter()).take(8).collect();
+        for (p, &id) in ids.iter().enumerate() {
+            let (slot, piece) = split_wr_id(id);
+            assert_eq!(slot, 3);
+            match p {
+                0 | 5 => assert_eq!(piece, Some(p as u64)),
+                _ => assert_eq!((id, piece), (3, None)),
+            }
+        }
+        assert_ne!(ids[0], ids[1], "a tracked piece 0 is not an untracked one");
     }
 }

@@ -175,3 +175,56 @@ fn an_expectation_fires_without_the_receivers_worker_on_loopback() {
         assert_eq!(receiver.counters().total.imm_arrivals, 20);
     });
 }
+
+#[test]
+fn a_sleeping_waiters_operation_completes_while_others_poll_and_leave() {
+    // A send waits at the target until a receive buffer is posted, so its
+    // waiter runs out of spin budget and sleeps; meanwhile another thread's
+    // flag writes are waited on (polled) one after the other, each waiter
+    // leaving the group with the send still in flight. The send's
+    // completion must still reach its sleeper, and every write land.
+    bounded(|| {
+        let target = Arc::new(
+            TransferEngine::new(EngineConfig {
+                fabric: Fabric::Loopback(LoopbackConfig {
+                    recv_wait: std::time::Duration::from_secs(20),
+                    ..LoopbackConfig::default()
+                }),
+                pin_workers: false,
+                ..EngineConfig::default()
+            })
+            .expect("target"),
+        );
+        let (word, wd) = region(&target, 4096);
+        let client = Arc::new(engine_on(&Fabric::Loopback(LoopbackConfig::default())));
+        let (sent, on_sent) = flag();
+        client
+            .submit_send(&target.main_address(), b"hello", on_sent)
+            .unwrap();
+        let sleeper = {
+            let sent = sent.clone();
+            std::thread::spawn(move || wait(&sent))
+        };
+        let (src, _) = region(&client, 8);
+        src.write(0, &7u64.to_le_bytes()).unwrap();
+        for i in 0..200u64 {
+            let (f, d) = flag();
+            client
+                .submit_single_write(8, None, (&src, 0), (&wd, 8 * (i % 512)), d)
+                .unwrap();
+            wait(&f).unwrap();
+            if i == 100 {
+                let (tx, rx) = mpsc::channel();
+                target
+                    .submit_recvs(16, 1, move |m| tx.send(m.to_vec()).unwrap())
+                    .unwrap();
+                assert_eq!(rx.recv_timeout(HANG).unwrap(), b"hello");
+            }
+        }
+        sleeper.join().unwrap().unwrap();
+        for i in 0..200u64 {
+            assert_eq!(word.load_u64(8 * (i % 512)).unwrap(), 7);
+        }
+        assert_eq!(client.counters().total.errors, 0);
+    });
+}

@@ -308,7 +308,9 @@ pub trait Domain: Send + Sync {
 /// A queue pair and its completion queue.
 pub trait Endpoint: Send {
     /// Posts `batch` (drained) as one doorbell; every request completes
-    /// through [`Endpoint::poll`], errors included.
+    /// through [`Endpoint::poll`], errors included. Consecutive requests
+    /// with the same `wr_id` belong to one transfer: an endpoint may chain
+    /// them into one post (libfabric), each still completing once.
     fn post(&mut self, batch: &mut Vec<WorkRequest>);
     /// Moves finished requests' completions into `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress;
