@@ -1846,8 +1846,15 @@ fn connect_cluster(
         };
         // Connecting only reads: a try that met an injected fault is
         // simply made again.
-        let client = retry_injected(|| KvClient::connect(cfg.clone(), pool))
-            .map_err(|e| format!("connecting to the memory node {name}: {e}"))?;
+        // Named as the cluster's errors name a node (`memory node I (NAME)`):
+        // a node that dies while this process connects is named the same.
+        let client = retry_injected(|| KvClient::connect(cfg.clone(), pool)).map_err(|e| {
+            if pools.len() > 1 {
+                format!("connecting to memory node {i} ({name}): {e}")
+            } else {
+                format!("connecting to the memory node {name}: {e}")
+            }
+        })?;
         nodes.push(ClusterNode {
             name: name.clone(),
             client,
