@@ -26,13 +26,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, sosd, spawn_with_banner, tmp, Guard, Lines, BIN};
-use rolex_core::layout::LAYOUT_VERSION;
-use rolex_host::domain::fabric::bootstrap::Bootstrap;
-use rolex_host::domain::fabric::{probe, LibfabricConfig};
+use common::{free_port, sosd, spawn_with_banner, tmp, wait_for, Guard, Lines, BIN};
+use rolex_host::domain::fabric::probe;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig, KvError, PoolInfo};
-use rolex_host::{EngineConfig, Fabric};
+use rolex_host::kv::{KvClient, KvClientConfig, KvError};
 
 const TOKEN: &str = "f3nce";
 /// Bound on one child or wait; far above what a run takes.
@@ -57,19 +54,6 @@ fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     let r = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
     assert_eq!(r, 0, "signal {sig} to {}", child.id());
-}
-
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A memory node process with its pool in a file.
@@ -145,26 +129,11 @@ impl Node {
     }
 }
 
-/// A compute node: client and lease.
+/// A compute node: client and lease (its writes fenced by the lease).
 fn connect(addr: &str) -> (KvClient, LeaseClient) {
-    let (offer, meta) = Bootstrap::new(TOKEN)
-        .fetch_with_meta(addr, LAYOUT_VERSION)
-        .expect("bootstrap");
-    let pool = PoolInfo::from_offer(&offer).expect("a pool in the offer");
-    let meta = String::from_utf8(meta).expect("a text description");
-    let port: u16 = meta
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("lease="))
-        .expect("a lease port")
-        .parse()
-        .expect("a port");
-    let lease = LeaseClient::acquire(&format!("127.0.0.1:{port}"), TOKEN, LIMIT).expect("lease");
+    let (pool, lease, _) = common::bootstrap_leased(addr, TOKEN, LIMIT);
     let cfg = KvClientConfig {
-        engine: EngineConfig {
-            fabric: Fabric::Libfabric(LibfabricConfig::new("tcp", Some("127.0.0.1"))),
-            pin_workers: false,
-            ..EngineConfig::default()
-        },
+        engine: common::tcp_engine(),
         ..KvClientConfig::default()
     }
     .with_lease(&lease);
@@ -483,16 +452,20 @@ fn a_compute_process_stopped_past_its_lease_writes_nothing_harmful() {
     assert!(lost.is_empty(), "{:?}", &lost[..lost.len().min(10)]);
     drop(s);
     drop(client);
+    assert_no_chain_locked(&node);
+}
+
+/// Waits (bounded) until the memory node reports no chain locked, saying
+/// what it found; fails the test if locks remain.
+fn assert_no_chain_locked(node: &Node) {
     let clear = wait_for(LIMIT, || node.locks().is_empty().then_some(()));
-    eprintln!(
-        "found: chains locked at the end: {}",
-        if clear.is_some() {
-            "none".to_string()
-        } else {
-            node.locks()
-        }
-    );
-    assert!(clear.is_some());
+    let found = if clear.is_some() {
+        "none".to_string()
+    } else {
+        node.locks()
+    };
+    eprintln!("found: chains locked at the end: {found}");
+    assert!(clear.is_some(), "chains locked at the end: {found}");
 }
 
 // ---- the kill test ----
@@ -613,14 +586,5 @@ fn compute_processes_killed_mid_split_lose_no_acknowledged_insert() {
         &missing[..missing.len().min(10)]
     );
     drop(client);
-    let clear = wait_for(LIMIT, || node.locks().is_empty().then_some(()));
-    eprintln!(
-        "found: chains locked at the end: {}",
-        if clear.is_some() {
-            "none".to_string()
-        } else {
-            node.locks()
-        }
-    );
-    assert!(clear.is_some());
+    assert_no_chain_locked(&node);
 }

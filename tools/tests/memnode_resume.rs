@@ -21,13 +21,12 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{assert_fails, free_port, rolex, sosd, spawn_with_banner, tmp, Guard, Lines, BIN};
-use rolex_core::layout::LAYOUT_VERSION;
-use rolex_host::domain::fabric::bootstrap::Bootstrap;
-use rolex_host::domain::fabric::{probe, LibfabricConfig};
+use common::{
+    assert_fails, free_port, rolex, sosd, spawn_with_banner, tmp, wait_for, Guard, Lines, BIN,
+};
+use rolex_host::domain::fabric::probe;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig, PoolInfo};
-use rolex_host::{EngineConfig, Fabric};
+use rolex_host::kv::{KvClient, KvClientConfig};
 
 const TOKEN: &str = "s3cret";
 /// Bound on one child or wait; far above what a run takes.
@@ -82,33 +81,13 @@ struct Compute {
 }
 
 fn connect(addr: &str) -> Compute {
-    let (offer, meta) = Bootstrap::new(TOKEN)
-        .fetch_with_meta(addr, LAYOUT_VERSION)
-        .expect("bootstrap");
-    let pool = PoolInfo::from_offer(&offer).expect("a pool in the offer");
-    let meta = String::from_utf8(meta).expect("a text description");
-    let port: u16 = meta
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("lease="))
-        .expect("a lease port")
-        .parse()
-        .expect("a port");
-    let lease = LeaseClient::acquire(&format!("127.0.0.1:{port}"), TOKEN, LIMIT).expect("lease");
+    let (pool, lease, desc) = common::bootstrap_leased(addr, TOKEN, LIMIT);
     let cfg = KvClientConfig {
-        engine: EngineConfig {
-            fabric: Fabric::Libfabric(LibfabricConfig::new("tcp", Some("127.0.0.1"))),
-            pin_workers: false,
-            ..EngineConfig::default()
-        },
+        engine: common::tcp_engine(),
         lock_owner: lease.owner(),
         ..KvClientConfig::default()
     };
     let client = KvClient::connect(cfg, &pool).expect("connect");
-    let desc = meta
-        .split_whitespace()
-        .filter(|w| !w.starts_with("lease="))
-        .collect::<Vec<_>>()
-        .join(" ");
     Compute {
         client,
         _lease: lease,
@@ -320,20 +299,6 @@ fn a_memory_node_killed_mid_run_resumes_with_every_acknowledged_write() {
     let _ = std::fs::remove_file(&pool);
     let _ = std::fs::remove_file(format!("{pool_arg}.dataset"));
     let _ = std::fs::remove_file(&keys_file);
-}
-
-/// `f()` once it is `Some`, trying for at most `limit`.
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// `rolex memnode --fabric libfabric:tcp --listen … ARGS`, run to its

@@ -123,3 +123,66 @@ pub fn spawn_with_banner(
     let line = rx.recv_timeout(limit).unwrap_or_default();
     (guard, stderr, line)
 }
+
+/// What a compute process gets from a `rolex memnode --fabric libfabric:tcp`
+/// on 127.0.0.1 at `addr`: the pool, a lease from the node's lease server
+/// (its port is in the offered description), and the description without
+/// the lease port.
+pub fn bootstrap_leased(
+    addr: &str,
+    token: &str,
+    limit: std::time::Duration,
+) -> (
+    rolex_host::kv::PoolInfo,
+    rolex_host::kv::lease::LeaseClient,
+    String,
+) {
+    let (offer, meta) = rolex_host::domain::fabric::bootstrap::Bootstrap::new(token)
+        .fetch_with_meta(addr, rolex_core::layout::LAYOUT_VERSION)
+        .expect("bootstrap");
+    let pool = rolex_host::kv::PoolInfo::from_offer(&offer).expect("a pool in the offer");
+    let meta = String::from_utf8(meta).expect("a text description");
+    let port: u16 = meta
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("lease="))
+        .expect("a lease port")
+        .parse()
+        .expect("a port");
+    let lease =
+        rolex_host::kv::lease::LeaseClient::acquire(&format!("127.0.0.1:{port}"), token, limit)
+            .expect("lease");
+    let desc = meta
+        .split_whitespace()
+        .filter(|w| !w.starts_with("lease="))
+        .collect::<Vec<_>>()
+        .join(" ");
+    (pool, lease, desc)
+}
+
+/// The engine of a compute node on `libfabric:tcp` over 127.0.0.1
+/// (workers not pinned: tests share two cores).
+pub fn tcp_engine() -> rolex_host::EngineConfig {
+    rolex_host::EngineConfig {
+        fabric: rolex_host::Fabric::Libfabric(rolex_host::domain::fabric::LibfabricConfig::new(
+            "tcp",
+            Some("127.0.0.1"),
+        )),
+        pin_workers: false,
+        ..rolex_host::EngineConfig::default()
+    }
+}
+
+/// `f()` once it is `Some`, trying every 20 ms for at most `limit` (a
+/// hang guard, not a timing assertion).
+pub fn wait_for<T>(limit: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
