@@ -214,3 +214,38 @@ fn local_range_errors_are_returned_at_once() {
     );
     unchanged(&s);
 }
+
+/// A queue pair remembers the last region it hit (the loopback NIC's
+/// region cache): once the target deregisters it, the same channel's next
+/// read is refused with an unknown key, and a region registered after it
+/// is reached.
+#[test]
+fn a_channel_never_reaches_a_region_deregistered_after_its_last_read() {
+    bounded(|| {
+        let (s, dd) = setup(Access::all());
+        let mut ch = s.a.channel().unwrap();
+        let read = |ch: &mut batch::Channel, desc: &MrDesc| {
+            let mut results = Vec::new();
+            ch.run(
+                &[batch::BatchOp::Read {
+                    dst: &s.src,
+                    dst_offset: 0,
+                    src: desc,
+                    src_offset: 0,
+                    len: 16,
+                }],
+                &mut results,
+            )
+            .unwrap();
+            results.remove(0)
+        };
+        assert_eq!(read(&mut ch, &dd), Ok(0));
+        assert_eq!(s.src.to_vec(0, 16).unwrap(), vec![0x11; 16]);
+        s.b.dereg_mr(&s.dst).unwrap();
+        expect_check(read(&mut ch, &dd), |c| *c == ProtectionCheck::UnknownKey);
+        let (other, od) = s.b.alloc_mr(64, Access::all()).unwrap();
+        other.fill(0x22).unwrap();
+        assert_eq!(read(&mut ch, &od), Ok(0));
+        assert_eq!(s.src.to_vec(0, 16).unwrap(), vec![0x22; 16]);
+    });
+}

@@ -20,7 +20,7 @@
 //! reader refreshes (see `fetch_model` and the lock's check).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
@@ -40,6 +40,11 @@ pub(crate) struct ModelView {
     pub(crate) fences: Vec<u64>,
     /// Synonyms after each training leaf, in chain order, as last learned.
     chains: RwLock<HashMap<u64, Vec<LeafAddr>>>,
+    /// Whether `chains` ever held an entry: while it never did, a get
+    /// skips its lock (a cache line every reading thread would write).
+    /// A learned chain is a hint (the chase follows the leaves' links), so
+    /// a reader that just misses one being learned only walks a hop more.
+    any_chain: AtomicBool,
     /// The SLT's slots as read (index = slot; slot 0 unused here): a slot
     /// not claimed when it was read holds 0 or the free leaf the agent
     /// stashed there for whoever claims it (see [`Self::stash_leaf`]).
@@ -128,6 +133,7 @@ impl ModelView {
             segments,
             lt,
             fences,
+            any_chain: AtomicBool::new(!chains.is_empty()),
             chains: RwLock::new(chains),
             stashed: stash
                 .iter()
@@ -199,6 +205,9 @@ impl ModelView {
     /// Appends chain `j` as cached (training leaf first) to `out`.
     pub(crate) fn chain(&self, j: u64, out: &mut Vec<LeafAddr>) {
         out.push(self.training_leaf(j));
+        if !self.any_chain.load(Relaxed) {
+            return;
+        }
         let g = self.chains.read().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = g.get(&j) {
             out.extend_from_slice(c);
@@ -212,6 +221,7 @@ impl ModelView {
             g.remove(&j);
         } else {
             g.insert(j, synonyms);
+            self.any_chain.store(true, Relaxed);
         }
     }
 

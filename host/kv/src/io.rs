@@ -164,57 +164,54 @@ impl Io {
         if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
             self.check_lease()?;
         }
-        let mut batch = Vec::with_capacity(ops.len());
-        for op in ops {
-            batch.push(match *op {
-                Op::Read { remote, local, len } => {
-                    self.cur.bytes_read += len;
-                    BatchOp::Read {
-                        dst: &self.rbuf,
-                        dst_offset: local,
-                        src: pool,
-                        src_offset: remote,
-                        len,
-                    }
+        let (rbuf, wbuf, cur) = (&self.rbuf, &self.wbuf, &mut self.cur);
+        let batch = ops.iter().map(|op| match *op {
+            Op::Read { remote, local, len } => {
+                cur.bytes_read += len;
+                BatchOp::Read {
+                    dst: rbuf,
+                    dst_offset: local,
+                    src: pool,
+                    src_offset: remote,
+                    len,
                 }
-                Op::Write { remote, local, len } => {
-                    self.cur.bytes_written += len;
-                    BatchOp::Write {
-                        src: &self.wbuf,
-                        src_offset: local,
-                        dst: pool,
-                        dst_offset: remote,
-                        len,
-                        imm: None,
-                    }
+            }
+            Op::Write { remote, local, len } => {
+                cur.bytes_written += len;
+                BatchOp::Write {
+                    src: wbuf,
+                    src_offset: local,
+                    dst: pool,
+                    dst_offset: remote,
+                    len,
+                    imm: None,
                 }
-                Op::Cas {
-                    remote,
+            }
+            Op::Cas {
+                remote,
+                expected,
+                new,
+            } => {
+                cur.atomics += 1;
+                BatchOp::Cas {
+                    dst: pool,
+                    offset: remote,
                     expected,
                     new,
-                } => {
-                    self.cur.atomics += 1;
-                    BatchOp::Cas {
-                        dst: pool,
-                        offset: remote,
-                        expected,
-                        new,
-                    }
                 }
-                Op::Faa { remote, add } => {
-                    self.cur.atomics += 1;
-                    BatchOp::Faa {
-                        dst: pool,
-                        offset: remote,
-                        add,
-                    }
+            }
+            Op::Faa { remote, add } => {
+                cur.atomics += 1;
+                BatchOp::Faa {
+                    dst: pool,
+                    offset: remote,
+                    add,
                 }
-            });
-        }
+            }
+        });
+        let done = self.ch.run_iter(batch, &mut self.results);
         self.cur.rtts += 1;
-        self.ch
-            .run(&batch, &mut self.results)
-            .map_err(transfer(during))
+        done.map_err(transfer(during))
     }
 
     /// `Ok` unless this client has a lease and it is not valid now: then

@@ -218,6 +218,17 @@ struct Owner {
     path: Vec<LeafAddr>,
 }
 
+/// Buffers a session's gets reuse instead of allocating per operation.
+#[derive(Default)]
+struct HotBuffers {
+    /// A get's doorbell batch.
+    ops: Vec<Op>,
+    /// Where its leaves land in the read buffer.
+    reads: LeafReads,
+    /// The last owner leaf's bytes (any contents; resized before use).
+    leaf: Vec<u8>,
+}
+
 /// Where a chase ended.
 enum Chase {
     /// At the leaf that owns the key.
@@ -278,6 +289,8 @@ pub struct KvSession {
     io: Io,
     counters: Arc<SessionCounters>,
     chain: Vec<LeafAddr>,
+    /// Buffers the get path reuses.
+    hot: HotBuffers,
     /// Unlock posted and not awaited (unordered fabric).
     pending: Option<PendingUnlock>,
     leaf_size: u64,
@@ -327,6 +340,7 @@ impl KvSession {
             io,
             counters,
             chain: Vec::new(),
+            hot: HotBuffers::default(),
             pending: None,
             leaf_size,
             rng,
@@ -756,8 +770,19 @@ impl KvSession {
     /// Plans READs of `chain` after `base` bytes of the read buffer, as many
     /// as fit; returns (address, local offset) of each.
     fn plan_reads(&mut self, base: u64, ops: &mut Vec<Op>) -> Result<LeafReads, KvError> {
-        let region = self.shared.region;
         let mut out = Vec::with_capacity(self.chain.len());
+        self.plan_reads_into(base, ops, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::plan_reads`] into `out`.
+    fn plan_reads_into(
+        &mut self,
+        base: u64,
+        ops: &mut Vec<Op>,
+        out: &mut LeafReads,
+    ) -> Result<(), KvError> {
+        let region = self.shared.region;
         for (i, &addr) in self.chain.iter().enumerate() {
             let local = base + i as u64 * self.leaf_size;
             if local + self.leaf_size > self.io.read_cap() {
@@ -771,13 +796,15 @@ impl KvSession {
             out.push((addr, local));
         }
         self.io.cur.leaves_read += out.len() as u64;
-        Ok(out)
+        Ok(())
     }
 
     /// The validated bytes of the leaf at `addr`: from the batch if it was
     /// read there and is intact, else read alone until it validates.
     fn leaf(&mut self, addr: LeafAddr, batch: &[(LeafAddr, u64)]) -> Result<Vec<u8>, KvError> {
-        let mut bytes = vec![0u8; self.leaf_size as usize];
+        // The get path hands its last owner leaf's buffer back (`hot`).
+        let mut bytes = std::mem::take(&mut self.hot.leaf);
+        bytes.resize(self.leaf_size as usize, 0);
         if let Some(&(_, local)) = batch.iter().find(|(a, _)| *a == addr) {
             self.io.local(local, &mut bytes)?;
             if valid(&bytes) {
@@ -888,21 +915,36 @@ impl KvSession {
 
     /// One attempt of a get through the chain `at`: the value found
     /// (`Some(None)`: absent), or `None` when the model view was stale.
+    ///
+    /// The hot path of the store: its op list, its reads' plan and the
+    /// owner leaf's bytes live in buffers the session reuses (an error
+    /// drops them; the next get allocates anew).
     fn get_once(&mut self, key: u64, at: &ChainAt) -> Result<Option<Option<SlotValue>>, KvError> {
         let pool = self.shared.pool.clone();
-        let (mut ops, base, posted) = self.model_check(at.m, &at.view)?;
-        let batch = self.plan_reads(base, &mut ops)?;
+        let mut ops = std::mem::take(&mut self.hot.ops);
+        ops.clear();
+        let posted = clock_ns();
+        let base = self.model_check_at(at.m, &at.view, 0, posted, &mut ops)?;
+        let mut batch = std::mem::take(&mut self.hot.reads);
+        batch.clear();
+        self.plan_reads_into(base, &mut ops, &mut batch)?;
         self.io.run(&pool, &ops, "get")?;
+        self.hot.ops = ops;
         if !self.still_current(&at.view, posted)? {
+            self.hot.reads = batch;
             return Ok(None);
         }
-        match self.chase(at.m as u64, key, self.chain[0], 0, &batch)? {
+        let found = match self.chase(at.m as u64, key, self.chain[0], 0, &batch)? {
             Chase::Owner(owner) => {
                 self.learn(&at.view, at.j, &owner.path, owner.addr);
-                Ok(Some(lookup(&owner.bytes, key)))
+                let v = lookup(&owner.bytes, key);
+                self.hot.leaf = owner.bytes;
+                Some(v)
             }
-            Chase::Stale => Ok(None),
-        }
+            Chase::Stale => None,
+        };
+        self.hot.reads = batch;
+        Ok(found)
     }
 
     /// The slot values of `keys`: every key's chain (as its cached model

@@ -26,7 +26,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rolex_core::wire::{Access, NetAddr};
 
-use super::fabric::NicState;
+use super::fabric::{NicState, RegionCache};
 use super::LoopbackConfig;
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Incoming, Progress, WorkOp, WorkRequest};
@@ -70,7 +70,7 @@ pub struct LoopbackEndpoint {
     nic: Arc<NicState>,
     cfg: LoopbackConfig,
     /// Resolved peers (an address vector).
-    peers: HashMap<NetAddr, Arc<NicState>>,
+    peers: Peers,
     /// Posted, not yet executed: `(due, request)`, due times non-decreasing.
     inflight: VecDeque<(Instant, Posted)>,
     waiting: VecDeque<WaitingSend>,
@@ -81,6 +81,8 @@ pub struct LoopbackEndpoint {
     fault_rng: Option<StdRng>,
     scratch: Vec<Posted>,
     done_scratch: Vec<Completion>,
+    /// The region the last operation hit (see [`RegionCache`]).
+    regions: RegionCache,
 }
 
 impl LoopbackEndpoint {
@@ -95,7 +97,7 @@ impl LoopbackEndpoint {
         LoopbackEndpoint {
             nic,
             cfg,
-            peers: HashMap::new(),
+            peers: Peers::default(),
             inflight: VecDeque::new(),
             waiting: VecDeque::new(),
             ready: Vec::new(),
@@ -104,6 +106,7 @@ impl LoopbackEndpoint {
             fault_rng,
             scratch: Vec::new(),
             done_scratch: Vec::new(),
+            regions: RegionCache::default(),
         }
     }
 
@@ -111,24 +114,6 @@ impl LoopbackEndpoint {
     /// or shuffling configured).
     fn direct(&self) -> bool {
         self.cfg.latency.is_zero() && self.cfg.bandwidth_gbps.is_none() && self.rng.is_none()
-    }
-
-    fn target(&mut self, peer: &NetAddr) -> Result<Arc<NicState>, TransferError> {
-        let nic = match self.peers.get(peer) {
-            Some(n) if n.alive() => n.clone(),
-            _ => {
-                self.peers.remove(peer);
-                let n = NicState::lookup(peer)
-                    .filter(|n| n.alive())
-                    .ok_or(TransferError::UnknownPeer { peer: *peer })?;
-                self.peers.insert(*peer, n.clone());
-                n
-            }
-        };
-        if nic.failed() {
-            return Err(TransferError::PeerFailed { peer: *peer });
-        }
-        Ok(nic)
     }
 
     fn exec(&mut self, op: &WorkOp) -> Exec {
@@ -141,10 +126,11 @@ impl LoopbackEndpoint {
 
     /// Runs one operation; `Ok(None)` when a send must wait for a buffer.
     fn exec_inner(&mut self, op: &WorkOp) -> Result<Option<u64>, TransferError> {
-        let t = self.target(op.peer())?;
+        let t = target(&mut self.peers, op.peer())?;
         match op {
             WorkOp::Read { local, remote, len } => {
-                let (region, off) = t.check(remote, *len, Access::REMOTE_READ)?;
+                let (region, off) =
+                    t.check(&mut self.regions, remote, *len, Access::REMOTE_READ)?;
                 let rg = region
                     .enter()
                     .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
@@ -167,7 +153,8 @@ impl LoopbackEndpoint {
                 len,
                 imm,
             } => {
-                let (region, off) = t.check(remote, *len, Access::REMOTE_WRITE)?;
+                let (region, off) =
+                    t.check(&mut self.regions, remote, *len, Access::REMOTE_WRITE)?;
                 if let Some(local) = local {
                     let rg = region
                         .enter()
@@ -194,7 +181,7 @@ impl LoopbackEndpoint {
                 expected,
                 new,
             } => {
-                let (region, off) = t.check(remote, 8, Access::REMOTE_ATOMIC)?;
+                let (region, off) = t.check(&mut self.regions, remote, 8, Access::REMOTE_ATOMIC)?;
                 let rg = region
                     .enter()
                     .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
@@ -208,7 +195,7 @@ impl LoopbackEndpoint {
                 ))
             }
             WorkOp::Faa { remote, add } => {
-                let (region, off) = t.check(remote, 8, Access::REMOTE_ATOMIC)?;
+                let (region, off) = t.check(&mut self.regions, remote, 8, Access::REMOTE_ATOMIC)?;
                 let rg = region
                     .enter()
                     .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
@@ -267,8 +254,8 @@ impl LoopbackEndpoint {
     }
 
     /// Runs one request now: completes it, or parks a send that found no
-    /// receive buffer.
-    fn run(&mut self, posted: Posted, now: Instant, out: &mut Vec<Completion>) {
+    /// receive buffer (`now`: the caller's clock, read here if `None`).
+    fn run(&mut self, posted: Posted, now: Option<Instant>, out: &mut Vec<Completion>) {
         let Posted { wr, fault } = posted;
         if fault == Some(Fault::Before) {
             let err = injected(&wr.op);
@@ -277,12 +264,15 @@ impl LoopbackEndpoint {
         }
         match self.exec(&wr.op) {
             Exec::Done(r) => self.finish(wr.wr_id, after(fault, &wr.op, r), out),
-            Exec::NoBuffer => self.waiting.push_back(WaitingSend {
-                since: now,
-                next_try: now + SEND_RETRY,
-                wr,
-                fault,
-            }),
+            Exec::NoBuffer => {
+                let now = now.unwrap_or_else(Instant::now);
+                self.waiting.push_back(WaitingSend {
+                    since: now,
+                    next_try: now + SEND_RETRY,
+                    wr,
+                    fault,
+                })
+            }
         }
     }
 
@@ -333,6 +323,45 @@ impl LoopbackEndpoint {
     }
 }
 
+/// An endpoint's resolved peers (an address vector), with the last one
+/// used kept apart: a queue pair mostly talks to one peer, and comparing
+/// its address is cheaper than hashing it.
+#[derive(Default)]
+struct Peers {
+    last: Option<(NetAddr, Arc<NicState>)>,
+    all: HashMap<NetAddr, Arc<NicState>>,
+}
+
+/// The live NIC at `peer`, resolved through (and kept in) `peers`. Borrowed,
+/// not cloned: every thread reading one target would otherwise write its
+/// reference count's cache line on each operation.
+fn target<'p>(peers: &'p mut Peers, peer: &NetAddr) -> Result<&'p Arc<NicState>, TransferError> {
+    let hit = matches!(&peers.last, Some((a, n)) if a == peer && n.alive());
+    if !hit {
+        let known = peers.all.get(peer).filter(|n| n.alive()).cloned();
+        let nic = match known {
+            Some(n) => n,
+            None => {
+                peers.all.remove(peer);
+                let n = NicState::lookup(peer)
+                    .filter(|n| n.alive())
+                    .ok_or(TransferError::UnknownPeer { peer: *peer })?;
+                peers.all.insert(*peer, n.clone());
+                n
+            }
+        };
+        peers.last = Some((*peer, nic));
+    }
+    let nic = match &peers.last {
+        Some((_, n)) => n,
+        None => return Err(TransferError::UnknownPeer { peer: *peer }),
+    };
+    if nic.failed() {
+        return Err(TransferError::PeerFailed { peer: *peer });
+    }
+    Ok(nic)
+}
+
 /// The error of an injected fault on `op`.
 fn injected(op: &WorkOp) -> TransferError {
     TransferError::InjectedFault {
@@ -361,17 +390,18 @@ impl Endpoint for LoopbackEndpoint {
             return;
         }
         Counters::bump(&self.nic.counters.doorbells, 1);
-        let now = Instant::now();
         if self.direct() {
+            // No clock: a send parked for want of a buffer reads its own.
             let mut out = std::mem::take(&mut self.ready);
             for wr in batch.drain(..) {
                 self.nic.counters.count_posted(&wr.op);
                 let fault = self.draw_fault();
-                self.run(Posted { wr, fault }, now, &mut out);
+                self.run(Posted { wr, fault }, None, &mut out);
             }
             self.ready = out;
             return;
         }
+        let now = Instant::now();
         for wr in batch.drain(..) {
             self.nic.counters.count_posted(&wr.op);
             let bytes = match &wr.op {
@@ -386,6 +416,11 @@ impl Endpoint for LoopbackEndpoint {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress {
+        if self.inflight.is_empty() && self.waiting.is_empty() {
+            // Nothing modelled in flight: what ran at post time is ready.
+            out.append(&mut self.ready);
+            return Progress::Idle;
+        }
         let now = Instant::now();
         if !self.inflight.is_empty() {
             let mut due = std::mem::take(&mut self.scratch);
@@ -403,7 +438,7 @@ impl Endpoint for LoopbackEndpoint {
                     chunk.shuffle(rng);
                 }
                 for posted in chunk {
-                    self.run(posted, now, &mut done);
+                    self.run(posted, Some(now), &mut done);
                 }
                 if let Some(rng) = &mut self.rng {
                     done.shuffle(rng);

@@ -8,7 +8,9 @@
 //! is never touched after its regions are deregistered.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::thread::Thread;
 
@@ -25,6 +27,10 @@ use crate::region::Region;
 pub(crate) struct NicState {
     pub(crate) addr: NetAddr,
     regions: RwLock<HashMap<u64, Arc<Region>>>,
+    /// Names the current contents of `regions`: a value no other NIC and
+    /// no earlier contents of this one had (from [`next_epoch`]), so an
+    /// endpoint's [`RegionCache`] entry is good while it still reads it.
+    epoch: AtomicU64,
     /// Receive buffers, shared by all NICs of one engine (one pool per
     /// engine: a send to any of its addresses lands in it).
     pub(crate) recvq: Arc<SegQueue<RecvBuffer>>,
@@ -37,6 +43,22 @@ pub(crate) struct NicState {
     pub(crate) counters: Counters,
 }
 
+/// A fabric-wide unique value for [`NicState::epoch`].
+fn next_epoch() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
+
+/// An endpoint's memory of the last region its operations hit: the
+/// protection check of the next operation on the same key skips the
+/// registry's lock and the region's reference count (both cache lines
+/// every thread reading one pool would otherwise write). Good while the
+/// NIC's epoch is the one it was filled under; a region deregistered just
+/// after the epoch was read is refused by its guard (`Region::enter`), as
+/// it is when the registry lookup races with deregistration.
+#[derive(Default)]
+pub(crate) struct RegionCache(Option<(u64, u64, Arc<Region>)>);
+
 fn registry() -> &'static RwLock<HashMap<NetAddr, Arc<NicState>>> {
     static REGISTRY: OnceLock<RwLock<HashMap<NetAddr, Arc<NicState>>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
@@ -48,6 +70,7 @@ impl NicState {
         let nic = Arc::new(NicState {
             addr,
             regions: RwLock::new(HashMap::new()),
+            epoch: AtomicU64::new(next_epoch()),
             recvq,
             incoming: SegQueue::new(),
             waker: OnceLock::new(),
@@ -74,10 +97,10 @@ impl NicState {
             reg.remove(&self.addr);
         }
         drop(reg);
-        self.regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        let mut map = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        map.clear();
+        self.epoch.store(next_epoch(), Release);
+        drop(map);
         while self.incoming.pop().is_some() {}
         while self.recvq.pop().is_some() {}
     }
@@ -109,46 +132,58 @@ impl NicState {
             return false;
         }
         map.insert(rkey, region);
+        self.epoch.store(next_epoch(), Release);
         true
     }
 
     pub(crate) fn remove_region(&self, rkey: u64) {
-        self.regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&rkey);
+        let mut map = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        map.remove(&rkey);
+        self.epoch.store(next_epoch(), Release);
     }
 
     /// The NIC's protection check: the region named by `remote.rkey` and
     /// the offset of `[remote.addr, +len)` in it, if the key is known, the
     /// range inside the region and `right` granted; for atomics (`len ==
     /// 8` with `REMOTE_ATOMIC`) the address must also be 8-byte aligned.
-    pub(crate) fn check(
+    /// `cache` remembers the region found for the next check.
+    pub(crate) fn check<'c>(
         &self,
+        cache: &'c mut RegionCache,
         remote: &Remote,
         len: u64,
         right: Access,
-    ) -> Result<(Arc<Region>, u64), TransferError> {
+    ) -> Result<(&'c Region, u64), TransferError> {
         let fail = |check| TransferError::Protection {
             peer: self.addr,
             rkey: remote.rkey,
             check,
         };
-        let region = self
-            .regions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&remote.rkey)
-            .cloned()
-            .ok_or(fail(ProtectionCheck::UnknownKey))?;
-        let out = fail(ProtectionCheck::OutOfBounds {
-            addr: remote.addr,
-            len,
-        });
-        let offset = remote.addr.checked_sub(region.addr()).ok_or(out.clone())?;
+        let epoch = self.epoch.load(Acquire);
+        let hit = matches!(&cache.0, Some((e, k, _)) if *e == epoch && *k == remote.rkey);
+        if !hit {
+            let found = self
+                .regions
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&remote.rkey)
+                .cloned();
+            cache.0 = found.map(|r| (epoch, remote.rkey, r));
+        }
+        let region = match &cache.0 {
+            Some((_, _, r)) => &**r,
+            None => return Err(fail(ProtectionCheck::UnknownKey)),
+        };
+        let out = || {
+            fail(ProtectionCheck::OutOfBounds {
+                addr: remote.addr,
+                len,
+            })
+        };
+        let offset = remote.addr.checked_sub(region.addr()).ok_or_else(out)?;
         match offset.checked_add(len) {
             Some(end) if end <= region.len() => {}
-            _ => return Err(out),
+            _ => return Err(out()),
         }
         if !region.access().contains(right) {
             return Err(fail(ProtectionCheck::MissingRight(right)));
