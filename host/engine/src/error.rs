@@ -359,6 +359,14 @@ pub enum TransferError {
     /// A local region used by an operation is not registered with the NIC
     /// that posts it (the provider needs local descriptors).
     LocalNotRegistered,
+    /// A write carries an immediate, and the NIC's provider has fewer
+    /// than 4 bytes of remote CQ data (`cq_data_size`).
+    NoImmediates {
+        /// The provider.
+        provider: String,
+        /// Its `cq_data_size`.
+        cq_data_size: usize,
+    },
 }
 
 impl fmt::Display for TransferError {
@@ -484,6 +492,14 @@ impl fmt::Display for TransferError {
             LocalNotRegistered => {
                 f.write_str("local region is not registered with the NIC posting the operation")
             }
+            NoImmediates {
+                provider,
+                cq_data_size,
+            } => write!(
+                f,
+                "provider {provider} carries {cq_data_size} bytes of remote CQ data: \
+                 a 32-bit immediate needs 4"
+            ),
         }
     }
 }

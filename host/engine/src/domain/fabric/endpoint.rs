@@ -137,6 +137,12 @@ impl FabricEndpoint {
                 len,
                 imm,
             } => {
+                if imm.is_some() && !inner.claims.immediates {
+                    return Err(TransferError::NoImmediates {
+                        provider: inner.provider.clone(),
+                        cq_data_size: inner.order.cq_data_size,
+                    });
+                }
                 let to = target(live, &remote)?;
                 let (offset, desc) = match &local {
                     Some(l) if len > 0 => (l.offset, pin(&mut ctx, l, len)?),

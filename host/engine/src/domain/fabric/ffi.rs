@@ -96,6 +96,8 @@ pub(crate) struct Granted {
     pub(crate) mr_mode: u64,
     pub(crate) mr_key_size: usize,
     pub(crate) msg_order: u64,
+    /// What bounds ordering and immediates (see `efa::Claims`).
+    pub(crate) order: super::efa::OrderAttrs,
     pub(crate) manual_progress: bool,
     /// Whether writes may ask for `FI_DELIVERY_COMPLETE`: their completion
     /// then means the data is visible in the target's memory.
@@ -219,10 +221,12 @@ impl Info {
     pub(crate) fn granted(&self) -> Granted {
         let p = self.list.as_ptr();
         // SAFETY: a non-null `fi_info` from `fi_getinfo` has non-null
-        // attribute structs and a NUL-terminated provider name.
+        // attribute structs (transmit, receive, endpoint, domain, fabric)
+        // and a NUL-terminated provider name.
         unsafe {
             let d = &*(*p).domain_attr;
             let f = &*(*p).fabric_attr;
+            let (tx, rx, ep) = (&*(*p).tx_attr, &*(*p).rx_attr, &*(*p).ep_attr);
             let provider = if f.prov_name.is_null() {
                 String::new()
             } else {
@@ -233,7 +237,17 @@ impl Info {
                 api_version: self.api_version,
                 mr_mode: u64::from(d.mr_mode as u32),
                 mr_key_size: d.mr_key_size,
-                msg_order: (*(*p).tx_attr).msg_order,
+                msg_order: tx.msg_order,
+                order: super::efa::OrderAttrs {
+                    tx_msg_order: tx.msg_order,
+                    rx_msg_order: rx.msg_order,
+                    max_msg_size: ep.max_msg_size,
+                    max_order_raw_size: ep.max_order_raw_size,
+                    max_order_war_size: ep.max_order_war_size,
+                    max_order_waw_size: ep.max_order_waw_size,
+                    cq_data_size: d.cq_data_size,
+                    inject_size: tx.inject_size,
+                },
                 manual_progress: d.data_progress == sys::FI_PROGRESS_MANUAL,
                 delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE != 0,
                 shared_memory: (*(*p).ep_attr).protocol == sys::FI_PROTO_SHM,

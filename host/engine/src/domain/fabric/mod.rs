@@ -20,9 +20,14 @@
 //!   ([`LibfabricDomain::negotiated`]). On `efa` with API 1.18 or newer
 //!   the endpoint refuses shared memory, so same-host peers go through
 //!   the NIC like remote ones.
-//! - Ordering ([`Domain::ordered`]) is read from the provider's
-//!   `tx_attr->msg_order` at start-up: ordered when it grants
-//!   read-after-write and write-after-write, never by provider name.
+//! - Ordering ([`Domain::ordered`]) and immediates
+//!   ([`Domain::immediates`]) are decided at start-up from what the
+//!   provider's `fi_info` grants, never by provider name
+//!   ([`efa::Claims::of_domain`]): ordered when the transmit and receive
+//!   `msg_order` grant read-after-write and write-after-write *and*
+//!   `max_order_{raw,waw}_size` cover every message size; immediates when
+//!   `cq_data_size` holds 32 bits (a write carrying one is refused before
+//!   posting otherwise).
 //! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
 //!   queue is read, and a peer's one-sided write leaves no completion at
 //!   its target, so someone must read the queue while the domain lives.
@@ -212,6 +217,11 @@ pub struct Negotiated {
     /// The memory-registration mode (`domain_attr->mr_mode`, `FI_MR_*`
     /// bits).
     pub mr_mode: u64,
+    /// What bounds ordering and immediates, as `fi_getinfo` granted it.
+    pub order: efa::OrderAttrs,
+    /// What the domain claims from it ([`Domain::ordered`],
+    /// [`Domain::immediates`]).
+    pub claims: efa::Claims,
     /// Shared memory was refused (`FI_OPT_SHARED_MEMORY_PERMITTED` off and
     /// the provider agreed): same-host peers go through the NIC.
     pub shared_memory_off: bool,
@@ -230,13 +240,23 @@ impl std::fmt::Display for Negotiated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "libfabric {} ({}), API {}, provider {}, msg_order {:#x}, mr_mode {:#x}",
+            "libfabric {} ({}), API {}, provider {}, msg_order {:#x}, mr_mode {:#x}, {}, {}",
             version_text(self.library_version),
             self.library,
             version_text(self.api_version),
             self.provider,
             self.msg_order,
-            self.mr_mode
+            self.mr_mode,
+            if self.claims.ordered {
+                "ordered"
+            } else {
+                "unordered"
+            },
+            if self.claims.immediates {
+                "immediates"
+            } else {
+                "no immediates"
+            },
         )?;
         if self.shared_memory_off {
             f.write_str(", shared memory off")?;
@@ -414,7 +434,12 @@ pub(crate) struct Inner {
     scheme: MrScheme,
     mr_local: bool,
     mr_endpoint: bool,
-    ordered: bool,
+    /// Ordering and immediates (see the module docs), and what they were
+    /// decided from.
+    claims: efa::Claims,
+    order: efa::OrderAttrs,
+    /// The provider chosen (for errors).
+    provider: String,
     manual_progress: bool,
     delivery_complete: bool,
     shared_memory: bool,
@@ -516,8 +541,7 @@ impl LibfabricDomain {
             }
             _ => return Err(unsupported("application keys shorter than 8 bytes")),
         };
-        let order = libfabric_sys::FI_ORDER_RAW | libfabric_sys::FI_ORDER_WAW;
-        let ordered = g.msg_order & order == order;
+        let claims = efa::Claims::of_domain(&g.order);
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
         let want_wait = cfg.wait_fd && wait_signals_data(&g.provider);
@@ -536,6 +560,8 @@ impl LibfabricDomain {
             provider: g.provider.clone(),
             msg_order: g.msg_order,
             mr_mode: g.mr_mode,
+            order: g.order,
+            claims,
             shared_memory_off,
         };
         // Read after the endpoint is bound: the provider adds its sockets
@@ -577,7 +603,9 @@ impl LibfabricDomain {
             scheme,
             mr_local: g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0,
             mr_endpoint: g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0,
-            ordered,
+            claims,
+            order: g.order,
+            provider: g.provider.clone(),
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
             shared_memory: g.shared_memory,
@@ -1193,7 +1221,11 @@ impl Domain for LibfabricDomain {
     }
 
     fn ordered(&self) -> bool {
-        self.inner.ordered
+        self.inner.claims.ordered
+    }
+
+    fn immediates(&self) -> bool {
+        self.inner.claims.immediates
     }
 
     fn atomic_profile(&self) -> crate::atomics::AtomicProfile {
@@ -1312,12 +1344,26 @@ mod tests {
             provider: "efa".into(),
             msg_order: 0x12,
             mr_mode: 0x2f0,
+            order: efa::OrderAttrs {
+                tx_msg_order: 0x12,
+                rx_msg_order: 0x12,
+                max_msg_size: usize::MAX,
+                max_order_raw_size: 0,
+                max_order_war_size: 0,
+                max_order_waw_size: 0,
+                cq_data_size: 4,
+                inject_size: 32,
+            },
+            claims: efa::Claims {
+                ordered: false,
+                immediates: true,
+            },
             shared_memory_off: true,
         };
         assert_eq!(
             n.to_string(),
             "libfabric 2.1 (libfabric.so.1), API 2.1, provider efa, msg_order 0x12, \
-             mr_mode 0x2f0, shared memory off"
+             mr_mode 0x2f0, unordered, immediates, shared memory off"
         );
     }
 }
