@@ -306,12 +306,10 @@ impl Endpoint for FabricEndpoint {
                 post,
                 seq: Some(seq),
             };
-            // Keep posting order: nothing overtakes a refused post.
-            if !live.retry.is_empty() {
-                live.retry.push_back(p);
-            } else if let Err(p) = inner.try_post(live, p) {
-                live.retry.push_back(p);
-            }
+            // Keep posting order per peer: nothing overtakes a refused
+            // post to the same peer; other peers go on.
+            let fi_addr = p.post.fi_addr();
+            inner.submit(live, fi_addr, p);
         }
         chain.clear();
         self.chain = chain;
@@ -340,7 +338,8 @@ impl Endpoint for FabricEndpoint {
             Some(live) => {
                 inner.progress(live, Some(&self.sink));
                 inner.endpoint_polled.store(true, Relaxed);
-                (Some(live.last_activity.elapsed()), !live.retry.is_empty())
+                let retrying = !live.retry.is_empty() || !live.recv_retry.is_empty();
+                (Some(live.last_activity.elapsed()), retrying)
             }
             None => (None, false),
         };
@@ -448,12 +447,11 @@ impl Endpoint for FabricEndpoint {
                 }
             }
             // Never posted: drop them here.
-            let keep: Vec<Pending> = live
-                .retry
-                .drain(..)
-                .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
-                .collect();
-            live.retry.extend(keep);
+            let meta = &live.retry_meta;
+            drop(
+                live.retry
+                    .drain_where(|p| p.seq.is_some_and(|s| !meta.contains_key(&s))),
+            );
         }
         drop(g);
         while let Some(c) = self.sink.queue.pop() {

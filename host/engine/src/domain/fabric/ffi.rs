@@ -793,6 +793,22 @@ pub(crate) enum Post {
     Recv { desc: usize },
 }
 
+impl Post {
+    /// The address-vector entry of the peer the operation goes to
+    /// (`FI_ADDR_UNSPEC` for a receive, which takes from any).
+    pub(crate) fn fi_addr(&self) -> u64 {
+        match *self {
+            Post::Write { to, .. }
+            | Post::WriteChain { to, .. }
+            | Post::Cas { to, .. }
+            | Post::Faa { to, .. } => to.fi_addr,
+            Post::Read { from, .. } => from.fi_addr,
+            Post::Send { fi_addr, .. } => fi_addr,
+            Post::Recv { .. } => sys::FI_ADDR_UNSPEC,
+        }
+    }
+}
+
 impl Ep {
     /// Posts `op` with `ctx`. On success the context is the provider's
     /// until its completion; on failure (`-FI_EAGAIN` included) it is

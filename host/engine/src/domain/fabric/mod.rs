@@ -74,6 +74,7 @@ pub mod efa;
 mod endpoint;
 mod ffi;
 pub mod keys;
+mod retry;
 mod waiter;
 
 use std::collections::{HashMap, VecDeque};
@@ -321,6 +322,10 @@ struct Pending {
     seq: Option<u64>,
 }
 
+/// Per-peer queues of refused operations, by the peer's address-vector
+/// entry (module `retry`).
+type RetryByPeer = retry::RetryQueues<u64, Pending>;
+
 /// Where an endpoint's completions go, and how many it has outstanding.
 pub(crate) struct Sink {
     queue: SegQueue<Completion>,
@@ -377,8 +382,11 @@ struct Live {
     order: VecDeque<u64>,
     /// Failed by timeout or flush while the provider still owns them.
     abandoned: HashMap<u64, Leaked>,
-    /// Waiting for `-FI_EAGAIN` to clear, in posting order.
-    retry: VecDeque<Pending>,
+    /// Operations waiting for `-FI_EAGAIN` to clear, per peer, each
+    /// peer's in posting order (a peer in back-off stalls only itself).
+    retry: RetryByPeer,
+    /// Receives waiting for `-FI_EAGAIN` to clear, in posting order.
+    recv_retry: VecDeque<Pending>,
     /// Metadata of operations in `retry`.
     retry_meta: HashMap<u64, OpMeta>,
     /// Posted receives, by context address.
@@ -585,7 +593,8 @@ impl LibfabricDomain {
             inflight: HashMap::new(),
             order: VecDeque::new(),
             abandoned: HashMap::new(),
-            retry: VecDeque::new(),
+            retry: RetryByPeer::default(),
+            recv_retry: VecDeque::new(),
             retry_meta: HashMap::new(),
             recvs: HashMap::new(),
             last_activity: Instant::now(),
@@ -913,20 +922,42 @@ impl Inner {
         }
     }
 
-    /// Posts what waited for `-FI_EAGAIN` to clear, in order; stops at
-    /// the first that is refused again.
+    /// Posts what waited for `-FI_EAGAIN` to clear: each peer's queue in
+    /// order until the peer refuses again, then the receives in order.
     fn retry(&self, live: &mut Live) -> usize {
         let mut posted = 0;
-        while let Some(p) = live.retry.pop_front() {
+        if !live.retry.is_empty() {
+            let mut queues = std::mem::take(&mut live.retry);
+            posted += queues.retry(Instant::now(), |p| match self.try_post(live, p) {
+                Ok(()) => retry::Attempt::Done,
+                Err(p) => retry::Attempt::Again(p),
+            });
+            live.retry = queues;
+        }
+        while let Some(p) = live.recv_retry.pop_front() {
             match self.try_post(live, p) {
                 Ok(()) => posted += 1,
                 Err(p) => {
-                    live.retry.push_front(p);
+                    live.recv_retry.push_front(p);
                     break;
                 }
             }
         }
         posted
+    }
+
+    /// Submits an operation to the peer `fi_addr`: posted now unless the
+    /// peer has refused operations waiting (it then queues behind them),
+    /// queued if refused.
+    fn submit(&self, live: &mut Live, fi_addr: u64, p: Pending) {
+        let mut queues = std::mem::take(&mut live.retry);
+        queues.submit(fi_addr, p, Instant::now(), |p| {
+            match self.try_post(live, p) {
+                Ok(()) => retry::Attempt::Done,
+                Err(p) => retry::Attempt::Again(p),
+            }
+        });
+        live.retry = queues;
     }
 
     /// Posts one operation; hands it back on `-FI_EAGAIN`. Other errors
@@ -1005,40 +1036,25 @@ impl Inner {
                 live.abandoned.insert(seq, f.leaked);
             }
         }
-        // Waiting posts: the oldest is at the front.
-        if let Some(seq) = live.retry.front().and_then(|p| p.seq) {
-            let stale = live
-                .retry_meta
-                .get(&seq)
-                .is_some_and(|m| now.duration_since(m.since) >= limit);
-            if stale {
-                let timed_out: Vec<u64> = live
-                    .retry_meta
-                    .iter()
-                    .filter(|(_, m)| now.duration_since(m.since) >= limit)
-                    .map(|(s, _)| *s)
-                    .collect();
-                for s in timed_out {
-                    if let Some(m) = live.retry_meta.remove(&s) {
-                        Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                        m.sink.finish(
-                            m.wr_id,
-                            m.pieces,
-                            Err(TransferError::Timeout {
-                                op: m.op,
-                                peer: m.peer,
-                                waited: limit,
-                            }),
-                        );
-                    }
-                }
-                // Never posted: the contexts are still ours to drop.
-                let keep: Vec<Pending> = live
-                    .retry
-                    .drain(..)
-                    .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
-                    .collect();
-                live.retry.extend(keep);
+        // Waiting posts: a peer whose queue made no progress within the
+        // bound is given up on, its operations failed (never posted: the
+        // contexts are ours to drop).
+        for g in live.retry.expire(now, limit) {
+            for p in g.items {
+                let Some(m) = p.seq.and_then(|s| live.retry_meta.remove(&s)) else {
+                    continue;
+                };
+                Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                m.sink.finish(
+                    m.wr_id,
+                    m.pieces,
+                    Err(TransferError::PeerNotReady {
+                        op: m.op,
+                        peer: m.peer,
+                        waited: g.waited,
+                        refusals: g.refusals,
+                    }),
+                );
             }
         }
     }
@@ -1088,10 +1104,10 @@ impl Inner {
             post: Post::Recv { desc },
             seq: None,
         };
-        if !live.retry.is_empty() {
-            live.retry.push_back(p);
+        if !live.recv_retry.is_empty() {
+            live.recv_retry.push_back(p);
         } else if let Err(p) = self.try_post(live, p) {
-            live.retry.push_back(p);
+            live.recv_retry.push_back(p);
         }
     }
 }

@@ -359,8 +359,15 @@ mod tests {
         let (a, b) = (nic(false, Duration::from_secs(1)), nic(false, GUARD));
         assert!(b.inner.wait.get().is_none());
         let c = write_polling_only_the_initiator(&a, &b, &region(4096), &region(4096), 1);
+        // Never posted (the connection needs the target's progress: the
+        // peer refuses with -FI_EAGAIN until given up on), or posted and
+        // never completed.
         assert!(
-            matches!(c.result, Err(crate::TransferError::Timeout { .. })),
+            matches!(
+                c.result,
+                Err(crate::TransferError::Timeout { .. }
+                    | crate::TransferError::PeerNotReady { .. })
+            ),
             "{:?}",
             c.result
         );
