@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rolex_engine::domain::fabric::{probe, LibfabricConfig};
+use rolex_engine::domain::fabric::{probe, BounceConfig, LibfabricConfig};
 use rolex_engine::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
     OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,
@@ -54,11 +54,21 @@ pub struct Libfabric {
     pub provider: &'static str,
     /// The node to open endpoints on.
     pub node: Option<&'static str>,
+    /// Take the path of a provider that needs local descriptors
+    /// (`FI_MR_LOCAL`: EFA's device path, `verbs;ofi_rxm`) on a software
+    /// provider: regions' descriptors and small bounce pools (16 slots
+    /// each, so operations wait for slots) for atomics, sends and
+    /// receives.
+    pub local_mr: bool,
 }
 
 impl FabricUnderTest for Libfabric {
     fn name(&self) -> String {
-        format!("libfabric:{}", self.provider)
+        if self.local_mr {
+            format!("libfabric:{}+local_mr", self.provider)
+        } else {
+            format!("libfabric:{}", self.provider)
+        }
     }
 
     fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
@@ -66,6 +76,17 @@ impl FabricUnderTest for Libfabric {
             nics_per_group: nics,
             fabric: Fabric::Libfabric(LibfabricConfig {
                 op_timeout: Duration::from_secs(20),
+                local_mr: self.local_mr,
+                bounce: if self.local_mr {
+                    BounceConfig {
+                        words: 16,
+                        sends: 16,
+                        recvs: 16,
+                        msg_size: 4096,
+                    }
+                } else {
+                    BounceConfig::default()
+                },
                 ..LibfabricConfig::new(self.provider, self.node)
             }),
             ..EngineConfig::default()
@@ -268,7 +289,11 @@ pub fn fabrics() -> Vec<Candidate> {
         })),
     ];
     for &(provider, node) in PROVIDERS {
-        let f = Libfabric { provider, node };
+        let f = Libfabric {
+            provider,
+            node,
+            local_mr: false,
+        };
         match probe(provider, node) {
             // The library is loaded at run time; without it every provider
             // is skipped with the loader's advice.
@@ -290,7 +315,18 @@ pub fn fabrics() -> Vec<Candidate> {
                         .into(),
                 })
             }
-            Ok(()) => v.push(Candidate::Available(Box::new(f))),
+            Ok(()) => {
+                v.push(Candidate::Available(Box::new(f)));
+                // The FI_MR_LOCAL path (bounce pools) on tcp, where no
+                // device provides it.
+                if provider == "tcp" {
+                    v.push(Candidate::Available(Box::new(Libfabric {
+                        provider,
+                        node,
+                        local_mr: true,
+                    })));
+                }
+            }
             Err(e) => v.push(Candidate::Skipped {
                 name: f.name(),
                 reason: format!("provider not usable here: {e}"),

@@ -167,21 +167,22 @@ impl FabricEndpoint {
             } => {
                 let to = target(live, &remote)?;
                 ctx.words = [new, expected, 0];
-                let a = ctx.words.as_ptr() as u64;
-                let desc = inner.op_mr(&mut ctx, a, 24)?;
-                Post::Cas { desc, to }
+                // With FI_MR_LOCAL the words go through a bounce slot,
+                // lent at posting (`Inner::bounce_in`).
+                Post::Cas { desc: 0, to }
             }
             WorkOp::Faa { remote, add } => {
                 let to = target(live, &remote)?;
                 ctx.words = [add, 0, 0];
-                let a = ctx.words.as_ptr() as u64;
-                let desc = inner.op_mr(&mut ctx, a, 24)?;
-                Post::Faa { desc, to }
+                Post::Faa { desc: 0, to }
             }
             WorkOp::Send { peer, data } => {
                 let fi_addr = inner.fi_addr(live, &peer)?;
                 ctx.bytes = data;
-                let (a, n) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len() as u64);
+                // A message that fits a bounce slot is copied into one at
+                // posting; a larger one is registered for this send.
+                let (a, n) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len());
+                let n = if inner.bounced(n) { 0 } else { n as u64 };
                 let desc = inner.op_mr(&mut ctx, a, n)?;
                 Post::Send { desc, fi_addr }
             }

@@ -692,7 +692,12 @@ pub(crate) struct OpCtx {
     pub(crate) chain: [(u64, u64, u64); MAX_CHAIN],
     pub(crate) pinned: Option<PinnedRegion>,
     pub(crate) bytes: Vec<u8>,
-    /// Registrations made for this operation only (FI_MR_LOCAL).
+    /// A slot of a pre-registered bounce pool standing in for `words`,
+    /// `bytes` or the receive buffer (FI_MR_LOCAL; module `bounce`): the
+    /// provider is given the slot and its pool's descriptor.
+    pub(crate) bounce: Option<super::bounce::Lease<Mr>>,
+    /// Registrations made for this operation only (FI_MR_LOCAL, buffers
+    /// larger than a bounce slot).
     pub(crate) mrs: Vec<Mr>,
 }
 
@@ -710,8 +715,35 @@ impl OpCtx {
             chain: [(0, 0, 0); MAX_CHAIN],
             pinned: None,
             bytes: Vec::new(),
+            bounce: None,
             mrs: Vec::new(),
         })
+    }
+
+    /// An atomic's result word: in the bounce slot when it has one.
+    pub(crate) fn result_word(&self) -> u64 {
+        match &self.bounce {
+            Some(l) => l.word(2),
+            None => self.words[2],
+        }
+    }
+
+    /// The atomic words' address and descriptor: the bounce slot's when
+    /// it has one, else the context's own with `desc`.
+    fn words_at(&mut self, desc: usize) -> (*mut u64, *mut libc::c_void) {
+        match &self.bounce {
+            Some(l) => (l.addr() as *mut u64, l.desc() as *mut libc::c_void),
+            None => (self.words.as_mut_ptr(), desc as *mut libc::c_void),
+        }
+    }
+
+    /// A message's buffer and descriptor: the bounce slot's when it has
+    /// one (`len` bytes of it), else `own` with `desc`.
+    fn buffer_at(&self, own: *mut u8, desc: usize) -> (*mut libc::c_void, *mut libc::c_void) {
+        match &self.bounce {
+            Some(l) => (l.addr() as *mut libc::c_void, l.desc() as *mut libc::c_void),
+            None => (own as *mut libc::c_void, desc as *mut libc::c_void),
+        }
     }
 }
 
@@ -819,7 +851,9 @@ impl Ep {
         let c = raw as *mut libc::c_void;
         // SAFETY: every buffer passed is owned by the context (pinned
         // region range checked by `PinnedRegion::ptr`, the atomic words,
-        // the message bytes, the receive buffer), which stays allocated
+        // the message bytes, the receive buffer, or the bounce slot that
+        // stands in for the last three and is at least as large, see
+        // `Inner::bounce_in`), which stays allocated
         // until reclaimed after the completion; descriptors are those of
         // registrations alive at least as long (the domain's or the
         // context's own). `raw` is a valid, unique pointer.
@@ -970,8 +1004,7 @@ impl Ep {
                     None => return Err((Box::from_raw(raw), einval("fi_read"))),
                 },
                 Post::Cas { desc, to } => {
-                    let desc = desc as *mut libc::c_void;
-                    let w = ctx.words.as_mut_ptr();
+                    let (w, desc) = ctx.words_at(desc);
                     (
                         sys::fi_compare_atomic(
                             ep,
@@ -993,8 +1026,7 @@ impl Ep {
                     )
                 }
                 Post::Faa { desc, to } => {
-                    let desc = desc as *mut libc::c_void;
-                    let w = ctx.words.as_mut_ptr();
+                    let (w, desc) = ctx.words_at(desc);
                     (
                         sys::fi_fetch_atomic(
                             ep,
@@ -1013,31 +1045,29 @@ impl Ep {
                         "fi_fetch_atomic",
                     )
                 }
-                Post::Send { desc, fi_addr } => (
-                    sys::fi_send(
-                        ep,
-                        ctx.bytes.as_ptr() as *const libc::c_void,
-                        ctx.bytes.len(),
-                        desc as *mut libc::c_void,
-                        fi_addr,
-                        c,
-                    ),
-                    "fi_send",
-                ),
-                Post::Recv { desc } => match &mut ctx.kind {
-                    CtxKind::Recv(Some(b)) => (
-                        sys::fi_recv(
-                            ep,
-                            b.data.as_mut_ptr() as *mut libc::c_void,
-                            b.data.len(),
-                            desc as *mut libc::c_void,
-                            sys::FI_ADDR_UNSPEC,
-                            c,
-                        ),
-                        "fi_recv",
-                    ),
-                    _ => (-(libc::EINVAL as isize), "fi_recv"),
-                },
+                Post::Send { desc, fi_addr } => {
+                    let (buf, desc) = ctx.buffer_at(ctx.bytes.as_ptr() as *mut u8, desc);
+                    (
+                        sys::fi_send(ep, buf, ctx.bytes.len(), desc, fi_addr, c),
+                        "fi_send",
+                    )
+                }
+                Post::Recv { desc } => {
+                    let own = match &mut ctx.kind {
+                        CtxKind::Recv(Some(b)) => Some((b.data.as_mut_ptr(), b.data.len())),
+                        _ => None,
+                    };
+                    match own {
+                        Some((own, len)) => {
+                            let (buf, desc) = ctx.buffer_at(own, desc);
+                            (
+                                sys::fi_recv(ep, buf, len, desc, sys::FI_ADDR_UNSPEC, c),
+                                "fi_recv",
+                            )
+                        }
+                        None => (-(libc::EINVAL as isize), "fi_recv"),
+                    }
+                }
             }
         };
         match check(call, rc) {

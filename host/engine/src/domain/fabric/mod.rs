@@ -70,6 +70,7 @@
 //!   its buffers stay owned by the domain until the provider lets go.
 
 pub mod bootstrap;
+mod bounce;
 pub mod efa;
 mod endpoint;
 mod ffi;
@@ -150,6 +151,49 @@ pub struct LibfabricConfig {
     /// and an idle NIC costs no CPU. Other providers, or `false`, read the
     /// queue on the [`HOT`] / [`LibfabricConfig::idle_poll`] timer.
     pub wait_fd: bool,
+    /// The bounce pools lent to sends, receives and atomics where the
+    /// provider needs a descriptor for every local buffer (`FI_MR_LOCAL`).
+    pub bounce: BounceConfig,
+    /// Treat the provider as needing local descriptors (`FI_MR_LOCAL`)
+    /// even where it does not: regions' descriptors and the bounce pools
+    /// are then used on `tcp` and `shm` too, which tests that path
+    /// without a device. Off by default.
+    pub local_mr: bool,
+}
+
+/// Sizes of a NIC's bounce pools: memory registered once when the NIC
+/// opens (only where local descriptors are needed) and lent, slot by
+/// slot, to operations whose buffers are the domain's own, so that no
+/// operation registers memory. A post that finds its pool empty waits,
+/// like one the provider refused, until a completion gives a slot back
+/// (see `retry`); messages and receive buffers larger than a slot are
+/// registered for that operation alone. Sends and receives have pools of
+/// their own, so posted receives (which hold their slots until a message
+/// comes) never starve sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BounceConfig {
+    /// Slots for atomics (24 bytes each: operand, compare, result).
+    pub words: usize,
+    /// Slots for sends.
+    pub sends: usize,
+    /// Slots for posted receives; receive buffers beyond them wait
+    /// unposted until a message frees a slot.
+    pub recvs: usize,
+    /// Bytes per send or receive slot.
+    pub msg_size: usize,
+}
+
+impl Default for BounceConfig {
+    /// 1,024 atomics, 256 sends and 256 receives of up to 4 KiB in
+    /// flight per NIC (2 MiB registered).
+    fn default() -> Self {
+        BounceConfig {
+            words: 1024,
+            sends: 256,
+            recvs: 256,
+            msg_size: 4096,
+        }
+    }
 }
 
 impl LibfabricConfig {
@@ -162,6 +206,8 @@ impl LibfabricConfig {
             busy_poll: Duration::ZERO,
             idle_poll: Duration::from_millis(1),
             wait_fd: true,
+            bounce: BounceConfig::default(),
+            local_mr: false,
         }
     }
 
@@ -433,6 +479,12 @@ pub(crate) struct Inner {
     /// every NIC (see `shutdown`).
     closing: Mutex<Option<Live>>,
     mrs: Mutex<HashMap<u64, MrEntry>>,
+    /// The bounce pools (with `FI_MR_LOCAL` only); dropped before the
+    /// domain, after every context holding a slot.
+    pools: Option<Pools>,
+    /// Registrations made for one operation (buffers larger than a
+    /// bounce slot), for tests and tools.
+    op_registrations: AtomicU64,
     /// Local descriptors by region address (for `FI_MR_LOCAL`).
     local: Mutex<HashMap<usize, usize>>,
     dom: DomainH,
@@ -474,6 +526,13 @@ pub(crate) struct Inner {
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
+}
+
+/// A NIC's bounce pools (module `bounce`).
+struct Pools {
+    words: Arc<bounce::BouncePool<Mr>>,
+    sends: Arc<bounce::BouncePool<Mr>>,
+    recvs: Arc<bounce::BouncePool<Mr>>,
 }
 
 /// Shared-memory endpoints of this process (design §7, `FI_PROTO_SHM`):
@@ -561,6 +620,34 @@ impl LibfabricDomain {
         let av = Av::open(&dom).map_err(fi_err)?;
         let nic_only = wants_nic_only(&g.provider, g.api_version);
         let (ep, shared_memory_off) = Ep::open(&dom, &info, &cq, &av, nic_only).map_err(fi_err)?;
+        let mr_local = g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0 || cfg.local_mr;
+        let mr_endpoint = g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0;
+        let next_key = AtomicU64::new(rand::random::<u64>() >> 16);
+        // Registered once, here; freed with `Inner` (after the endpoint,
+        // before the domain).
+        let pools = if mr_local {
+            let pool = |slots, size| {
+                bounce::BouncePool::new(slots, size, |addr, len| {
+                    let key = next_key.fetch_add(1, Relaxed);
+                    let mr = dom
+                        .reg(addr, len, access_flags(Access::empty()), key)
+                        .map_err(fi_err)?;
+                    if mr_endpoint {
+                        mr.bind_enable(&ep).map_err(fi_err)?;
+                    }
+                    let desc = mr.desc() as usize;
+                    Ok::<_, TransferError>((mr, desc))
+                })
+            };
+            let b = cfg.bounce;
+            Some(Pools {
+                words: pool(b.words.max(1), 24)?,
+                sends: pool(b.sends.max(1), b.msg_size.max(8))?,
+                recvs: pool(b.recvs.max(1), b.msg_size.max(8))?,
+            })
+        } else {
+            None
+        };
         let negotiated = Negotiated {
             library: info.lib().path().to_string(),
             library_version: info.lib().version(),
@@ -604,14 +691,16 @@ impl LibfabricDomain {
             live: Mutex::new(Some(live)),
             closing: Mutex::new(None),
             mrs: Mutex::new(HashMap::new()),
+            pools,
+            op_registrations: AtomicU64::new(0),
             local: Mutex::new(HashMap::new()),
             dom,
             _fabric: fabric,
             _info: info,
             addr,
             scheme,
-            mr_local: g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0,
-            mr_endpoint: g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0,
+            mr_local,
+            mr_endpoint,
             claims,
             order: g.order,
             provider: g.provider.clone(),
@@ -628,7 +717,7 @@ impl LibfabricDomain {
             worker_waits: OnceLock::new(),
             endpoint_polled: AtomicBool::new(false),
             alive: AtomicBool::new(true),
-            next_key: AtomicU64::new(rand::random::<u64>() >> 16),
+            next_key,
             counters: Counters::default(),
         });
         if let Some(fd) = wait_fd {
@@ -780,9 +869,58 @@ impl Inner {
             .dom
             .reg(addr, len, access_flags(Access::empty()), key)
             .map_err(fi_err)?;
+        self.op_registrations.fetch_add(1, Relaxed);
         let d = mr.desc() as usize;
         ctx.mrs.push(mr);
         Ok(d)
+    }
+
+    /// Whether a message of `len` bytes goes through a bounce slot (else,
+    /// with `FI_MR_LOCAL`, it is registered for its operation).
+    fn bounced(&self, len: usize) -> bool {
+        self.pools
+            .as_ref()
+            .is_some_and(|p| len > 0 && len <= p.sends.slot_size())
+    }
+
+    /// Lends `ctx` the bounce slot its post needs, filled with what it
+    /// sends (atomic words, message bytes); `false` when the pool is
+    /// empty (the post then waits like one refused with `-FI_EAGAIN`).
+    /// Nothing to do without pools, for posts that need none, or when
+    /// the context has its slot already.
+    fn bounce_in(&self, ctx: &mut OpCtx, post: &Post) -> bool {
+        let Some(pools) = &self.pools else {
+            return true;
+        };
+        if ctx.bounce.is_some() {
+            return true;
+        }
+        let pool = match post {
+            Post::Cas { .. } | Post::Faa { .. } => &pools.words,
+            Post::Send { .. } if self.bounced(ctx.bytes.len()) => &pools.sends,
+            Post::Recv { .. } => match &ctx.kind {
+                ffi::CtxKind::Recv(Some(b)) if self.bounced(b.data.len()) => &pools.recvs,
+                _ => return true,
+            },
+            _ => return true,
+        };
+        let Some(mut lease) = pool.lease() else {
+            return false;
+        };
+        match post {
+            Post::Cas { .. } | Post::Faa { .. } => {
+                for (i, w) in ctx.words.iter().enumerate() {
+                    lease.set_word(i, *w);
+                }
+            }
+            Post::Send { .. } => {
+                let n = ctx.bytes.len();
+                lease.bytes_mut()[..n].copy_from_slice(&ctx.bytes);
+            }
+            _ => {}
+        }
+        ctx.bounce = Some(lease);
+        true
     }
 
     /// The address-vector entry of `peer`, inserting it on first use.
@@ -856,9 +994,15 @@ impl Inner {
             } => match std::mem::replace(&mut ctx.kind, CtxKind::Recv(None)) {
                 CtxKind::Recv(buf) => {
                     live.recvs.remove(&(&*ctx as *const OpCtx as usize));
-                    if let Some(buf) = buf {
+                    if let Some(mut buf) = buf {
                         match result {
                             Ok(()) => {
+                                // Received into a bounce slot: copy out.
+                                if let Some(l) = &ctx.bounce {
+                                    let n = len.min(buf.data.len());
+                                    buf.data[..n].copy_from_slice(&l.bytes()[..n]);
+                                }
+                                drop(ctx);
                                 Counters::bump(&self.counters.recvs, 1);
                                 self.deliver(Incoming::Message { buf, len });
                             }
@@ -876,7 +1020,7 @@ impl Inner {
                     let Some(f) = live.inflight.remove(&seq) else {
                         return false;
                     };
-                    let value = ctx.words[2];
+                    let value = ctx.result_word();
                     drop(ctx);
                     let result = match result {
                         Ok(()) => Ok(value),
@@ -966,7 +1110,10 @@ impl Inner {
         let Some(ep) = live.ep.as_ref() else {
             return Ok(());
         };
-        let Pending { ctx, post, seq } = p;
+        let Pending { mut ctx, post, seq } = p;
+        if !self.bounce_in(&mut ctx, &post) {
+            return Err(Pending { ctx, post, seq });
+        }
         match ep.post(ctx, &post) {
             Ok(leaked) => {
                 match seq {
@@ -1092,6 +1239,9 @@ impl Inner {
     fn post_recv_locked(&self, live: &mut Live, buf: RecvBuffer) {
         let mut ctx = OpCtx::new(CtxKind::Recv(None));
         let (addr, len) = (buf.data.as_ptr() as u64, buf.data.len() as u64);
+        // A buffer that fits a bounce slot receives into one (lent at
+        // posting, `bounce_in`); a larger one is registered for this post.
+        let len = if self.bounced(buf.data.len()) { 0 } else { len };
         let desc = match self.op_mr(&mut ctx, addr, len) {
             Ok(d) => d,
             // Without a descriptor the buffer cannot be posted; dropping
