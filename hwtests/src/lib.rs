@@ -54,21 +54,44 @@ pub struct Libfabric {
     pub provider: &'static str,
     /// The node to open endpoints on.
     pub node: Option<&'static str>,
-    /// Take the path of a provider that needs local descriptors
-    /// (`FI_MR_LOCAL`: EFA's device path, `verbs;ofi_rxm`) on a software
-    /// provider: regions' descriptors and small bounce pools (16 slots
-    /// each, so operations wait for slots) for atomics, sends and
+    /// Which of the domain's paths it takes.
+    pub path: Path,
+}
+
+/// Paths of the libfabric domain that hardware takes, forced on a
+/// software provider so the suite covers them without the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// What the provider grants.
+    Default,
+    /// Local descriptors (`FI_MR_LOCAL`: EFA's device path,
+    /// `verbs;ofi_rxm`): regions' descriptors and small bounce pools (16
+    /// slots each, so operations wait for slots) for atomics, sends and
     /// receives.
-    pub local_mr: bool,
+    LocalMr,
+    /// A wait object without a descriptor (`FI_WAIT_UNSPEC`, EFA with its
+    /// shared-memory peer on): the NIC's waiter blocks in `fi_cq_sread`.
+    Sread,
+    /// No wait object (`FI_WAIT_NONE`, EFA before libfabric 2.5): the
+    /// queue is read on the domain's schedule.
+    NoWait,
+}
+
+impl Path {
+    /// Suffix of the fabric's name in the report.
+    fn suffix(self) -> &'static str {
+        match self {
+            Path::Default => "",
+            Path::LocalMr => "+local_mr",
+            Path::Sread => "+sread",
+            Path::NoWait => "+no_wait",
+        }
+    }
 }
 
 impl FabricUnderTest for Libfabric {
     fn name(&self) -> String {
-        if self.local_mr {
-            format!("libfabric:{}+local_mr", self.provider)
-        } else {
-            format!("libfabric:{}", self.provider)
-        }
+        format!("libfabric:{}{}", self.provider, self.path.suffix())
     }
 
     fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
@@ -76,8 +99,10 @@ impl FabricUnderTest for Libfabric {
             nics_per_group: nics,
             fabric: Fabric::Libfabric(LibfabricConfig {
                 op_timeout: Duration::from_secs(20),
-                local_mr: self.local_mr,
-                bounce: if self.local_mr {
+                local_mr: self.path == Path::LocalMr,
+                wait_sread: self.path == Path::Sread,
+                wait_fd: self.path != Path::NoWait,
+                bounce: if self.path == Path::LocalMr {
                     BounceConfig {
                         words: 16,
                         sends: 16,
@@ -292,7 +317,7 @@ pub fn fabrics() -> Vec<Candidate> {
         let f = Libfabric {
             provider,
             node,
-            local_mr: false,
+            path: Path::Default,
         };
         match probe(provider, node) {
             // The library is loaded at run time; without it every provider
@@ -317,14 +342,16 @@ pub fn fabrics() -> Vec<Candidate> {
             }
             Ok(()) => {
                 v.push(Candidate::Available(Box::new(f)));
-                // The FI_MR_LOCAL path (bounce pools) on tcp, where no
-                // device provides it.
+                // The paths hardware takes, on tcp, where no device
+                // provides them.
                 if provider == "tcp" {
-                    v.push(Candidate::Available(Box::new(Libfabric {
-                        provider,
-                        node,
-                        local_mr: true,
-                    })));
+                    for path in [Path::LocalMr, Path::Sread, Path::NoWait] {
+                        v.push(Candidate::Available(Box::new(Libfabric {
+                            provider,
+                            node,
+                            path,
+                        })));
+                    }
                 }
             }
             Err(e) => v.push(Candidate::Skipped {

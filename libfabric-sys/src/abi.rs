@@ -637,7 +637,15 @@ pub struct fi_ops_cq {
         unsafe extern "C" fn(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize,
     >,
     /// `fi_cq_sread`.
-    pub sread: Unused,
+    pub sread: Option<
+        unsafe extern "C" fn(
+            cq: *mut fid_cq,
+            buf: *mut c_void,
+            count: usize,
+            cond: *const c_void,
+            timeout: c_int,
+        ) -> isize,
+    >,
     /// `fi_cq_sreadfrom`.
     pub sreadfrom: Unused,
     /// `fi_cq_signal`.

@@ -360,8 +360,9 @@ pub enum TransferError {
     /// that posts it (the provider needs local descriptors).
     LocalNotRegistered,
     /// The provider refused every post to this peer (`-FI_EAGAIN`:
-    /// receiver-not-ready back-off on EFA, a full queue elsewhere) for the
-    /// domain's bound; the operation was never posted and took no effect.
+    /// receiver-not-ready back-off on EFA, a full queue elsewhere), or no
+    /// bounce slot came free for it, for the domain's bound; the
+    /// operation was never posted and took no effect.
     PeerNotReady {
         /// The operation.
         op: OpKind,

@@ -394,10 +394,12 @@ impl Endpoint for FabricEndpoint {
             Progress::WaitUntil(Instant::now())
         } else if waiter.is_some() {
             Progress::WaitUntil(Instant::now() + WAIT_BACKSTOP)
-        } else if since < HOT {
-            Progress::Busy
         } else {
-            Progress::WaitUntil(Instant::now() + cfg.idle_poll)
+            // No wait object: the schedule of module `pace`.
+            match super::pace::idle_sleep(since, HOT, cfg.idle_poll) {
+                None => Progress::Busy,
+                Some(d) => Progress::WaitUntil(Instant::now() + d),
+            }
         }
     }
 

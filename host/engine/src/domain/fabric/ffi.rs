@@ -378,18 +378,29 @@ impl DomainH {
     }
 }
 
+/// The wait object a queue is opened with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitObj {
+    /// None (`FI_WAIT_NONE`): the queue is read on a schedule.
+    None,
+    /// A file descriptor (`FI_WAIT_FD`, see [`Cq::wait_fd`]).
+    Fd,
+    /// The provider's choice, reached only through `fi_cq_sread`
+    /// (`FI_WAIT_UNSPEC`, see [`Sread`]).
+    Unspec,
+}
+
 impl Cq {
-    /// Opens a data-format queue of `size` entries; with `wait_fd`, with a
-    /// file descriptor as its wait object (`FI_WAIT_FD`, see
-    /// [`Cq::wait_fd`]).
-    pub(crate) fn open(dom: &DomainH, size: usize, wait_fd: bool) -> Result<Cq, FiError> {
+    /// Opens a data-format queue of `size` entries with `wait` as its
+    /// wait object.
+    pub(crate) fn open(dom: &DomainH, size: usize, wait: WaitObj) -> Result<Cq, FiError> {
         let mut attr = sys::Padded::new(sys::fi_cq_attr {
             size,
             format: sys::FI_CQ_FORMAT_DATA,
-            wait_obj: if wait_fd {
-                sys::FI_WAIT_FD
-            } else {
-                sys::FI_WAIT_NONE
+            wait_obj: match wait {
+                WaitObj::None => sys::FI_WAIT_NONE,
+                WaitObj::Fd => sys::FI_WAIT_FD,
+                WaitObj::Unspec => sys::FI_WAIT_UNSPEC,
             },
             ..Default::default()
         });
@@ -422,6 +433,70 @@ impl Cq {
             return Err(einval("fi_control (FI_GETWAIT)"));
         }
         Ok(fd)
+    }
+}
+
+/// A queue opened with a wait object, for `fi_cq_sread` from the waiter
+/// thread, which borrows it without owning it (as [`TryWait`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Sread {
+    cq: NonNull<sys::fid_cq>,
+}
+
+// SAFETY: a plain pointer to a queue of an `FI_THREAD_SAFE` domain, which
+// libfabric lets any thread use; its lifetime is the user's contract.
+unsafe impl Send for Sread {}
+// SAFETY: as for `Send` (`fi_cq_sread`, `fi_cq_signal` are thread-safe
+// on such a domain).
+unsafe impl Sync for Sread {}
+
+impl Sread {
+    pub(crate) fn new(cq: &Cq) -> Sread {
+        Sread { cq: cq.0 }
+    }
+
+    /// `fi_cq_sread`: blocks until the queue has entries, `timeout_ms`
+    /// passed or [`Sread::signal`] woke it, and moves what it read into
+    /// `out` (a read drives progress, as [`Cq::read`]). `Ok(0)` when woken
+    /// or timed out, and for an error entry (left for the next
+    /// [`Cq::read`], which reads error entries).
+    ///
+    /// # Safety
+    /// The queue must still be open.
+    pub(crate) unsafe fn sread(
+        &self,
+        out: &mut Vec<CqEvent>,
+        timeout_ms: libc::c_int,
+    ) -> Result<usize, FiError> {
+        let mut entries = [sys::fi_cq_data_entry::default(); 16];
+        // SAFETY: an open queue with a wait object (the caller's
+        // contract); `entries` is writable for 16 data-format entries.
+        let n = unsafe {
+            sys::fi_cq_sread(
+                self.cq.as_ptr(),
+                entries.as_mut_ptr() as *mut libc::c_void,
+                entries.len(),
+                ptr::null(),
+                timeout_ms,
+            )
+        };
+        if n == -(eagain() as isize) || n == -(eavail() as isize) {
+            return Ok(0);
+        }
+        let n = check("fi_cq_sread", n)?;
+        // SAFETY: the provider wrote `n` entries of ours.
+        unsafe { events_of(&entries[..n], out) };
+        Ok(n)
+    }
+
+    /// `fi_cq_signal`: wakes a thread blocked in [`Sread::sread`].
+    ///
+    /// # Safety
+    /// The queue must still be open.
+    pub(crate) unsafe fn signal(&self) {
+        // SAFETY: an open queue (the caller's contract). A failure only
+        // leaves the sleeper to its timeout.
+        let _ = unsafe { sys::fi_cq_signal(self.cq.as_ptr()) };
     }
 }
 
@@ -1142,22 +1217,8 @@ impl Cq {
                 continue;
             }
             let n = check("fi_cq_read", n)?;
-            for e in &entries[..n] {
-                let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
-                let recv = e.flags & sys::FI_RECV != 0;
-                if remote_data && !recv {
-                    out.push(CqEvent::RemoteData(e.data));
-                } else if !e.op_context.is_null() {
-                    // SAFETY: as above: a non-null context of a local
-                    // operation or posted receive is ours, read once.
-                    let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
-                    out.push(CqEvent::Done {
-                        ctx,
-                        len: e.len,
-                        result: Ok(()),
-                    });
-                }
-            }
+            // SAFETY: entries the provider just wrote, read once.
+            unsafe { events_of(&entries[..n], out) };
             // Read until the provider says `-FI_EAGAIN`, even after a
             // short read: `ofi_rxm` moves one completion of its message
             // provider per read (FI_OFI_RXM_COMP_PER_PROGRESS = 1), and its
@@ -1165,6 +1226,31 @@ impl Cq {
             total += n;
         }
         Ok(total)
+    }
+}
+
+/// The events of completion entries just read from a queue.
+///
+/// # Safety
+/// The entries must have been read from one of the domain's queues (their
+/// non-null contexts are ours) and be converted once.
+unsafe fn events_of(entries: &[sys::fi_cq_data_entry], out: &mut Vec<CqEvent>) {
+    for e in entries {
+        let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
+        let recv = e.flags & sys::FI_RECV != 0;
+        if remote_data && !recv {
+            out.push(CqEvent::RemoteData(e.data));
+        } else if !e.op_context.is_null() {
+            // SAFETY: a non-null context of a local operation or posted
+            // receive is ours (from `Ep::post`), and its completion has
+            // now been read, once (the caller's contract).
+            let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
+            out.push(CqEvent::Done {
+                ctx,
+                len: e.len,
+                result: Ok(()),
+            });
+        }
     }
 }
 

@@ -50,11 +50,14 @@
 //!   [`WAIT_BACKSTOP`] when idle. CPU cost when idle: none (the worker
 //!   wakes once a second). Providers whose
 //!   wait object does not announce arriving data (`shm`), or
-//!   `wait_fd: false`, fall back to timed reads: the back-off for [`HOT`]
-//!   after the last activity, then every [`LibfabricConfig::idle_poll`]
-//!   (1 ms by default: about a thousand reads of a few µs per second,
-//!   well under 1% of a core). When active, up to one core per domain,
-//!   like the NIC it stands in for.
+//!   `wait_fd: false`, fall back to timed reads (module [`pace`]): the
+//!   back-off while operations are outstanding and for [`HOT`] after the
+//!   last activity, then sleeps from 50 µs doubling up to
+//!   [`LibfabricConfig::idle_poll`] (1 ms by default: about a thousand
+//!   reads of a few µs per second, well under 1% of a core). A queue
+//!   whose wait object has no descriptor (`FI_WAIT_UNSPEC`, EFA with its
+//!   shared-memory peer on) gets a waiter blocked in `fi_cq_sread`. When
+//!   active, up to one core per domain, like the NIC it stands in for.
 //! - A write's completion means its data is visible at the target (§3):
 //!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
 //!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
@@ -75,6 +78,7 @@ pub mod efa;
 mod endpoint;
 mod ffi;
 pub mod keys;
+pub mod pace;
 mod retry;
 mod waiter;
 
@@ -89,7 +93,8 @@ use rolex_core::wire::{Access, NetAddr};
 
 pub use endpoint::FabricEndpoint;
 use ffi::{
-    Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post, TryWait,
+    Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post, Sread,
+    TryWait, WaitObj,
 };
 use waiter::{Waiter, WaiterHealth};
 
@@ -99,8 +104,7 @@ use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::Region;
 
 /// Without a waiter: how long after the last activity the poller keeps
-/// the worker's short back-off before dropping to
-/// [`LibfabricConfig::idle_poll`].
+/// the worker's short back-off before sleeping longer (see [`pace`]).
 pub const HOT: Duration = Duration::from_millis(20);
 
 /// With a waiter (see [`LibfabricConfig::wait_fd`]): the longest an idle
@@ -142,15 +146,23 @@ pub struct LibfabricConfig {
     /// ([`EngineConfig::spin`](crate::EngineConfig::spin)) and do not
     /// need it.
     pub busy_poll: Duration,
-    /// Queue-read interval when nothing happened for [`HOT`], on a NIC
-    /// without a waiter (see [`LibfabricConfig::wait_fd`]).
+    /// The longest queue-read interval of a NIC without a waiter (see
+    /// [`LibfabricConfig::wait_fd`]), reached after [`HOT`] and a few
+    /// doublings from 50 µs of idleness ([`pace`]).
     pub idle_poll: Duration,
     /// Block on the provider's wait object (`FI_WAIT_FD`) between queue
     /// reads, where it signals arriving data (`tcp`): a waiter thread
     /// wakes the worker when bytes arrive, so the worker needs no timer
-    /// and an idle NIC costs no CPU. Other providers, or `false`, read the
-    /// queue on the [`HOT`] / [`LibfabricConfig::idle_poll`] timer.
+    /// and an idle NIC costs no CPU. Where the provider refuses a
+    /// descriptor but has a wait object (`FI_WAIT_UNSPEC`), the waiter
+    /// blocks in `fi_cq_sread` instead. Other providers, or `false`, read
+    /// the queue on a schedule (see `pace`).
     pub wait_fd: bool,
+    /// Skip the descriptor: with [`LibfabricConfig::wait_fd`], open the
+    /// queue with `FI_WAIT_UNSPEC` and block in `fi_cq_sread` (what EFA
+    /// offers while its shared-memory peer is on), to test that path
+    /// without a device. Off by default.
+    pub wait_sread: bool,
     /// The bounce pools lent to sends, receives and atomics where the
     /// provider needs a descriptor for every local buffer (`FI_MR_LOCAL`).
     pub bounce: BounceConfig,
@@ -206,6 +218,7 @@ impl LibfabricConfig {
             busy_poll: Duration::ZERO,
             idle_poll: Duration::from_millis(1),
             wait_fd: true,
+            wait_sread: false,
             bounce: BounceConfig::default(),
             local_mr: false,
         }
@@ -611,11 +624,33 @@ impl LibfabricDomain {
         let claims = efa::Claims::of_domain(&g.order);
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
-        let want_wait = cfg.wait_fd && wait_signals_data(&g.provider);
-        let (cq, wait_fd) = match Cq::open(&dom, 4096, want_wait) {
-            Ok(cq) => (cq, want_wait),
-            Err(_) if want_wait => (Cq::open(&dom, 4096, false).map_err(fi_err)?, false),
-            Err(e) => return Err(fi_err(e)),
+        // The wait objects to try, best first (see `wait_signals_data`);
+        // the last, none, always opens.
+        let tries: &[WaitObj] = match (
+            cfg.wait_fd && wait_signals_data(&g.provider),
+            cfg.wait_sread,
+        ) {
+            (true, false) => &[WaitObj::Fd, WaitObj::Unspec, WaitObj::None],
+            (true, true) => &[WaitObj::Unspec, WaitObj::None],
+            (false, _) => &[WaitObj::None],
+        };
+        let mut opened = None;
+        for &w in tries {
+            match Cq::open(&dom, 4096, w) {
+                Ok(cq) => {
+                    opened = Some((cq, w));
+                    break;
+                }
+                Err(e) if w == WaitObj::None => return Err(fi_err(e)),
+                Err(_) => {}
+            }
+        }
+        let Some((cq, wait_obj)) = opened else {
+            return Err(TransferError::Libfabric {
+                call: "fi_cq_open",
+                errno: libc::EINVAL,
+                text: "no wait object could be opened".into(),
+            });
         };
         let av = Av::open(&dom).map_err(fi_err)?;
         let nic_only = wants_nic_only(&g.provider, g.api_version);
@@ -661,8 +696,12 @@ impl LibfabricDomain {
         };
         // Read after the endpoint is bound: the provider adds its sockets
         // and connection events to the queue's wait set then.
-        let wait_fd = if wait_fd { cq.wait_fd().ok() } else { None };
+        let wait_fd = match wait_obj {
+            WaitObj::Fd => cq.wait_fd().ok(),
+            _ => None,
+        };
         let trywait = TryWait::new(&fabric, &cq);
+        let sread = (wait_obj == WaitObj::Unspec).then(|| Sread::new(&cq));
         let name = ep.name().map_err(fi_err)?;
         let addr = NetAddr::new(&name).map_err(|error| TransferError::Malformed {
             what: "libfabric endpoint address",
@@ -720,13 +759,23 @@ impl LibfabricDomain {
             next_key,
             counters: Counters::default(),
         });
-        if let Some(fd) = wait_fd {
+        let block = match (wait_fd, sread) {
+            (Some(fd), _) => Some(waiter::Block::Fd { trywait, fd }),
+            (None, Some(q)) => Some(waiter::Block::Sread(q)),
+            (None, None) => None,
+        };
+        if let Some(block) = block {
             let mut g = lock(&inner.live);
             if let Some(live) = g.as_mut() {
-                live.waiter = Waiter::start(trywait, fd, waiter_progress(&inner));
+                live.waiter = Waiter::start(block, waiter_progress(&inner));
                 if let Some(w) = &live.waiter {
                     let _ = inner.wait.set(w.health());
-                    let _ = inner.wait_obj.set((fd, trywait));
+                    // Only a descriptor can be handed to the worker
+                    // (`Domain::take_wait`); `fi_cq_sread` stays with the
+                    // waiter, which unparks the worker.
+                    if let Some(fd) = wait_fd {
+                        let _ = inner.wait_obj.set((fd, trywait));
+                    }
                 }
             }
         }
@@ -771,16 +820,23 @@ impl Drop for LibfabricDomain {
     }
 }
 
-/// The waiter's read of the queue: progress, then wake the worker if
-/// completions or arrivals came out (arrivals wake it themselves).
+/// The waiter's read of the queue: the events its blocking read took out
+/// (with `fi_cq_sread`), progress, then wake the worker if completions or
+/// arrivals came out (arrivals wake it themselves).
 fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
     let weak = Arc::downgrade(inner);
-    Box::new(move || {
+    Box::new(move |events| {
         let Some(inner) = weak.upgrade() else {
             return false;
         };
         let handled = match lock(&inner.live).as_mut() {
-            Some(live) => inner.progress(live, None),
+            Some(live) => {
+                let n = events.len();
+                for ev in events {
+                    inner.event(live, ev, None);
+                }
+                n + inner.progress(live, None)
+            }
             None => return false,
         };
         if handled > 0 {
@@ -795,10 +851,17 @@ fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
 /// Whether `provider`'s completion-queue wait object becomes ready when
 /// data arrives for this endpoint, not only when a completion is written:
 /// true over `tcp` (rxm adds its sockets' epoll set and its connection
-/// events), where blocking on it replaces timed reads. `shm` moves data
-/// through shared memory, which signals no descriptor.
+/// events) and `efa` (its RDM queue waits on the device queue's completion
+/// channel, and every packet of its protocol arrives through the device's
+/// receive queue; the device's own RDMA needs no target progress), where
+/// blocking on it replaces timed reads. EFA grants `FI_WAIT_FD` only with
+/// its shared-memory peer off (`FI_EFA_ENABLE_SHM_TRANSFER=0`),
+/// `FI_WAIT_UNSPEC` (`fi_cq_sread`) with it on, and neither before
+/// libfabric 2.5 (prov/efa `efa_rdm_cq_configure_wait`); the domain tries
+/// them in that order. `shm` moves data through shared memory, which
+/// signals no descriptor.
 fn wait_signals_data(provider: &str) -> bool {
-    provider.split(';').next() == Some("tcp")
+    matches!(provider.split(';').next(), Some("tcp" | "efa"))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
