@@ -506,6 +506,9 @@ pub(crate) struct Inner {
     addr: NetAddr,
     scheme: MrScheme,
     mr_local: bool,
+    /// Pass regions' descriptors without `FI_MR_LOCAL` too (API 1.22 and
+    /// newer, see `local_desc`).
+    desc_hints: bool,
     mr_endpoint: bool,
     /// Ordering and immediates (see the module docs), and what they were
     /// decided from.
@@ -739,6 +742,7 @@ impl LibfabricDomain {
             addr,
             scheme,
             mr_local,
+            desc_hints: negotiated.api_version >= libfabric_sys::fi_version_of(1, 22),
             mr_endpoint,
             claims,
             order: g.order,
@@ -910,15 +914,23 @@ impl Inner {
         }
     }
 
-    /// A local descriptor for `region` (null unless `FI_MR_LOCAL`).
+    /// A local descriptor for `region`: required with `FI_MR_LOCAL`;
+    /// otherwise passed where the API honours it (1.22 and newer: a
+    /// valid descriptor or null; EFA's RDM path registers a buffer given
+    /// without one through its registration cache), null on older ones,
+    /// which ignore it.
     fn local_desc(&self, region: &Arc<Region>) -> Result<usize, TransferError> {
-        if !self.mr_local {
+        if !self.mr_local && !self.desc_hints {
             return Ok(0);
         }
-        lock(&self.local)
+        let desc = lock(&self.local)
             .get(&(Arc::as_ptr(region) as usize))
-            .copied()
-            .ok_or(TransferError::LocalNotRegistered)
+            .copied();
+        match desc {
+            Some(d) => Ok(d),
+            None if self.mr_local => Err(TransferError::LocalNotRegistered),
+            None => Ok(0),
+        }
     }
 
     /// Registers a buffer owned by one operation (`FI_MR_LOCAL` only);
