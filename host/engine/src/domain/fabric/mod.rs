@@ -1577,6 +1577,71 @@ mod tests {
     }
 
     #[test]
+    fn a_write_with_an_immediate_is_refused_where_none_can_be_carried() {
+        use crate::domain::Endpoint;
+        if let Err(e) = probe("tcp", Some("127.0.0.1")) {
+            eprintln!("skipped: libfabric tcp not usable here: {e}");
+            return;
+        }
+        let open = || {
+            LibfabricDomain::open(&LibfabricConfig {
+                wait_fd: false,
+                ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
+            })
+            .expect("open a tcp NIC")
+        };
+        let (mut a, b) = (open(), open());
+        assert!(a.immediates(), "tcp carries 8 bytes of CQ data");
+        // As a provider with `cq_data_size` 2 would be (no waiter: the
+        // domain's `Inner` is not shared yet).
+        let inner = Arc::get_mut(&mut a.inner).expect("unshared");
+        inner.order.cq_data_size = 2;
+        inner.claims = efa::Claims::of_domain(&inner.order);
+        assert!(!a.immediates());
+        let region = |len| Region::alloc(len, Access::all(), 1, 0).expect("region");
+        let (src, dst) = (region(64), region(64));
+        a.register(&src).expect("register src");
+        let rkey = b.register(&dst).expect("register dst");
+        let mut ep = a.open_endpoint().expect("endpoint");
+        let write = |wr_id, imm| crate::domain::WorkRequest {
+            wr_id,
+            op: crate::domain::WorkOp::Write {
+                local: Some(crate::domain::Local {
+                    region: src.clone(),
+                    offset: 0,
+                }),
+                remote: Remote {
+                    peer: b.address(),
+                    rkey,
+                    addr: dst.addr(),
+                },
+                len: 64,
+                imm,
+            },
+        };
+        ep.post(&mut vec![write(1, Some(7)), write(2, None)]);
+        let (mut got, mut out) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        while got.len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(30), "{got:?}");
+            ep.poll(&mut out);
+            b.poll_incoming(&mut Vec::new());
+            got.append(&mut out);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        got.sort_by_key(|c| c.wr_id);
+        assert_eq!(
+            got[0].result,
+            Err(TransferError::NoImmediates {
+                provider: "tcp;ofi_rxm".into(),
+                cq_data_size: 2
+            })
+        );
+        assert_eq!(got[1].result, Ok(0), "a write without one goes through");
+        assert_eq!(b.counters().imm_arrivals, 0);
+    }
+
+    #[test]
     fn negotiated_prints_on_one_line() {
         let n = Negotiated {
             library: "libfabric.so.1".into(),
