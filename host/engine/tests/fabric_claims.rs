@@ -13,7 +13,11 @@ use rolex_engine::domain::fabric::{probe, LibfabricConfig, LibfabricDomain};
 use rolex_engine::domain::Domain;
 
 /// The providers the suite runs on here, with the node each needs.
-const PROVIDERS: &[(&str, Option<&str>)] = &[("tcp", Some("127.0.0.1")), ("shm", None)];
+const PROVIDERS: &[(&str, Option<&str>)] = &[
+    ("tcp", Some("127.0.0.1")),
+    ("shm", None),
+    ("sockets", Some("127.0.0.1")),
+];
 
 /// The capabilities the domain asks `fi_getinfo` for (`ffi::Info::get`).
 const CAPS: &str =
@@ -104,10 +108,11 @@ fn claims_follow_what_fi_info_grants() {
         assert_eq!(d.ordered(), n.claims.ordered, "{provider}");
         assert_eq!(d.immediates(), n.claims.immediates, "{provider}");
         assert_eq!(a.tx_msg_order, n.msg_order, "{provider}");
-        // Known-good values of the 1.17 software providers: neither
-        // orders RMA against atomics (so both run unordered), both carry
-        // 8 bytes of CQ data.
-        assert!(!n.claims.ordered, "{provider}: {a:?}");
+        // Known-good values of the 1.17 software providers: `tcp` and
+        // `shm` do not order RMA against atomics (so both run
+        // unordered), `sockets` orders everything up to its largest
+        // message; all carry 8 bytes of CQ data.
+        assert_eq!(n.claims.ordered, provider == "sockets", "{provider}: {a:?}");
         assert!(n.claims.immediates && a.cq_data_size == 8, "{provider}");
         assert!(a.max_msg_size > 0 && a.inject_size > 0, "{provider}");
         // And what the utility prints for the same request.
