@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rolex_engine::domain::fabric::{probe, BounceConfig, LibfabricConfig};
+use rolex_engine::domain::fabric::BounceConfig;
+use rolex_engine::domain::fabric::{probe, LibfabricConfig};
 use rolex_engine::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
     OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,

@@ -136,6 +136,21 @@ pub struct LibfabricConfig {
     pub node: Option<String>,
     /// Bound on posting (while the connection forms) and on completion.
     pub op_timeout: Duration,
+    /// Where [`LibfabricConfig::wait_fd`] applies and the provider
+    /// refuses a descriptor (`FI_WAIT_FD`) but has a wait object
+    /// (`FI_WAIT_UNSPEC`: EFA while its shared-memory peer is on), the
+    /// waiter blocks in `fi_cq_sread` instead. This skips the descriptor
+    /// and takes that path at once, to test it without a device. Off by
+    /// default.
+    pub wait_sread: bool,
+    /// The bounce pools lent to sends, receives and atomics where the
+    /// provider needs a descriptor for every local buffer (`FI_MR_LOCAL`).
+    pub bounce: BounceConfig,
+    /// Treat the provider as needing local descriptors (`FI_MR_LOCAL`)
+    /// even where it does not: regions' descriptors and the bounce pools
+    /// are then used on `tcp` and `shm` too, which tests that path
+    /// without a device. Off by default.
+    pub local_mr: bool,
     /// The worker reads the queue without pause (yielding the CPU between
     /// reads) for this long after the last activity instead of sleeping:
     /// lower latency, one busy core per domain meanwhile. Activity is a
@@ -153,24 +168,35 @@ pub struct LibfabricConfig {
     /// Block on the provider's wait object (`FI_WAIT_FD`) between queue
     /// reads, where it signals arriving data (`tcp`): a waiter thread
     /// wakes the worker when bytes arrive, so the worker needs no timer
-    /// and an idle NIC costs no CPU. Where the provider refuses a
-    /// descriptor but has a wait object (`FI_WAIT_UNSPEC`), the waiter
-    /// blocks in `fi_cq_sread` instead. Other providers, or `false`, read
-    /// the queue on a schedule (see `pace`).
+    /// and an idle NIC costs no CPU. Other providers, or `false`, read the
+    /// queue on the [`HOT`] / [`LibfabricConfig::idle_poll`] timer.
     pub wait_fd: bool,
-    /// Skip the descriptor: with [`LibfabricConfig::wait_fd`], open the
-    /// queue with `FI_WAIT_UNSPEC` and block in `fi_cq_sread` (what EFA
-    /// offers while its shared-memory peer is on), to test that path
-    /// without a device. Off by default.
-    pub wait_sread: bool,
-    /// The bounce pools lent to sends, receives and atomics where the
-    /// provider needs a descriptor for every local buffer (`FI_MR_LOCAL`).
-    pub bounce: BounceConfig,
-    /// Treat the provider as needing local descriptors (`FI_MR_LOCAL`)
-    /// even where it does not: regions' descriptors and the bounce pools
-    /// are then used on `tcp` and `shm` too, which tests that path
-    /// without a device. Off by default.
-    pub local_mr: bool,
+}
+
+impl LibfabricConfig {
+    /// A configuration for `provider` on `node` with default bounds.
+    pub fn new(provider: &str, node: Option<&str>) -> Self {
+        LibfabricConfig {
+            provider: provider.to_string(),
+            node: node.map(str::to_string),
+            op_timeout: Duration::from_secs(10),
+            wait_sread: false,
+            bounce: BounceConfig::default(),
+            local_mr: false,
+            busy_poll: Duration::ZERO,
+            idle_poll: Duration::from_millis(1),
+            wait_fd: true,
+        }
+    }
+
+    /// The libfabric provider string for the user's name.
+    pub fn provider_string(&self) -> String {
+        match self.provider.as_str() {
+            "tcp" => "tcp;ofi_rxm".into(),
+            "verbs" => "verbs;ofi_rxm".into(),
+            p => p.into(),
+        }
+    }
 }
 
 /// Sizes of a NIC's bounce pools: memory registered once when the NIC
@@ -204,32 +230,6 @@ impl Default for BounceConfig {
             sends: 256,
             recvs: 256,
             msg_size: 4096,
-        }
-    }
-}
-
-impl LibfabricConfig {
-    /// A configuration for `provider` on `node` with default bounds.
-    pub fn new(provider: &str, node: Option<&str>) -> Self {
-        LibfabricConfig {
-            provider: provider.to_string(),
-            node: node.map(str::to_string),
-            op_timeout: Duration::from_secs(10),
-            busy_poll: Duration::ZERO,
-            idle_poll: Duration::from_millis(1),
-            wait_fd: true,
-            wait_sread: false,
-            bounce: BounceConfig::default(),
-            local_mr: false,
-        }
-    }
-
-    /// The libfabric provider string for the user's name.
-    pub fn provider_string(&self) -> String {
-        match self.provider.as_str() {
-            "tcp" => "tcp;ofi_rxm".into(),
-            "verbs" => "verbs;ofi_rxm".into(),
-            p => p.into(),
         }
     }
 }
