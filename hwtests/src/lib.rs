@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rolex_engine::domain::fabric::BounceConfig;
 use rolex_engine::domain::fabric::{probe, LibfabricConfig};
 use rolex_engine::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
@@ -54,11 +55,44 @@ pub struct Libfabric {
     pub provider: &'static str,
     /// The node to open endpoints on.
     pub node: Option<&'static str>,
+    /// Which of the domain's paths it takes.
+    pub path: Path,
+}
+
+/// Paths of the libfabric domain that hardware takes, forced on a
+/// software provider so the suite covers them without the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// What the provider grants.
+    Default,
+    /// Local descriptors (`FI_MR_LOCAL`: EFA's device path,
+    /// `verbs;ofi_rxm`): regions' descriptors and small bounce pools (16
+    /// slots each, so operations wait for slots) for atomics, sends and
+    /// receives.
+    LocalMr,
+    /// A wait object without a descriptor (`FI_WAIT_UNSPEC`, EFA with its
+    /// shared-memory peer on): the NIC's waiter blocks in `fi_cq_sread`.
+    Sread,
+    /// No wait object (`FI_WAIT_NONE`, EFA before libfabric 2.5): the
+    /// queue is read on the domain's schedule.
+    NoWait,
+}
+
+impl Path {
+    /// Suffix of the fabric's name in the report.
+    fn suffix(self) -> &'static str {
+        match self {
+            Path::Default => "",
+            Path::LocalMr => "+local_mr",
+            Path::Sread => "+sread",
+            Path::NoWait => "+no_wait",
+        }
+    }
 }
 
 impl FabricUnderTest for Libfabric {
     fn name(&self) -> String {
-        format!("libfabric:{}", self.provider)
+        format!("libfabric:{}{}", self.provider, self.path.suffix())
     }
 
     fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
@@ -66,6 +100,19 @@ impl FabricUnderTest for Libfabric {
             nics_per_group: nics,
             fabric: Fabric::Libfabric(LibfabricConfig {
                 op_timeout: Duration::from_secs(20),
+                local_mr: self.path == Path::LocalMr,
+                wait_sread: self.path == Path::Sread,
+                wait_fd: self.path != Path::NoWait,
+                bounce: if self.path == Path::LocalMr {
+                    BounceConfig {
+                        words: 16,
+                        sends: 16,
+                        recvs: 16,
+                        msg_size: 4096,
+                    }
+                } else {
+                    BounceConfig::default()
+                },
                 ..LibfabricConfig::new(self.provider, self.node)
             }),
             ..EngineConfig::default()
@@ -268,7 +315,11 @@ pub fn fabrics() -> Vec<Candidate> {
         })),
     ];
     for &(provider, node) in PROVIDERS {
-        let f = Libfabric { provider, node };
+        let f = Libfabric {
+            provider,
+            node,
+            path: Path::Default,
+        };
         match probe(provider, node) {
             // The library is loaded at run time; without it every provider
             // is skipped with the loader's advice.
@@ -290,7 +341,20 @@ pub fn fabrics() -> Vec<Candidate> {
                         .into(),
                 })
             }
-            Ok(()) => v.push(Candidate::Available(Box::new(f))),
+            Ok(()) => {
+                v.push(Candidate::Available(Box::new(f)));
+                // The paths hardware takes, on tcp, where no device
+                // provides them.
+                if provider == "tcp" {
+                    for path in [Path::LocalMr, Path::Sread, Path::NoWait] {
+                        v.push(Candidate::Available(Box::new(Libfabric {
+                            provider,
+                            node,
+                            path,
+                        })));
+                    }
+                }
+            }
             Err(e) => v.push(Candidate::Skipped {
                 name: f.name(),
                 reason: format!("provider not usable here: {e}"),

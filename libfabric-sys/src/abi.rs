@@ -85,9 +85,11 @@ pub const FI_CONTEXT2: u64 = 1 << 52;
 
 // Ordering bits of `msg_order`.
 
-/// Read after write is ordered.
+/// Read after write is ordered (RMA and atomics, across both).
 pub const FI_ORDER_RAW: u64 = 1 << 1;
-/// Write after write is ordered.
+/// Write after read is ordered.
+pub const FI_ORDER_WAR: u64 = 1 << 3;
+/// Write after write is ordered (RMA and atomics, across both).
 pub const FI_ORDER_WAW: u64 = 1 << 4;
 
 // Memory-registration mode bits. C declares them `int` and stores them in
@@ -142,6 +144,8 @@ pub const FI_THREAD_SAFE: fi_threading = 1;
 
 /// `enum fi_progress`.
 pub type fi_progress = u32;
+/// The provider progresses by itself (its own threads or the hardware).
+pub const FI_PROGRESS_AUTO: fi_progress = 1;
 /// The provider progresses only while the application calls into it.
 pub const FI_PROGRESS_MANUAL: fi_progress = 2;
 
@@ -162,6 +166,9 @@ pub const FI_CQ_FORMAT_DATA: fi_cq_format = 3;
 pub type fi_wait_obj = u32;
 /// No wait object.
 pub const FI_WAIT_NONE: fi_wait_obj = 0;
+/// A wait object of the provider's choice, usable through
+/// `fi_cq_sread` only (nothing to poll(2) on).
+pub const FI_WAIT_UNSPEC: fi_wait_obj = 1;
 /// A file descriptor (`fi_control(FI_GETWAIT)` returns it).
 pub const FI_WAIT_FD: fi_wait_obj = 3;
 
@@ -251,19 +258,44 @@ pub struct fi_tx_attr {
     _tail: [u8; 0],
 }
 
-/// `struct fi_rx_attr`: receive attributes (never read; opaque).
+/// `struct fi_rx_attr`: receive attributes. Prefix (declared up to
+/// `msg_order`).
 #[repr(C)]
 pub struct fi_rx_attr {
-    _opaque: [u8; 0],
+    /// Receive capabilities.
+    pub caps: u64,
+    /// Mode bits.
+    pub mode: u64,
+    /// Default operation flags.
+    pub op_flags: u64,
+    /// Ordering the provider keeps between arriving operations
+    /// (`FI_ORDER_*`).
+    pub msg_order: u64,
+    _tail: [u8; 0],
 }
 
-/// `struct fi_ep_attr`: endpoint attributes. Prefix.
+/// `struct fi_ep_attr`: endpoint attributes. Prefix (declared up to
+/// `max_order_waw_size`).
 #[repr(C)]
 pub struct fi_ep_attr {
     /// Endpoint type (`type` in C).
     pub type_: fi_ep_type,
     /// Wire protocol (`FI_PROTO_*`).
     pub protocol: u32,
+    /// Version of the wire protocol.
+    pub protocol_version: u32,
+    /// Largest message one operation moves.
+    pub max_msg_size: usize,
+    /// Bytes of prefix `FI_MSG_PREFIX` needs (0 without it).
+    pub msg_prefix_size: usize,
+    /// Data ordering: a read after a write, both at most this many bytes,
+    /// sees the write where they overlap (0: never; `usize::MAX`: any
+    /// size).
+    pub max_order_raw_size: usize,
+    /// Data ordering of a write after a read (as `max_order_raw_size`).
+    pub max_order_war_size: usize,
+    /// Data ordering of a write after a write (as `max_order_raw_size`).
+    pub max_order_waw_size: usize,
     _tail: [u8; 0],
 }
 
@@ -288,6 +320,8 @@ pub struct fi_domain_attr {
     pub mr_mode: c_int,
     /// Size of a memory-region key, in bytes.
     pub mr_key_size: usize,
+    /// Bytes of remote CQ data (the immediate) a write may carry.
+    pub cq_data_size: usize,
     _tail: [u8; 0],
 }
 
@@ -603,7 +637,15 @@ pub struct fi_ops_cq {
         unsafe extern "C" fn(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize,
     >,
     /// `fi_cq_sread`.
-    pub sread: Unused,
+    pub sread: Option<
+        unsafe extern "C" fn(
+            cq: *mut fid_cq,
+            buf: *mut c_void,
+            count: usize,
+            cond: *const c_void,
+            timeout: c_int,
+        ) -> isize,
+    >,
     /// `fi_cq_sreadfrom`.
     pub sreadfrom: Unused,
     /// `fi_cq_signal`.

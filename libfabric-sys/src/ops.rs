@@ -299,6 +299,25 @@ pub unsafe fn fi_cq_read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isi
     unsafe { via!((*cq).ops, read(cq, buf, count), NOSYS_SZ) }
 }
 
+/// `fi_cq_sread`: `cq->ops->sread`; blocks on the queue's wait object
+/// (at most `timeout` ms, -1: no bound) until an entry can be read, and
+/// reads up to `count`. `-FI_EAGAIN` when the time ran out or
+/// [`fi_cq_signal`] woke it.
+///
+/// # Safety
+/// Open queue with a wait object; `buf` writable for `count` entries of
+/// the queue's format; `cond` null or as the queue's `wait_cond` wants.
+pub unsafe fn fi_cq_sread(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { via!((*cq).ops, sread(cq, buf, count, cond, timeout), NOSYS_SZ) }
+}
+
 /// `fi_cq_signal`: `cq->ops->signal`; wakes a thread blocked on the
 /// queue's wait object.
 ///

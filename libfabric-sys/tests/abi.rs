@@ -71,7 +71,21 @@ fn decls() -> Vec<Decl> {
                 rma_iov_limit
             ]
         ),
-        decl!(fi_ep_attr, Prefix, [type_ = "type", protocol]),
+        decl!(fi_rx_attr, Prefix, [caps, mode, op_flags, msg_order]),
+        decl!(
+            fi_ep_attr,
+            Prefix,
+            [
+                type_ = "type",
+                protocol,
+                protocol_version,
+                max_msg_size,
+                msg_prefix_size,
+                max_order_raw_size,
+                max_order_war_size,
+                max_order_waw_size
+            ]
+        ),
         decl!(
             fi_domain_attr,
             Prefix,
@@ -84,7 +98,8 @@ fn decls() -> Vec<Decl> {
                 resource_mgmt,
                 av_type,
                 mr_mode,
-                mr_key_size
+                mr_key_size,
+                cq_data_size
             ]
         ),
         decl!(
@@ -250,6 +265,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         FI_CONTEXT,
         FI_CONTEXT2,
         FI_ORDER_RAW,
+        FI_ORDER_WAR,
         FI_ORDER_WAW,
         FI_MR_LOCAL,
         FI_MR_RAW,
@@ -266,10 +282,12 @@ fn constants() -> Vec<(&'static str, u64)> {
         FI_EP_RDM,
         FI_PROTO_SHM,
         FI_THREAD_SAFE,
+        FI_PROGRESS_AUTO,
         FI_PROGRESS_MANUAL,
         FI_AV_TABLE,
         FI_CQ_FORMAT_DATA,
         FI_WAIT_NONE,
+        FI_WAIT_UNSPEC,
         FI_WAIT_FD,
         FI_UINT64,
         FI_SUM,

@@ -318,6 +318,16 @@ impl TransferEngine {
             .all(|g| g.domains.iter().all(|d| d.ordered()))
     }
 
+    /// Whether every NIC's writes can carry a 32-bit immediate (EFA: 4
+    /// bytes of CQ data; a provider with fewer fails such writes with
+    /// [`TransferError::NoImmediates`]).
+    pub fn immediates(&self) -> bool {
+        self.shared
+            .groups
+            .iter()
+            .all(|g| g.domains.iter().all(|d| d.immediates()))
+    }
+
     /// What the first NIC negotiated with libfabric (library and API
     /// versions, provider, ordering, registration mode); `None` on other
     /// backends. Every NIC of an engine opens with the same configuration.

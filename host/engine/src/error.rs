@@ -359,6 +359,28 @@ pub enum TransferError {
     /// A local region used by an operation is not registered with the NIC
     /// that posts it (the provider needs local descriptors).
     LocalNotRegistered,
+    /// The provider refused every post to this peer (`-FI_EAGAIN`:
+    /// receiver-not-ready back-off on EFA, a full queue elsewhere), or no
+    /// bounce slot came free for it, for the domain's bound; the
+    /// operation was never posted and took no effect.
+    PeerNotReady {
+        /// The operation.
+        op: OpKind,
+        /// The peer.
+        peer: NetAddr,
+        /// How long the peer's queue made no progress.
+        waited: Duration,
+        /// Refusals in that time.
+        refusals: u64,
+    },
+    /// A write carries an immediate, and the NIC's provider has fewer
+    /// than 4 bytes of remote CQ data (`cq_data_size`).
+    NoImmediates {
+        /// The provider.
+        provider: String,
+        /// Its `cq_data_size`.
+        cq_data_size: usize,
+    },
 }
 
 impl fmt::Display for TransferError {
@@ -484,6 +506,25 @@ impl fmt::Display for TransferError {
             LocalNotRegistered => {
                 f.write_str("local region is not registered with the NIC posting the operation")
             }
+            PeerNotReady {
+                op,
+                peer,
+                waited,
+                refusals,
+            } => write!(
+                f,
+                "{op} never posted: peer {peer} refused every post for {} ms \
+                 ({refusals} refusals, -FI_EAGAIN); not applied",
+                waited.as_millis()
+            ),
+            NoImmediates {
+                provider,
+                cq_data_size,
+            } => write!(
+                f,
+                "provider {provider} carries {cq_data_size} bytes of remote CQ data: \
+                 a 32-bit immediate needs 4"
+            ),
         }
     }
 }

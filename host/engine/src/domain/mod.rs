@@ -257,6 +257,12 @@ pub trait Domain: Send + Sync {
     /// Whether operations posted on one endpoint take effect in order
     /// (RC-like); `false` for SRD-like unordered delivery.
     fn ordered(&self) -> bool;
+    /// Whether writes can carry a 32-bit immediate; where not, a write
+    /// with one completes with [`TransferError::NoImmediates`]. The
+    /// default: yes.
+    fn immediates(&self) -> bool {
+        true
+    }
     /// This NIC's counters.
     fn counters(&self) -> CounterSnapshot;
     /// Fault injection: while failed, every operation targeting this NIC
@@ -393,6 +399,10 @@ impl Domain for AnyDomain {
     }
     fn ordered(&self) -> bool {
         dispatch!(self, d => d.ordered())
+    }
+
+    fn immediates(&self) -> bool {
+        dispatch!(self, d => d.immediates())
     }
     fn counters(&self) -> CounterSnapshot {
         dispatch!(self, d => d.counters())

@@ -11,10 +11,11 @@
 //!   emulation on the same CPU; the conformance case
 //!   `cpu_and_nic_atomics_agree` checks them on every run.
 //! - [`Claims::from_attrs`]: whether the domain may claim ordering and
-//!   immediates. Ordering bits in `msg_order` hold only for messages up to
-//!   `max_order_{raw,war,waw}_size` bytes (EFA reports small sizes or 0),
-//!   and remote CQ data carries a 32-bit immediate only if `cq_data_size`
-//!   is at least 4 bytes.
+//!   immediates, on every provider, from the `fi_info` it opened with
+//!   ([`OrderAttrs`]). Ordering bits in `msg_order` hold only for messages
+//!   up to `max_order_{raw,waw}_size` bytes (EFA grants no RMA ordering
+//!   bits and sizes only for atomics), and remote CQ data carries a 32-bit
+//!   immediate only if `cq_data_size` is at least 4 bytes (EFA: 4).
 
 use crate::atomics::{AtomicProfile, AtomicScope, ReplyOrder};
 
@@ -31,27 +32,36 @@ pub fn atomic_profile(provider: &str) -> AtomicProfile {
     }
 }
 
-/// The attributes of an `fi_info` that bound ordering and immediates.
+/// The attributes of an `fi_info` that bound ordering and immediates, as
+/// the domain reads them when it opens (`ffi::Info::granted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OrderAttrs {
-    /// `tx_attr->msg_order` (`FI_ORDER_*` bits).
-    pub msg_order: u64,
-    /// `ep_attr->max_order_raw_size`: read-after-write order holds for
-    /// messages up to this many bytes.
+    /// `tx_attr->msg_order` (`FI_ORDER_*` bits): message ordering of
+    /// what this endpoint transmits.
+    pub tx_msg_order: u64,
+    /// `rx_attr->msg_order`: message ordering of what arrives.
+    pub rx_msg_order: u64,
+    /// `ep_attr->max_msg_size`: the largest message one operation moves.
+    pub max_msg_size: usize,
+    /// `ep_attr->max_order_raw_size`: data ordering of a read after a
+    /// write, both at most this many bytes (0: none; `usize::MAX`: any).
     pub max_order_raw_size: usize,
-    /// `ep_attr->max_order_war_size`.
+    /// `ep_attr->max_order_war_size` (write after read; not claimed).
     pub max_order_war_size: usize,
-    /// `ep_attr->max_order_waw_size`.
+    /// `ep_attr->max_order_waw_size` (write after write).
     pub max_order_waw_size: usize,
     /// `domain_attr->cq_data_size`: bytes of remote CQ data.
     pub cq_data_size: usize,
+    /// `tx_attr->inject_size`: the largest message `fi_inject` takes.
+    pub inject_size: usize,
 }
 
-/// What the domain may claim.
+/// What the domain may claim ([`Domain::ordered`](crate::domain::Domain::ordered),
+/// [`Domain::immediates`](crate::domain::Domain::immediates)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claims {
-    /// Operations to one peer take effect in posting order, for every
-    /// size the engine posts.
+    /// A read after a write and a write after a write to one peer take
+    /// effect in posting order, for every size the engine posts.
     pub ordered: bool,
     /// Writes can carry a 32-bit immediate.
     pub immediates: bool,
@@ -60,26 +70,38 @@ pub struct Claims {
 /// `FI_ORDER_RAW`.
 const RAW: u64 = 1 << 1;
 /// `FI_ORDER_WAR`.
+#[cfg(test)]
 const WAR: u64 = 1 << 3;
 /// `FI_ORDER_WAW`.
 const WAW: u64 = 1 << 4;
 
 impl Claims {
     /// The claims for `a`, for an engine that needs order for messages
-    /// up to `largest` bytes (the largest write or read it orders: a leaf).
+    /// up to `largest` bytes.
+    ///
+    /// Ordering needs both kinds libfabric distinguishes (fi_endpoint(3)):
+    /// *message* order (`FI_ORDER_RAW` and `FI_ORDER_WAW`, the generic
+    /// bits that cover RMA and atomics across each other, on the transmit
+    /// and the receive side: the store orders a read after a lock's CAS
+    /// and an unlock after leaf writes) and *data* order
+    /// (`max_order_raw_size`, `max_order_waw_size` at least `largest`: a
+    /// large write split over paths may otherwise land after a later
+    /// small one). Write-after-read is not claimed: nothing in the engine
+    /// or the store relies on it. Immediates need `cq_data_size >= 4`.
     pub fn from_attrs(a: &OrderAttrs, largest: usize) -> Claims {
-        let bits = a.msg_order & (RAW | WAR | WAW) == RAW | WAR | WAW;
-        let sizes = [
-            a.max_order_raw_size,
-            a.max_order_war_size,
-            a.max_order_waw_size,
-        ]
-        .iter()
-        .all(|&s| s >= largest);
+        let bits = |order: u64| order & (RAW | WAW) == RAW | WAW;
+        let sizes = a.max_order_raw_size >= largest && a.max_order_waw_size >= largest;
         Claims {
-            ordered: bits && sizes,
+            ordered: bits(a.tx_msg_order) && bits(a.rx_msg_order) && sizes,
             immediates: a.cq_data_size >= 4,
         }
+    }
+
+    /// The claims of a domain: ordering must hold for every message the
+    /// provider moves (`max_msg_size`), since the domain does not know
+    /// which sizes its users order.
+    pub fn of_domain(a: &OrderAttrs) -> Claims {
+        Claims::from_attrs(a, a.max_msg_size)
     }
 }
 
@@ -96,40 +118,61 @@ mod tests {
         assert_eq!(atomic_profile("shm"), AtomicProfile::CPU_COHERENT);
     }
 
-    #[test]
-    fn ordering_needs_the_bits_and_the_sizes_immediates_need_four_bytes() {
-        let tcp = OrderAttrs {
-            msg_order: RAW | WAR | WAW,
+    fn tcp_without_atomics() -> OrderAttrs {
+        OrderAttrs {
+            tx_msg_order: RAW | WAW,
+            rx_msg_order: RAW | WAW,
+            max_msg_size: usize::MAX,
             max_order_raw_size: usize::MAX,
-            max_order_war_size: usize::MAX,
+            max_order_war_size: 0,
             max_order_waw_size: usize::MAX,
             cq_data_size: 8,
-        };
+            inject_size: 64,
+        }
+    }
+
+    #[test]
+    fn ordering_needs_the_bits_on_both_sides_and_the_sizes() {
+        let tcp = tcp_without_atomics();
         assert_eq!(
-            Claims::from_attrs(&tcp, 4096),
+            Claims::of_domain(&tcp),
             Claims {
                 ordered: true,
                 immediates: true
             }
         );
-        // EFA-like: ordering bits for small messages only, 4-byte data.
+        // Write-after-read is not needed.
+        assert_eq!(tcp.tx_msg_order & WAR, 0);
+        // EFA-like: ordered data for small messages only, 4-byte data.
         let efa = OrderAttrs {
             max_order_waw_size: 64,
             cq_data_size: 4,
             ..tcp
         };
-        let c = Claims::from_attrs(&efa, 4096);
+        let c = Claims::of_domain(&efa);
         assert!(!c.ordered && c.immediates);
         assert!(Claims::from_attrs(&efa, 64).ordered);
+        assert!(!Claims::from_attrs(&efa, 65).ordered);
+        // `sockets`: sizes just under 2^64, as large as its messages.
+        let sockets = OrderAttrs {
+            max_msg_size: usize::MAX - 4096,
+            max_order_raw_size: usize::MAX - 4096,
+            max_order_waw_size: usize::MAX - 4096,
+            ..tcp
+        };
+        assert!(Claims::of_domain(&sockets).ordered);
+        // `shm`: the transmit side orders only sends.
+        let shm = OrderAttrs {
+            tx_msg_order: 1 << 8,
+            ..tcp
+        };
+        assert!(!Claims::of_domain(&shm).ordered);
         // A missing bit, or no CQ data at all.
-        let c = Claims::from_attrs(
-            &OrderAttrs {
-                msg_order: RAW | WAW,
-                cq_data_size: 0,
-                ..tcp
-            },
-            8,
-        );
+        let c = Claims::of_domain(&OrderAttrs {
+            rx_msg_order: RAW,
+            cq_data_size: 0,
+            ..tcp
+        });
         assert_eq!(
             c,
             Claims {
@@ -137,5 +180,11 @@ mod tests {
                 immediates: false
             }
         );
+        // Immediates need 4 bytes.
+        let three = OrderAttrs {
+            cq_data_size: 3,
+            ..tcp
+        };
+        assert!(!Claims::of_domain(&three).immediates);
     }
 }

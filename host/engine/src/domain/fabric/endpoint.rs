@@ -137,6 +137,12 @@ impl FabricEndpoint {
                 len,
                 imm,
             } => {
+                if imm.is_some() && !inner.claims.immediates {
+                    return Err(TransferError::NoImmediates {
+                        provider: inner.provider.clone(),
+                        cq_data_size: inner.order.cq_data_size,
+                    });
+                }
                 let to = target(live, &remote)?;
                 let (offset, desc) = match &local {
                     Some(l) if len > 0 => (l.offset, pin(&mut ctx, l, len)?),
@@ -161,21 +167,22 @@ impl FabricEndpoint {
             } => {
                 let to = target(live, &remote)?;
                 ctx.words = [new, expected, 0];
-                let a = ctx.words.as_ptr() as u64;
-                let desc = inner.op_mr(&mut ctx, a, 24)?;
-                Post::Cas { desc, to }
+                // With FI_MR_LOCAL the words go through a bounce slot,
+                // lent at posting (`Inner::bounce_in`).
+                Post::Cas { desc: 0, to }
             }
             WorkOp::Faa { remote, add } => {
                 let to = target(live, &remote)?;
                 ctx.words = [add, 0, 0];
-                let a = ctx.words.as_ptr() as u64;
-                let desc = inner.op_mr(&mut ctx, a, 24)?;
-                Post::Faa { desc, to }
+                Post::Faa { desc: 0, to }
             }
             WorkOp::Send { peer, data } => {
                 let fi_addr = inner.fi_addr(live, &peer)?;
                 ctx.bytes = data;
-                let (a, n) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len() as u64);
+                // A message that fits a bounce slot is copied into one at
+                // posting; a larger one is registered for this send.
+                let (a, n) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len());
+                let n = if inner.bounced(n) { 0 } else { n as u64 };
                 let desc = inner.op_mr(&mut ctx, a, n)?;
                 Post::Send { desc, fi_addr }
             }
@@ -300,12 +307,10 @@ impl Endpoint for FabricEndpoint {
                 post,
                 seq: Some(seq),
             };
-            // Keep posting order: nothing overtakes a refused post.
-            if !live.retry.is_empty() {
-                live.retry.push_back(p);
-            } else if let Err(p) = inner.try_post(live, p) {
-                live.retry.push_back(p);
-            }
+            // Keep posting order per peer: nothing overtakes a refused
+            // post to the same peer; other peers go on.
+            let fi_addr = p.post.fi_addr();
+            inner.submit(live, fi_addr, p);
         }
         chain.clear();
         self.chain = chain;
@@ -334,7 +339,8 @@ impl Endpoint for FabricEndpoint {
             Some(live) => {
                 inner.progress(live, Some(&self.sink));
                 inner.endpoint_polled.store(true, Relaxed);
-                (Some(live.last_activity.elapsed()), !live.retry.is_empty())
+                let retrying = !live.retry.is_empty() || !live.recv_retry.is_empty();
+                (Some(live.last_activity.elapsed()), retrying)
             }
             None => (None, false),
         };
@@ -388,10 +394,12 @@ impl Endpoint for FabricEndpoint {
             Progress::WaitUntil(Instant::now())
         } else if waiter.is_some() {
             Progress::WaitUntil(Instant::now() + WAIT_BACKSTOP)
-        } else if since < HOT {
-            Progress::Busy
         } else {
-            Progress::WaitUntil(Instant::now() + cfg.idle_poll)
+            // No wait object: the schedule of module `pace`.
+            match super::pace::idle_sleep(since, HOT, cfg.idle_poll) {
+                None => Progress::Busy,
+                Some(d) => Progress::WaitUntil(Instant::now() + d),
+            }
         }
     }
 
@@ -442,12 +450,11 @@ impl Endpoint for FabricEndpoint {
                 }
             }
             // Never posted: drop them here.
-            let keep: Vec<Pending> = live
-                .retry
-                .drain(..)
-                .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
-                .collect();
-            live.retry.extend(keep);
+            let meta = &live.retry_meta;
+            drop(
+                live.retry
+                    .drain_where(|p| p.seq.is_some_and(|s| !meta.contains_key(&s))),
+            );
         }
         drop(g);
         while let Some(c) = self.sink.queue.pop() {

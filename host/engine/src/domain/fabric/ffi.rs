@@ -96,6 +96,8 @@ pub(crate) struct Granted {
     pub(crate) mr_mode: u64,
     pub(crate) mr_key_size: usize,
     pub(crate) msg_order: u64,
+    /// What bounds ordering and immediates (see `efa::Claims`).
+    pub(crate) order: super::efa::OrderAttrs,
     pub(crate) manual_progress: bool,
     /// Whether writes may ask for `FI_DELIVERY_COMPLETE`: their completion
     /// then means the data is visible in the target's memory.
@@ -219,10 +221,12 @@ impl Info {
     pub(crate) fn granted(&self) -> Granted {
         let p = self.list.as_ptr();
         // SAFETY: a non-null `fi_info` from `fi_getinfo` has non-null
-        // attribute structs and a NUL-terminated provider name.
+        // attribute structs (transmit, receive, endpoint, domain, fabric)
+        // and a NUL-terminated provider name.
         unsafe {
             let d = &*(*p).domain_attr;
             let f = &*(*p).fabric_attr;
+            let (tx, rx, ep) = (&*(*p).tx_attr, &*(*p).rx_attr, &*(*p).ep_attr);
             let provider = if f.prov_name.is_null() {
                 String::new()
             } else {
@@ -233,7 +237,17 @@ impl Info {
                 api_version: self.api_version,
                 mr_mode: u64::from(d.mr_mode as u32),
                 mr_key_size: d.mr_key_size,
-                msg_order: (*(*p).tx_attr).msg_order,
+                msg_order: tx.msg_order,
+                order: super::efa::OrderAttrs {
+                    tx_msg_order: tx.msg_order,
+                    rx_msg_order: rx.msg_order,
+                    max_msg_size: ep.max_msg_size,
+                    max_order_raw_size: ep.max_order_raw_size,
+                    max_order_war_size: ep.max_order_war_size,
+                    max_order_waw_size: ep.max_order_waw_size,
+                    cq_data_size: d.cq_data_size,
+                    inject_size: tx.inject_size,
+                },
                 manual_progress: d.data_progress == sys::FI_PROGRESS_MANUAL,
                 delivery_complete: (*(*p).tx_attr).op_flags & sys::FI_DELIVERY_COMPLETE != 0,
                 shared_memory: (*(*p).ep_attr).protocol == sys::FI_PROTO_SHM,
@@ -364,18 +378,29 @@ impl DomainH {
     }
 }
 
+/// The wait object a queue is opened with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitObj {
+    /// None (`FI_WAIT_NONE`): the queue is read on a schedule.
+    None,
+    /// A file descriptor (`FI_WAIT_FD`, see [`Cq::wait_fd`]).
+    Fd,
+    /// The provider's choice, reached only through `fi_cq_sread`
+    /// (`FI_WAIT_UNSPEC`, see [`Sread`]).
+    Unspec,
+}
+
 impl Cq {
-    /// Opens a data-format queue of `size` entries; with `wait_fd`, with a
-    /// file descriptor as its wait object (`FI_WAIT_FD`, see
-    /// [`Cq::wait_fd`]).
-    pub(crate) fn open(dom: &DomainH, size: usize, wait_fd: bool) -> Result<Cq, FiError> {
+    /// Opens a data-format queue of `size` entries with `wait` as its
+    /// wait object.
+    pub(crate) fn open(dom: &DomainH, size: usize, wait: WaitObj) -> Result<Cq, FiError> {
         let mut attr = sys::Padded::new(sys::fi_cq_attr {
             size,
             format: sys::FI_CQ_FORMAT_DATA,
-            wait_obj: if wait_fd {
-                sys::FI_WAIT_FD
-            } else {
-                sys::FI_WAIT_NONE
+            wait_obj: match wait {
+                WaitObj::None => sys::FI_WAIT_NONE,
+                WaitObj::Fd => sys::FI_WAIT_FD,
+                WaitObj::Unspec => sys::FI_WAIT_UNSPEC,
             },
             ..Default::default()
         });
@@ -408,6 +433,70 @@ impl Cq {
             return Err(einval("fi_control (FI_GETWAIT)"));
         }
         Ok(fd)
+    }
+}
+
+/// A queue opened with a wait object, for `fi_cq_sread` from the waiter
+/// thread, which borrows it without owning it (as [`TryWait`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Sread {
+    cq: NonNull<sys::fid_cq>,
+}
+
+// SAFETY: a plain pointer to a queue of an `FI_THREAD_SAFE` domain, which
+// libfabric lets any thread use; its lifetime is the user's contract.
+unsafe impl Send for Sread {}
+// SAFETY: as for `Send` (`fi_cq_sread`, `fi_cq_signal` are thread-safe
+// on such a domain).
+unsafe impl Sync for Sread {}
+
+impl Sread {
+    pub(crate) fn new(cq: &Cq) -> Sread {
+        Sread { cq: cq.0 }
+    }
+
+    /// `fi_cq_sread`: blocks until the queue has entries, `timeout_ms`
+    /// passed or [`Sread::signal`] woke it, and moves what it read into
+    /// `out` (a read drives progress, as [`Cq::read`]). `Ok(0)` when woken
+    /// or timed out, and for an error entry (left for the next
+    /// [`Cq::read`], which reads error entries).
+    ///
+    /// # Safety
+    /// The queue must still be open.
+    pub(crate) unsafe fn sread(
+        &self,
+        out: &mut Vec<CqEvent>,
+        timeout_ms: libc::c_int,
+    ) -> Result<usize, FiError> {
+        let mut entries = [sys::fi_cq_data_entry::default(); 16];
+        // SAFETY: an open queue with a wait object (the caller's
+        // contract); `entries` is writable for 16 data-format entries.
+        let n = unsafe {
+            sys::fi_cq_sread(
+                self.cq.as_ptr(),
+                entries.as_mut_ptr() as *mut libc::c_void,
+                entries.len(),
+                ptr::null(),
+                timeout_ms,
+            )
+        };
+        if n == -(eagain() as isize) || n == -(eavail() as isize) {
+            return Ok(0);
+        }
+        let n = check("fi_cq_sread", n)?;
+        // SAFETY: the provider wrote `n` entries of ours.
+        unsafe { events_of(&entries[..n], out) };
+        Ok(n)
+    }
+
+    /// `fi_cq_signal`: wakes a thread blocked in [`Sread::sread`].
+    ///
+    /// # Safety
+    /// The queue must still be open.
+    pub(crate) unsafe fn signal(&self) {
+        // SAFETY: an open queue (the caller's contract). A failure only
+        // leaves the sleeper to its timeout.
+        let _ = unsafe { sys::fi_cq_signal(self.cq.as_ptr()) };
     }
 }
 
@@ -678,7 +767,12 @@ pub(crate) struct OpCtx {
     pub(crate) chain: [(u64, u64, u64); MAX_CHAIN],
     pub(crate) pinned: Option<PinnedRegion>,
     pub(crate) bytes: Vec<u8>,
-    /// Registrations made for this operation only (FI_MR_LOCAL).
+    /// A slot of a pre-registered bounce pool standing in for `words`,
+    /// `bytes` or the receive buffer (FI_MR_LOCAL; module `bounce`): the
+    /// provider is given the slot and its pool's descriptor.
+    pub(crate) bounce: Option<super::bounce::Lease<Mr>>,
+    /// Registrations made for this operation only (FI_MR_LOCAL, buffers
+    /// larger than a bounce slot).
     pub(crate) mrs: Vec<Mr>,
 }
 
@@ -696,8 +790,35 @@ impl OpCtx {
             chain: [(0, 0, 0); MAX_CHAIN],
             pinned: None,
             bytes: Vec::new(),
+            bounce: None,
             mrs: Vec::new(),
         })
+    }
+
+    /// An atomic's result word: in the bounce slot when it has one.
+    pub(crate) fn result_word(&self) -> u64 {
+        match &self.bounce {
+            Some(l) => l.word(2),
+            None => self.words[2],
+        }
+    }
+
+    /// The atomic words' address and descriptor: the bounce slot's when
+    /// it has one, else the context's own with `desc`.
+    fn words_at(&mut self, desc: usize) -> (*mut u64, *mut libc::c_void) {
+        match &self.bounce {
+            Some(l) => (l.addr() as *mut u64, l.desc() as *mut libc::c_void),
+            None => (self.words.as_mut_ptr(), desc as *mut libc::c_void),
+        }
+    }
+
+    /// A message's buffer and descriptor: the bounce slot's when it has
+    /// one (`len` bytes of it), else `own` with `desc`.
+    fn buffer_at(&self, own: *mut u8, desc: usize) -> (*mut libc::c_void, *mut libc::c_void) {
+        match &self.bounce {
+            Some(l) => (l.addr() as *mut libc::c_void, l.desc() as *mut libc::c_void),
+            None => (own as *mut libc::c_void, desc as *mut libc::c_void),
+        }
     }
 }
 
@@ -779,6 +900,22 @@ pub(crate) enum Post {
     Recv { desc: usize },
 }
 
+impl Post {
+    /// The address-vector entry of the peer the operation goes to
+    /// (`FI_ADDR_UNSPEC` for a receive, which takes from any).
+    pub(crate) fn fi_addr(&self) -> u64 {
+        match *self {
+            Post::Write { to, .. }
+            | Post::WriteChain { to, .. }
+            | Post::Cas { to, .. }
+            | Post::Faa { to, .. } => to.fi_addr,
+            Post::Read { from, .. } => from.fi_addr,
+            Post::Send { fi_addr, .. } => fi_addr,
+            Post::Recv { .. } => sys::FI_ADDR_UNSPEC,
+        }
+    }
+}
+
 impl Ep {
     /// Posts `op` with `ctx`. On success the context is the provider's
     /// until its completion; on failure (`-FI_EAGAIN` included) it is
@@ -789,7 +926,9 @@ impl Ep {
         let c = raw as *mut libc::c_void;
         // SAFETY: every buffer passed is owned by the context (pinned
         // region range checked by `PinnedRegion::ptr`, the atomic words,
-        // the message bytes, the receive buffer), which stays allocated
+        // the message bytes, the receive buffer, or the bounce slot that
+        // stands in for the last three and is at least as large, see
+        // `Inner::bounce_in`), which stays allocated
         // until reclaimed after the completion; descriptors are those of
         // registrations alive at least as long (the domain's or the
         // context's own). `raw` is a valid, unique pointer.
@@ -940,8 +1079,7 @@ impl Ep {
                     None => return Err((Box::from_raw(raw), einval("fi_read"))),
                 },
                 Post::Cas { desc, to } => {
-                    let desc = desc as *mut libc::c_void;
-                    let w = ctx.words.as_mut_ptr();
+                    let (w, desc) = ctx.words_at(desc);
                     (
                         sys::fi_compare_atomic(
                             ep,
@@ -963,8 +1101,7 @@ impl Ep {
                     )
                 }
                 Post::Faa { desc, to } => {
-                    let desc = desc as *mut libc::c_void;
-                    let w = ctx.words.as_mut_ptr();
+                    let (w, desc) = ctx.words_at(desc);
                     (
                         sys::fi_fetch_atomic(
                             ep,
@@ -983,31 +1120,29 @@ impl Ep {
                         "fi_fetch_atomic",
                     )
                 }
-                Post::Send { desc, fi_addr } => (
-                    sys::fi_send(
-                        ep,
-                        ctx.bytes.as_ptr() as *const libc::c_void,
-                        ctx.bytes.len(),
-                        desc as *mut libc::c_void,
-                        fi_addr,
-                        c,
-                    ),
-                    "fi_send",
-                ),
-                Post::Recv { desc } => match &mut ctx.kind {
-                    CtxKind::Recv(Some(b)) => (
-                        sys::fi_recv(
-                            ep,
-                            b.data.as_mut_ptr() as *mut libc::c_void,
-                            b.data.len(),
-                            desc as *mut libc::c_void,
-                            sys::FI_ADDR_UNSPEC,
-                            c,
-                        ),
-                        "fi_recv",
-                    ),
-                    _ => (-(libc::EINVAL as isize), "fi_recv"),
-                },
+                Post::Send { desc, fi_addr } => {
+                    let (buf, desc) = ctx.buffer_at(ctx.bytes.as_ptr() as *mut u8, desc);
+                    (
+                        sys::fi_send(ep, buf, ctx.bytes.len(), desc, fi_addr, c),
+                        "fi_send",
+                    )
+                }
+                Post::Recv { desc } => {
+                    let own = match &mut ctx.kind {
+                        CtxKind::Recv(Some(b)) => Some((b.data.as_mut_ptr(), b.data.len())),
+                        _ => None,
+                    };
+                    match own {
+                        Some((own, len)) => {
+                            let (buf, desc) = ctx.buffer_at(own, desc);
+                            (
+                                sys::fi_recv(ep, buf, len, desc, sys::FI_ADDR_UNSPEC, c),
+                                "fi_recv",
+                            )
+                        }
+                        None => (-(libc::EINVAL as isize), "fi_recv"),
+                    }
+                }
             }
         };
         match check(call, rc) {
@@ -1082,22 +1217,8 @@ impl Cq {
                 continue;
             }
             let n = check("fi_cq_read", n)?;
-            for e in &entries[..n] {
-                let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
-                let recv = e.flags & sys::FI_RECV != 0;
-                if remote_data && !recv {
-                    out.push(CqEvent::RemoteData(e.data));
-                } else if !e.op_context.is_null() {
-                    // SAFETY: as above: a non-null context of a local
-                    // operation or posted receive is ours, read once.
-                    let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
-                    out.push(CqEvent::Done {
-                        ctx,
-                        len: e.len,
-                        result: Ok(()),
-                    });
-                }
-            }
+            // SAFETY: entries the provider just wrote, read once.
+            unsafe { events_of(&entries[..n], out) };
             // Read until the provider says `-FI_EAGAIN`, even after a
             // short read: `ofi_rxm` moves one completion of its message
             // provider per read (FI_OFI_RXM_COMP_PER_PROGRESS = 1), and its
@@ -1105,6 +1226,31 @@ impl Cq {
             total += n;
         }
         Ok(total)
+    }
+}
+
+/// The events of completion entries just read from a queue.
+///
+/// # Safety
+/// The entries must have been read from one of the domain's queues (their
+/// non-null contexts are ours) and be converted once.
+unsafe fn events_of(entries: &[sys::fi_cq_data_entry], out: &mut Vec<CqEvent>) {
+    for e in entries {
+        let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
+        let recv = e.flags & sys::FI_RECV != 0;
+        if remote_data && !recv {
+            out.push(CqEvent::RemoteData(e.data));
+        } else if !e.op_context.is_null() {
+            // SAFETY: a non-null context of a local operation or posted
+            // receive is ours (from `Ep::post`), and its completion has
+            // now been read, once (the caller's contract).
+            let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
+            out.push(CqEvent::Done {
+                ctx,
+                len: e.len,
+                result: Ok(()),
+            });
+        }
     }
 }
 

@@ -20,9 +20,14 @@
 //!   ([`LibfabricDomain::negotiated`]). On `efa` with API 1.18 or newer
 //!   the endpoint refuses shared memory, so same-host peers go through
 //!   the NIC like remote ones.
-//! - Ordering ([`Domain::ordered`]) is read from the provider's
-//!   `tx_attr->msg_order` at start-up: ordered when it grants
-//!   read-after-write and write-after-write, never by provider name.
+//! - Ordering ([`Domain::ordered`]) and immediates
+//!   ([`Domain::immediates`]) are decided at start-up from what the
+//!   provider's `fi_info` grants, never by provider name
+//!   ([`efa::Claims::of_domain`]): ordered when the transmit and receive
+//!   `msg_order` grant read-after-write and write-after-write *and*
+//!   `max_order_{raw,waw}_size` cover every message size; immediates when
+//!   `cq_data_size` holds 32 bits (a write carrying one is refused before
+//!   posting otherwise).
 //! - Progress: `tcp;ofi_rxm` and `shm` progress only when their completion
 //!   queue is read, and a peer's one-sided write leaves no completion at
 //!   its target, so someone must read the queue while the domain lives.
@@ -45,11 +50,14 @@
 //!   [`WAIT_BACKSTOP`] when idle. CPU cost when idle: none (the worker
 //!   wakes once a second). Providers whose
 //!   wait object does not announce arriving data (`shm`), or
-//!   `wait_fd: false`, fall back to timed reads: the back-off for [`HOT`]
-//!   after the last activity, then every [`LibfabricConfig::idle_poll`]
-//!   (1 ms by default: about a thousand reads of a few µs per second,
-//!   well under 1% of a core). When active, up to one core per domain,
-//!   like the NIC it stands in for.
+//!   `wait_fd: false`, fall back to timed reads (module [`pace`]): the
+//!   back-off while operations are outstanding and for [`HOT`] after the
+//!   last activity, then sleeps from 50 µs doubling up to
+//!   [`LibfabricConfig::idle_poll`] (1 ms by default: about a thousand
+//!   reads of a few µs per second, well under 1% of a core). A queue
+//!   whose wait object has no descriptor (`FI_WAIT_UNSPEC`, EFA with its
+//!   shared-memory peer on) gets a waiter blocked in `fi_cq_sread`. When
+//!   active, up to one core per domain, like the NIC it stands in for.
 //! - A write's completion means its data is visible at the target (§3):
 //!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
 //!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
@@ -65,10 +73,13 @@
 //!   its buffers stay owned by the domain until the provider lets go.
 
 pub mod bootstrap;
+mod bounce;
 pub mod efa;
 mod endpoint;
 mod ffi;
 pub mod keys;
+pub mod pace;
+mod retry;
 mod waiter;
 
 use std::collections::{HashMap, VecDeque};
@@ -82,7 +93,8 @@ use rolex_core::wire::{Access, NetAddr};
 
 pub use endpoint::FabricEndpoint;
 use ffi::{
-    Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post, TryWait,
+    Av, Cq, CqEvent, CtxKind, DomainH, Ep, Fabric, FiError, Info, Leaked, Mr, OpCtx, Post, Sread,
+    TryWait, WaitObj,
 };
 use waiter::{Waiter, WaiterHealth};
 
@@ -92,8 +104,7 @@ use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::Region;
 
 /// Without a waiter: how long after the last activity the poller keeps
-/// the worker's short back-off before dropping to
-/// [`LibfabricConfig::idle_poll`].
+/// the worker's short back-off before sleeping longer (see [`pace`]).
 pub const HOT: Duration = Duration::from_millis(20);
 
 /// With a waiter (see [`LibfabricConfig::wait_fd`]): the longest an idle
@@ -125,6 +136,21 @@ pub struct LibfabricConfig {
     pub node: Option<String>,
     /// Bound on posting (while the connection forms) and on completion.
     pub op_timeout: Duration,
+    /// Where [`LibfabricConfig::wait_fd`] applies and the provider
+    /// refuses a descriptor (`FI_WAIT_FD`) but has a wait object
+    /// (`FI_WAIT_UNSPEC`: EFA while its shared-memory peer is on), the
+    /// waiter blocks in `fi_cq_sread` instead. This skips the descriptor
+    /// and takes that path at once, to test it without a device. Off by
+    /// default.
+    pub wait_sread: bool,
+    /// The bounce pools lent to sends, receives and atomics where the
+    /// provider needs a descriptor for every local buffer (`FI_MR_LOCAL`).
+    pub bounce: BounceConfig,
+    /// Treat the provider as needing local descriptors (`FI_MR_LOCAL`)
+    /// even where it does not: regions' descriptors and the bounce pools
+    /// are then used on `tcp` and `shm` too, which tests that path
+    /// without a device. Off by default.
+    pub local_mr: bool,
     /// The worker reads the queue without pause (yielding the CPU between
     /// reads) for this long after the last activity instead of sleeping:
     /// lower latency, one busy core per domain meanwhile. Activity is a
@@ -135,8 +161,9 @@ pub struct LibfabricConfig {
     /// ([`EngineConfig::spin`](crate::EngineConfig::spin)) and do not
     /// need it.
     pub busy_poll: Duration,
-    /// Queue-read interval when nothing happened for [`HOT`], on a NIC
-    /// without a waiter (see [`LibfabricConfig::wait_fd`]).
+    /// The longest queue-read interval of a NIC without a waiter (see
+    /// [`LibfabricConfig::wait_fd`]), reached after [`HOT`] and a few
+    /// doublings from 50 µs of idleness ([`pace`]).
     pub idle_poll: Duration,
     /// Block on the provider's wait object (`FI_WAIT_FD`) between queue
     /// reads, where it signals arriving data (`tcp`): a waiter thread
@@ -153,6 +180,9 @@ impl LibfabricConfig {
             provider: provider.to_string(),
             node: node.map(str::to_string),
             op_timeout: Duration::from_secs(10),
+            wait_sread: false,
+            bounce: BounceConfig::default(),
+            local_mr: false,
             busy_poll: Duration::ZERO,
             idle_poll: Duration::from_millis(1),
             wait_fd: true,
@@ -165,6 +195,41 @@ impl LibfabricConfig {
             "tcp" => "tcp;ofi_rxm".into(),
             "verbs" => "verbs;ofi_rxm".into(),
             p => p.into(),
+        }
+    }
+}
+
+/// Sizes of a NIC's bounce pools: memory registered once when the NIC
+/// opens (only where local descriptors are needed) and lent, slot by
+/// slot, to operations whose buffers are the domain's own, so that no
+/// operation registers memory. A post that finds its pool empty waits,
+/// like one the provider refused, until a completion gives a slot back
+/// (see `retry`); messages and receive buffers larger than a slot are
+/// registered for that operation alone. Sends and receives have pools of
+/// their own, so posted receives (which hold their slots until a message
+/// comes) never starve sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BounceConfig {
+    /// Slots for atomics (24 bytes each: operand, compare, result).
+    pub words: usize,
+    /// Slots for sends.
+    pub sends: usize,
+    /// Slots for posted receives; receive buffers beyond them wait
+    /// unposted until a message frees a slot.
+    pub recvs: usize,
+    /// Bytes per send or receive slot.
+    pub msg_size: usize,
+}
+
+impl Default for BounceConfig {
+    /// 1,024 atomics, 256 sends and 256 receives of up to 4 KiB in
+    /// flight per NIC (2 MiB registered).
+    fn default() -> Self {
+        BounceConfig {
+            words: 1024,
+            sends: 256,
+            recvs: 256,
+            msg_size: 4096,
         }
     }
 }
@@ -212,6 +277,11 @@ pub struct Negotiated {
     /// The memory-registration mode (`domain_attr->mr_mode`, `FI_MR_*`
     /// bits).
     pub mr_mode: u64,
+    /// What bounds ordering and immediates, as `fi_getinfo` granted it.
+    pub order: efa::OrderAttrs,
+    /// What the domain claims from it ([`Domain::ordered`],
+    /// [`Domain::immediates`]).
+    pub claims: efa::Claims,
     /// Shared memory was refused (`FI_OPT_SHARED_MEMORY_PERMITTED` off and
     /// the provider agreed): same-host peers go through the NIC.
     pub shared_memory_off: bool,
@@ -230,13 +300,23 @@ impl std::fmt::Display for Negotiated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "libfabric {} ({}), API {}, provider {}, msg_order {:#x}, mr_mode {:#x}",
+            "libfabric {} ({}), API {}, provider {}, msg_order {:#x}, mr_mode {:#x}, {}, {}",
             version_text(self.library_version),
             self.library,
             version_text(self.api_version),
             self.provider,
             self.msg_order,
-            self.mr_mode
+            self.mr_mode,
+            if self.claims.ordered {
+                "ordered"
+            } else {
+                "unordered"
+            },
+            if self.claims.immediates {
+                "immediates"
+            } else {
+                "no immediates"
+            },
         )?;
         if self.shared_memory_off {
             f.write_str(", shared memory off")?;
@@ -301,6 +381,10 @@ struct Pending {
     seq: Option<u64>,
 }
 
+/// Per-peer queues of refused operations, by the peer's address-vector
+/// entry (module `retry`).
+type RetryByPeer = retry::RetryQueues<u64, Pending>;
+
 /// Where an endpoint's completions go, and how many it has outstanding.
 pub(crate) struct Sink {
     queue: SegQueue<Completion>,
@@ -357,8 +441,11 @@ struct Live {
     order: VecDeque<u64>,
     /// Failed by timeout or flush while the provider still owns them.
     abandoned: HashMap<u64, Leaked>,
-    /// Waiting for `-FI_EAGAIN` to clear, in posting order.
-    retry: VecDeque<Pending>,
+    /// Operations waiting for `-FI_EAGAIN` to clear, per peer, each
+    /// peer's in posting order (a peer in back-off stalls only itself).
+    retry: RetryByPeer,
+    /// Receives waiting for `-FI_EAGAIN` to clear, in posting order.
+    recv_retry: VecDeque<Pending>,
     /// Metadata of operations in `retry`.
     retry_meta: HashMap<u64, OpMeta>,
     /// Posted receives, by context address.
@@ -405,6 +492,12 @@ pub(crate) struct Inner {
     /// every NIC (see `shutdown`).
     closing: Mutex<Option<Live>>,
     mrs: Mutex<HashMap<u64, MrEntry>>,
+    /// The bounce pools (with `FI_MR_LOCAL` only); dropped before the
+    /// domain, after every context holding a slot.
+    pools: Option<Pools>,
+    /// Registrations made for one operation (buffers larger than a
+    /// bounce slot), for tests and tools.
+    op_registrations: AtomicU64,
     /// Local descriptors by region address (for `FI_MR_LOCAL`).
     local: Mutex<HashMap<usize, usize>>,
     dom: DomainH,
@@ -413,8 +506,16 @@ pub(crate) struct Inner {
     addr: NetAddr,
     scheme: MrScheme,
     mr_local: bool,
+    /// Pass regions' descriptors without `FI_MR_LOCAL` too (API 1.22 and
+    /// newer, see `local_desc`).
+    desc_hints: bool,
     mr_endpoint: bool,
-    ordered: bool,
+    /// Ordering and immediates (see the module docs), and what they were
+    /// decided from.
+    claims: efa::Claims,
+    order: efa::OrderAttrs,
+    /// The provider chosen (for errors).
+    provider: String,
     manual_progress: bool,
     delivery_complete: bool,
     shared_memory: bool,
@@ -441,6 +542,13 @@ pub(crate) struct Inner {
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
+}
+
+/// A NIC's bounce pools (module `bounce`).
+struct Pools {
+    words: Arc<bounce::BouncePool<Mr>>,
+    sends: Arc<bounce::BouncePool<Mr>>,
+    recvs: Arc<bounce::BouncePool<Mr>>,
 }
 
 /// Shared-memory endpoints of this process (design §7, `FI_PROTO_SHM`):
@@ -516,19 +624,68 @@ impl LibfabricDomain {
             }
             _ => return Err(unsupported("application keys shorter than 8 bytes")),
         };
-        let order = libfabric_sys::FI_ORDER_RAW | libfabric_sys::FI_ORDER_WAW;
-        let ordered = g.msg_order & order == order;
+        let claims = efa::Claims::of_domain(&g.order);
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
-        let want_wait = cfg.wait_fd && wait_signals_data(&g.provider);
-        let (cq, wait_fd) = match Cq::open(&dom, 4096, want_wait) {
-            Ok(cq) => (cq, want_wait),
-            Err(_) if want_wait => (Cq::open(&dom, 4096, false).map_err(fi_err)?, false),
-            Err(e) => return Err(fi_err(e)),
+        // The wait objects to try, best first (see `wait_signals_data`);
+        // the last, none, always opens.
+        let tries: &[WaitObj] = match (
+            cfg.wait_fd && wait_signals_data(&g.provider),
+            cfg.wait_sread,
+        ) {
+            (true, false) => &[WaitObj::Fd, WaitObj::Unspec, WaitObj::None],
+            (true, true) => &[WaitObj::Unspec, WaitObj::None],
+            (false, _) => &[WaitObj::None],
+        };
+        let mut opened = None;
+        for &w in tries {
+            match Cq::open(&dom, 4096, w) {
+                Ok(cq) => {
+                    opened = Some((cq, w));
+                    break;
+                }
+                Err(e) if w == WaitObj::None => return Err(fi_err(e)),
+                Err(_) => {}
+            }
+        }
+        let Some((cq, wait_obj)) = opened else {
+            return Err(TransferError::Libfabric {
+                call: "fi_cq_open",
+                errno: libc::EINVAL,
+                text: "no wait object could be opened".into(),
+            });
         };
         let av = Av::open(&dom).map_err(fi_err)?;
         let nic_only = wants_nic_only(&g.provider, g.api_version);
         let (ep, shared_memory_off) = Ep::open(&dom, &info, &cq, &av, nic_only).map_err(fi_err)?;
+        let mr_local = g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0 || cfg.local_mr;
+        let mr_endpoint = g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0;
+        let next_key = AtomicU64::new(rand::random::<u64>() >> 16);
+        // Registered once, here; freed with `Inner` (after the endpoint,
+        // before the domain).
+        let pools = if mr_local {
+            let pool = |slots, size| {
+                bounce::BouncePool::new(slots, size, |addr, len| {
+                    let key = next_key.fetch_add(1, Relaxed);
+                    let mr = dom
+                        .reg(addr, len, access_flags(Access::empty()), key)
+                        .map_err(fi_err)?;
+                    if mr_endpoint {
+                        mr.bind_enable(&ep).map_err(fi_err)?;
+                    }
+                    let desc = mr.desc() as usize;
+                    Ok::<_, TransferError>((mr, desc))
+                })
+            };
+            let b = cfg.bounce;
+            Some(Pools {
+                words: pool(b.words.max(1), 24)?,
+                sends: pool(b.sends.max(1), b.msg_size.max(8))?,
+                recvs: pool(b.recvs.max(1), b.msg_size.max(8))?,
+            })
+        } else {
+            None
+        };
         let negotiated = Negotiated {
             library: info.lib().path().to_string(),
             library_version: info.lib().version(),
@@ -536,12 +693,18 @@ impl LibfabricDomain {
             provider: g.provider.clone(),
             msg_order: g.msg_order,
             mr_mode: g.mr_mode,
+            order: g.order,
+            claims,
             shared_memory_off,
         };
         // Read after the endpoint is bound: the provider adds its sockets
         // and connection events to the queue's wait set then.
-        let wait_fd = if wait_fd { cq.wait_fd().ok() } else { None };
+        let wait_fd = match wait_obj {
+            WaitObj::Fd => cq.wait_fd().ok(),
+            _ => None,
+        };
         let trywait = TryWait::new(&fabric, &cq);
+        let sread = (wait_obj == WaitObj::Unspec).then(|| Sread::new(&cq));
         let name = ep.name().map_err(fi_err)?;
         let addr = NetAddr::new(&name).map_err(|error| TransferError::Malformed {
             what: "libfabric endpoint address",
@@ -559,7 +722,8 @@ impl LibfabricDomain {
             inflight: HashMap::new(),
             order: VecDeque::new(),
             abandoned: HashMap::new(),
-            retry: VecDeque::new(),
+            retry: RetryByPeer::default(),
+            recv_retry: VecDeque::new(),
             retry_meta: HashMap::new(),
             recvs: HashMap::new(),
             last_activity: Instant::now(),
@@ -569,15 +733,20 @@ impl LibfabricDomain {
             live: Mutex::new(Some(live)),
             closing: Mutex::new(None),
             mrs: Mutex::new(HashMap::new()),
+            pools,
+            op_registrations: AtomicU64::new(0),
             local: Mutex::new(HashMap::new()),
             dom,
             _fabric: fabric,
             _info: info,
             addr,
             scheme,
-            mr_local: g.mr_mode & libfabric_sys::FI_MR_LOCAL != 0,
-            mr_endpoint: g.mr_mode & libfabric_sys::FI_MR_ENDPOINT != 0,
-            ordered,
+            mr_local,
+            desc_hints: negotiated.api_version >= libfabric_sys::fi_version_of(1, 22),
+            mr_endpoint,
+            claims,
+            order: g.order,
+            provider: g.provider.clone(),
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
             shared_memory: g.shared_memory,
@@ -591,16 +760,26 @@ impl LibfabricDomain {
             worker_waits: OnceLock::new(),
             endpoint_polled: AtomicBool::new(false),
             alive: AtomicBool::new(true),
-            next_key: AtomicU64::new(rand::random::<u64>() >> 16),
+            next_key,
             counters: Counters::default(),
         });
-        if let Some(fd) = wait_fd {
+        let block = match (wait_fd, sread) {
+            (Some(fd), _) => Some(waiter::Block::Fd { trywait, fd }),
+            (None, Some(q)) => Some(waiter::Block::Sread(q)),
+            (None, None) => None,
+        };
+        if let Some(block) = block {
             let mut g = lock(&inner.live);
             if let Some(live) = g.as_mut() {
-                live.waiter = Waiter::start(trywait, fd, waiter_progress(&inner));
+                live.waiter = Waiter::start(block, waiter_progress(&inner));
                 if let Some(w) = &live.waiter {
                     let _ = inner.wait.set(w.health());
-                    let _ = inner.wait_obj.set((fd, trywait));
+                    // Only a descriptor can be handed to the worker
+                    // (`Domain::take_wait`); `fi_cq_sread` stays with the
+                    // waiter, which unparks the worker.
+                    if let Some(fd) = wait_fd {
+                        let _ = inner.wait_obj.set((fd, trywait));
+                    }
                 }
             }
         }
@@ -645,16 +824,23 @@ impl Drop for LibfabricDomain {
     }
 }
 
-/// The waiter's read of the queue: progress, then wake the worker if
-/// completions or arrivals came out (arrivals wake it themselves).
+/// The waiter's read of the queue: the events its blocking read took out
+/// (with `fi_cq_sread`), progress, then wake the worker if completions or
+/// arrivals came out (arrivals wake it themselves).
 fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
     let weak = Arc::downgrade(inner);
-    Box::new(move || {
+    Box::new(move |events| {
         let Some(inner) = weak.upgrade() else {
             return false;
         };
         let handled = match lock(&inner.live).as_mut() {
-            Some(live) => inner.progress(live, None),
+            Some(live) => {
+                let n = events.len();
+                for ev in events {
+                    inner.event(live, ev, None);
+                }
+                n + inner.progress(live, None)
+            }
             None => return false,
         };
         if handled > 0 {
@@ -669,10 +855,17 @@ fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
 /// Whether `provider`'s completion-queue wait object becomes ready when
 /// data arrives for this endpoint, not only when a completion is written:
 /// true over `tcp` (rxm adds its sockets' epoll set and its connection
-/// events), where blocking on it replaces timed reads. `shm` moves data
-/// through shared memory, which signals no descriptor.
+/// events) and `efa` (its RDM queue waits on the device queue's completion
+/// channel, and every packet of its protocol arrives through the device's
+/// receive queue; the device's own RDMA needs no target progress), where
+/// blocking on it replaces timed reads. EFA grants `FI_WAIT_FD` only with
+/// its shared-memory peer off (`FI_EFA_ENABLE_SHM_TRANSFER=0`),
+/// `FI_WAIT_UNSPEC` (`fi_cq_sread`) with it on, and neither before
+/// libfabric 2.5 (prov/efa `efa_rdm_cq_configure_wait`); the domain tries
+/// them in that order. `shm` moves data through shared memory, which
+/// signals no descriptor.
 fn wait_signals_data(provider: &str) -> bool {
-    provider.split(';').next() == Some("tcp")
+    matches!(provider.split(';').next(), Some("tcp" | "efa"))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -721,15 +914,23 @@ impl Inner {
         }
     }
 
-    /// A local descriptor for `region` (null unless `FI_MR_LOCAL`).
+    /// A local descriptor for `region`: required with `FI_MR_LOCAL`;
+    /// otherwise passed where the API honours it (1.22 and newer: a
+    /// valid descriptor or null; EFA's RDM path registers a buffer given
+    /// without one through its registration cache), null on older ones,
+    /// which ignore it.
     fn local_desc(&self, region: &Arc<Region>) -> Result<usize, TransferError> {
-        if !self.mr_local {
+        if !self.mr_local && !self.desc_hints {
             return Ok(0);
         }
-        lock(&self.local)
+        let desc = lock(&self.local)
             .get(&(Arc::as_ptr(region) as usize))
-            .copied()
-            .ok_or(TransferError::LocalNotRegistered)
+            .copied();
+        match desc {
+            Some(d) => Ok(d),
+            None if self.mr_local => Err(TransferError::LocalNotRegistered),
+            None => Ok(0),
+        }
     }
 
     /// Registers a buffer owned by one operation (`FI_MR_LOCAL` only);
@@ -743,9 +944,58 @@ impl Inner {
             .dom
             .reg(addr, len, access_flags(Access::empty()), key)
             .map_err(fi_err)?;
+        self.op_registrations.fetch_add(1, Relaxed);
         let d = mr.desc() as usize;
         ctx.mrs.push(mr);
         Ok(d)
+    }
+
+    /// Whether a message of `len` bytes goes through a bounce slot (else,
+    /// with `FI_MR_LOCAL`, it is registered for its operation).
+    fn bounced(&self, len: usize) -> bool {
+        self.pools
+            .as_ref()
+            .is_some_and(|p| len > 0 && len <= p.sends.slot_size())
+    }
+
+    /// Lends `ctx` the bounce slot its post needs, filled with what it
+    /// sends (atomic words, message bytes); `false` when the pool is
+    /// empty (the post then waits like one refused with `-FI_EAGAIN`).
+    /// Nothing to do without pools, for posts that need none, or when
+    /// the context has its slot already.
+    fn bounce_in(&self, ctx: &mut OpCtx, post: &Post) -> bool {
+        let Some(pools) = &self.pools else {
+            return true;
+        };
+        if ctx.bounce.is_some() {
+            return true;
+        }
+        let pool = match post {
+            Post::Cas { .. } | Post::Faa { .. } => &pools.words,
+            Post::Send { .. } if self.bounced(ctx.bytes.len()) => &pools.sends,
+            Post::Recv { .. } => match &ctx.kind {
+                ffi::CtxKind::Recv(Some(b)) if self.bounced(b.data.len()) => &pools.recvs,
+                _ => return true,
+            },
+            _ => return true,
+        };
+        let Some(mut lease) = pool.lease() else {
+            return false;
+        };
+        match post {
+            Post::Cas { .. } | Post::Faa { .. } => {
+                for (i, w) in ctx.words.iter().enumerate() {
+                    lease.set_word(i, *w);
+                }
+            }
+            Post::Send { .. } => {
+                let n = ctx.bytes.len();
+                lease.bytes_mut()[..n].copy_from_slice(&ctx.bytes);
+            }
+            _ => {}
+        }
+        ctx.bounce = Some(lease);
+        true
     }
 
     /// The address-vector entry of `peer`, inserting it on first use.
@@ -819,9 +1069,15 @@ impl Inner {
             } => match std::mem::replace(&mut ctx.kind, CtxKind::Recv(None)) {
                 CtxKind::Recv(buf) => {
                     live.recvs.remove(&(&*ctx as *const OpCtx as usize));
-                    if let Some(buf) = buf {
+                    if let Some(mut buf) = buf {
                         match result {
                             Ok(()) => {
+                                // Received into a bounce slot: copy out.
+                                if let Some(l) = &ctx.bounce {
+                                    let n = len.min(buf.data.len());
+                                    buf.data[..n].copy_from_slice(&l.bytes()[..n]);
+                                }
+                                drop(ctx);
                                 Counters::bump(&self.counters.recvs, 1);
                                 self.deliver(Incoming::Message { buf, len });
                             }
@@ -839,7 +1095,7 @@ impl Inner {
                     let Some(f) = live.inflight.remove(&seq) else {
                         return false;
                     };
-                    let value = ctx.words[2];
+                    let value = ctx.result_word();
                     drop(ctx);
                     let result = match result {
                         Ok(()) => Ok(value),
@@ -885,20 +1141,42 @@ impl Inner {
         }
     }
 
-    /// Posts what waited for `-FI_EAGAIN` to clear, in order; stops at
-    /// the first that is refused again.
+    /// Posts what waited for `-FI_EAGAIN` to clear: each peer's queue in
+    /// order until the peer refuses again, then the receives in order.
     fn retry(&self, live: &mut Live) -> usize {
         let mut posted = 0;
-        while let Some(p) = live.retry.pop_front() {
+        if !live.retry.is_empty() {
+            let mut queues = std::mem::take(&mut live.retry);
+            posted += queues.retry(Instant::now(), |p| match self.try_post(live, p) {
+                Ok(()) => retry::Attempt::Done,
+                Err(p) => retry::Attempt::Again(p),
+            });
+            live.retry = queues;
+        }
+        while let Some(p) = live.recv_retry.pop_front() {
             match self.try_post(live, p) {
                 Ok(()) => posted += 1,
                 Err(p) => {
-                    live.retry.push_front(p);
+                    live.recv_retry.push_front(p);
                     break;
                 }
             }
         }
         posted
+    }
+
+    /// Submits an operation to the peer `fi_addr`: posted now unless the
+    /// peer has refused operations waiting (it then queues behind them),
+    /// queued if refused.
+    fn submit(&self, live: &mut Live, fi_addr: u64, p: Pending) {
+        let mut queues = std::mem::take(&mut live.retry);
+        queues.submit(fi_addr, p, Instant::now(), |p| {
+            match self.try_post(live, p) {
+                Ok(()) => retry::Attempt::Done,
+                Err(p) => retry::Attempt::Again(p),
+            }
+        });
+        live.retry = queues;
     }
 
     /// Posts one operation; hands it back on `-FI_EAGAIN`. Other errors
@@ -907,7 +1185,10 @@ impl Inner {
         let Some(ep) = live.ep.as_ref() else {
             return Ok(());
         };
-        let Pending { ctx, post, seq } = p;
+        let Pending { mut ctx, post, seq } = p;
+        if !self.bounce_in(&mut ctx, &post) {
+            return Err(Pending { ctx, post, seq });
+        }
         match ep.post(ctx, &post) {
             Ok(leaked) => {
                 match seq {
@@ -977,40 +1258,25 @@ impl Inner {
                 live.abandoned.insert(seq, f.leaked);
             }
         }
-        // Waiting posts: the oldest is at the front.
-        if let Some(seq) = live.retry.front().and_then(|p| p.seq) {
-            let stale = live
-                .retry_meta
-                .get(&seq)
-                .is_some_and(|m| now.duration_since(m.since) >= limit);
-            if stale {
-                let timed_out: Vec<u64> = live
-                    .retry_meta
-                    .iter()
-                    .filter(|(_, m)| now.duration_since(m.since) >= limit)
-                    .map(|(s, _)| *s)
-                    .collect();
-                for s in timed_out {
-                    if let Some(m) = live.retry_meta.remove(&s) {
-                        Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                        m.sink.finish(
-                            m.wr_id,
-                            m.pieces,
-                            Err(TransferError::Timeout {
-                                op: m.op,
-                                peer: m.peer,
-                                waited: limit,
-                            }),
-                        );
-                    }
-                }
-                // Never posted: the contexts are still ours to drop.
-                let keep: Vec<Pending> = live
-                    .retry
-                    .drain(..)
-                    .filter(|p| p.seq.map_or(true, |s| live.retry_meta.contains_key(&s)))
-                    .collect();
-                live.retry.extend(keep);
+        // Waiting posts: a peer whose queue made no progress within the
+        // bound is given up on, its operations failed (never posted: the
+        // contexts are ours to drop).
+        for g in live.retry.expire(now, limit) {
+            for p in g.items {
+                let Some(m) = p.seq.and_then(|s| live.retry_meta.remove(&s)) else {
+                    continue;
+                };
+                Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                m.sink.finish(
+                    m.wr_id,
+                    m.pieces,
+                    Err(TransferError::PeerNotReady {
+                        op: m.op,
+                        peer: m.peer,
+                        waited: g.waited,
+                        refusals: g.refusals,
+                    }),
+                );
             }
         }
     }
@@ -1048,6 +1314,9 @@ impl Inner {
     fn post_recv_locked(&self, live: &mut Live, buf: RecvBuffer) {
         let mut ctx = OpCtx::new(CtxKind::Recv(None));
         let (addr, len) = (buf.data.as_ptr() as u64, buf.data.len() as u64);
+        // A buffer that fits a bounce slot receives into one (lent at
+        // posting, `bounce_in`); a larger one is registered for this post.
+        let len = if self.bounced(buf.data.len()) { 0 } else { len };
         let desc = match self.op_mr(&mut ctx, addr, len) {
             Ok(d) => d,
             // Without a descriptor the buffer cannot be posted; dropping
@@ -1060,10 +1329,10 @@ impl Inner {
             post: Post::Recv { desc },
             seq: None,
         };
-        if !live.retry.is_empty() {
-            live.retry.push_back(p);
+        if !live.recv_retry.is_empty() {
+            live.recv_retry.push_back(p);
         } else if let Err(p) = self.try_post(live, p) {
-            live.retry.push_back(p);
+            live.recv_retry.push_back(p);
         }
     }
 }
@@ -1193,7 +1462,11 @@ impl Domain for LibfabricDomain {
     }
 
     fn ordered(&self) -> bool {
-        self.inner.ordered
+        self.inner.claims.ordered
+    }
+
+    fn immediates(&self) -> bool {
+        self.inner.claims.immediates
     }
 
     fn atomic_profile(&self) -> crate::atomics::AtomicProfile {
@@ -1304,6 +1577,71 @@ mod tests {
     }
 
     #[test]
+    fn a_write_with_an_immediate_is_refused_where_none_can_be_carried() {
+        use crate::domain::Endpoint;
+        if let Err(e) = probe("tcp", Some("127.0.0.1")) {
+            eprintln!("skipped: libfabric tcp not usable here: {e}");
+            return;
+        }
+        let open = || {
+            LibfabricDomain::open(&LibfabricConfig {
+                wait_fd: false,
+                ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
+            })
+            .expect("open a tcp NIC")
+        };
+        let (mut a, b) = (open(), open());
+        assert!(a.immediates(), "tcp carries 8 bytes of CQ data");
+        // As a provider with `cq_data_size` 2 would be (no waiter: the
+        // domain's `Inner` is not shared yet).
+        let inner = Arc::get_mut(&mut a.inner).expect("unshared");
+        inner.order.cq_data_size = 2;
+        inner.claims = efa::Claims::of_domain(&inner.order);
+        assert!(!a.immediates());
+        let region = |len| Region::alloc(len, Access::all(), 1, 0).expect("region");
+        let (src, dst) = (region(64), region(64));
+        a.register(&src).expect("register src");
+        let rkey = b.register(&dst).expect("register dst");
+        let mut ep = a.open_endpoint().expect("endpoint");
+        let write = |wr_id, imm| crate::domain::WorkRequest {
+            wr_id,
+            op: crate::domain::WorkOp::Write {
+                local: Some(crate::domain::Local {
+                    region: src.clone(),
+                    offset: 0,
+                }),
+                remote: Remote {
+                    peer: b.address(),
+                    rkey,
+                    addr: dst.addr(),
+                },
+                len: 64,
+                imm,
+            },
+        };
+        ep.post(&mut vec![write(1, Some(7)), write(2, None)]);
+        let (mut got, mut out) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        while got.len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(30), "{got:?}");
+            ep.poll(&mut out);
+            b.poll_incoming(&mut Vec::new());
+            got.append(&mut out);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        got.sort_by_key(|c| c.wr_id);
+        assert_eq!(
+            got[0].result,
+            Err(TransferError::NoImmediates {
+                provider: "tcp;ofi_rxm".into(),
+                cq_data_size: 2
+            })
+        );
+        assert_eq!(got[1].result, Ok(0), "a write without one goes through");
+        assert_eq!(b.counters().imm_arrivals, 0);
+    }
+
+    #[test]
     fn negotiated_prints_on_one_line() {
         let n = Negotiated {
             library: "libfabric.so.1".into(),
@@ -1312,12 +1650,26 @@ mod tests {
             provider: "efa".into(),
             msg_order: 0x12,
             mr_mode: 0x2f0,
+            order: efa::OrderAttrs {
+                tx_msg_order: 0x12,
+                rx_msg_order: 0x12,
+                max_msg_size: usize::MAX,
+                max_order_raw_size: 0,
+                max_order_war_size: 0,
+                max_order_waw_size: 0,
+                cq_data_size: 4,
+                inject_size: 32,
+            },
+            claims: efa::Claims {
+                ordered: false,
+                immediates: true,
+            },
             shared_memory_off: true,
         };
         assert_eq!(
             n.to_string(),
             "libfabric 2.1 (libfabric.so.1), API 2.1, provider efa, msg_order 0x12, \
-             mr_mode 0x2f0, shared memory off"
+             mr_mode 0x2f0, unordered, immediates, shared memory off"
         );
     }
 }

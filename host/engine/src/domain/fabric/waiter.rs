@@ -22,6 +22,12 @@
 //! competing for the queue's lock and a CPU; the worker arms it again
 //! before it sleeps ([`WaiterHealth::arm`]).
 //!
+//! Where the queue's wait object has no descriptor (`FI_WAIT_UNSPEC`: what
+//! EFA offers while its shared-memory peer provider is on) the waiter
+//! blocks in `fi_cq_sread` instead ([`Block::Sread`]) and hands what that
+//! read to the domain with its progress; [`Waiter::stop`] wakes it with
+//! `fi_cq_signal`.
+//!
 //! In an engine the group's worker takes the wait object over
 //! (`Domain::take_wait`) and blocks on it itself, one thread hand-off
 //! fewer per completion; the waiter then stays parked. It serves a NIC
@@ -36,11 +42,25 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 
-use super::ffi::TryWait;
+use super::ffi::{CqEvent, Sread, TryWait};
 
-/// One read of the queue, run by the waiter after each wake-up; `false`
-/// when the domain is gone (the waiter then ends).
-pub(crate) type ProgressFn = Box<dyn FnMut() -> bool + Send>;
+/// One read of the queue, run by the waiter after each wake-up, with the
+/// events a blocking read already took out of the queue (none with a
+/// descriptor); `false` when the domain is gone (the waiter then ends).
+pub(crate) type ProgressFn = Box<dyn FnMut(Vec<CqEvent>) -> bool + Send>;
+
+/// How the waiter blocks until the provider has something to progress.
+#[derive(Clone, Copy)]
+pub(crate) enum Block {
+    /// poll(2) on the wait descriptor once `fi_trywait` allows it.
+    Fd { trywait: TryWait, fd: libc::c_int },
+    /// `fi_cq_sread` (a wait object without a descriptor).
+    Sread(Sread),
+}
+
+/// Longest single `fi_cq_sread`, in ms: a backstop, as
+/// [`WAIT_BACKSTOP`](super::WAIT_BACKSTOP); stopping signals the queue.
+const SREAD_MS: libc::c_int = 1000;
 
 /// What the domain and the waiter thread share.
 struct Shared {
@@ -62,17 +82,19 @@ struct Shared {
 pub(crate) struct Waiter {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Signalled on stop when the thread blocks in `fi_cq_sread`.
+    sread: Option<Sread>,
 }
 
 impl Waiter {
-    /// Starts a waiter over `fd`, the wait descriptor of the queue
-    /// `trywait` names, running `progress` after each wake-up. `None` when
-    /// the thread or its stop descriptor cannot be made (the domain then
-    /// reads the queue on a timer).
+    /// Starts a waiter that blocks as `block` says on its queue, running
+    /// `progress` after each wake-up. `None` when the thread or its stop
+    /// descriptor cannot be made (the domain then reads the queue on a
+    /// schedule).
     ///
-    /// The fabric and queue behind `trywait` and the descriptor must stay
+    /// The fabric, the queue and the descriptor behind `block` must stay
     /// open until [`Waiter::stop`] returns.
-    pub(crate) fn start(trywait: TryWait, fd: libc::c_int, progress: ProgressFn) -> Option<Waiter> {
+    pub(crate) fn start(block: Block, progress: ProgressFn) -> Option<Waiter> {
         // SAFETY: `eventfd` takes no pointers; a negative result is an
         // error, checked below.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -91,12 +113,19 @@ impl Waiter {
         let s = shared.clone();
         let thread = thread::Builder::new()
             .name("rolex-fi-wait".into())
-            .spawn(move || run(&s, trywait, fd, progress))
+            .spawn(move || match block {
+                Block::Fd { trywait, fd } => run(&s, trywait, fd, progress),
+                Block::Sread(q) => run_sread(&s, q, progress),
+            })
             .ok()?;
         let _ = shared.thread.set(thread.thread().clone());
         Some(Waiter {
             shared,
             thread: Some(thread),
+            sread: match block {
+                Block::Sread(q) => Some(q),
+                Block::Fd { .. } => None,
+            },
         })
     }
 
@@ -124,6 +153,10 @@ impl Waiter {
                 8,
             )
         };
+        if let Some(q) = &self.sread {
+            // SAFETY: the queue is open until this returns (`start`).
+            unsafe { q.signal() };
+        }
         if t.thread().id() != thread::current().id() {
             let _ = t.join();
         }
@@ -227,18 +260,45 @@ fn run(s: &Shared, trywait: TryWait, fd: libc::c_int, mut progress: ProgressFn) 
                     // A descriptor that stays in error would make this
                     // loop spin: give up on it.
                     s.failed.store(true, SeqCst);
-                    progress();
+                    progress(Vec::new());
                     return;
                 }
             }
             Ok(false) => {}
             Err(_) => {
                 s.failed.store(true, SeqCst);
-                progress();
+                progress(Vec::new());
                 return;
             }
         }
-        if !progress() {
+        if !progress(Vec::new()) {
+            return;
+        }
+    }
+}
+
+/// The loop over a wait object without a descriptor: `fi_cq_sread` blocks
+/// until the provider has completions (driving its progress meanwhile),
+/// and what it read goes to `progress` with a read of the rest. Events
+/// read while stopping still go to `progress` (their contexts are freed
+/// there or, with the domain gone, dropped here).
+fn run_sread(s: &Shared, q: Sread, mut progress: ProgressFn) {
+    let stopping = || s.stop.load(SeqCst);
+    while !stopping() {
+        if !s.armed.load(SeqCst) {
+            thread::park();
+            continue;
+        }
+        let mut events = Vec::new();
+        // SAFETY: the domain keeps the queue open until `stop` has joined
+        // this thread (module docs).
+        let read = unsafe { q.sread(&mut events, SREAD_MS) };
+        if read.is_err() {
+            s.failed.store(true, SeqCst);
+            progress(events);
+            return;
+        }
+        if !progress(events) {
             return;
         }
     }
@@ -265,6 +325,17 @@ mod tests {
         LibfabricDomain::open(&LibfabricConfig {
             wait_fd,
             op_timeout,
+            idle_poll: Duration::from_secs(3600),
+            ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
+        })
+        .expect("open a tcp NIC")
+    }
+
+    /// A NIC whose waiter blocks in `fi_cq_sread` (no descriptor).
+    fn nic_sread() -> LibfabricDomain {
+        LibfabricDomain::open(&LibfabricConfig {
+            wait_sread: true,
+            op_timeout: GUARD,
             idle_poll: Duration::from_secs(3600),
             ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
         })
@@ -359,8 +430,15 @@ mod tests {
         let (a, b) = (nic(false, Duration::from_secs(1)), nic(false, GUARD));
         assert!(b.inner.wait.get().is_none());
         let c = write_polling_only_the_initiator(&a, &b, &region(4096), &region(4096), 1);
+        // Never posted (the connection needs the target's progress: the
+        // peer refuses with -FI_EAGAIN until given up on), or posted and
+        // never completed.
         assert!(
-            matches!(c.result, Err(crate::TransferError::Timeout { .. })),
+            matches!(
+                c.result,
+                Err(crate::TransferError::Timeout { .. }
+                    | crate::TransferError::PeerNotReady { .. })
+            ),
             "{:?}",
             c.result
         );
@@ -392,6 +470,53 @@ mod tests {
         assert!(
             used < Duration::from_millis(10),
             "idle waiters used {used:?} of CPU in a second"
+        );
+    }
+
+    #[test]
+    fn a_waiter_without_a_descriptor_blocks_in_sread_and_places_writes() {
+        if let Err(e) = probe("tcp", Some("127.0.0.1")) {
+            eprintln!("skipped: libfabric tcp not usable here: {e}");
+            return;
+        }
+        // EFA's wait object while its shm peer is on: no descriptor, only
+        // `fi_cq_sread`. Forced on tcp: the target's waiter must still
+        // place a peer's write (its queue is read by nobody else), hand the
+        // immediate over, and use no CPU while idle.
+        let (a, b) = (nic_sread(), nic_sread());
+        assert!(b.inner.wait.get().is_some(), "a waiter runs");
+        assert!(b.inner.wait_obj.get().is_none(), "with no descriptor");
+        assert_eq!(b.wait_fd(), None, "nothing for the worker to block on");
+        let (src, dst) = (region(64 << 10), region(64 << 10));
+        {
+            let g = src.enter().expect("src");
+            let bytes: Vec<u8> = (0..src.len()).map(|i| (i % 253) as u8).collect();
+            assert!(g.write(0, &bytes));
+        }
+        let c = write_polling_only_the_initiator(&a, &b, &src, &dst, 5);
+        assert_eq!(c.result, Ok(0));
+        let mut got = vec![0u8; dst.len() as usize];
+        assert!(dst.enter().expect("dst").read(0, &mut got));
+        assert!(got.iter().enumerate().all(|(i, &v)| v == (i % 253) as u8));
+        let start = Instant::now();
+        while b.counters().imm_arrivals == 0 {
+            assert!(start.elapsed() < GUARD, "the immediate never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let cpu = |d: &LibfabricDomain| {
+            let g = crate::domain::fabric::lock(&d.inner.live);
+            g.as_ref()
+                .and_then(|l| l.waiter.as_ref())
+                .and_then(|w| w.cpu_time())
+                .expect("waiter CPU clock")
+        };
+        let before = (cpu(&a), cpu(&b));
+        std::thread::sleep(Duration::from_millis(1000));
+        let used = (cpu(&a) - before.0) + (cpu(&b) - before.1);
+        assert!(
+            used < Duration::from_millis(10),
+            "idle sread waiters used {used:?} of CPU in a second"
         );
     }
 }
