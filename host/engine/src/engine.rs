@@ -300,6 +300,16 @@ impl TransferEngine {
             .collect())
     }
 
+    /// The devices one group's NICs opened (see [`crate::topology`]).
+    pub fn devices(&self, group: usize) -> Result<Vec<String>, TransferError> {
+        Ok(self
+            .group(group)?
+            .domains
+            .iter()
+            .map(|d| d.device_name())
+            .collect())
+    }
+
     /// Number of domain groups.
     pub fn groups(&self) -> usize {
         self.shared.groups.len()

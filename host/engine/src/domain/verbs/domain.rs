@@ -246,11 +246,20 @@ impl std::fmt::Debug for VerbsDomain {
     }
 }
 
-/// Opens `nics` verbs domains on the configured device (one context,
-/// protection domain, completion queue and UD queue pair each).
+/// Opens `nics` verbs domains (one context, protection domain, completion
+/// queue and UD queue pair each) on the devices
+/// [`super::chosen_devices`] picks from libibverbs' list.
 pub fn open_host(cfg: &VerbsConfig, nics: usize) -> Result<Vec<Arc<VerbsDomain>>, TransferError> {
-    (0..nics)
-        .map(|_| VerbsDomain::open(cfg).map(Arc::new))
+    let listed = super::ffi::device_names()?;
+    super::chosen_devices(cfg, &listed, nics)?
+        .into_iter()
+        .map(|device| {
+            let one = VerbsConfig {
+                device: Some(device),
+                ..cfg.clone()
+            };
+            VerbsDomain::open(&one).map(Arc::new)
+        })
         .collect()
 }
 
@@ -1288,6 +1297,10 @@ impl Inner {
 impl Domain for VerbsDomain {
     fn address(&self) -> NetAddr {
         self.inner.addr
+    }
+
+    fn device_name(&self) -> String {
+        self.name.clone()
     }
 
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
