@@ -258,7 +258,7 @@ impl Ctx {
             Op::Scatter => size * self.peers.len() as u64,
             _ => size,
         };
-        self.pieces = single_write_pieces(size, self.nics, self.nics);
+        self.pieces = single_write_pieces(size, self.nics);
     }
 }
 

@@ -10,14 +10,17 @@
 //! operation's completion, exactly once, as a NIC would.
 //!
 //! Multi-NIC: a single write of at least [`SPLIT_MIN`] bytes is split into
-//! [`single_write_pieces`] pieces, piece `i` on local NIC `i` to the
-//! peer's NIC `i`; smaller writes, reads, atomics and sends take the NICs
-//! in turn; paged writes send page `i`, and scatters destination
-//! `i`, through NIC `i mod k`. Every piece that carries an immediate counts
-//! one arrival at the receiver, so a receiver expects
-//! `single_write_pieces(len, sender_nics, receiver_nics)` arrivals for a
-//! single write, the number of pages for paged writes, the number of
-//! destinations aimed at it for a scatter, and 1 for a barrier.
+//! [`single_write_pieces`] pieces, one per NIC of the *receiver* at most
+//! (piece `i` to the peer's NIC `i`), which the sender's NICs take in turn
+//! (piece `i` on local NIC `(s + i) mod k`, `s` moving from call to call);
+//! smaller writes, reads, atomics and sends take the NICs in turn; paged
+//! writes send page `i`, and scatters destination `i`, through NIC
+//! `i mod k`. Every piece that carries an immediate counts one arrival at
+//! the receiver, so a receiver expects `single_write_pieces(len,
+//! receiver_nics)` arrivals for a single write — what it knows itself,
+//! whatever the sender's NIC count —, the number of pages for paged
+//! writes, the number of destinations aimed at it for a scatter, and 1 for
+//! a barrier.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -43,10 +46,11 @@ use crate::watcher::{Watcher, WatcherSet};
 pub const SPLIT_MIN: u64 = 64 * 1024;
 
 /// How many pieces (and immediate arrivals) a single write of `len` bytes
-/// becomes between a sender with `src_nics` NICs and a receiver with
-/// `dst_nics`: `clamp(len / SPLIT_MIN, 1, min(src_nics, dst_nics))`.
-pub fn single_write_pieces(len: u64, src_nics: usize, dst_nics: usize) -> u32 {
-    let nics = src_nics.min(dst_nics).max(1) as u64;
+/// becomes at a receiver with `dst_nics` NICs (the NICs its descriptor
+/// names): `clamp(len / SPLIT_MIN, 1, dst_nics)`. It does not depend on
+/// the sender: a sender with fewer NICs posts several pieces on one NIC.
+pub fn single_write_pieces(len: u64, dst_nics: usize) -> u32 {
+    let nics = dst_nics.max(1) as u64;
     (len / SPLIT_MIN).clamp(1, nics) as u32
 }
 
@@ -702,7 +706,7 @@ impl TransferEngine {
         self.shared.local(src.0, src.1, len)?;
         let group = src.0.group();
         let nics = self.group(group)?.domains.len();
-        let pieces = u64::from(single_write_pieces(len, nics, dst.0.nics.len()));
+        let pieces = u64::from(single_write_pieces(len, dst.0.nics.len()));
         // Pieces of equal size rounded up to 64 bytes; the last takes the rest.
         let chunk = len.div_ceil(pieces).next_multiple_of(64).min(len);
         // The whole range is checked once; pieces then stay inside it.
@@ -712,14 +716,12 @@ impl TransferEngine {
         }
         let mut ops = Vec::with_capacity(pieces as usize);
         let mut off = 0;
-        // A write of one piece goes through the next NIC in turn (small
-        // writes spread over the group like reads and atomics); piece `i`
-        // of a split write through NIC `i`.
-        let mut i = if pieces == 1 {
-            self.shared.nic() % nics
-        } else {
-            0
-        };
+        // Piece `i` goes to the peer's NIC `i`, through our NICs in turn
+        // from the next one (small writes spread over the group like reads
+        // and atomics, and a sender with fewer NICs than pieces does not
+        // load its first NIC most).
+        let first = self.shared.nic();
+        let mut i = 0;
         while off < len {
             let n = chunk.min(len - off);
             let remote = match remote(dst.0, i, dst.1 + off, n, Access::REMOTE_WRITE) {
@@ -730,7 +732,7 @@ impl TransferEngine {
                 }
             };
             ops.push((
-                i,
+                (first + i) % nics,
                 WorkOp::Write {
                     local: Some(Local {
                         region: src.0.region.clone(),

@@ -266,10 +266,16 @@ pub fn proximity(nic: &Placement, to: &Placement) -> Proximity {
     }
 }
 
+/// The name of the loopback network interface, which a provider on
+/// sockets (`tcp`) lists beside the real ones.
+pub const LOOPBACK_INTERFACE: &str = "lo";
+
 /// Which devices to use, in which order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NicChoice {
-    /// Every device, in the order the backend lists them (the default).
+    /// Every device, in the order the backend lists them (the default);
+    /// the loopback interface [`LOOPBACK_INTERFACE`] only if nothing else
+    /// is listed.
     #[default]
     Listed,
     /// These devices, in this order (`mlx5_0`, `rdmap16s27-rdm`, `eth0`).
@@ -451,7 +457,18 @@ pub fn choose(
         });
     }
     match &select.choice {
-        NicChoice::Listed => Ok((0..listed.len()).collect()),
+        NicChoice::Listed => {
+            // The loopback interface reaches no other host: only where
+            // nothing else is listed (a provider on 127.0.0.1).
+            let reach: Vec<usize> = (0..listed.len())
+                .filter(|&i| listed[i] != LOOPBACK_INTERFACE)
+                .collect();
+            Ok(if reach.is_empty() {
+                (0..listed.len()).collect()
+            } else {
+                reach
+            })
+        }
         NicChoice::Named(names) => {
             if names.is_empty() {
                 return Err(NicChoiceError::NoNames);
@@ -759,6 +776,18 @@ pub(crate) mod tests {
         );
         let named = s.select(NicChoice::Named(names(&["efa2", "efa0"])));
         assert_eq!(choose(&named, "libfabric efa", &listed).unwrap(), [2, 0]);
+        // `lo` only when it is all there is; by name always.
+        let tcp = names(&["eth0", "lo", "eth1"]);
+        assert_eq!(
+            choose(&s.select(NicChoice::Listed), "tcp", &tcp).unwrap(),
+            [0, 2]
+        );
+        assert_eq!(
+            choose(&s.select(NicChoice::Listed), "tcp", &tcp[1..2]).unwrap(),
+            [0]
+        );
+        let lo = s.select(NicChoice::Named(names(&["lo"])));
+        assert_eq!(choose(&lo, "tcp", &tcp).unwrap(), [1]);
         let e = choose(&s.select(NicChoice::Named(names(&["efa7"]))), "x", &listed).unwrap_err();
         assert_eq!(
             e.to_string(),
