@@ -513,8 +513,25 @@ impl TransferEngine {
         ))
     }
 
-    /// Deregisters a region: its keys stop working at once, and when this
-    /// returns no NIC touches its memory any more.
+    /// Deregisters a region. When this returns no NIC touches its memory
+    /// any more and its keys no longer work.
+    ///
+    /// What happens to operations using it, in order:
+    /// - new operations with it as their local buffer fail
+    ///   ([`TransferError::RegionDeregistered`]) from the start of the call;
+    /// - operations of this engine already in flight on it complete or
+    ///   fail, each exactly once through its `on_done`, and the call waits
+    ///   for them: the loopback and libfabric NICs hold the region pinned
+    ///   while they copy, the verbs NIC is driven until it reports every
+    ///   request that uses it (at most `VerbsConfig::op_timeout`; after
+    ///   that the keys are invalidated anyway and what is left fails);
+    /// - then its keys are invalidated on every NIC: a peer's operation
+    ///   with them racing with this call lands before or fails after, as
+    ///   the NIC decides (on the loopback NIC it fails from the start).
+    ///
+    /// Invalidating a verbs key under a request still queued would fail it
+    /// with a local protection error, which breaks the queue pair to its
+    /// peer for every other operation: hence the wait.
     pub fn dereg_mr(&self, mr: &MrHandle) -> Result<(), TransferError> {
         if mr.region.engine() != self.shared.id {
             return Err(TransferError::ForeignRegion);
@@ -531,11 +548,13 @@ impl TransferEngine {
                 .ok_or(TransferError::RegionDeregistered)?;
             regions.swap_remove(i)
         };
+        // Refuse new operations and wait for the copies in progress, then
+        // invalidate the keys (verbs drains its queued requests first).
+        entry.region.kill();
         let group = self.group(entry.region.group())?;
         for (d, k) in group.domains.iter().zip(&entry.rkeys) {
             d.deregister(*k);
         }
-        entry.region.kill();
         Ok(())
     }
 

@@ -242,7 +242,10 @@ pub trait Domain: Send + Sync {
     fn device_name(&self) -> String;
     /// Registers a region with this NIC; returns its remote key.
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError>;
-    /// Forgets a remote key: later accesses with it fail.
+    /// Forgets a remote key: later accesses with it fail. Called once the
+    /// region is dead (new operations on it are refused); returns once no
+    /// operation of this NIC in flight uses the region any more, or, where
+    /// the NIC cannot tell (it pins regions itself), at once.
     fn deregister(&self, rkey: u64);
     /// Checks that a peer address is reachable.
     fn resolve(&self, peer: &NetAddr) -> Result<(), TransferError>;

@@ -36,6 +36,7 @@ pub mod caps;
 pub mod completions;
 pub mod connect;
 pub mod demux;
+pub mod dereg;
 mod domain;
 mod endpoint;
 pub mod error;
