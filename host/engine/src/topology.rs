@@ -301,6 +301,46 @@ impl fmt::Display for NicChoice {
     }
 }
 
+impl FromStr for NicChoice {
+    type Err = String;
+
+    /// As a command line gives it: `listed`, `near:0000:53:00.0` (a PCI
+    /// bus id), `numa:1`, or device names separated by commas
+    /// (`mlx5_0,mlx5_1`; `names:lo` for a name that reads as a keyword).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "listed" {
+            return Ok(NicChoice::Listed);
+        }
+        if let Some(bdf) = s.strip_prefix("near:") {
+            return bdf
+                .parse()
+                .map(NicChoice::NearPci)
+                .map_err(|e: BadPciAddr| e.to_string());
+        }
+        if let Some(n) = s.strip_prefix("numa:") {
+            return n
+                .trim()
+                .parse()
+                .map(NicChoice::NumaNode)
+                .map_err(|_| format!("NUMA node {n:?} is not a number"));
+        }
+        let names: Vec<String> = s
+            .strip_prefix("names:")
+            .unwrap_or(s)
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(format!(
+                "{s:?} chooses no NIC: give `listed`, `near:PCI-BUS-ID`, `numa:NODE` or device names"
+            ));
+        }
+        Ok(NicChoice::Named(names))
+    }
+}
+
 /// A [`NicChoice`] and the sysfs tree it reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NicSelect {
@@ -802,6 +842,30 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .to_string(),
             "verbs lists no device"
+        );
+    }
+
+    #[test]
+    fn choices_parse_from_the_command_line() {
+        let p = |s: &str| s.parse::<NicChoice>();
+        assert_eq!(p("listed"), Ok(NicChoice::Listed));
+        assert_eq!(
+            p("near:00000000:53:00.0"),
+            Ok(NicChoice::NearPci(pci("0000:53:00.0")))
+        );
+        assert_eq!(p("numa:1"), Ok(NicChoice::NumaNode(1)));
+        assert_eq!(
+            p("mlx5_0, mlx5_1"),
+            Ok(NicChoice::Named(names(&["mlx5_0", "mlx5_1"])))
+        );
+        assert_eq!(p("names:listed"), Ok(NicChoice::Named(names(&["listed"]))));
+        assert!(p("near:53").unwrap_err().contains("PCI bus id"));
+        assert!(p("numa:x").is_err());
+        assert!(p(" , ").unwrap_err().contains("chooses no NIC"));
+        // Printed as errors and logs name them.
+        assert_eq!(
+            NicChoice::NumaNode(1).to_string(),
+            "the devices on NUMA node 1"
         );
     }
 
