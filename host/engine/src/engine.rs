@@ -14,8 +14,9 @@
 //! (piece `i` to the peer's NIC `i`), which the sender's NICs take in turn
 //! (piece `i` on local NIC `(s + i) mod k`, `s` moving from call to call);
 //! smaller writes, reads, atomics and sends take the NICs in turn; paged
-//! writes send page `i`, and scatters destination `i`, through NIC
-//! `i mod k`. Every piece that carries an immediate counts one arrival at
+//! writes send page `i`, scatters and barriers destination `i`, through
+//! NIC `(s + i) mod k` (so a call of one page or destination does not
+//! always take NIC 0). Every piece that carries an immediate counts one arrival at
 //! the receiver, so a receiver expects `single_write_pieces(len,
 //! receiver_nics)` arrivals for a single write — what it knows itself,
 //! whatever the sender's NIC count —, the number of pages for paged
@@ -795,6 +796,7 @@ impl TransferEngine {
         }
         let group = src.0.group();
         let nics = self.group(group)?.domains.len();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(sp.indices.len());
         let mut remote_err = None;
         for i in 0..sp.indices.len() {
@@ -805,7 +807,7 @@ impl TransferEngine {
                 .page_offset(i)
                 .ok_or(TransferError::PageOffsetOverflow { page: i })?;
             let local = self.shared.local(src.0, so, page_len)?;
-            let nic = i % nics;
+            let nic = (first + i) % nics;
             match remote(dst.0, nic, d_off, page_len, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
                     nic,
@@ -893,6 +895,7 @@ impl TransferEngine {
         self.check_in_group(group, &dst.iter().map(|d| &d.dst).collect::<Vec<_>>())?;
         let g = src.group();
         let nics = self.group(g)?.domains.len();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(dst.len());
         let mut remote_err = None;
         for (i, d) in dst.iter().enumerate() {
@@ -904,7 +907,7 @@ impl TransferEngine {
                 });
             }
             let local = self.shared.local(src, d.src, d.len)?;
-            let nic = i % nics;
+            let nic = (first + i) % nics;
             match remote(&d.dst, nic, d.dst_offset, d.len, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
                     nic,
@@ -942,11 +945,13 @@ impl TransferEngine {
         }
         self.check_in_group(group, &dst.iter().collect::<Vec<_>>())?;
         let nics = self.nics();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(dst.len());
         for (i, d) in dst.iter().enumerate() {
-            match remote(d, i % nics, 0, 0, Access::REMOTE_WRITE) {
+            let nic = (first + i) % nics;
+            match remote(d, nic, 0, 0, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
-                    i % nics,
+                    nic,
                     WorkOp::Write {
                         local: None,
                         remote,

@@ -3,7 +3,8 @@
 //! receivers with 1, 2 and 3, on loopback and over libfabric `tcp` (where
 //! usable); the receiver arms `single_write_pieces(len, its own NICs)`
 //! arrivals, every byte lands, and each of its NICs that a piece was due
-//! at counts one arrival.
+//! at counts one arrival. Also: transfers of one page or destination
+//! take the sender's NICs in turn (they all went through NIC 0).
 
 mod common;
 
@@ -95,5 +96,44 @@ fn tcp_receivers_need_not_know_the_senders_nic_count() {
                 sharded(&a, b, LENS[2], (200 + 10 * senders + k) as u32);
             }
         }
+    });
+}
+
+#[test]
+fn one_page_transfers_take_the_nics_in_turn() {
+    bounded(|| {
+        let a = engine(2);
+        let b = engine(2);
+        let (src, _) = region(&a, 4096);
+        let (_dst, dd) = region(&b, 4096);
+        let one = Pages {
+            indices: vec![0],
+            stride: 64,
+            offset: 0,
+        };
+        for _ in 0..4 {
+            let (f, d) = flag();
+            a.submit_paged_writes(64, Some(1), (&src, &one), (&dd, &one), d)
+                .unwrap();
+            wait(&f).unwrap();
+            let (f, d) = flag();
+            let to = ScatterDst {
+                len: 64,
+                src: 0,
+                dst: dd.clone(),
+                dst_offset: 128,
+            };
+            a.submit_scatter(None, d, Some(2), &src, &[to]).unwrap();
+            wait(&f).unwrap();
+            let (f, d) = flag();
+            a.submit_barrier(None, d, 3, std::slice::from_ref(&dd))
+                .unwrap();
+            wait(&f).unwrap();
+        }
+        for d in a.counters().domains {
+            // 12 one-destination calls over 2 NICs: each NIC carries some.
+            assert!(d.counters.write_imms >= 1, "NIC {} idle", d.addr);
+        }
+        assert_eq!(b.imm_count(1) + b.imm_count(2) + b.imm_count(3), 12);
     });
 }
