@@ -398,6 +398,21 @@ pub fn enumerate(sysfs: &Path, names: &[String]) -> Vec<ListedNic> {
         .collect()
 }
 
+/// Places every device a backend lists where the backend knows some
+/// PCI addresses itself (libfabric's `fi_info` NIC attributes): by that
+/// address where sysfs has it, else by name ([`nic_placement`]).
+pub fn enumerate_at(sysfs: &Path, listed: &[(String, Option<PciAddr>)]) -> Vec<ListedNic> {
+    listed
+        .iter()
+        .map(|(name, pci)| ListedNic {
+            name: name.clone(),
+            placement: pci
+                .and_then(|a| pci_placement(sysfs, a).ok())
+                .or_else(|| nic_placement(sysfs, name)),
+        })
+        .collect()
+}
+
 /// Why no device could be chosen.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -484,11 +499,32 @@ impl fmt::Display for NicChoiceError {
 impl std::error::Error for NicChoiceError {}
 
 /// The devices of `listed` to use, as indices into it, in the order
-/// domains take them (see [`assign`]). `backend` names the lister in
-/// errors.
+/// domains take them (see [`assign`]), each placed by its name in sysfs.
+/// `backend` names the lister in errors.
 pub fn choose(
     select: &NicSelect,
     backend: &str,
+    listed: &[String],
+) -> Result<Vec<usize>, NicChoiceError> {
+    choose_among(select, backend, || enumerate(&select.sysfs, listed), listed)
+}
+
+/// [`choose`] over devices the backend placed itself ([`enumerate_at`]).
+pub fn choose_placed(
+    select: &NicSelect,
+    backend: &str,
+    placed: &[ListedNic],
+) -> Result<Vec<usize>, NicChoiceError> {
+    let names: Vec<String> = placed.iter().map(|l| l.name.clone()).collect();
+    choose_among(select, backend, || placed.to_vec(), &names)
+}
+
+/// [`choose`], placing the devices (reading sysfs) only for a choice by
+/// topology.
+fn choose_among(
+    select: &NicSelect,
+    backend: &str,
+    place: impl FnOnce() -> Vec<ListedNic>,
     listed: &[String],
 ) -> Result<Vec<usize>, NicChoiceError> {
     if listed.is_empty() {
@@ -528,7 +564,7 @@ pub fn choose(
         }
         NicChoice::NearPci(gpu) => {
             let to = pci_placement(&select.sysfs, *gpu)?;
-            let placed = enumerate(&select.sysfs, listed);
+            let placed = place();
             let mut near: Vec<(Proximity, usize)> = placed
                 .iter()
                 .enumerate()
@@ -544,7 +580,7 @@ pub fn choose(
             Ok(near.into_iter().map(|(_, i)| i).collect())
         }
         NicChoice::NumaNode(node) => {
-            let placed = enumerate(&select.sysfs, listed);
+            let placed = place();
             let on: Vec<usize> = placed
                 .iter()
                 .enumerate()
@@ -866,6 +902,36 @@ pub(crate) mod tests {
         assert_eq!(
             NicChoice::NumaNode(1).to_string(),
             "the devices on NUMA node 1"
+        );
+    }
+
+    #[test]
+    fn a_bus_address_from_the_backend_places_a_device_sysfs_cannot_name() {
+        let s = dgx();
+        // An EFA-like domain whose name sysfs does not know, with its bus
+        // address from the provider; one with a wrong address falls back
+        // to its name; one with neither stays unplaced.
+        let listed = vec![
+            ("efa-x".to_string(), Some(pci("0000:55:00.0"))),
+            ("mlx5_4".to_string(), Some(pci("0000:ee:00.0"))),
+            ("nowhere".to_string(), None),
+        ];
+        let placed = enumerate_at(&s.root, &listed);
+        assert_eq!(
+            placed[0].placement.as_ref().unwrap().pci(),
+            Some(pci("0000:55:00.0"))
+        );
+        assert_eq!(placed[1].placement.as_ref().unwrap().numa, Some(1));
+        assert_eq!(placed[2].placement, None);
+        let near = s.select(NicChoice::NearPci(pci("0000:53:00.0")));
+        assert_eq!(
+            choose_placed(&near, "libfabric efa", &placed).unwrap(),
+            [0, 1]
+        );
+        let named = s.select(NicChoice::Named(names(&["nowhere"])));
+        assert_eq!(
+            choose_placed(&named, "libfabric efa", &placed).unwrap(),
+            [2]
         );
     }
 

@@ -28,6 +28,7 @@ use libfabric_sys as sys;
 
 use crate::domain::RecvBuffer;
 use crate::region::{Region, RegionGuard};
+use crate::topology::PciAddr;
 
 /// A failed libfabric call: its name and the (positive) error number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +233,36 @@ impl Info {
                     String::new()
                 } else {
                     CStr::from_ptr(name).to_string_lossy().into_owned()
+                });
+                p = (*p).next;
+            }
+        }
+        v
+    }
+
+    /// The PCI address of every entry's NIC, where the provider gives it
+    /// (`fi_info->nic->bus_attr`, a PCI bus), in the list's order.
+    pub(crate) fn pci_addresses(&self) -> Vec<Option<PciAddr>> {
+        let mut v = Vec::new();
+        let mut p: *const sys::fi_info = self.list.as_ptr();
+        while !p.is_null() {
+            // SAFETY: as in `domain_names`; `nic` and its `bus_attr` are
+            // null or valid attributes the provider filled in.
+            unsafe {
+                let nic = (*p).nic;
+                let bus = if nic.is_null() {
+                    ptr::null()
+                } else {
+                    (*nic).bus_attr.cast_const()
+                };
+                v.push(match bus.as_ref() {
+                    Some(b) if b.bus_type == sys::FI_BUS_PCI => Some(PciAddr {
+                        domain: u32::from(b.attr.domain_id),
+                        bus: b.attr.bus_id,
+                        device: b.attr.device_id,
+                        function: b.attr.function_id,
+                    }),
+                    _ => None,
                 });
                 p = (*p).next;
             }

@@ -488,14 +488,30 @@ impl std::fmt::Debug for LibfabricDomain {
     }
 }
 
+/// The devices `info` lists (the distinct domains of its entries, in its
+/// order) with the index of each one's first entry, placed by the NIC
+/// attribute's bus address where the provider gives one, else by name.
+fn devices_of(info: &Info, sysfs: &std::path::Path) -> (Vec<ListedNic>, Vec<usize>) {
+    let names = info.domain_names();
+    let pci = info.pci_addresses();
+    let mut firsts: Vec<usize> = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        if !firsts.iter().any(|&f| names[f] == *n) {
+            firsts.push(i);
+        }
+    }
+    let listed: Vec<(String, Option<topology::PciAddr>)> = firsts
+        .iter()
+        .map(|&i| (names[i].clone(), pci.get(i).copied().flatten()))
+        .collect();
+    (topology::enumerate_at(sysfs, &listed), firsts)
+}
+
 /// The devices `cfg`'s provider lists on `cfg.node` (the distinct domains
-/// of `fi_getinfo`'s entries, in its order), each placed by sysfs.
+/// of `fi_getinfo`'s entries, in its order), each placed.
 pub fn list_nics(cfg: &LibfabricConfig) -> Result<Vec<ListedNic>, TransferError> {
     let info = get_info(cfg)?;
-    Ok(topology::enumerate(
-        &cfg.nics.sysfs,
-        &topology::distinct(info.domain_names()),
-    ))
+    Ok(devices_of(&info, &cfg.nics.sysfs).0)
 }
 
 /// `fi_getinfo`'s list for `cfg` and, for each of `nics` NICs, the entry
@@ -503,14 +519,13 @@ pub fn list_nics(cfg: &LibfabricConfig) -> Result<Vec<ListedNic>, TransferError>
 /// [`LibfabricConfig::nics`] and taken in turn ([`topology::assign`]).
 fn chosen_entries(cfg: &LibfabricConfig, nics: usize) -> Result<(Info, Vec<usize>), TransferError> {
     let info = get_info(cfg)?;
-    let names = info.domain_names();
-    let devices = topology::distinct(names.iter().cloned());
+    let (devices, firsts) = devices_of(&info, &cfg.nics.sysfs);
     let backend = format!("libfabric {}", cfg.provider_string());
     let chosen =
-        topology::choose(&cfg.nics, &backend, &devices).map_err(TransferError::NicChoice)?;
+        topology::choose_placed(&cfg.nics, &backend, &devices).map_err(TransferError::NicChoice)?;
     let entries = topology::assign(&chosen, nics)
         .into_iter()
-        .filter_map(|d| names.iter().position(|n| *n == devices[d]))
+        .map(|d| firsts[d])
         .collect();
     Ok((info, entries))
 }
