@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rolex_engine::domain::fabric::BounceConfig;
-use rolex_engine::domain::fabric::{probe, LibfabricConfig};
+use rolex_engine::domain::fabric::{list_nics, probe, BounceConfig, LibfabricConfig};
+use rolex_engine::topology::{self, ListedNic};
 use rolex_engine::{
     Access, BatchOp, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle,
-    OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine, TransferError, Unordered,
+    NicChoice, NicSelect, OnDone, OnValue, Pages, ProtectionCheck, ScatterDst, TransferEngine,
+    TransferError, Unordered,
 };
 
 /// Bound on any single wait: a hang guard, not a timing assertion.
@@ -45,6 +46,24 @@ pub trait FabricUnderTest: Send + Sync {
     /// descriptor stand, which every fabric must pass.
     fn enforces_at_target(&self) -> bool {
         true
+    }
+    /// The devices the fabric lists, placed by sysfs (the loopback
+    /// fabric: one NIC, named `loopback`).
+    fn devices(&self) -> Result<Vec<ListedNic>, TransferError> {
+        Ok(vec![ListedNic {
+            name: "loopback".into(),
+            placement: None,
+        }])
+    }
+    /// A new engine whose `nics` NICs all open `device` (one of
+    /// [`FabricUnderTest::devices`]).
+    fn engine_on(&self, _device: &str, nics: usize) -> Result<TransferEngine, TransferError> {
+        self.engine(nics)
+    }
+    /// A new engine whose NICs open the devices the default choice takes
+    /// ([`NicSelect::default`]: every listed device, in turn).
+    fn engine_listed(&self, nics: usize) -> Result<TransferEngine, TransferError> {
+        self.engine(nics)
     }
 }
 
@@ -90,6 +109,29 @@ impl Path {
     }
 }
 
+impl Libfabric {
+    /// The domain options the suite uses for this provider.
+    pub fn config(&self) -> LibfabricConfig {
+        LibfabricConfig {
+            op_timeout: Duration::from_secs(20),
+            local_mr: self.path == Path::LocalMr,
+            wait_sread: self.path == Path::Sread,
+            wait_fd: self.path != Path::NoWait,
+            bounce: if self.path == Path::LocalMr {
+                BounceConfig {
+                    words: 16,
+                    sends: 16,
+                    recvs: 16,
+                    msg_size: 4096,
+                }
+            } else {
+                BounceConfig::default()
+            },
+            ..LibfabricConfig::new(self.provider, self.node)
+        }
+    }
+}
+
 impl FabricUnderTest for Libfabric {
     fn name(&self) -> String {
         format!("libfabric:{}{}", self.provider, self.path.suffix())
@@ -98,22 +140,21 @@ impl FabricUnderTest for Libfabric {
     fn engine(&self, nics: usize) -> Result<TransferEngine, TransferError> {
         TransferEngine::new(EngineConfig {
             nics_per_group: nics,
+            fabric: Fabric::Libfabric(self.config()),
+            ..EngineConfig::default()
+        })
+    }
+
+    fn devices(&self) -> Result<Vec<ListedNic>, TransferError> {
+        list_nics(&self.config())
+    }
+
+    fn engine_on(&self, device: &str, nics: usize) -> Result<TransferEngine, TransferError> {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
             fabric: Fabric::Libfabric(LibfabricConfig {
-                op_timeout: Duration::from_secs(20),
-                local_mr: self.path == Path::LocalMr,
-                wait_sread: self.path == Path::Sread,
-                wait_fd: self.path != Path::NoWait,
-                bounce: if self.path == Path::LocalMr {
-                    BounceConfig {
-                        words: 16,
-                        sends: 16,
-                        recvs: 16,
-                        msg_size: 4096,
-                    }
-                } else {
-                    BounceConfig::default()
-                },
-                ..LibfabricConfig::new(self.provider, self.node)
+                nics: NicSelect::new(NicChoice::Named(vec![device.to_string()])),
+                ..self.config()
             }),
             ..EngineConfig::default()
         })
@@ -174,6 +215,32 @@ impl FabricUnderTest for Verbs {
         TransferEngine::new(EngineConfig {
             nics_per_group: nics,
             fabric: Fabric::Verbs(self.config()),
+            ..EngineConfig::default()
+        })
+    }
+
+    fn devices(&self) -> Result<Vec<ListedNic>, TransferError> {
+        rolex_engine::domain::verbs::list_nics(&self.config())
+    }
+
+    fn engine_on(&self, device: &str, nics: usize) -> Result<TransferEngine, TransferError> {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
+            fabric: Fabric::Verbs(rolex_engine::domain::verbs::VerbsConfig {
+                device: Some(device.to_string()),
+                ..self.config()
+            }),
+            ..EngineConfig::default()
+        })
+    }
+
+    fn engine_listed(&self, nics: usize) -> Result<TransferEngine, TransferError> {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
+            fabric: Fabric::Verbs(rolex_engine::domain::verbs::VerbsConfig {
+                device: None,
+                ..self.config()
+            }),
             ..EngineConfig::default()
         })
     }
@@ -846,11 +913,7 @@ fn split_over_four_nics(f: &dyn FabricUnderTest) -> CaseResult {
     let (a, b, src, dst, dd) = pair(f, 4, len)?;
     src.write(0, &pattern(len as usize, 4))?;
     let (fl, d) = flag();
-    b.expect_imm_count(
-        3,
-        rolex_engine::single_write_pieces(len, a.nics(), dd.nics.len()),
-        d,
-    )?;
+    b.expect_imm_count(3, rolex_engine::single_write_pieces(len, dd.nics.len()), d)?;
     a.submit_single_write(len, Some(3), (&src, 0), (&dd, 0), OnDone::callback(|_| {}))?;
     wait(&fl)??;
     ensure!(
@@ -908,11 +971,7 @@ fn small_ops_spread_over_nics(f: &dyn FabricUnderTest) -> CaseResult {
     let (bdst, bd) = b.alloc_mr(len, Access::all())?;
     big.write(0, &pattern(len as usize, 6))?;
     let (landed, d) = flag();
-    b.expect_imm_count(
-        11,
-        rolex_engine::single_write_pieces(len, wide.nics(), bd.nics.len()),
-        d,
-    )?;
+    b.expect_imm_count(11, rolex_engine::single_write_pieces(len, bd.nics.len()), d)?;
     let (fl, d) = flag();
     wide.submit_single_write(len, Some(11), (&big, 0), (&bd, 0), d)?;
     wait(&fl)??;
@@ -920,6 +979,91 @@ fn small_ops_spread_over_nics(f: &dyn FabricUnderTest) -> CaseResult {
     ensure!(
         bdst.to_vec(0, len as usize)? == pattern(len as usize, 6),
         "sharded write incomplete"
+    );
+    Ok(())
+}
+
+/// Most devices the multi-device case exercises one by one (a p5 has 32).
+pub const MAX_DEVICES: usize = 32;
+
+/// One write with an immediate, one read and one fetch-and-add between
+/// two engines; `what` names them in failures.
+fn one_of_each(a: &TransferEngine, b: &TransferEngine, what: &str) -> CaseResult {
+    let (src, _) = a.alloc_mr(8192, Access::all())?;
+    let (dst, dd) = b.alloc_mr(8192, Access::all())?;
+    src.write(0, &pattern(4096, 8))?;
+    let (landed, d) = flag();
+    b.expect_imm_count(21, 1, d)?;
+    let (fl, d) = flag();
+    a.submit_single_write(4096, Some(21), (&src, 0), (&dd, 0), d)?;
+    wait(&fl)??;
+    wait(&landed)??;
+    ensure!(
+        dst.to_vec(0, 4096)? == pattern(4096, 8),
+        "{what}: write misplaced"
+    );
+    let (fl, d) = flag();
+    a.submit_read(4096, (&src, 4096), (&dd, 0), d)?;
+    wait(&fl)??;
+    ensure!(
+        src.to_vec(4096, 4096)? == pattern(4096, 8),
+        "{what}: read misplaced"
+    );
+    let old = nic_atomic(a, &dd, 6000, Atomic::Faa(5))?;
+    ensure!(
+        old == 0 && dst.load_u64(6000)? == 5,
+        "{what}: fetch-and-add returned {old}"
+    );
+    Ok(())
+}
+
+/// Real multi-NIC (design §4): the fabric lists its devices (printed with
+/// their PCIe/NUMA placement), each device opens and carries a write with
+/// an immediate, a read and an atomic, and an engine with as many NICs as
+/// the default choice takes (up to 4) opens them in that order, each once,
+/// and completes a write sharded over all of them.
+fn multi_device(f: &dyn FabricUnderTest) -> CaseResult {
+    let listed = f.devices()?;
+    ensure!(!listed.is_empty(), "the fabric lists no device");
+    for l in &listed {
+        eprintln!("  {}: device {l}", f.name());
+    }
+    for l in listed.iter().take(MAX_DEVICES) {
+        let a = f.engine_on(&l.name, 1)?;
+        let b = f.engine_on(&l.name, 1)?;
+        let on = a.devices(0)?;
+        ensure!(
+            on == [l.name.clone()],
+            "asked for device {}, the engine opened {on:?}",
+            l.name
+        );
+        one_of_each(&a, &b, &l.name)?;
+    }
+    let names: Vec<String> = listed.iter().map(|l| l.name.clone()).collect();
+    let chosen = topology::choose(&NicSelect::default(), &f.name(), &names)
+        .map_err(|e| Failure(format!("default choice: {e}")))?;
+    let k = chosen.len().min(4);
+    let a = f.engine_listed(k)?;
+    let b = f.engine_listed(k)?;
+    let want: Vec<String> = chosen[..k].iter().map(|&i| names[i].clone()).collect();
+    let got = a.devices(0)?;
+    ensure!(
+        got == want,
+        "the default choice opened {got:?}, expected {want:?}"
+    );
+    let len = k as u64 * rolex_engine::SPLIT_MIN;
+    let (src, _) = a.alloc_mr(len, Access::all())?;
+    let (dst, dd) = b.alloc_mr(len, Access::all())?;
+    src.write(0, &pattern(len as usize, 9))?;
+    let (landed, d) = flag();
+    b.expect_imm_count(22, rolex_engine::single_write_pieces(len, b.nics()), d)?;
+    let (fl, d) = flag();
+    a.submit_single_write(len, Some(22), (&src, 0), (&dd, 0), d)?;
+    wait(&fl)??;
+    wait(&landed)??;
+    ensure!(
+        dst.to_vec(0, len as usize)? == pattern(len as usize, 9),
+        "write sharded over {want:?} incomplete"
     );
     Ok(())
 }
@@ -961,6 +1105,10 @@ pub const CASES: &[Case] = &[
     Case {
         name: "small_ops_spread_over_nics",
         run: small_ops_spread_over_nics,
+    },
+    Case {
+        name: "multi_device",
+        run: multi_device,
     },
 ];
 

@@ -374,6 +374,48 @@ pub struct fi_info {
     pub domain_attr: *mut fi_domain_attr,
     /// Fabric attributes.
     pub fabric_attr: *mut fi_fabric_attr,
+    /// The NIC's attributes, where the provider gives them (EFA does;
+    /// `tcp` does not).
+    pub nic: *mut fid_nic,
+    _tail: [u8; 0],
+}
+
+/// `enum fi_bus_type`: a PCI bus.
+pub const FI_BUS_PCI: u32 = 1;
+
+/// `struct fi_pci_attr`: a PCI function's address.
+#[repr(C)]
+pub struct fi_pci_attr {
+    /// PCI domain (segment).
+    pub domain_id: u16,
+    /// Bus.
+    pub bus_id: u8,
+    /// Device.
+    pub device_id: u8,
+    /// Function.
+    pub function_id: u8,
+}
+
+/// `struct fi_bus_attr`: where a NIC sits. Prefix (the `attr` union's
+/// only member in 1.17 is `pci`).
+#[repr(C)]
+pub struct fi_bus_attr {
+    /// `enum fi_bus_type` ([`FI_BUS_PCI`]).
+    pub bus_type: u32,
+    /// `attr.pci`, valid for a PCI bus.
+    pub attr: fi_pci_attr,
+    _tail: [u8; 0],
+}
+
+/// `struct fid_nic`: a NIC's attributes. Prefix.
+#[repr(C)]
+pub struct fid_nic {
+    /// The NIC's fid.
+    pub fid: fid,
+    /// `struct fi_device_attr *` (never read; opaque).
+    pub device_attr: *mut c_void,
+    /// Its bus, where known.
+    pub bus_attr: *mut fi_bus_attr,
     _tail: [u8; 0],
 }
 

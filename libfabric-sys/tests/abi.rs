@@ -124,9 +124,17 @@ fn decls() -> Vec<Decl> {
                 rx_attr,
                 ep_attr,
                 domain_attr,
-                fabric_attr
+                fabric_attr,
+                nic
             ]
         ),
+        decl!(
+            fi_pci_attr,
+            Whole,
+            [domain_id, bus_id, device_id, function_id]
+        ),
+        decl!(fi_bus_attr, Prefix, [bus_type, attr]),
+        decl!(fid_nic, Prefix, [fid, device_attr, bus_attr]),
         decl!(
             fi_ops_fabric,
             Prefix,
@@ -295,6 +303,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         FI_GETWAIT,
         FI_ENABLE,
         FI_OPT_ENDPOINT,
+        FI_BUS_PCI,
     ]
 }
 

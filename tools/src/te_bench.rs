@@ -125,6 +125,11 @@ pub struct TeBenchArgs {
     /// NICs per engine (1 to 4).
     #[arg(long, default_value_t = 1)]
     nics: usize,
+    /// Which devices the NICs open (libfabric, verbs): `listed` (every
+    /// device in the provider's order), `near:0000:53:00.0` (nearest that
+    /// PCI device, e.g. a GPU), `numa:1`, or device names `mlx5_0,mlx5_1`.
+    #[arg(long, value_name = "CHOICE")]
+    nic_choice: Option<rolex_host::NicChoice>,
     /// Submitting threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -258,7 +263,7 @@ impl Ctx {
             Op::Scatter => size * self.peers.len() as u64,
             _ => size,
         };
-        self.pieces = single_write_pieces(size, self.nics, self.nics);
+        self.pieces = single_write_pieces(size, self.nics);
     }
 }
 
@@ -353,6 +358,15 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         // Bulk transfers: relaxed ordering, as the source does.
         FabricArg::Verbs(device) => verbs_fabric(device.clone(), &args.verbs, true)?,
     };
+    let mut fabric = fabric;
+    if let Some(choice) = &args.nic_choice {
+        match &mut fabric {
+            Fabric::Libfabric(c) => c.nics.choice = choice.clone(),
+            #[cfg(feature = "verbs")]
+            Fabric::Verbs(c) => c.nics.choice = choice.clone(),
+            _ => {}
+        }
+    }
     let e = TransferEngine::new(EngineConfig {
         nics_per_group: args.nics,
         fabric,

@@ -10,14 +10,18 @@
 //! operation's completion, exactly once, as a NIC would.
 //!
 //! Multi-NIC: a single write of at least [`SPLIT_MIN`] bytes is split into
-//! [`single_write_pieces`] pieces, piece `i` on local NIC `i` to the
-//! peer's NIC `i`; smaller writes, reads, atomics and sends take the NICs
-//! in turn; paged writes send page `i`, and scatters destination
-//! `i`, through NIC `i mod k`. Every piece that carries an immediate counts
-//! one arrival at the receiver, so a receiver expects
-//! `single_write_pieces(len, sender_nics, receiver_nics)` arrivals for a
-//! single write, the number of pages for paged writes, the number of
-//! destinations aimed at it for a scatter, and 1 for a barrier.
+//! [`single_write_pieces`] pieces, one per NIC of the *receiver* at most
+//! (piece `i` to the peer's NIC `i`), which the sender's NICs take in turn
+//! (piece `i` on local NIC `(s + i) mod k`, `s` moving from call to call);
+//! smaller writes, reads, atomics and sends take the NICs in turn; paged
+//! writes send page `i`, scatters and barriers destination `i`, through
+//! NIC `(s + i) mod k` (so a call of one page or destination does not
+//! always take NIC 0). Every piece that carries an immediate counts one arrival at
+//! the receiver, so a receiver expects `single_write_pieces(len,
+//! receiver_nics)` arrivals for a single write — what it knows itself,
+//! whatever the sender's NIC count —, the number of pages for paged
+//! writes, the number of destinations aimed at it for a scatter, and 1 for
+//! a barrier.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -43,10 +47,11 @@ use crate::watcher::{Watcher, WatcherSet};
 pub const SPLIT_MIN: u64 = 64 * 1024;
 
 /// How many pieces (and immediate arrivals) a single write of `len` bytes
-/// becomes between a sender with `src_nics` NICs and a receiver with
-/// `dst_nics`: `clamp(len / SPLIT_MIN, 1, min(src_nics, dst_nics))`.
-pub fn single_write_pieces(len: u64, src_nics: usize, dst_nics: usize) -> u32 {
-    let nics = src_nics.min(dst_nics).max(1) as u64;
+/// becomes at a receiver with `dst_nics` NICs (the NICs its descriptor
+/// names): `clamp(len / SPLIT_MIN, 1, dst_nics)`. It does not depend on
+/// the sender: a sender with fewer NICs posts several pieces on one NIC.
+pub fn single_write_pieces(len: u64, dst_nics: usize) -> u32 {
+    let nics = dst_nics.max(1) as u64;
     (len / SPLIT_MIN).clamp(1, nics) as u32
 }
 
@@ -300,6 +305,16 @@ impl TransferEngine {
             .collect())
     }
 
+    /// The devices one group's NICs opened (see [`crate::topology`]).
+    pub fn devices(&self, group: usize) -> Result<Vec<String>, TransferError> {
+        Ok(self
+            .group(group)?
+            .domains
+            .iter()
+            .map(|d| d.device_name())
+            .collect())
+    }
+
     /// Number of domain groups.
     pub fn groups(&self) -> usize {
         self.shared.groups.len()
@@ -509,8 +524,25 @@ impl TransferEngine {
         ))
     }
 
-    /// Deregisters a region: its keys stop working at once, and when this
-    /// returns no NIC touches its memory any more.
+    /// Deregisters a region. When this returns no NIC touches its memory
+    /// any more and its keys no longer work.
+    ///
+    /// What happens to operations using it, in order:
+    /// - new operations with it as their local buffer fail
+    ///   ([`TransferError::RegionDeregistered`]) from the start of the call;
+    /// - operations of this engine already in flight on it complete or
+    ///   fail, each exactly once through its `on_done`, and the call waits
+    ///   for them: the loopback and libfabric NICs hold the region pinned
+    ///   while they copy, the verbs NIC is driven until it reports every
+    ///   request that uses it (at most `VerbsConfig::op_timeout`; after
+    ///   that the keys are invalidated anyway and what is left fails);
+    /// - then its keys are invalidated on every NIC: a peer's operation
+    ///   with them racing with this call lands before or fails after, as
+    ///   the NIC decides (on the loopback NIC it fails from the start).
+    ///
+    /// Invalidating a verbs key under a request still queued would fail it
+    /// with a local protection error, which breaks the queue pair to its
+    /// peer for every other operation: hence the wait.
     pub fn dereg_mr(&self, mr: &MrHandle) -> Result<(), TransferError> {
         if mr.region.engine() != self.shared.id {
             return Err(TransferError::ForeignRegion);
@@ -527,11 +559,13 @@ impl TransferEngine {
                 .ok_or(TransferError::RegionDeregistered)?;
             regions.swap_remove(i)
         };
+        // Refuse new operations and wait for the copies in progress, then
+        // invalidate the keys (verbs drains its queued requests first).
+        entry.region.kill();
         let group = self.group(entry.region.group())?;
         for (d, k) in group.domains.iter().zip(&entry.rkeys) {
             d.deregister(*k);
         }
-        entry.region.kill();
         Ok(())
     }
 
@@ -702,7 +736,7 @@ impl TransferEngine {
         self.shared.local(src.0, src.1, len)?;
         let group = src.0.group();
         let nics = self.group(group)?.domains.len();
-        let pieces = u64::from(single_write_pieces(len, nics, dst.0.nics.len()));
+        let pieces = u64::from(single_write_pieces(len, dst.0.nics.len()));
         // Pieces of equal size rounded up to 64 bytes; the last takes the rest.
         let chunk = len.div_ceil(pieces).next_multiple_of(64).min(len);
         // The whole range is checked once; pieces then stay inside it.
@@ -712,14 +746,12 @@ impl TransferEngine {
         }
         let mut ops = Vec::with_capacity(pieces as usize);
         let mut off = 0;
-        // A write of one piece goes through the next NIC in turn (small
-        // writes spread over the group like reads and atomics); piece `i`
-        // of a split write through NIC `i`.
-        let mut i = if pieces == 1 {
-            self.shared.nic() % nics
-        } else {
-            0
-        };
+        // Piece `i` goes to the peer's NIC `i`, through our NICs in turn
+        // from the next one (small writes spread over the group like reads
+        // and atomics, and a sender with fewer NICs than pieces does not
+        // load its first NIC most).
+        let first = self.shared.nic();
+        let mut i = 0;
         while off < len {
             let n = chunk.min(len - off);
             let remote = match remote(dst.0, i, dst.1 + off, n, Access::REMOTE_WRITE) {
@@ -730,7 +762,7 @@ impl TransferEngine {
                 }
             };
             ops.push((
-                i,
+                (first + i) % nics,
                 WorkOp::Write {
                     local: Some(Local {
                         region: src.0.region.clone(),
@@ -774,6 +806,7 @@ impl TransferEngine {
         }
         let group = src.0.group();
         let nics = self.group(group)?.domains.len();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(sp.indices.len());
         let mut remote_err = None;
         for i in 0..sp.indices.len() {
@@ -784,7 +817,7 @@ impl TransferEngine {
                 .page_offset(i)
                 .ok_or(TransferError::PageOffsetOverflow { page: i })?;
             let local = self.shared.local(src.0, so, page_len)?;
-            let nic = i % nics;
+            let nic = (first + i) % nics;
             match remote(dst.0, nic, d_off, page_len, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
                     nic,
@@ -872,6 +905,7 @@ impl TransferEngine {
         self.check_in_group(group, &dst.iter().map(|d| &d.dst).collect::<Vec<_>>())?;
         let g = src.group();
         let nics = self.group(g)?.domains.len();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(dst.len());
         let mut remote_err = None;
         for (i, d) in dst.iter().enumerate() {
@@ -883,7 +917,7 @@ impl TransferEngine {
                 });
             }
             let local = self.shared.local(src, d.src, d.len)?;
-            let nic = i % nics;
+            let nic = (first + i) % nics;
             match remote(&d.dst, nic, d.dst_offset, d.len, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
                     nic,
@@ -921,11 +955,13 @@ impl TransferEngine {
         }
         self.check_in_group(group, &dst.iter().collect::<Vec<_>>())?;
         let nics = self.nics();
+        let first = self.shared.nic();
         let mut ops = Vec::with_capacity(dst.len());
         for (i, d) in dst.iter().enumerate() {
-            match remote(d, i % nics, 0, 0, Access::REMOTE_WRITE) {
+            let nic = (first + i) % nics;
+            match remote(d, nic, 0, 0, Access::REMOTE_WRITE) {
                 Ok(remote) => ops.push((
-                    i % nics,
+                    nic,
                     WorkOp::Write {
                         local: None,
                         remote,

@@ -296,6 +296,9 @@ pub enum TransferError {
     },
     /// The engine configuration is invalid.
     Config(ConfigError),
+    /// The NICs asked for cannot be chosen (none listed, a named device
+    /// missing, nothing near the GPU or on the NUMA node).
+    NicChoice(crate::topology::NicChoiceError),
     /// The OS refused to start one of the engine's threads.
     ThreadSpawn {
         /// Which thread.
@@ -464,6 +467,7 @@ impl fmt::Display for TransferError {
             UnknownGroup { group } => write!(f, "no domain group {group}"),
             Malformed { what, error } => write!(f, "malformed {what} from peer: {error}"),
             Config(e) => write!(f, "invalid engine configuration: {e}"),
+            NicChoice(e) => write!(f, "cannot choose NICs: {e}"),
             ThreadSpawn { thread } => write!(f, "could not start the {thread} thread"),
             LostCompletion => f.write_str("the NIC lost an operation's completion"),
             NoNics => f.write_str("memory descriptor names no NIC"),
@@ -534,6 +538,7 @@ impl std::error::Error for TransferError {
         match self {
             TransferError::Malformed { error, .. } => Some(error),
             TransferError::Config(e) => Some(e),
+            TransferError::NicChoice(e) => Some(e),
             #[cfg(feature = "libfabric")]
             TransferError::LibfabricLoad(e) => Some(e),
             _ => None,

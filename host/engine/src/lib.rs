@@ -23,6 +23,8 @@
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
 //! - [`watcher`]: UVM watchers, [`Watcher`].
 //! - [`counters`]: per-engine and per-domain counters.
+//! - [`topology`]: which devices an engine's NICs open ([`NicSelect`]:
+//!   listed, named, nearest a GPU, on a NUMA node), from sysfs.
 //! - [`error`]: every failure, [`TransferError`].
 #![deny(missing_docs)]
 
@@ -37,6 +39,7 @@ mod group;
 pub mod imm_wait;
 pub mod region;
 mod shared;
+pub mod topology;
 pub mod watcher;
 
 pub use atomics::{AtomicProfile, AtomicRoute, AtomicScope, ReplyOrder, SharedWords};
@@ -51,4 +54,5 @@ pub use engine::{
 pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
 pub use region::MrHandle;
 pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
+pub use topology::{NicChoice, NicSelect, PciAddr};
 pub use watcher::Watcher;

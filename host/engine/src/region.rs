@@ -173,6 +173,12 @@ impl Region {
         self.group
     }
 
+    /// Whether the region is still registered (new operations may use
+    /// it).
+    pub(crate) fn alive(&self) -> bool {
+        self.alive.load(SeqCst)
+    }
+
     /// Pins the region for an access; `None` once deregistered.
     pub fn enter(&self) -> Option<RegionGuard<'_>> {
         // SeqCst pairs with `kill`: either this sees `alive == false`, or

@@ -90,7 +90,7 @@ impl EngineShared {
         Ok(())
     }
 
-    /// A local range of one of this engine's regions.
+    /// A local range of one of this engine's regions, still registered.
     pub(crate) fn local(
         &self,
         mr: &MrHandle,
@@ -99,6 +99,9 @@ impl EngineShared {
     ) -> Result<Local, TransferError> {
         if mr.region.engine() != self.id {
             return Err(TransferError::ForeignRegion);
+        }
+        if !mr.region.alive() {
+            return Err(TransferError::RegionDeregistered);
         }
         mr.region.check(offset, len)?;
         Ok(Local {

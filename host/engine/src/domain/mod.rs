@@ -236,9 +236,16 @@ pub(crate) fn drain_incoming(
 pub trait Domain: Send + Sync {
     /// This NIC's address.
     fn address(&self) -> NetAddr;
+    /// The device this NIC opened (`mlx5_0`, `rdmap16s27-rdm`, `lo`;
+    /// `loopback` for the in-process NIC): NICs of one engine on one device
+    /// share the name ([`crate::topology`]).
+    fn device_name(&self) -> String;
     /// Registers a region with this NIC; returns its remote key.
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError>;
-    /// Forgets a remote key: later accesses with it fail.
+    /// Forgets a remote key: later accesses with it fail. Called once the
+    /// region is dead (new operations on it are refused); returns once no
+    /// operation of this NIC in flight uses the region any more, or, where
+    /// the NIC cannot tell (it pins regions itself), at once.
     fn deregister(&self, rkey: u64);
     /// Checks that a peer address is reachable.
     fn resolve(&self, peer: &NetAddr) -> Result<(), TransferError>;
@@ -372,6 +379,10 @@ macro_rules! dispatch {
 impl Domain for AnyDomain {
     fn address(&self) -> NetAddr {
         dispatch!(self, d => d.address())
+    }
+    fn device_name(&self) -> String {
+        // The backends' own `device_name` returns a `&str`.
+        dispatch!(self, d => Domain::device_name(&**d))
     }
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
         dispatch!(self, d => d.register(region))

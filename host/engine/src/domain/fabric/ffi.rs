@@ -28,6 +28,7 @@ use libfabric_sys as sys;
 
 use crate::domain::RecvBuffer;
 use crate::region::{Region, RegionGuard};
+use crate::topology::PciAddr;
 
 /// A failed libfabric call: its name and the (positive) error number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,8 +115,8 @@ pub(crate) struct Granted {
 /// Most pieces one posted write chains (see [`Post::Write`]).
 pub(crate) const MAX_CHAIN: usize = 4;
 
-/// An `fi_info` list from `fi_getinfo` of `lib`; only its first entry is
-/// used.
+/// An `fi_info` list from `fi_getinfo` of `lib`; a NIC opens from the
+/// first entry of its own copy ([`Info::entry`]).
 pub(crate) struct Info {
     list: NonNull<sys::fi_info>,
     lib: &'static sys::Lib,
@@ -216,6 +217,87 @@ impl Info {
     /// The library the list came from.
     pub(crate) fn lib(&self) -> &'static sys::Lib {
         self.lib
+    }
+
+    /// The domain name of every entry of the list, in its order (a
+    /// provider lists one domain per device: an EFA device, a verbs
+    /// device, a network interface; some several times).
+    pub(crate) fn domain_names(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut p: *const sys::fi_info = self.list.as_ptr();
+        while !p.is_null() {
+            // SAFETY: every entry of a list from `fi_getinfo` has a
+            // non-null `domain_attr`, whose name is null or NUL-terminated;
+            // `next` is null or the next valid entry.
+            unsafe {
+                let name = (*(*p).domain_attr).name;
+                v.push(if name.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(name).to_string_lossy().into_owned()
+                });
+                p = (*p).next;
+            }
+        }
+        v
+    }
+
+    /// The PCI address of every entry's NIC, where the provider gives it
+    /// (`fi_info->nic->bus_attr`, a PCI bus), in the list's order.
+    pub(crate) fn pci_addresses(&self) -> Vec<Option<PciAddr>> {
+        let mut v = Vec::new();
+        let mut p: *const sys::fi_info = self.list.as_ptr();
+        while !p.is_null() {
+            // SAFETY: as in `domain_names`; `nic` and its `bus_attr` are
+            // null or valid attributes the provider filled in.
+            unsafe {
+                let nic = (*p).nic;
+                let bus = if nic.is_null() {
+                    ptr::null()
+                } else {
+                    (*nic).bus_attr.cast_const()
+                };
+                v.push(match bus.as_ref() {
+                    Some(b) if b.bus_type == sys::FI_BUS_PCI => Some(PciAddr {
+                        domain: u32::from(b.attr.domain_id),
+                        bus: b.attr.bus_id,
+                        device: b.attr.device_id,
+                        function: b.attr.function_id,
+                    }),
+                    _ => None,
+                });
+                p = (*p).next;
+            }
+        }
+        v
+    }
+
+    /// A list of one: a copy of entry `index` (`fi_dupinfo`), which the
+    /// fabric, domain and endpoint of one NIC are opened from.
+    pub(crate) fn entry(&self, index: usize) -> Result<Info, FiError> {
+        let mut p: *const sys::fi_info = self.list.as_ptr();
+        for _ in 0..index {
+            // SAFETY: as in `domain_names`.
+            p = unsafe { (*p).next };
+            if p.is_null() {
+                return Err(FiError {
+                    call: "fi_dupinfo (no such entry)",
+                    errno: libc::ENODATA,
+                });
+            }
+        }
+        // SAFETY: `p` is a valid entry of our list; the copy (without the
+        // rest of the list) is ours, freed by `Info::drop`.
+        let dup = unsafe { self.lib.fi_dupinfo(p) };
+        let list = NonNull::new(dup).ok_or(FiError {
+            call: "fi_dupinfo",
+            errno: libc::ENOMEM,
+        })?;
+        Ok(Info {
+            list,
+            lib: self.lib,
+            api_version: self.api_version,
+        })
     }
 
     pub(crate) fn granted(&self) -> Granted {

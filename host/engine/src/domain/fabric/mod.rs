@@ -102,6 +102,7 @@ use crate::counters::{CounterSnapshot, Counters};
 use crate::domain::{AnyEndpoint, Completion, Domain, ImmSink, Incoming, RecvBuffer, Remote};
 use crate::error::{OpKind, ProtectionCheck, TransferError};
 use crate::region::Region;
+use crate::topology::{self, ListedNic, NicSelect};
 
 /// Without a waiter: how long after the last activity the poller keeps
 /// the worker's short back-off before sleeping longer (see [`pace`]).
@@ -171,6 +172,12 @@ pub struct LibfabricConfig {
     /// and an idle NIC costs no CPU. Other providers, or `false`, read the
     /// queue on the [`HOT`] / [`LibfabricConfig::idle_poll`] timer.
     pub wait_fd: bool,
+    /// Which of the provider's devices (the distinct domains `fi_getinfo`
+    /// lists: EFA devices, verbs devices, network interfaces) the NICs
+    /// open, chosen by name or PCIe/NUMA topology ([`crate::topology`]);
+    /// by default every device in the provider's order, the first for
+    /// one NIC.
+    pub nics: NicSelect,
 }
 
 impl LibfabricConfig {
@@ -186,6 +193,7 @@ impl LibfabricConfig {
             busy_poll: Duration::ZERO,
             idle_poll: Duration::from_millis(1),
             wait_fd: true,
+            nics: NicSelect::default(),
         }
     }
 
@@ -576,6 +584,7 @@ static SHM_PARKING: Mutex<ShmParking> = Mutex::new(ShmParking {
 pub struct LibfabricDomain {
     inner: Arc<Inner>,
     negotiated: Negotiated,
+    device: String,
 }
 
 impl std::fmt::Debug for LibfabricDomain {
@@ -587,20 +596,76 @@ impl std::fmt::Debug for LibfabricDomain {
     }
 }
 
-/// Opens `nics` libfabric NICs (one fabric, domain and endpoint each).
+/// The devices `info` lists (the distinct domains of its entries, in its
+/// order) with the index of each one's first entry, placed by the NIC
+/// attribute's bus address where the provider gives one, else by name.
+fn devices_of(info: &Info, sysfs: &std::path::Path) -> (Vec<ListedNic>, Vec<usize>) {
+    let names = info.domain_names();
+    let pci = info.pci_addresses();
+    let mut firsts: Vec<usize> = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        if !firsts.iter().any(|&f| names[f] == *n) {
+            firsts.push(i);
+        }
+    }
+    let listed: Vec<(String, Option<topology::PciAddr>)> = firsts
+        .iter()
+        .map(|&i| (names[i].clone(), pci.get(i).copied().flatten()))
+        .collect();
+    (topology::enumerate_at(sysfs, &listed), firsts)
+}
+
+/// The devices `cfg`'s provider lists on `cfg.node` (the distinct domains
+/// of `fi_getinfo`'s entries, in its order), each placed.
+pub fn list_nics(cfg: &LibfabricConfig) -> Result<Vec<ListedNic>, TransferError> {
+    let info = get_info(cfg)?;
+    Ok(devices_of(&info, &cfg.nics.sysfs).0)
+}
+
+/// `fi_getinfo`'s list for `cfg` and, for each of `nics` NICs, the entry
+/// it opens: the first entry of its device, the devices chosen by
+/// [`LibfabricConfig::nics`] and taken in turn ([`topology::assign`]).
+fn chosen_entries(cfg: &LibfabricConfig, nics: usize) -> Result<(Info, Vec<usize>), TransferError> {
+    let info = get_info(cfg)?;
+    let (devices, firsts) = devices_of(&info, &cfg.nics.sysfs);
+    let backend = format!("libfabric {}", cfg.provider_string());
+    let chosen =
+        topology::choose_placed(&cfg.nics, &backend, &devices).map_err(TransferError::NicChoice)?;
+    let entries = topology::assign(&chosen, nics)
+        .into_iter()
+        .map(|d| firsts[d])
+        .collect();
+    Ok((info, entries))
+}
+
+/// Opens `nics` libfabric NICs (one fabric, domain and endpoint each) on
+/// the devices [`LibfabricConfig::nics`] chooses, in turn.
 pub fn open_host(
     cfg: &LibfabricConfig,
     nics: usize,
 ) -> Result<Vec<Arc<LibfabricDomain>>, TransferError> {
-    (0..nics)
-        .map(|_| LibfabricDomain::open(cfg).map(Arc::new))
+    let (info, entries) = chosen_entries(cfg, nics)?;
+    entries
+        .into_iter()
+        .map(|e| {
+            let one = info.entry(e).map_err(fi_err)?;
+            LibfabricDomain::open_entry(cfg, one).map(Arc::new)
+        })
         .collect()
 }
 
 impl LibfabricDomain {
-    /// Opens one NIC.
+    /// Opens one NIC, on the first device [`LibfabricConfig::nics`]
+    /// chooses.
     pub fn open(cfg: &LibfabricConfig) -> Result<LibfabricDomain, TransferError> {
-        let mut info = get_info(cfg)?;
+        let (info, entries) = chosen_entries(cfg, 1)?;
+        let first = entries.first().copied().unwrap_or(0);
+        Self::open_entry(cfg, info.entry(first).map_err(fi_err)?)
+    }
+
+    /// Opens one NIC from a list of one `fi_info` entry.
+    fn open_entry(cfg: &LibfabricConfig, mut info: Info) -> Result<LibfabricDomain, TransferError> {
+        let device = info.domain_names().into_iter().next().unwrap_or_default();
         let g = info.granted();
         info.clear_tx_op_flags();
         let virt = g.mr_mode & libfabric_sys::FI_MR_VIRT_ADDR != 0;
@@ -783,7 +848,17 @@ impl LibfabricDomain {
                 }
             }
         }
-        Ok(LibfabricDomain { inner, negotiated })
+        Ok(LibfabricDomain {
+            inner,
+            negotiated,
+            device,
+        })
+    }
+
+    /// The device (libfabric domain) this NIC opened: `eth0`, `lo`,
+    /// `rdmap16s27-rdm`, `mlx5_0`.
+    pub fn device_name(&self) -> &str {
+        &self.device
     }
 
     /// The provider libfabric chose (e.g. `tcp;ofi_rxm`).
@@ -1340,6 +1415,10 @@ impl Inner {
 impl Domain for LibfabricDomain {
     fn address(&self) -> NetAddr {
         self.inner.addr
+    }
+
+    fn device_name(&self) -> String {
+        self.device.clone()
     }
 
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {

@@ -152,6 +152,10 @@ impl Domain for LoopbackDomain {
         self.nic.addr
     }
 
+    fn device_name(&self) -> String {
+        "loopback".into()
+    }
+
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
         // Random keys: a peer cannot guess another region's key.
         loop {

@@ -138,10 +138,56 @@ enum Loc {
 /// What an operation holds while the NIC may use it.
 #[derive(Default)]
 struct Resources {
-    _region: Option<Arc<Region>>,
+    region: Option<Arc<Region>>,
     buf: Option<DmaBuf>,
     _inline: Option<Vec<u8>>,
     atomic: Option<usize>,
+}
+
+impl Resources {
+    /// Whether the operation uses the region at address `at` (its `Arc`'s).
+    fn holds(&self, at: usize) -> bool {
+        self.region
+            .as_ref()
+            .is_some_and(|r| Arc::as_ptr(r) as usize == at)
+    }
+}
+
+/// Operations in flight that use the region at `at`: posted, waiting, or
+/// failed by timeout or flush while the NIC may still execute them.
+fn holders(live: &Live, at: usize) -> usize {
+    let ops = live.ops.values().filter(|r| r.res.holds(at)).count();
+    ops + live.abandoned.values().filter(|r| r.holds(at)).count()
+}
+
+/// One region's deregistration on a verbs NIC ([`dereg`](super::dereg)).
+struct RegionDrain<'a> {
+    inner: &'a Inner,
+    rkey: u64,
+    at: usize,
+}
+
+impl super::dereg::DrainRegion for RegionDrain<'_> {
+    fn refuse_new(&mut self) {
+        lock(&self.inner.local).remove(&self.at);
+    }
+
+    fn progress_holders(&mut self) -> usize {
+        let mut g = lock(&self.inner.live);
+        match g.as_mut() {
+            Some(live) => {
+                self.inner.progress(live);
+                holders(live, self.at)
+            }
+            // Shut down: the queue pairs are gone, nothing executes.
+            None => 0,
+        }
+    }
+
+    fn invalidate(&mut self) {
+        // `ibv_dereg_mr` when the registration drops.
+        drop(lock(&self.inner.mrs).remove(&self.rkey));
+    }
 }
 
 struct OpRecord {
@@ -246,11 +292,20 @@ impl std::fmt::Debug for VerbsDomain {
     }
 }
 
-/// Opens `nics` verbs domains on the configured device (one context,
-/// protection domain, completion queue and UD queue pair each).
+/// Opens `nics` verbs domains (one context, protection domain, completion
+/// queue and UD queue pair each) on the devices
+/// [`super::chosen_devices`] picks from libibverbs' list.
 pub fn open_host(cfg: &VerbsConfig, nics: usize) -> Result<Vec<Arc<VerbsDomain>>, TransferError> {
-    (0..nics)
-        .map(|_| VerbsDomain::open(cfg).map(Arc::new))
+    let listed = super::ffi::device_names()?;
+    super::chosen_devices(cfg, &listed, nics)?
+        .into_iter()
+        .map(|device| {
+            let one = VerbsConfig {
+                device: Some(device),
+                ..cfg.clone()
+            };
+            VerbsDomain::open(&one).map(Arc::new)
+        })
         .collect()
 }
 
@@ -992,6 +1047,9 @@ impl Inner {
 
     /// The local buffer of a read or write.
     fn local_sge(&self, local: &Local, len: u32) -> Result<(Sge, Arc<Region>), TransferError> {
+        if !local.region.alive() {
+            return Err(TransferError::RegionDeregistered);
+        }
         local.region.check(local.offset, u64::from(len))?;
         let lkey = *lock(&self.local)
             .get(&(Arc::as_ptr(&local.region) as usize))
@@ -1031,7 +1089,7 @@ impl Inner {
                         rkey,
                     },
                     Resources {
-                        _region: Some(region),
+                        region: Some(region),
                         ..Resources::default()
                     },
                 ))
@@ -1067,7 +1125,7 @@ impl Inner {
                         imm,
                     },
                     Resources {
-                        _region: region,
+                        region,
                         ..Resources::default()
                     },
                 ))
@@ -1290,6 +1348,10 @@ impl Domain for VerbsDomain {
         self.inner.addr
     }
 
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
     fn register(&self, region: &Arc<Region>) -> Result<u64, TransferError> {
         let inner = &self.inner;
         if !inner.alive.load(SeqCst) {
@@ -1309,11 +1371,23 @@ impl Domain for VerbsDomain {
         Ok(rkey)
     }
 
+    /// Refuses new operations on the region, waits (driving progress, at
+    /// most [`VerbsConfig::op_timeout`]) until none in flight uses it,
+    /// then invalidates its keys ([`super::dereg`]).
     fn deregister(&self, rkey: u64) {
-        let entry = lock(&self.inner.mrs).remove(&rkey);
-        if let Some((mr, at)) = entry {
-            lock(&self.inner.local).remove(&at);
-            drop(mr);
+        let Some(at) = lock(&self.inner.mrs).get(&rkey).map(|(_, at)| *at) else {
+            return;
+        };
+        let mut drain = RegionDrain {
+            inner: &self.inner,
+            rkey,
+            at,
+        };
+        let deadline = Instant::now() + self.inner.cfg.op_timeout;
+        if let super::dereg::Drained::Forced { .. } =
+            super::dereg::deregister(&mut drain, deadline, std::thread::sleep)
+        {
+            Counters::bump(&self.inner.counters.errors, 1);
         }
     }
 
@@ -1425,6 +1499,20 @@ impl Domain for VerbsDomain {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operation_holds_the_region_it_uses_only() {
+        let a = Region::alloc(64, Access::all(), 1, 0).unwrap();
+        let b = Region::alloc(64, Access::all(), 1, 0).unwrap();
+        let at = |r: &Arc<Region>| Arc::as_ptr(r) as usize;
+        let res = Resources {
+            region: Some(a.clone()),
+            ..Resources::default()
+        };
+        assert!(res.holds(at(&a)) && !res.holds(at(&b)));
+        // Atomics and sends hold no registered region.
+        assert!(!Resources::default().holds(at(&a)));
+    }
 
     #[test]
     fn relaxed_ordering_falls_back_once_refused() {

@@ -174,6 +174,29 @@ unsafe impl Send for Context {}
 // SAFETY: as above; shared use only calls thread-safe verbs.
 unsafe impl Sync for Context {}
 
+/// The names of the devices libibverbs can open, in its order
+/// (`ibv_get_device_list`).
+pub fn device_names() -> Result<Vec<String>, VerbsError> {
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { sys::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(last_errno("ibv_get_device_list"));
+    }
+    let names = (0..usize::try_from(n).unwrap_or(0))
+        .map(|i| {
+            // SAFETY: the list holds `n` valid device pointers, each with
+            // a NUL-terminated name, copied out before the list is freed.
+            unsafe { CStr::from_ptr(sys::ibv_get_device_name(*list.add(i))) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { sys::ibv_free_device_list(list) };
+    Ok(names)
+}
+
 impl Context {
     /// Opens the named device, or the first one when `name` is `None`.
     pub fn open(name: Option<&str>) -> Result<Arc<Context>, VerbsError> {

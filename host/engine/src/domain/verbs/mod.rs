@@ -36,6 +36,7 @@ pub mod caps;
 pub mod completions;
 pub mod connect;
 pub mod demux;
+pub mod dereg;
 mod domain;
 mod endpoint;
 pub mod error;
@@ -50,6 +51,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use bringup::RcTiming;
+
+use crate::error::TransferError;
+use crate::topology::{self, ListedNic, NicChoice, NicSelect};
 
 pub use domain::{open_host, VerbsDomain};
 pub use endpoint::VerbsEndpoint;
@@ -75,7 +79,13 @@ pub const SYSFS_DEVICES: &str = "/sys/class/infiniband";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerbsConfig {
     /// Device name (`mlx5_0`, `rxe0`); `None` takes the first one listed.
+    /// An engine's NICs all open this device when it is given and
+    /// [`VerbsConfig::nics`] is left at its default.
     pub device: Option<String>,
+    /// Which devices an engine's NICs open, in turn
+    /// ([`crate::topology`]: every device `ibv_get_device_list` lists, by
+    /// default; named ones; the nearest to a GPU; those on a NUMA node).
+    pub nics: NicSelect,
     /// Port number (1-based).
     pub port: u8,
     /// GID index (RoCE v2 is usually 1 or 3; 0 on InfiniBand). With
@@ -135,6 +145,7 @@ impl Default for VerbsConfig {
     fn default() -> Self {
         VerbsConfig {
             device: None,
+            nics: NicSelect::default(),
             port: 1,
             gid_index: 0,
             auto_gid: true,
@@ -195,6 +206,42 @@ pub fn cq_entries(cfg: &VerbsConfig) -> u32 {
         .saturating_add(ud)
 }
 
+/// The devices libibverbs lists, each placed by sysfs (under
+/// `cfg.nics.sysfs`).
+pub fn list_nics(cfg: &VerbsConfig) -> Result<Vec<ListedNic>, TransferError> {
+    Ok(topology::enumerate(&cfg.nics.sysfs, &ffi::device_names()?))
+}
+
+/// The device each of an engine's `nics` verbs NICs opens, given the
+/// devices libibverbs lists: [`VerbsConfig::device`] for every NIC where
+/// it is given and [`VerbsConfig::nics`] is the default, else the devices
+/// `nics` chooses, in turn. No device listed at all is the error of
+/// `ibv_get_device_list` (no device or driver here).
+pub fn chosen_devices(
+    cfg: &VerbsConfig,
+    listed: &[String],
+    nics: usize,
+) -> Result<Vec<String>, TransferError> {
+    if listed.is_empty() {
+        return Err(TransferError::Verbs {
+            call: "ibv_get_device_list",
+            errno: libc::ENODEV,
+        });
+    }
+    let select = match (&cfg.device, &cfg.nics.choice) {
+        (Some(d), NicChoice::Listed) => NicSelect {
+            choice: NicChoice::Named(vec![d.clone()]),
+            ..cfg.nics.clone()
+        },
+        _ => cfg.nics.clone(),
+    };
+    let chosen = topology::choose(&select, "verbs", listed).map_err(TransferError::NicChoice)?;
+    Ok(topology::assign(&chosen, nics)
+        .into_iter()
+        .map(|i| listed[i].clone())
+        .collect())
+}
+
 /// The RDMA devices the kernel lists (SoftRoCE's `rxe*` included), sorted;
 /// empty when there are none or no sysfs.
 pub fn device_names() -> Vec<String> {
@@ -244,6 +291,64 @@ mod tests {
         assert_eq!(
             cq_entries(&VerbsConfig::default()),
             4 * 4096 + 2 * 4096 + 64
+        );
+    }
+
+    #[test]
+    fn an_engines_nics_open_the_chosen_devices_in_turn() {
+        let s = crate::topology::tests::dgx();
+        let listed: Vec<String> = (0..6).map(|i| format!("mlx5_{i}")).collect();
+        let given = VerbsConfig {
+            device: Some("mlx5_3".into()),
+            ..VerbsConfig::default()
+        };
+        // A device given alone: every NIC on it, as before.
+        assert_eq!(
+            chosen_devices(&given, &listed, 2).unwrap(),
+            ["mlx5_3", "mlx5_3"]
+        );
+        // The default: the devices in the library's order.
+        let all = chosen_devices(&VerbsConfig::default(), &listed, 3).unwrap();
+        assert_eq!(all, ["mlx5_0", "mlx5_1", "mlx5_2"]);
+        // Nearest the GPU wins over `device`.
+        let near = VerbsConfig {
+            nics: s.select(NicChoice::NearPci("0000:53:00.0".parse().unwrap())),
+            ..given.clone()
+        };
+        assert_eq!(
+            chosen_devices(&near, &listed, 3).unwrap(),
+            ["mlx5_0", "mlx5_1", "mlx5_2"]
+        );
+        let node1 = VerbsConfig {
+            nics: s.select(NicChoice::NumaNode(1)),
+            ..VerbsConfig::default()
+        };
+        assert_eq!(
+            chosen_devices(&node1, &listed, 4).unwrap(),
+            ["mlx5_4", "mlx5_5", "mlx5_4", "mlx5_5"]
+        );
+        // Errors: no device at all names the call; a missing name lists
+        // what there is.
+        assert!(matches!(
+            chosen_devices(&given, &[], 1),
+            Err(TransferError::Verbs {
+                call: "ibv_get_device_list",
+                ..
+            })
+        ));
+        let e = chosen_devices(
+            &VerbsConfig {
+                device: Some("mlx5_9".into()),
+                ..VerbsConfig::default()
+            },
+            &listed,
+            1,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("mlx5_9 is not listed (listed: mlx5_0"),
+            "{e}"
         );
     }
 
