@@ -211,13 +211,19 @@ impl KvStats {
 
 macro_rules! atomic_op_stats {
     ($($f:ident),*) => {
-        /// A session's live counters of one kind.
+        /// A session's live counters of one kind. One writer (the session,
+        /// through `&mut` of it), any number of readers.
         #[derive(Debug, Default)]
         pub(crate) struct AtomicOpStats { $(pub(crate) $f: AtomicU64,)* }
 
         impl AtomicOpStats {
+            /// Adds `o`. Only the owning session calls this, so a load and a
+            /// store do (no locked read-modify-write per counter and
+            /// operation); readers see each counter grow.
             pub(crate) fn add(&self, o: &OpStats) {
-                $(if o.$f != 0 { self.$f.fetch_add(o.$f, Relaxed); })*
+                $(if o.$f != 0 {
+                    self.$f.store(self.$f.load(Relaxed) + o.$f, Relaxed);
+                })*
             }
             pub(crate) fn load(&self) -> OpStats {
                 OpStats { $($f: self.$f.load(Relaxed),)* }
