@@ -56,6 +56,14 @@ fn next_epoch() -> u64 {
 /// NIC's epoch is the one it was filled under; a region deregistered just
 /// after the epoch was read is refused by its guard (`Region::enter`), as
 /// it is when the registry lookup races with deregistration.
+///
+/// Who releases the entry: the endpoint's next operation on any NIC (a
+/// NIC's epoch never equals another's, so the entry is replaced) or the
+/// endpoint's drop. Until then the entry keeps the region's `Arc`, and with
+/// it the memory of an engine-allocated region, also past its
+/// deregistration: an idle queue pair of the loopback fabric may hold a
+/// deregistered region's memory that long (never touching it: its guard
+/// refuses).
 #[derive(Default)]
 pub(crate) struct RegionCache(Option<(u64, u64, Arc<Region>)>);
 
