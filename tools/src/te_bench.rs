@@ -29,7 +29,8 @@
 //! round trip. Here `gbps` is size × count over the time of the writes,
 //! `--depth` of them in flight from one side, each complete only once its
 //! data is visible at the target (delivery completion: data one way, an
-//! acknowledgement back). So `--depth 1` is the like-for-like bandwidth
+//! acknowledgement back; `delivery_acks` counts the posts that asked for
+//! one: the writes of one post to one peer share the last one's). So `--depth 1` is the like-for-like bandwidth
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
@@ -881,6 +882,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "direct_posts": c.direct_posts, "handoffs": c.handoffs,
+        "delivery_acks": c.delivery_acks,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,

@@ -74,6 +74,12 @@ fn te_bench_across_two_processes_on_tcp() {
         }
         assert_eq!(v["fabric"], "libfabric:tcp");
         assert_eq!(v["errors"], 0, "{op}: {v}");
+        // Every post of a write asks for at most one acknowledgement.
+        let acks = v["delivery_acks"].as_u64().expect("delivery_acks");
+        let doorbells = v["doorbells"].as_u64().expect("doorbells");
+        if op == "write" {
+            assert!(acks > 0 && acks <= doorbells, "{op}: {v}");
+        }
     }
 }
 

@@ -18,7 +18,9 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::NetAddr;
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
-use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP};
+use super::{
+    cover, lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP,
+};
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -30,6 +32,16 @@ pub struct FabricEndpoint {
     /// Scratch: the pieces chained to the write being built (kept to
     /// reuse its allocation).
     chain: Vec<WorkOp>,
+    /// Scratch: the posts of one call, built before any is posted.
+    built: Vec<Built>,
+}
+
+/// One post built by [`Endpoint::post`], not yet posted.
+struct Built {
+    seq: u64,
+    ctx: Box<OpCtx>,
+    post: Post,
+    meta: OpMeta,
 }
 
 impl FabricEndpoint {
@@ -43,6 +55,7 @@ impl FabricEndpoint {
                 has_sleeper: AtomicBool::new(false),
             }),
             chain: Vec::new(),
+            built: Vec::new(),
         }
     }
 
@@ -249,6 +262,9 @@ impl Endpoint for FabricEndpoint {
         live.last_activity = now;
         let mut reqs = batch.drain(..).peekable();
         let mut chain = std::mem::take(&mut self.chain);
+        let mut built = std::mem::take(&mut self.built);
+        // Build every post first: which writes share an acknowledgement
+        // (module `cover`) is decided among those that can be posted.
         while let Some(WorkRequest { wr_id, op }) = reqs.next() {
             self.inner.counters.count_posted(&op);
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
@@ -269,32 +285,55 @@ impl Endpoint for FabricEndpoint {
                 }
             }
             let pieces = 1 + chain.len() as u32;
-            let built = if chain.is_empty() {
+            let result = if chain.is_empty() {
                 self.build(live, seq, op)
             } else {
                 self.build_chain(live, seq, &op, &chain)
             };
-            let (ctx, post) = match built {
-                Ok(x) => x,
+            match result {
+                Ok((ctx, post)) => built.push(Built {
+                    seq,
+                    ctx,
+                    post,
+                    meta: OpMeta {
+                        wr_id,
+                        pieces,
+                        sink: self.sink.clone(),
+                        op: op_kind,
+                        peer,
+                        since: now,
+                    },
+                }),
                 Err(e) => {
                     for _ in 0..pieces {
                         self.fail_now(wr_id, e.clone());
                     }
-                    continue;
                 }
-            };
-            self.sink.outstanding.fetch_add(u64::from(pieces), SeqCst);
-            live.retry_meta.insert(
-                seq,
-                OpMeta {
-                    wr_id,
-                    pieces,
-                    sink: self.sink.clone(),
-                    op: op_kind,
-                    peer,
-                    since: now,
-                },
-            );
+            }
+        }
+        if inner.cover_writes {
+            let covered = cover::plan(built.iter_mut().map(|b| (b.seq, &mut b.post)));
+            for (seq, coverer) in covered {
+                if let Some(b) = built.iter().find(|b| b.seq == seq) {
+                    let m = &b.meta;
+                    live.covers.hold(seq, coverer, &m.sink, m.wr_id, m.pieces);
+                }
+            }
+        }
+        for Built {
+            seq,
+            ctx,
+            post,
+            meta,
+        } in built.drain(..)
+        {
+            if cover::delivered_to(&post).is_some() {
+                Counters::bump(&inner.counters.delivery_acks, 1);
+            }
+            self.sink
+                .outstanding
+                .fetch_add(u64::from(meta.pieces), SeqCst);
+            live.retry_meta.insert(seq, meta);
             let p = Pending {
                 ctx,
                 post,
@@ -309,6 +348,7 @@ impl Endpoint for FabricEndpoint {
         }
         chain.clear();
         self.chain = chain;
+        self.built = built;
         // Posted by another thread than the worker (a submitter posting
         // directly): a post the provider refused waits for our retry,
         // which only a poller makes, and the worker may sleep on a wait
@@ -411,15 +451,20 @@ impl Endpoint for FabricEndpoint {
                 .filter(|(_, f)| Arc::ptr_eq(&f.sink, &self.sink))
                 .map(|(s, _)| *s)
                 .collect();
+            let shut = |out: &mut Vec<Completion>, wr_id, pieces: u32| {
+                for _ in 0..pieces {
+                    out.push(Completion {
+                        wr_id,
+                        result: Err(TransferError::EngineShutDown),
+                    });
+                }
+                self.sink.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+            };
             for s in mine {
                 if let Some(f) = live.inflight.remove(&s) {
-                    for _ in 0..f.pieces {
-                        out.push(Completion {
-                            wr_id: f.wr_id,
-                            result: Err(TransferError::EngineShutDown),
-                        });
+                    if live.covers.abandon(s) {
+                        shut(out, f.wr_id, f.pieces);
                     }
-                    self.sink.outstanding.fetch_sub(u64::from(f.pieces), SeqCst);
                     // The provider may still use the buffers: keep them.
                     live.abandoned.insert(s, f.leaked);
                 }
@@ -432,15 +477,15 @@ impl Endpoint for FabricEndpoint {
                 .collect();
             for s in waiting {
                 if let Some(m) = live.retry_meta.remove(&s) {
-                    for _ in 0..m.pieces {
-                        out.push(Completion {
-                            wr_id: m.wr_id,
-                            result: Err(TransferError::EngineShutDown),
-                        });
+                    if live.covers.abandon(s) {
+                        shut(out, m.wr_id, m.pieces);
                     }
-                    self.sink.outstanding.fetch_sub(u64::from(m.pieces), SeqCst);
                 }
             }
+            // Covered writes whose own completion came, waiting for a
+            // coverer flushed above.
+            let owed = live.covers.flush(&self.sink, out);
+            self.sink.outstanding.fetch_sub(owed, SeqCst);
             // Never posted: drop them here.
             let keep: Vec<Pending> = live
                 .retry

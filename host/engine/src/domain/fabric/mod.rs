@@ -65,6 +65,7 @@
 //!   its buffers stay owned by the domain until the provider lets go.
 
 pub mod bootstrap;
+mod cover;
 pub mod efa;
 mod endpoint;
 mod ffi;
@@ -367,6 +368,9 @@ struct Live {
     /// Blocks on the queue's wait object and reads the queue; stopped
     /// before the queue closes.
     waiter: Option<Waiter>,
+    /// Writes whose completion waits for a later write's delivery
+    /// completion (module `cover`).
+    covers: cover::Covers,
 }
 
 impl Drop for Live {
@@ -377,17 +381,18 @@ impl Drop for Live {
         // Closing the endpoint cancels what is in flight; after it the
         // provider touches none of our contexts, so they can be freed.
         drop(self.ep.take());
-        let shut = |sink: &Sink, wr_id, pieces| {
-            sink.finish(wr_id, pieces, Err(TransferError::EngineShutDown));
-        };
-        for (_, f) in self.inflight.drain() {
+        let shut = Err(TransferError::EngineShutDown);
+        for (seq, f) in std::mem::take(&mut self.inflight) {
             // SAFETY: the endpoint is closed (above).
             drop(unsafe { f.leaked.reclaim() });
-            shut(&f.sink, f.wr_id, f.pieces);
+            self.covers
+                .finish(seq, &f.sink, f.wr_id, f.pieces, shut.clone());
         }
-        for (_, m) in self.retry_meta.drain() {
-            shut(&m.sink, m.wr_id, m.pieces);
+        for (seq, m) in std::mem::take(&mut self.retry_meta) {
+            self.covers
+                .finish(seq, &m.sink, m.wr_id, m.pieces, shut.clone());
         }
+        self.covers.shut();
         let recvs = self.recvs.drain().map(|(_, l)| l);
         for l in self.abandoned.drain().map(|(_, l)| l).chain(recvs) {
             // SAFETY: as above.
@@ -417,6 +422,9 @@ pub(crate) struct Inner {
     ordered: bool,
     manual_progress: bool,
     delivery_complete: bool,
+    /// Writes to one peer are ordered: the writes of one post call to a
+    /// peer share the delivery completion of the last (module `cover`).
+    cover_writes: bool,
     shared_memory: bool,
     /// Most pieces one posted write chains (1: no chaining).
     chain_limit: usize,
@@ -564,6 +572,7 @@ impl LibfabricDomain {
             recvs: HashMap::new(),
             last_activity: Instant::now(),
             waiter: None,
+            covers: cover::Covers::default(),
         };
         let inner = Arc::new(Inner {
             live: Mutex::new(Some(live)),
@@ -580,6 +589,7 @@ impl LibfabricDomain {
             ordered,
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
+            cover_writes: g.delivery_complete && writes_ordered(g.msg_order),
             shared_memory: g.shared_memory,
             chain_limit: g.chain_limit,
             cfg: cfg.clone(),
@@ -664,6 +674,13 @@ fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
         }
         true
     })
+}
+
+/// Whether `msg_order` (`tx_attr->msg_order`) orders a write after a
+/// write to the same peer: `FI_ORDER_WAW`, or `FI_ORDER_RMA_WAW` where the
+/// provider orders RMA apart from atomics (`tcp;ofi_rxm` asked for both).
+fn writes_ordered(msg_order: u64) -> bool {
+    msg_order & (libfabric_sys::FI_ORDER_WAW | libfabric_sys::FI_ORDER_RMA_WAW) != 0
 }
 
 /// Whether `provider`'s completion-queue wait object becomes ready when
@@ -854,7 +871,7 @@ impl Inner {
                         }
                     };
                     let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
-                    f.sink.finish(f.wr_id, f.pieces, result);
+                    live.covers.finish(seq, &f.sink, f.wr_id, f.pieces, result);
                     return foreign;
                 }
             },
@@ -941,9 +958,10 @@ impl Inner {
             Err((ctx, e)) if e.is_eagain() => Err(Pending { ctx, post, seq }),
             Err((ctx, e)) => {
                 drop(ctx);
-                if let Some(m) = seq.and_then(|s| live.retry_meta.remove(&s)) {
+                if let Some((seq, m)) = seq.and_then(|s| live.retry_meta.remove_entry(&s)) {
                     Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                    m.sink.finish(m.wr_id, m.pieces, Err(fi_err(e)));
+                    live.covers
+                        .finish(seq, &m.sink, m.wr_id, m.pieces, Err(fi_err(e)));
                 }
                 Ok(())
             }
@@ -965,7 +983,9 @@ impl Inner {
             live.order.pop_front();
             if let Some(f) = live.inflight.remove(&seq) {
                 Counters::bump(&self.counters.errors, u64::from(f.pieces));
-                f.sink.finish(
+                live.covers.finish(
+                    seq,
+                    &f.sink,
                     f.wr_id,
                     f.pieces,
                     Err(TransferError::Timeout {
@@ -993,7 +1013,9 @@ impl Inner {
                 for s in timed_out {
                     if let Some(m) = live.retry_meta.remove(&s) {
                         Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                        m.sink.finish(
+                        live.covers.finish(
+                            s,
+                            &m.sink,
                             m.wr_id,
                             m.pieces,
                             Err(TransferError::Timeout {
