@@ -4,7 +4,10 @@
 //! All endpoints of one NIC share its libfabric endpoint and completion
 //! queue; each has its own [`Sink`], and every operation's context names
 //! the sink its completion goes to, so whichever poller reads the queue
-//! routes completions right. Invariant: every request handed to
+//! routes completions right. One post call's writes to one peer share
+//! one delivery acknowledgement where the provider orders writes (module
+//! `cover`), so [`Endpoint::post`] builds every post of a call before it
+//! posts any. Invariant: every request handed to
 //! [`Endpoint::post`] produces exactly one completion in its sink —
 //! errors found before posting at once, the rest from the provider, a
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.

@@ -54,7 +54,10 @@
 //!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
 //!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
 //!   `tcp;ofi_rxm`'s default completion comes before the target has placed
-//!   the data.
+//!   the data. Where the provider orders writes after writes, only the
+//!   last data write of a post call to each peer asks for it, and the
+//!   earlier ones complete with it (module `cover`): on `tcp` each such
+//!   request costs the target an acknowledgement message.
 //! - Shutdown first waits (at most [`DRAIN`]) for posted operations, then
 //!   stops reading the queue; the endpoint closes only when nothing can
 //!   touch it any more: after the engine's worker stopped, and for
