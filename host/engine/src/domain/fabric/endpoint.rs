@@ -317,7 +317,9 @@ impl Endpoint for FabricEndpoint {
         if inner.cover_writes {
             let covered = cover::plan(built.iter_mut().map(|b| (b.seq, &mut b.post)));
             for (seq, coverer) in covered {
-                if let Some(b) = built.iter().find(|b| b.seq == seq) {
+                // `built` is in posting order, so by sequence number.
+                if let Ok(i) = built.binary_search_by_key(&seq, |b| b.seq) {
+                    let b = &built[i];
                     let m = &b.meta;
                     live.covers.hold(seq, coverer, &m.sink, m.wr_id, m.pieces);
                 }
