@@ -183,6 +183,8 @@ pub(crate) struct WorkerState {
     closed: bool,
     /// Abort notices queued in `batches`, not yet posted.
     notices_pending: bool,
+    /// Transfers accepted under a plug (`crate::plug`), not yet posted.
+    unposted: bool,
 }
 
 /// A group's completion processing, shared by its worker, the threads
@@ -240,7 +242,7 @@ impl WorkerCell {
             self.accept(s, req);
             taken += 1;
         }
-        if taken > 0 || std::mem::take(&mut s.notices_pending) {
+        if taken > 0 || std::mem::take(&mut s.notices_pending) || std::mem::take(&mut s.unposted) {
             busy = true;
             s.post();
         }
@@ -582,9 +584,23 @@ impl DirectPost for WorkerCell {
         if s.closed || !self.group().queue.is_empty() {
             return Err(req);
         }
+        // Under a plug, with transfers in flight to batch with: posted
+        // later, with the thread's next submissions (`crate::plug`).
+        let defer = crate::plug::plugged() && self.inflight.load(SeqCst) > 0;
         self.accept(&mut s, req);
-        s.post();
+        if defer {
+            s.unposted = true;
+        } else {
+            s.post();
+        }
         Ok(())
+    }
+
+    fn flush(&self) {
+        let mut s = self.lock();
+        if std::mem::take(&mut s.unposted) {
+            s.post();
+        }
     }
 }
 
@@ -631,6 +647,7 @@ impl Worker {
                 incoming: Vec::new(),
                 closed: false,
                 notices_pending: false,
+                unposted: false,
             }),
             spinners: AtomicUsize::new(0),
             inflight: AtomicUsize::new(0),

@@ -284,3 +284,53 @@ fn threads_keeping_writes_in_flight_each_see_every_write_land() {
         });
     }
 }
+
+#[test]
+fn plugged_submissions_are_posted_by_a_wait_or_the_plugs_drop() {
+    // Under a plug, writes to a group with transfers in flight are accepted
+    // and posted together later: a wait on one of them must post them (it
+    // may depend on any), and so must the plug's drop (checked exactly by
+    // the unit tests of `plug`); nested plugs post at the outer one's drop.
+    // Every write lands once.
+    for fabric in fabrics() {
+        let name = fabric.name();
+        bounded(move || {
+            let target = engine_on(&fabric);
+            let (word, wd) = region(&target, 4096);
+            let client = engine_on(&fabric);
+            let (src, _) = region(&client, 8);
+            src.write(0, &5u64.to_le_bytes()).unwrap();
+            let write = |slot: u64| {
+                let (f, d) = flag();
+                client
+                    .submit_single_write(8, None, (&src, 0), (&wd, 8 * slot), d)
+                    .unwrap();
+                f
+            };
+            // A wait inside the plug posts what the plug held back.
+            {
+                let _plug = client.plug();
+                let fs: Vec<_> = (0..32).map(write).collect();
+                wait(fs.last().unwrap()).unwrap();
+                for f in &fs {
+                    wait(f).unwrap();
+                }
+            }
+            // The drop of the outer of two plugs posts them.
+            let fs = {
+                let _outer = client.plug();
+                let _inner = client.plug();
+                (32..64).map(write).collect::<Vec<_>>()
+            };
+            for f in &fs {
+                wait(f).unwrap();
+            }
+            for s in 0..64 {
+                assert_eq!(word.load_u64(8 * s).unwrap(), 5, "{name}: slot {s}");
+            }
+            let c = client.counters().total;
+            assert_eq!((c.errors, c.writes), (0, 64), "{name}");
+            assert!(c.doorbells <= 64, "{name}: {c:?}");
+        });
+    }
+}
