@@ -9,7 +9,11 @@
 //! this thread's next wait on a flag that has to poll, the plug's drop,
 //! or any round of the group (its worker's, another waiter's). A
 //! submission to a group with nothing in flight is posted at once, so the
-//! pipeline starts without delay. Invariant: when no plug of the thread
+//! pipeline starts without delay. A deferred submission waits at most
+//! for the group's next round, which comes at the latest with the
+//! completion of a transfer that was in flight when it was made (rounds
+//! post what was deferred before they read completions, under the same
+//! lock that deferral takes). Invariant: when no plug of the thread
 //! is held and the thread is not inside a wait, nothing it submitted is
 //! left unposted by it (each group it deferred to is flushed).
 
