@@ -183,8 +183,9 @@ pub(crate) struct WorkerState {
     closed: bool,
     /// Abort notices queued in `batches`, not yet posted.
     notices_pending: bool,
-    /// Transfers accepted under a plug (`crate::plug`), not yet posted.
-    unposted: bool,
+    /// Payload bytes (at least 1 per transfer) accepted under a plug
+    /// (`crate::plug`) and not yet posted; 0: none.
+    unposted: u64,
 }
 
 /// A group's completion processing, shared by its worker, the threads
@@ -242,7 +243,10 @@ impl WorkerCell {
             self.accept(s, req);
             taken += 1;
         }
-        if taken > 0 || std::mem::take(&mut s.notices_pending) || std::mem::take(&mut s.unposted) {
+        if taken > 0
+            || std::mem::take(&mut s.notices_pending)
+            || std::mem::take(&mut s.unposted) > 0
+        {
             busy = true;
             s.post();
         }
@@ -585,12 +589,18 @@ impl DirectPost for WorkerCell {
             return Err(req);
         }
         // Under a plug, with transfers in flight to batch with: posted
-        // later, with the thread's next submissions (`crate::plug`).
-        let defer = crate::plug::plugged() && self.inflight.load(SeqCst) > 0;
+        // later, with the thread's next submissions (`crate::plug`), up to
+        // a round's worth of payload: larger posts hold completions back
+        // (`ROUND_BYTES`).
+        let bytes = req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>().max(1);
+        let defer = crate::plug::plugged()
+            && self.inflight.load(SeqCst) > 0
+            && s.unposted + bytes <= ROUND_BYTES;
         self.accept(&mut s, req);
         if defer {
-            s.unposted = true;
+            s.unposted += bytes;
         } else {
+            s.unposted = 0;
             s.post();
         }
         Ok(())
@@ -598,7 +608,7 @@ impl DirectPost for WorkerCell {
 
     fn flush(&self) {
         let mut s = self.lock();
-        if std::mem::take(&mut s.unposted) {
+        if std::mem::take(&mut s.unposted) > 0 {
             s.post();
         }
     }
@@ -647,7 +657,7 @@ impl Worker {
                 incoming: Vec::new(),
                 closed: false,
                 notices_pending: false,
-                unposted: false,
+                unposted: 0,
             }),
             spinners: AtomicUsize::new(0),
             inflight: AtomicUsize::new(0),

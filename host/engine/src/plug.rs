@@ -9,7 +9,9 @@
 //! this thread's next wait on a flag that has to poll, the plug's drop,
 //! or any round of the group (its worker's, another waiter's). A
 //! submission to a group with nothing in flight is posted at once, so the
-//! pipeline starts without delay. A deferred submission waits at most
+//! pipeline starts without delay, and so is one that would make the
+//! deferred payload exceed a worker round's (256 KiB: larger posts hold
+//! completions back), with everything deferred before it. A deferred submission waits at most
 //! for the group's next round, which comes at the latest with the
 //! completion of a transfer that was in flight when it was made (rounds
 //! post what was deferred before they read completions, under the same
