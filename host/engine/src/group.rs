@@ -243,10 +243,11 @@ impl WorkerCell {
             self.accept(s, req);
             taken += 1;
         }
-        if taken > 0
-            || std::mem::take(&mut s.notices_pending)
-            || std::mem::take(&mut s.unposted) > 0
-        {
+        // Both flags are cleared whatever `taken` is: the post below
+        // posts whatever they stand for.
+        let notices = std::mem::take(&mut s.notices_pending);
+        let deferred = std::mem::take(&mut s.unposted) > 0;
+        if taken > 0 || notices || deferred {
             busy = true;
             s.post();
         }
