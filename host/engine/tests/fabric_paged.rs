@@ -357,3 +357,82 @@ fn pipelined_paged_writes_are_whole_when_they_complete() {
         assert_eq!(c.delivery_acks, c.doorbells, "{c:?}");
     });
 }
+
+#[test]
+fn single_writes_sharing_a_post_are_whole_when_they_complete() {
+    if !usable() {
+        return;
+    }
+    // 32 single writes of 64 KiB in flight from one thread under a plug,
+    // each to its own slot with a new pattern per round: the plug posts
+    // resubmissions together and the NIC chains writes of different
+    // transfers to the same peer and key into one post (they complete
+    // with it); each slot must hold its write's bytes when it completes.
+    // Then the same with callbacks, which the worker posts several at once,
+    // checked as they complete (a write completed with its own post
+    // instead of the carrying post's acknowledgement fails here).
+    bounded(|| {
+        let a = tcp_engine(1);
+        let b = tcp_engine(1);
+        let (depth, size) = (32usize, 64 * 1024usize);
+        let (src, _) = region(&a, (depth * size) as u64);
+        let (dst, dd) = region(&b, (depth * size) as u64);
+        let mut flags: Vec<Option<(std::sync::Arc<CompletionFlag>, u8)>> = vec![None; depth];
+        let check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
+            wait(f).unwrap();
+            let got = dst.to_vec((slot * size) as u64, size).unwrap();
+            assert!(
+                got == pattern(size, seed),
+                "slot {slot} did not hold write {seed} when it completed"
+            );
+        };
+        let plug = a.plug();
+        for i in 0..16 * depth {
+            let slot = i % depth;
+            if let Some((f, seed)) = flags[slot].take() {
+                check(slot, &f, seed);
+            }
+            let seed = (i * 7) as u8;
+            src.write((slot * size) as u64, &pattern(size, seed))
+                .unwrap();
+            let (f, done) = flag();
+            let off = (slot * size) as u64;
+            a.submit_single_write(size as u64, None, (&src, off), (&dd, off), done)
+                .unwrap();
+            flags[slot] = Some((f, seed));
+        }
+        drop(plug);
+        for (slot, entry) in flags.iter_mut().enumerate() {
+            if let Some((f, seed)) = entry.take() {
+                check(slot, &f, seed);
+            }
+        }
+        // Callbacks, queued for the worker (posted several per call),
+        // checked at the moment they complete.
+        let (tx, rx) = std::sync::mpsc::channel::<bool>();
+        let dst = std::sync::Arc::new(dst);
+        for round in 0..4 {
+            for slot in 0..depth {
+                let seed = (100 + round * depth + slot) as u8;
+                src.write((slot * size) as u64, &pattern(size, seed))
+                    .unwrap();
+                let (tx, dst) = (tx.clone(), dst.clone());
+                let off = (slot * size) as u64;
+                let done = OnDone::callback(move |r| {
+                    let ok = r.is_ok() && dst.to_vec(off, size).unwrap() == pattern(size, seed);
+                    let _ = tx.send(ok);
+                });
+                a.submit_single_write(size as u64, None, (&src, off), (&dd, off), done)
+                    .unwrap();
+            }
+            for _ in 0..depth {
+                assert!(
+                    rx.recv_timeout(HANG).unwrap(),
+                    "a write completed before it landed"
+                );
+            }
+        }
+        let c = a.counters().total;
+        assert_eq!((c.errors, c.writes), (0, 20 * depth as u64));
+    });
+}

@@ -156,6 +156,24 @@ impl Covers {
         self.coverers.entry(coverer).or_default().push(seq);
     }
 
+    /// Records `pieces` work requests of `wr_id` carried in another
+    /// transfer's post (chained into it): they complete when `coverer`
+    /// does, the post itself or the write that covers it (their own part
+    /// is the post's, already sent when it is).
+    pub(super) fn ride(
+        &mut self,
+        seq: u64,
+        coverer: u64,
+        sink: &Arc<Sink>,
+        wr_id: u64,
+        pieces: u32,
+    ) {
+        self.hold(seq, coverer, sink, wr_id, pieces);
+        if let Some(h) = self.held.get_mut(&seq) {
+            h.own = true;
+        }
+    }
+
     /// The provider is done with operation `seq` (completion, failed post,
     /// timeout, shutdown): reports it to `sink`, unless it is a covered
     /// write still waiting for its coverer; a coverer also settles the
@@ -403,6 +421,31 @@ mod tests {
         c.hold(4, 5, &s, 9, 1);
         c.finish(4, &s, 9, 1, Err(TransferError::EngineShutDown));
         assert!(!c.abandon(4));
+    }
+
+    #[test]
+    fn riders_complete_with_what_completes_their_post() {
+        let s = sink();
+        let mut c = Covers::default();
+        // Post 1 carries transfer 7's pieces and rides transfer 8 on it;
+        // post 1 is covered by post 2.
+        c.hold(1, 2, &s, 7, 2);
+        c.ride(10, 2, &s, 8, 2);
+        c.finish(1, &s, 7, 2, Ok(0));
+        assert!(drained(&s).is_empty(), "all wait for the coverer");
+        c.finish(2, &s, 9, 1, Ok(0));
+        let done = drained(&s);
+        assert_eq!(done.iter().filter(|d| d.wr_id == 8).count(), 2);
+        assert_eq!(done.iter().filter(|d| d.wr_id == 7).count(), 2);
+        assert!(done.iter().all(|d| d.result.is_ok()));
+        assert!(c.held.is_empty() && c.coverers.is_empty());
+        // A rider on a post that asks for delivery itself fails with it.
+        c.ride(11, 3, &s, 12, 1);
+        c.finish(3, &s, 9, 1, Err(TransferError::EngineShutDown));
+        let done = drained(&s);
+        assert_eq!(done.len(), 2);
+        assert!(done.iter().all(|d| d.result.is_err()));
+        assert!(c.held.is_empty() && c.coverers.is_empty());
     }
 
     /// One event of a covered write's life, for the property below.
