@@ -41,6 +41,11 @@
 //! write at the initiator against 4.4 fewer at the target (README,
 //! issue 20).
 //!
+//! Riders: where writes are covered, the endpoint also chains writes of
+//! later transfers into an earlier transfer's post; their pieces are
+//! held like covered writes whose own part is the post's, completed by
+//! whatever completes the post (its coverer, or the post itself).
+//!
 //! Invariant: every covered write's engine completion is reported exactly
 //! once, with the first error of its own completion and its coverer's
 //! (a failed or timed-out coverer fails the writes it covers: their data

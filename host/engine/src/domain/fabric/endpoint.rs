@@ -7,7 +7,9 @@
 //! routes completions right. One post call's writes to one peer share
 //! one delivery acknowledgement where the provider orders writes (module
 //! `cover`), so [`Endpoint::post`] builds every post of a call before it
-//! posts any. Invariant: every request handed to
+//! posts any; there, consecutive writes of different transfers from one
+//! region to the same peer and key are chained into one post as well
+//! (up to the provider's iov limit), the later ones riding on it. Invariant: every request handed to
 //! [`Endpoint::post`] produces exactly one completion in its sink —
 //! errors found before posting at once, the rest from the provider, a
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
