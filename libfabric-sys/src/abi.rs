@@ -91,6 +91,9 @@ pub const FI_ORDER_RAW: u64 = 1 << 1;
 pub const FI_ORDER_WAR: u64 = 1 << 3;
 /// Write after write is ordered (RMA and atomics, across both).
 pub const FI_ORDER_WAW: u64 = 1 << 4;
+/// RMA write after RMA write is ordered (1.15 and newer: what a provider
+/// that orders RMA apart from atomics grants instead of `FI_ORDER_WAW`).
+pub const FI_ORDER_RMA_WAW: u64 = 1 << 35;
 
 // Memory-registration mode bits. C declares them `int` and stores them in
 // the `int` field `fi_domain_attr::mr_mode`; they are kept with the other

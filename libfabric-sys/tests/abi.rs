@@ -275,6 +275,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         FI_ORDER_RAW,
         FI_ORDER_WAR,
         FI_ORDER_WAW,
+        FI_ORDER_RMA_WAW,
         FI_MR_LOCAL,
         FI_MR_RAW,
         FI_MR_VIRT_ADDR,

@@ -12,8 +12,11 @@
 //! and then parks (the peer may need the CPU); so does the latency phase.
 //! Bandwidths are in Gbit/s. Operations are submitted as the API offers
 //! them (posted by the submitting thread when the engine's group is free,
-//! else by its worker); `--channel` runs `read`, `write`, `cas` and `faa`
-//! as client doorbell batches of `--depth` operations instead.
+//! else by its worker), under `TransferEngine::plug` in the throughput
+//! phase: the resubmissions that follow completions read together go out
+//! in one post call (`--no-plug`: one each); `--channel` runs `read`,
+//! `write`, `cas` and `faa` as client doorbell batches of `--depth`
+//! operations instead.
 //!
 //! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
 //! the same size (`std::net`, one sender and one receiver thread, like
@@ -29,7 +32,8 @@
 //! round trip. Here `gbps` is size × count over the time of the writes,
 //! `--depth` of them in flight from one side, each complete only once its
 //! data is visible at the target (delivery completion: data one way, an
-//! acknowledgement back). So `--depth 1` is the like-for-like bandwidth
+//! acknowledgement back; `delivery_acks` counts the posts that asked for
+//! one: the writes of one post to one peer share the last one's). So `--depth 1` is the like-for-like bandwidth
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
@@ -139,6 +143,11 @@ pub struct TeBenchArgs {
     /// Run read/write/cas/faa as client-channel doorbell batches.
     #[arg(long)]
     channel: bool,
+    /// Post every submission of the throughput phase on its own instead
+    /// of under the engine's `plug` (which posts a thread's submissions
+    /// to a busy group together).
+    #[arg(long)]
+    no_plug: bool,
     /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`
     /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
@@ -218,6 +227,8 @@ struct Ctx {
     /// Immediate pieces one write-imm delivers.
     pieces: u32,
     nics: usize,
+    /// The throughput phase submits under `TransferEngine::plug`.
+    plug: bool,
 }
 
 impl Ctx {
@@ -514,6 +525,7 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
         bytes: 0,
         pieces: 0,
         nics: args.nics,
+        plug: !args.no_plug,
     };
     ctx.set_size(size);
     Ok(ctx)
@@ -619,6 +631,8 @@ fn throughput(
     }
     let imm = (ctx.op == Op::WriteImm).then_some(IMM);
     let flags: Vec<_> = (0..depth).map(|_| CompletionFlag::new()).collect();
+    // Resubmissions after completions that came together go out together.
+    let _plug = ctx.plug.then(|| ctx.a.plug());
     for i in 0..n as usize {
         let f = &flags[i % depth];
         if i >= depth {
@@ -895,6 +909,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "direct_posts": c.direct_posts, "handoffs": c.handoffs,
+        "delivery_acks": c.delivery_acks,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,

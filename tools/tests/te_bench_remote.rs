@@ -74,7 +74,34 @@ fn te_bench_across_two_processes_on_tcp() {
         }
         assert_eq!(v["fabric"], "libfabric:tcp");
         assert_eq!(v["errors"], 0, "{op}: {v}");
+        // Every post of a write asks for at most one acknowledgement.
+        let acks = v["delivery_acks"].as_u64().expect("delivery_acks");
+        let doorbells = v["doorbells"].as_u64().expect("doorbells");
+        if op == "write" {
+            assert!(acks > 0 && acks <= doorbells, "{op}: {v}");
+        }
     }
+    // Without the plug every write is its own post (and, one at a time
+    // from one thread, asks for its own acknowledgement).
+    let out = Command::new(BIN)
+        .args([
+            "te-bench", "--op", "write", "--size", "4096", "--count", "200",
+        ])
+        .args([
+            "--peer",
+            &addr,
+            "--fabric",
+            "libfabric:tcp",
+            "--token",
+            "s3cret",
+        ])
+        .args(["--busy-poll-us", "0", "--no-plug", "--json"])
+        .output()
+        .expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(v["errors"], 0, "{v}");
 }
 
 #[test]

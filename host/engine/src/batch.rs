@@ -275,6 +275,11 @@ impl Channel {
             .as_ref()
             .map_or(crate::engine::DEFAULT_SPIN, |d| d.spin());
         let start = Instant::now();
+        // As a flag's wait: what this thread holds back under a plug may
+        // be what the batch waits for.
+        if crate::plug::plugged() {
+            crate::plug::flush();
+        }
         let mut spinning = Spinning::new(driver);
         let mut sleeping = false;
         let mut polls = 0u32;

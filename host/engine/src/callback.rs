@@ -238,6 +238,11 @@ impl CompletionFlag {
         let deadline = start.checked_add(timeout);
         let mut _asleep = Asleep(None);
         if let Some(d) = self.driver().filter(|_| !self.done()) {
+            // What this thread holds back under a plug may be what the
+            // operation waits for.
+            if crate::plug::plugged() {
+                crate::plug::flush();
+            }
             let budget = d.spin().min(timeout);
             d.enter();
             let mut polls = 0u32;

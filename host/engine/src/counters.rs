@@ -86,6 +86,11 @@ counters! {
     /// Transfers queued for a group's worker (callbacks, a busy group, or
     /// NICs that need the worker to post).
     handoffs,
+    /// Posts whose completion waits for the target's acknowledgement that
+    /// the data is visible (libfabric `FI_DELIVERY_COMPLETE`; on `tcp` one
+    /// message back per post). Writes covered by a later write's
+    /// acknowledgement are not counted (libfabric domain, `cover`).
+    delivery_acks,
 }
 
 impl Counters {

@@ -39,6 +39,7 @@ use crate::domain::loopback::{self, LoopbackConfig};
 use crate::domain::{AnyDomain, Domain, Local, RecvBuffer, Remote, WorkOp};
 use crate::error::{ConfigError, OpKind, TransferError};
 use crate::group::{arrive, Worker, WorkerConfig};
+use crate::plug::Plug;
 use crate::region::{MrHandle, Region};
 use crate::shared::{remote, EngineShared, GroupShared, Registered, Request};
 use crate::watcher::{Watcher, WatcherSet};
@@ -1065,6 +1066,17 @@ impl TransferEngine {
     ) -> Result<Watcher, TransferError> {
         self.live()?;
         self.watchers.add(Box::new(cb))
+    }
+
+    /// Batches the calling thread's flag-notified submissions until the
+    /// guard drops: each is accepted at once, and while its group has
+    /// transfers in flight it is posted together with the thread's next
+    /// ones (at the thread's next wait that has to poll, the guard's drop,
+    /// or any round of the group), one post call for several transfers
+    /// (see [`Plug`]). For loops that keep many transfers in flight;
+    /// a submission to an idle group is posted at once.
+    pub fn plug(&self) -> Plug {
+        Plug::new()
     }
 
     /// A client channel on group 0 for low-latency doorbell batches (see

@@ -183,6 +183,9 @@ pub(crate) struct WorkerState {
     closed: bool,
     /// Abort notices queued in `batches`, not yet posted.
     notices_pending: bool,
+    /// Payload bytes (at least 1 per transfer) accepted under a plug
+    /// (`crate::plug`) and not yet posted; 0: none.
+    unposted: u64,
 }
 
 /// A group's completion processing, shared by its worker, the threads
@@ -240,7 +243,11 @@ impl WorkerCell {
             self.accept(s, req);
             taken += 1;
         }
-        if taken > 0 || std::mem::take(&mut s.notices_pending) {
+        // Both flags are cleared whatever `taken` is: the post below
+        // posts whatever they stand for.
+        let notices = std::mem::take(&mut s.notices_pending);
+        let deferred = std::mem::take(&mut s.unposted) > 0;
+        if taken > 0 || notices || deferred {
             busy = true;
             s.post();
         }
@@ -582,9 +589,29 @@ impl DirectPost for WorkerCell {
         if s.closed || !self.group().queue.is_empty() {
             return Err(req);
         }
+        // Under a plug, with transfers in flight to batch with: posted
+        // later, with the thread's next submissions (`crate::plug`), up to
+        // a round's worth of payload: larger posts hold completions back
+        // (`ROUND_BYTES`).
+        let bytes = req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>().max(1);
+        let defer = crate::plug::plugged()
+            && self.inflight.load(SeqCst) > 0
+            && s.unposted + bytes <= ROUND_BYTES;
         self.accept(&mut s, req);
-        s.post();
+        if defer {
+            s.unposted += bytes;
+        } else {
+            s.unposted = 0;
+            s.post();
+        }
         Ok(())
+    }
+
+    fn flush(&self) {
+        let mut s = self.lock();
+        if std::mem::take(&mut s.unposted) > 0 {
+            s.post();
+        }
     }
 }
 
@@ -631,6 +658,7 @@ impl Worker {
                 incoming: Vec::new(),
                 closed: false,
                 notices_pending: false,
+                unposted: 0,
             }),
             spinners: AtomicUsize::new(0),
             inflight: AtomicUsize::new(0),

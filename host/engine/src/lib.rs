@@ -37,6 +37,7 @@ pub mod engine;
 pub mod error;
 mod group;
 pub mod imm_wait;
+mod plug;
 pub mod region;
 mod shared;
 pub mod topology;
@@ -52,6 +53,7 @@ pub use engine::{
     PeerGroupHandle, TransferEngine, DEFAULT_SPIN, SPLIT_MIN,
 };
 pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
+pub use plug::Plug;
 pub use region::MrHandle;
 pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
 pub use topology::{NicChoice, NicSelect, PciAddr};

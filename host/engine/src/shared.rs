@@ -146,6 +146,9 @@ pub(crate) trait DirectPost: Send + Sync {
     /// group is busy, closed, has requests queued before it, or its NICs
     /// do not allow it).
     fn try_post(&self, req: Request) -> Result<(), Request>;
+    /// Posts what was accepted under a [`Plug`](crate::Plug) and not
+    /// posted yet.
+    fn flush(&self);
 }
 
 /// What the engine and the worker of one group share.
@@ -193,7 +196,12 @@ impl GroupShared {
         }
         let req = match self.direct.get().and_then(Weak::upgrade) {
             Some(d) if self.queue.is_empty() => match d.try_post(req) {
-                Ok(()) => return true,
+                Ok(()) => {
+                    if crate::plug::plugged() {
+                        crate::plug::deferred(&d);
+                    }
+                    return true;
+                }
                 Err(req) => req,
             },
             _ => req,

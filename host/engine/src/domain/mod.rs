@@ -323,7 +323,9 @@ pub trait Endpoint: Send {
     /// Posts `batch` (drained) as one doorbell; every request completes
     /// through [`Endpoint::poll`], errors included. Consecutive requests
     /// with the same `wr_id` belong to one transfer: an endpoint may chain
-    /// them into one post (libfabric), each still completing once.
+    /// them into one post (libfabric), each still completing once, with
+    /// its own `wr_id`; where writes to a peer are ordered, libfabric
+    /// chains consecutive writes of different transfers too.
     fn post(&mut self, batch: &mut Vec<WorkRequest>);
     /// Moves finished requests' completions into `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Progress;

@@ -4,7 +4,12 @@
 //! All endpoints of one NIC share its libfabric endpoint and completion
 //! queue; each has its own [`Sink`], and every operation's context names
 //! the sink its completion goes to, so whichever poller reads the queue
-//! routes completions right. Invariant: every request handed to
+//! routes completions right. One post call's writes to one peer share
+//! one delivery acknowledgement where the provider orders writes (module
+//! `cover`), so [`Endpoint::post`] builds every post of a call before it
+//! posts any; there, consecutive writes of different transfers from one
+//! region to the same peer and key are chained into one post as well
+//! (up to the provider's iov limit), the later ones riding on it. Invariant: every request handed to
 //! [`Endpoint::post`] produces exactly one completion in its sink —
 //! errors found before posting at once, the rest from the provider, a
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
@@ -18,7 +23,9 @@ use crossbeam_queue::SegQueue;
 use rolex_core::wire::NetAddr;
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
-use super::{lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP};
+use super::{
+    cover, lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP,
+};
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
 use crate::error::{OpKind, TransferError};
@@ -28,8 +35,36 @@ pub struct FabricEndpoint {
     inner: Arc<Inner>,
     sink: Arc<Sink>,
     /// Scratch: the pieces chained to the write being built (kept to
-    /// reuse its allocation).
+    /// reuse its allocation), and their work-request ids.
     chain: Vec<WorkOp>,
+    chain_ids: Vec<u64>,
+    /// Scratch: the posts of one call, built before any is posted.
+    built: Vec<Built>,
+}
+
+/// One post built by [`Endpoint::post`], not yet posted.
+struct Built {
+    seq: u64,
+    ctx: Box<OpCtx>,
+    post: Post,
+    /// Work requests of the post's first transfer: `meta.wr_id` and
+    /// `meta.pieces`.
+    meta: OpMeta,
+    /// Pieces of later transfers chained into the same post (`(wr_id,
+    /// pieces)`), completed with it (module `cover`).
+    riders: Vec<(u64, u32)>,
+}
+
+/// The consecutive runs of equal ids in `ids`: `(id, length)`.
+fn runs(ids: &[u64]) -> Vec<(u64, u32)> {
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    for &id in ids {
+        match out.last_mut() {
+            Some((last, n)) if *last == id => *n += 1,
+            _ => out.push((id, 1)),
+        }
+    }
+    out
 }
 
 impl FabricEndpoint {
@@ -43,6 +78,8 @@ impl FabricEndpoint {
                 has_sleeper: AtomicBool::new(false),
             }),
             chain: Vec::new(),
+            chain_ids: Vec::new(),
+            built: Vec::new(),
         }
     }
 
@@ -256,52 +293,115 @@ impl Endpoint for FabricEndpoint {
         live.last_activity = now;
         let mut reqs = batch.drain(..).peekable();
         let mut chain = std::mem::take(&mut self.chain);
+        let mut chain_ids = std::mem::take(&mut self.chain_ids);
+        let mut built = std::mem::take(&mut self.built);
+        // Build every post first: which writes share an acknowledgement
+        // (module `cover`) is decided among those that can be posted.
         while let Some(WorkRequest { wr_id, op }) = reqs.next() {
             self.inner.counters.count_posted(&op);
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;
-            // The pieces of one transfer that follow this one from the
-            // same region to the same peer and key go in the same post.
+            // The pieces that follow this one from the same region to the
+            // same peer and key go in the same post: of the same transfer,
+            // and where writes share acknowledgements (module `cover`) of
+            // later transfers too, which then complete with this post.
             chain.clear();
+            chain_ids.clear();
+            chain_ids.push(wr_id);
             if chainable(&op).is_some() {
                 while chain.len() + 1 < inner.chain_limit {
-                    match reqs.next_if(|n| n.wr_id == wr_id && same_chain(&op, &n.op)) {
+                    let next = reqs.next_if(|n| {
+                        (n.wr_id == wr_id || inner.cover_writes) && same_chain(&op, &n.op)
+                    });
+                    match next {
                         Some(n) => {
                             self.inner.counters.count_posted(&n.op);
                             chain.push(n.op);
+                            chain_ids.push(n.wr_id);
                         }
                         None => break,
                     }
                 }
             }
-            let pieces = 1 + chain.len() as u32;
-            let built = if chain.is_empty() {
+            let mut riders = if chain_ids.iter().any(|&id| id != wr_id) {
+                runs(&chain_ids)
+            } else {
+                Vec::new()
+            };
+            let pieces = if riders.is_empty() {
+                chain_ids.len() as u32
+            } else {
+                riders.remove(0).1
+            };
+            let result = if chain.is_empty() {
                 self.build(live, seq, op)
             } else {
                 self.build_chain(live, seq, &op, &chain)
             };
-            let (ctx, post) = match built {
-                Ok(x) => x,
+            match result {
+                Ok((ctx, post)) => built.push(Built {
+                    seq,
+                    ctx,
+                    post,
+                    meta: OpMeta {
+                        wr_id,
+                        pieces,
+                        sink: self.sink.clone(),
+                        op: op_kind,
+                        peer,
+                        since: now,
+                    },
+                    riders,
+                }),
                 Err(e) => {
-                    for _ in 0..pieces {
-                        self.fail_now(wr_id, e.clone());
+                    for &id in &chain_ids {
+                        self.fail_now(id, e.clone());
                     }
-                    continue;
                 }
-            };
-            self.sink.outstanding.fetch_add(u64::from(pieces), SeqCst);
-            live.retry_meta.insert(
-                seq,
-                OpMeta {
-                    wr_id,
-                    pieces,
-                    sink: self.sink.clone(),
-                    op: op_kind,
-                    peer,
-                    since: now,
-                },
-            );
+            }
+        }
+        if inner.cover_writes {
+            let mut covered = cover::plan(built.iter_mut().map(|b| (b.seq, &mut b.post)));
+            for &(seq, coverer) in &covered {
+                // `built` is in posting order, so by sequence number.
+                if let Ok(i) = built.binary_search_by_key(&seq, |b| b.seq) {
+                    let b = &built[i];
+                    let m = &b.meta;
+                    live.covers.hold(seq, coverer, &m.sink, m.wr_id, m.pieces);
+                }
+            }
+            // Riders complete with whatever completes their post: its
+            // coverer, or the post itself.
+            covered.sort_unstable();
+            for b in built.iter_mut().filter(|b| !b.riders.is_empty()) {
+                let by = match covered.binary_search_by_key(&b.seq, |c| c.0) {
+                    Ok(i) => covered[i].1,
+                    Err(_) => b.seq,
+                };
+                for (id, n) in b.riders.drain(..) {
+                    let seq = live.next_seq;
+                    live.next_seq += 1;
+                    live.covers.ride(seq, by, &self.sink, id, n);
+                    self.sink.outstanding.fetch_add(u64::from(n), SeqCst);
+                }
+            }
+        }
+        for Built {
+            seq,
+            ctx,
+            post,
+            meta,
+            riders: _,
+        } in built.drain(..)
+        {
+            if cover::delivered_to(&post).is_some() {
+                Counters::bump(&inner.counters.delivery_acks, 1);
+            }
+            self.sink
+                .outstanding
+                .fetch_add(u64::from(meta.pieces), SeqCst);
+            live.retry_meta.insert(seq, meta);
             let p = Pending {
                 ctx,
                 post,
@@ -314,6 +414,8 @@ impl Endpoint for FabricEndpoint {
         }
         chain.clear();
         self.chain = chain;
+        self.chain_ids = chain_ids;
+        self.built = built;
         // Posted by another thread than the worker (a submitter posting
         // directly): a post the provider refused waits for our retry,
         // which only a poller makes, and the worker may sleep on a wait
@@ -419,15 +521,20 @@ impl Endpoint for FabricEndpoint {
                 .filter(|(_, f)| Arc::ptr_eq(&f.sink, &self.sink))
                 .map(|(s, _)| *s)
                 .collect();
+            let shut = |out: &mut Vec<Completion>, wr_id, pieces: u32| {
+                for _ in 0..pieces {
+                    out.push(Completion {
+                        wr_id,
+                        result: Err(TransferError::EngineShutDown),
+                    });
+                }
+                self.sink.outstanding.fetch_sub(u64::from(pieces), SeqCst);
+            };
             for s in mine {
                 if let Some(f) = live.inflight.remove(&s) {
-                    for _ in 0..f.pieces {
-                        out.push(Completion {
-                            wr_id: f.wr_id,
-                            result: Err(TransferError::EngineShutDown),
-                        });
+                    if live.covers.abandon(s) {
+                        shut(out, f.wr_id, f.pieces);
                     }
-                    self.sink.outstanding.fetch_sub(u64::from(f.pieces), SeqCst);
                     // The provider may still use the buffers: keep them.
                     live.abandoned.insert(s, f.leaked);
                 }
@@ -440,15 +547,15 @@ impl Endpoint for FabricEndpoint {
                 .collect();
             for s in waiting {
                 if let Some(m) = live.retry_meta.remove(&s) {
-                    for _ in 0..m.pieces {
-                        out.push(Completion {
-                            wr_id: m.wr_id,
-                            result: Err(TransferError::EngineShutDown),
-                        });
+                    if live.covers.abandon(s) {
+                        shut(out, m.wr_id, m.pieces);
                     }
-                    self.sink.outstanding.fetch_sub(u64::from(m.pieces), SeqCst);
                 }
             }
+            // Covered writes whose own completion came, waiting for a
+            // coverer flushed above.
+            let owed = live.covers.flush(&self.sink, out);
+            self.sink.outstanding.fetch_sub(owed, SeqCst);
             // Never posted: drop them here.
             let meta = &live.retry_meta;
             drop(
@@ -460,5 +567,17 @@ impl Endpoint for FabricEndpoint {
         while let Some(c) = self.sink.queue.pop() {
             out.push(c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_group_consecutive_ids() {
+        assert_eq!(runs(&[7, 7, 8, 9, 9, 9]), vec![(7, 2), (8, 1), (9, 3)]);
+        assert_eq!(runs(&[5]), vec![(5, 1)]);
+        assert!(runs(&[]).is_empty());
     }
 }

@@ -62,7 +62,10 @@
 //!   writes carrying data ask for `FI_DELIVERY_COMPLETE` wherever
 //!   `fi_getinfo` grants it ([`LibfabricDomain::delivery_complete`]);
 //!   `tcp;ofi_rxm`'s default completion comes before the target has placed
-//!   the data.
+//!   the data. Where the provider orders writes after writes, only the
+//!   last data write of a post call to each peer asks for it, and the
+//!   earlier ones complete with it (module `cover`): on `tcp` each such
+//!   request costs the target an acknowledgement message.
 //! - Shutdown first waits (at most [`DRAIN`]) for posted operations, then
 //!   stops reading the queue; the endpoint closes only when nothing can
 //!   touch it any more: after the engine's worker stopped, and for
@@ -74,6 +77,7 @@
 
 pub mod bootstrap;
 mod bounce;
+mod cover;
 pub mod efa;
 mod endpoint;
 mod ffi;
@@ -462,6 +466,9 @@ struct Live {
     /// Blocks on the queue's wait object and reads the queue; stopped
     /// before the queue closes.
     waiter: Option<Waiter>,
+    /// Writes whose completion waits for a later write's delivery
+    /// completion (module `cover`).
+    covers: cover::Covers,
 }
 
 impl Drop for Live {
@@ -472,17 +479,18 @@ impl Drop for Live {
         // Closing the endpoint cancels what is in flight; after it the
         // provider touches none of our contexts, so they can be freed.
         drop(self.ep.take());
-        let shut = |sink: &Sink, wr_id, pieces| {
-            sink.finish(wr_id, pieces, Err(TransferError::EngineShutDown));
-        };
-        for (_, f) in self.inflight.drain() {
+        let shut = Err(TransferError::EngineShutDown);
+        for (seq, f) in std::mem::take(&mut self.inflight) {
             // SAFETY: the endpoint is closed (above).
             drop(unsafe { f.leaked.reclaim() });
-            shut(&f.sink, f.wr_id, f.pieces);
+            self.covers
+                .finish(seq, &f.sink, f.wr_id, f.pieces, shut.clone());
         }
-        for (_, m) in self.retry_meta.drain() {
-            shut(&m.sink, m.wr_id, m.pieces);
+        for (seq, m) in std::mem::take(&mut self.retry_meta) {
+            self.covers
+                .finish(seq, &m.sink, m.wr_id, m.pieces, shut.clone());
         }
+        self.covers.shut();
         let recvs = self.recvs.drain().map(|(_, l)| l);
         for l in self.abandoned.drain().map(|(_, l)| l).chain(recvs) {
             // SAFETY: as above.
@@ -526,6 +534,9 @@ pub(crate) struct Inner {
     provider: String,
     manual_progress: bool,
     delivery_complete: bool,
+    /// Writes to one peer are ordered: the writes of one post call to a
+    /// peer share the delivery completion of the last (module `cover`).
+    cover_writes: bool,
     shared_memory: bool,
     /// Most pieces one posted write chains (1: no chaining).
     chain_limit: usize,
@@ -793,6 +804,7 @@ impl LibfabricDomain {
             recvs: HashMap::new(),
             last_activity: Instant::now(),
             waiter: None,
+            covers: cover::Covers::default(),
         };
         let inner = Arc::new(Inner {
             live: Mutex::new(Some(live)),
@@ -814,6 +826,7 @@ impl LibfabricDomain {
             provider: g.provider.clone(),
             manual_progress: g.manual_progress,
             delivery_complete: g.delivery_complete,
+            cover_writes: g.delivery_complete && writes_ordered(g.msg_order),
             shared_memory: g.shared_memory,
             chain_limit: g.chain_limit,
             cfg: cfg.clone(),
@@ -925,6 +938,13 @@ fn waiter_progress(inner: &Arc<Inner>) -> waiter::ProgressFn {
         }
         true
     })
+}
+
+/// Whether `msg_order` (`tx_attr->msg_order`) orders a write after a
+/// write to the same peer: `FI_ORDER_WAW`, or `FI_ORDER_RMA_WAW` where the
+/// provider orders RMA apart from atomics (`tcp;ofi_rxm` asked for both).
+fn writes_ordered(msg_order: u64) -> bool {
+    msg_order & (libfabric_sys::FI_ORDER_WAW | libfabric_sys::FI_ORDER_RMA_WAW) != 0
 }
 
 /// Whether `provider`'s completion-queue wait object becomes ready when
@@ -1185,7 +1205,7 @@ impl Inner {
                         }
                     };
                     let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
-                    f.sink.finish(f.wr_id, f.pieces, result);
+                    live.covers.finish(seq, &f.sink, f.wr_id, f.pieces, result);
                     return foreign;
                 }
             },
@@ -1297,9 +1317,10 @@ impl Inner {
             Err((ctx, e)) if e.is_eagain() => Err(Pending { ctx, post, seq }),
             Err((ctx, e)) => {
                 drop(ctx);
-                if let Some(m) = seq.and_then(|s| live.retry_meta.remove(&s)) {
+                if let Some((seq, m)) = seq.and_then(|s| live.retry_meta.remove_entry(&s)) {
                     Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                    m.sink.finish(m.wr_id, m.pieces, Err(fi_err(e)));
+                    live.covers
+                        .finish(seq, &m.sink, m.wr_id, m.pieces, Err(fi_err(e)));
                 }
                 Ok(())
             }
@@ -1321,7 +1342,9 @@ impl Inner {
             live.order.pop_front();
             if let Some(f) = live.inflight.remove(&seq) {
                 Counters::bump(&self.counters.errors, u64::from(f.pieces));
-                f.sink.finish(
+                live.covers.finish(
+                    seq,
+                    &f.sink,
                     f.wr_id,
                     f.pieces,
                     Err(TransferError::Timeout {
@@ -1338,11 +1361,16 @@ impl Inner {
         // contexts are ours to drop).
         for g in live.retry.expire(now, limit) {
             for p in g.items {
-                let Some(m) = p.seq.and_then(|s| live.retry_meta.remove(&s)) else {
+                let Some((seq, m)) = p
+                    .seq
+                    .and_then(|s| live.retry_meta.remove(&s).map(|m| (s, m)))
+                else {
                     continue;
                 };
                 Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                m.sink.finish(
+                live.covers.finish(
+                    seq,
+                    &m.sink,
                     m.wr_id,
                     m.pieces,
                     Err(TransferError::PeerNotReady {
