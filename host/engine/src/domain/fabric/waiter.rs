@@ -454,23 +454,8 @@ mod tests {
         let c = write_polling_only_the_initiator(&a, &b, &region(4096), &region(4096), 1);
         assert_eq!(c.result, Ok(0));
         // Connections are up and nothing moves: the waiters of both NICs
-        // must be blocked, i.e. use (almost) no CPU. Measured on their own
-        // threads, so other tests running meanwhile do not count.
-        std::thread::sleep(Duration::from_millis(100));
-        let cpu = |d: &LibfabricDomain| {
-            let g = crate::domain::fabric::lock(&d.inner.live);
-            g.as_ref()
-                .and_then(|l| l.waiter.as_ref())
-                .and_then(|w| w.cpu_time())
-                .expect("waiter CPU clock")
-        };
-        let before = (cpu(&a), cpu(&b));
-        std::thread::sleep(Duration::from_millis(1000));
-        let used = (cpu(&a) - before.0) + (cpu(&b) - before.1);
-        assert!(
-            used < Duration::from_millis(10),
-            "idle waiters used {used:?} of CPU in a second"
-        );
+        // must be blocked.
+        assert_idle_waiters(&a, &b, "idle waiters");
     }
 
     #[test]
@@ -503,6 +488,13 @@ mod tests {
             assert!(start.elapsed() < GUARD, "the immediate never arrived");
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert_idle_waiters(&a, &b, "idle sread waiters");
+    }
+
+    /// The waiters of `a` and `b` use (almost) no CPU over a second once
+    /// nothing moves: measured on their own threads, so other tests
+    /// running meanwhile do not count.
+    fn assert_idle_waiters(a: &LibfabricDomain, b: &LibfabricDomain, what: &str) {
         std::thread::sleep(Duration::from_millis(100));
         let cpu = |d: &LibfabricDomain| {
             let g = crate::domain::fabric::lock(&d.inner.live);
@@ -511,12 +503,12 @@ mod tests {
                 .and_then(|w| w.cpu_time())
                 .expect("waiter CPU clock")
         };
-        let before = (cpu(&a), cpu(&b));
+        let before = (cpu(a), cpu(b));
         std::thread::sleep(Duration::from_millis(1000));
-        let used = (cpu(&a) - before.0) + (cpu(&b) - before.1);
+        let used = (cpu(a) - before.0) + (cpu(b) - before.1);
         assert!(
             used < Duration::from_millis(10),
-            "idle sread waiters used {used:?} of CPU in a second"
+            "{what} used {used:?} of CPU in a second"
         );
     }
 }
