@@ -5,9 +5,15 @@
 //! Counters are relaxed atomics bumped on the data path; a
 //! [`CounterSnapshot`] is a plain copy of them. Snapshots taken while
 //! operations run are not a consistent cut, only monotone per field.
+//!
+//! Every thread bumps its own shard of a [`Counters`] (up to [`SHARDS`]
+//! threads each get one; more share them), so threads submitting to one
+//! engine or NIC do not write the same cache lines per operation; a
+//! snapshot sums the shards.
 
-use std::ops::{Add, AddAssign};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::fmt;
+use std::ops::{Add, AddAssign, Deref};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use rolex_core::wire::NetAddr;
 
@@ -15,9 +21,11 @@ use crate::domain::WorkOp;
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
-        /// Live counters (relaxed atomics) of one domain or engine.
+        /// One thread's share of a [`Counters`] (relaxed atomics): what a
+        /// [`Counters`] dereferences to on the calling thread.
         #[derive(Debug, Default)]
-        pub struct Counters {
+        #[repr(align(128))]
+        pub struct CounterShard {
             $($(#[$doc])* pub $name: AtomicU64,)*
         }
 
@@ -27,9 +35,9 @@ macro_rules! counters {
             $($(#[$doc])* pub $name: u64,)*
         }
 
-        impl Counters {
-            /// Copies every counter.
-            pub fn snapshot(&self) -> CounterSnapshot {
+        impl CounterShard {
+            /// Copies this shard's counters.
+            fn snapshot(&self) -> CounterSnapshot {
                 CounterSnapshot { $($name: self.$name.load(Relaxed),)* }
             }
         }
@@ -93,7 +101,58 @@ counters! {
     delivery_acks,
 }
 
+/// Shards of a [`Counters`]: threads beyond this many share them.
+pub const SHARDS: usize = 16;
+
+/// Live counters of one domain or engine: a shard per thread (see the
+/// module docs). `counters.reads` is the calling thread's shard's counter
+/// (through `Deref`): bump it with [`Counters::bump`], read the whole with
+/// [`Counters::snapshot`].
+pub struct Counters {
+    shards: Box<[CounterShard; SHARDS]>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            shards: Box::new(std::array::from_fn(|_| CounterShard::default())),
+        }
+    }
+}
+
+impl fmt::Debug for Counters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Counters").field(&self.snapshot()).finish()
+    }
+}
+
+/// The calling thread's shard index: threads take indices in turn.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
+
+impl Deref for Counters {
+    type Target = CounterShard;
+
+    fn deref(&self) -> &CounterShard {
+        &self.shards[shard_index()]
+    }
+}
+
 impl Counters {
+    /// Every counter, summed over the threads' shards.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let mut sum = CounterSnapshot::default();
+        for s in self.shards.iter() {
+            sum += s.snapshot();
+        }
+        sum
+    }
+
     /// Adds `n` to one counter.
     #[inline]
     pub fn bump(field: &AtomicU64, n: u64) {
@@ -102,6 +161,14 @@ impl Counters {
 
     /// Counts one posted operation by kind, with its bytes and atomics.
     pub(crate) fn count_posted(&self, op: &WorkOp) {
+        let s: &CounterShard = self;
+        s.count(op);
+    }
+}
+
+impl CounterShard {
+    /// [`Counters::count_posted`] on this shard.
+    fn count(&self, op: &WorkOp) {
         match op {
             WorkOp::Read { len, .. } => {
                 Counters::bump(&self.reads, 1);
@@ -178,5 +245,27 @@ mod tests {
         let t = s + s;
         assert_eq!(t.reads, 4);
         assert_eq!(t.writes, 0);
+    }
+
+    #[test]
+    fn a_snapshot_sums_every_threads_shard() {
+        // More threads than shards: some share one, and nothing is lost.
+        let c = Counters::default();
+        std::thread::scope(|s| {
+            for t in 0..SHARDS as u64 + 3 {
+                let c = &c;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        Counters::bump(&c.writes, 1);
+                    }
+                    Counters::bump(&c.bytes_written, t);
+                });
+            }
+        });
+        let n = SHARDS as u64 + 3;
+        let snap = c.snapshot();
+        assert_eq!(snap.writes, 1000 * n);
+        assert_eq!(snap.bytes_written, n * (n - 1) / 2);
+        assert_eq!(snap.reads, 0);
     }
 }
