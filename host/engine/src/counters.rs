@@ -126,8 +126,9 @@ impl fmt::Debug for Counters {
     }
 }
 
-/// The calling thread's shard index: threads take indices in turn.
-fn shard_index() -> usize {
+/// The calling thread's shard index (`0..SHARDS`): threads take indices in
+/// turn. Also the shard of a region's guard count (`region.rs`).
+pub(crate) fn shard_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use rolex_core::wire::Access;
 
+use crate::counters::{shard_index, SHARDS};
 use crate::error::{OpKind, TransferError};
 
 /// Memory the engine allocated for a region; freed on drop.
@@ -47,8 +48,10 @@ pub struct Region {
     engine: u64,
     group: usize,
     alive: AtomicBool,
-    /// Guards outstanding; deregistration waits for zero.
-    users: AtomicUsize,
+    /// Guards outstanding, counted on the entering thread's shard (threads
+    /// reading one region, such as a pool, would otherwise write one cache
+    /// line per access); deregistration waits for their sum to be zero.
+    users: Box<[UserCount; SHARDS]>,
     _owned: Option<OwnedAlloc>,
 }
 
@@ -105,7 +108,7 @@ impl Region {
             engine,
             group,
             alive: AtomicBool::new(true),
-            users: AtomicUsize::new(0),
+            users: new_users(),
             _owned: Some(OwnedAlloc { ptr, layout }),
         }))
     }
@@ -138,7 +141,7 @@ impl Region {
             engine,
             group,
             alive: AtomicBool::new(true),
-            users: AtomicUsize::new(0),
+            users: new_users(),
             _owned: None,
         }))
     }
@@ -182,14 +185,26 @@ impl Region {
     /// Pins the region for an access; `None` once deregistered.
     pub fn enter(&self) -> Option<RegionGuard<'_>> {
         // SeqCst pairs with `kill`: either this sees `alive == false`, or
-        // `kill` sees our increment and waits for the guard to go.
-        self.users.fetch_add(1, SeqCst);
+        // our increment precedes `kill`'s store, hence its scan of our
+        // shard, and `kill` waits for the guard to go. A guard leaves on
+        // the shard it entered on.
+        let shard = shard_index();
+        let users = &self.users[shard].0;
+        users.fetch_add(1, SeqCst);
         if self.alive.load(SeqCst) {
-            Some(RegionGuard { region: self })
+            Some(RegionGuard {
+                region: self,
+                shard,
+            })
         } else {
-            self.users.fetch_sub(1, SeqCst);
+            users.fetch_sub(1, SeqCst);
             None
         }
+    }
+
+    /// Guards outstanding now (the sum of the shards).
+    fn users(&self) -> usize {
+        self.users.iter().map(|u| u.0.load(SeqCst)).sum()
     }
 
     /// Marks the region dead and waits until no access is in progress.
@@ -197,7 +212,7 @@ impl Region {
     pub(crate) fn kill(&self) {
         self.alive.store(false, SeqCst);
         let mut nap = Duration::from_micros(1);
-        while self.users.load(SeqCst) != 0 {
+        while self.users() != 0 {
             // Accesses are short copies; sleep rather than spin (2 cores).
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_millis(1));
@@ -226,12 +241,23 @@ impl Region {
 /// or validate what they read (the store's checksums).
 pub struct RegionGuard<'a> {
     region: &'a Region,
+    /// The shard of `region.users` it counts on.
+    shard: usize,
 }
 
 impl Drop for RegionGuard<'_> {
     fn drop(&mut self) {
-        self.region.users.fetch_sub(1, SeqCst);
+        self.region.users[self.shard].0.fetch_sub(1, SeqCst);
     }
+}
+
+/// One shard of a region's guard count, alone on its cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct UserCount(AtomicUsize);
+
+fn new_users() -> Box<[UserCount; SHARDS]> {
+    Box::new(std::array::from_fn(|_| UserCount::default()))
 }
 
 impl RegionGuard<'_> {
@@ -445,6 +471,36 @@ mod tests {
             Err(TransferError::RegionDeregistered)
         );
         assert!(Region::alloc(0, Access::all(), 1, 0).is_err());
+    }
+
+    #[test]
+    fn kill_waits_for_guards_held_on_other_threads() {
+        // Guards count on their threads' shards: `kill` must wait for all
+        // of them, whichever shard, and refuse every later entry.
+        let r = Region::alloc(64, Access::all(), 1, 0).unwrap();
+        let released = AtomicUsize::new(0);
+        let entered = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let g = r.enter().expect("alive");
+                    entered.wait();
+                    std::thread::sleep(Duration::from_millis(50));
+                    released.fetch_add(1, SeqCst);
+                    drop(g);
+                });
+            }
+            entered.wait();
+            r.kill();
+            assert_eq!(
+                released.load(SeqCst),
+                3,
+                "kill returned while guards were held"
+            );
+            assert_eq!(r.users(), 0);
+        });
+        assert!(r.enter().is_none());
+        assert_eq!(r.users(), 0, "a refused entry leaves no count behind");
     }
 
     #[test]
