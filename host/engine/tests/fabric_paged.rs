@@ -45,6 +45,48 @@ fn expected(all: &[u8], len: usize, page: u64, sp: &Pages, dp: &Pages) -> Vec<u8
     expect
 }
 
+/// Keeps `depth` single writes of `size` bytes in flight from `a`'s `src`
+/// to `dst` (described by `dd`), `writes` in all, write `i` to slot
+/// `i % depth` with the pattern `seed(i)`; each slot must hold exactly its
+/// write's bytes when the write completes (delivery completion, design
+/// §3), checked before the slot is reused and at the end.
+fn pipelined_single_writes(
+    a: &TransferEngine,
+    (src, dst, dd): (&MrHandle, &MrHandle, &MrDesc),
+    (depth, size): (usize, usize),
+    writes: usize,
+    seed: impl Fn(usize) -> u8,
+) {
+    let mut flags: Vec<Option<(std::sync::Arc<CompletionFlag>, u8)>> = vec![None; depth];
+    let check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
+        wait(f).unwrap();
+        let got = dst.to_vec((slot * size) as u64, size).unwrap();
+        assert!(
+            got == pattern(size, seed),
+            "slot {slot} did not hold write {seed} when it completed"
+        );
+    };
+    for i in 0..writes {
+        let slot = i % depth;
+        if let Some((f, seed)) = flags[slot].take() {
+            check(slot, &f, seed);
+        }
+        let seed = seed(i);
+        src.write((slot * size) as u64, &pattern(size, seed))
+            .unwrap();
+        let (f, done) = flag();
+        let off = (slot * size) as u64;
+        a.submit_single_write(size as u64, None, (src, off), (dd, off), done)
+            .unwrap();
+        flags[slot] = Some((f, seed));
+    }
+    for (slot, entry) in flags.iter_mut().enumerate() {
+        if let Some((f, seed)) = entry.take() {
+            check(slot, &f, seed);
+        }
+    }
+}
+
 #[test]
 fn chained_pages_each_land_at_their_own_destination() {
     if !usable() {
@@ -175,34 +217,7 @@ fn pipelined_large_writes_are_whole_when_they_complete() {
         let (depth, size) = (32usize, 256 * 1024usize);
         let (src, _) = region(&a, (depth * size) as u64);
         let (dst, dd) = region(&b, (depth * size) as u64);
-        let mut flags: Vec<Option<(std::sync::Arc<CompletionFlag>, u8)>> = vec![None; depth];
-        let check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
-            wait(f).unwrap();
-            let got = dst.to_vec((slot * size) as u64, size).unwrap();
-            assert!(
-                got == pattern(size, seed),
-                "slot {slot} did not hold write {seed} when it completed"
-            );
-        };
-        for i in 0..4 * depth {
-            let slot = i % depth;
-            if let Some((f, seed)) = flags[slot].take() {
-                check(slot, &f, seed);
-            }
-            let seed = i as u8;
-            src.write((slot * size) as u64, &pattern(size, seed))
-                .unwrap();
-            let (f, done) = flag();
-            let off = (slot * size) as u64;
-            a.submit_single_write(size as u64, None, (&src, off), (&dd, off), done)
-                .unwrap();
-            flags[slot] = Some((f, seed));
-        }
-        for (slot, entry) in flags.iter_mut().enumerate() {
-            if let Some((f, seed)) = entry.take() {
-                check(slot, &f, seed);
-            }
-        }
+        pipelined_single_writes(&a, (&src, &dst, &dd), (depth, size), 4 * depth, |i| i as u8);
     });
 }
 
@@ -377,36 +392,11 @@ fn single_writes_sharing_a_post_are_whole_when_they_complete() {
         let (depth, size) = (32usize, 64 * 1024usize);
         let (src, _) = region(&a, (depth * size) as u64);
         let (dst, dd) = region(&b, (depth * size) as u64);
-        let mut flags: Vec<Option<(std::sync::Arc<CompletionFlag>, u8)>> = vec![None; depth];
-        let check = |slot: usize, f: &std::sync::Arc<CompletionFlag>, seed: u8| {
-            wait(f).unwrap();
-            let got = dst.to_vec((slot * size) as u64, size).unwrap();
-            assert!(
-                got == pattern(size, seed),
-                "slot {slot} did not hold write {seed} when it completed"
-            );
-        };
         let plug = a.plug();
-        for i in 0..16 * depth {
-            let slot = i % depth;
-            if let Some((f, seed)) = flags[slot].take() {
-                check(slot, &f, seed);
-            }
-            let seed = (i * 7) as u8;
-            src.write((slot * size) as u64, &pattern(size, seed))
-                .unwrap();
-            let (f, done) = flag();
-            let off = (slot * size) as u64;
-            a.submit_single_write(size as u64, None, (&src, off), (&dd, off), done)
-                .unwrap();
-            flags[slot] = Some((f, seed));
-        }
+        pipelined_single_writes(&a, (&src, &dst, &dd), (depth, size), 16 * depth, |i| {
+            (i * 7) as u8
+        });
         drop(plug);
-        for (slot, entry) in flags.iter_mut().enumerate() {
-            if let Some((f, seed)) = entry.take() {
-                check(slot, &f, seed);
-            }
-        }
         // Callbacks, queued for the worker (posted several per call),
         // checked at the moment they complete.
         let (tx, rx) = std::sync::mpsc::channel::<bool>();
