@@ -548,6 +548,9 @@ impl TransferEngine {
         if mr.region.engine() != self.shared.id {
             return Err(TransferError::ForeignRegion);
         }
+        // The group first: once the entry is out of the list, nothing may
+        // fail before its keys are invalidated.
+        let group = self.group(mr.region.group())?;
         let entry = {
             let mut regions = self
                 .shared
@@ -563,7 +566,6 @@ impl TransferEngine {
         // Refuse new operations and wait for the copies in progress, then
         // invalidate the keys (verbs drains its queued requests first).
         entry.region.kill();
-        let group = self.group(entry.region.group())?;
         for (d, k) in group.domains.iter().zip(&entry.rkeys) {
             d.deregister(*k);
         }

@@ -450,25 +450,14 @@ mod on_tcp {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use crate::domain::fabric::{probe, LibfabricConfig, LibfabricDomain};
+    use crate::domain::fabric::waiter::tests::nic;
+    use crate::domain::fabric::{probe, LibfabricDomain};
     use crate::domain::{Domain, Endpoint, Local, Progress, Remote, WorkOp, WorkRequest};
     use crate::region::Region;
     use crate::{Access, TransferError};
 
     /// Bound on the whole test: a hang guard, not a timing assertion.
     const GUARD: Duration = Duration::from_secs(60);
-
-    fn nic(wait_fd: bool, op_timeout: Duration) -> LibfabricDomain {
-        LibfabricDomain::open(&LibfabricConfig {
-            wait_fd,
-            op_timeout,
-            // Nobody reads a NIC's queue on a timer here: only its waiter
-            // (with `wait_fd`) or the test's own polls.
-            idle_poll: Duration::from_secs(3600),
-            ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
-        })
-        .expect("open a tcp NIC")
-    }
 
     fn write(
         wr_id: u64,

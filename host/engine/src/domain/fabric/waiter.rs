@@ -305,7 +305,7 @@ fn run_sread(s: &Shared, q: Sread, mut progress: ProgressFn) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -319,9 +319,10 @@ mod tests {
     /// Bound on every wait below: a hang guard, not a timing assertion.
     const GUARD: Duration = Duration::from_secs(30);
 
-    /// A NIC whose own timed reads never come (an hour apart): only its
-    /// waiter, or nobody, reads its queue.
-    fn nic(wait_fd: bool, op_timeout: Duration) -> LibfabricDomain {
+    /// A `tcp` NIC whose own timed reads never come (an hour apart): only
+    /// its waiter (with `wait_fd`), or the test's own polls, read its
+    /// queue. Also `retry`'s tests' NIC.
+    pub(in crate::domain::fabric) fn nic(wait_fd: bool, op_timeout: Duration) -> LibfabricDomain {
         LibfabricDomain::open(&LibfabricConfig {
             wait_fd,
             op_timeout,
