@@ -3,10 +3,12 @@
 //! client threads running a YCSB workload — and the figures of design §8:
 //! round trips, bytes, leaves and retries per operation kind first (counted
 //! by the clients over the run only), then throughput and latency, beside
-//! `raw_read_mops`: the rate of plain one-sided doorbell batches that read
-//! the same bytes as an average get (`round(leaves_per_get)` reads per
-//! batch) at the pool positions of the workload's own keys, measured in the
-//! same run with the same threads and compute nodes — the fabric's limit.
+//! `raw_read_mops`: the rate of plain one-sided doorbell batches that
+//! replay the gets' own reads — for each operation's key, the model's
+//! directory word and the key's chain as the cached model has it, the very
+//! positions, lengths and counts a get of that key posts — measured in the
+//! same run with the same threads and compute nodes: the fabric's limit
+//! for what the gets read, without their CPU.
 //!
 //! Key sets are `rolex plr`'s. The run's inserts are held out of the key
 //! set before the load (`ycsb::Plan::split`): with `--dist` the generator
@@ -99,8 +101,8 @@ use rolex_host::kv::{
 };
 use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
-    Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, TransferEngine,
-    TransferError, Unordered,
+    Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, TransferEngine, TransferError,
+    Unordered,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -1297,10 +1299,6 @@ fn merged_stats(clients: &[ClusterClient]) -> KvStats {
 /// The shape of the raw baseline.
 #[derive(Clone, Copy, Debug)]
 struct RawSpec {
-    /// Reads per doorbell batch.
-    reads: usize,
-    /// Bytes per read.
-    len: u64,
     /// Batches over all threads.
     batches: u64,
     /// Whether faults are injected: a read that failed still made its
@@ -1308,54 +1306,82 @@ struct RawSpec {
     faults: bool,
 }
 
-/// The raw fabric baseline: each thread posts doorbell batches of `reads`
-/// reads of `len` bytes, `batches` batches in all; returns batches per
-/// second. Batch `i` of thread `t` reads where the key of its operation `i`
-/// sits in the pool of the memory node that serves it (the key's rank
-/// among that node's loaded keys, scaled to its pool), so the baseline has
-/// the workload's skew and cache behaviour.
+/// One thread's replay of its gets' doorbell batches: per batch, the node
+/// it goes to and its reads, `(pool offset, length)`, in `reads`.
+#[derive(Default)]
+struct RawPlan {
+    batches: Vec<(usize, std::ops::Range<usize>)>,
+    reads: Vec<(u64, u64)>,
+}
+
+/// The raw fabric baseline: each thread replays, as plain one-sided
+/// doorbell batches, the reads a get of its operations' keys posts (the
+/// model's directory word and the key's chain as the cached model has it:
+/// [`ClusterSession::get_reads`], taken before the clock starts), `batches`
+/// batches in all; returns batches per second. The baseline so reads the
+/// very bytes, positions and counts of the workload's gets — their skew and
+/// cache behaviour — without any of their CPU.
 fn raw_reads(
     clients: &[ClusterClient],
-    (pools, setup): (&[PoolInfo], &Setup),
+    pools: &[PoolInfo],
     streams: &[Vec<Op>],
     spec: RawSpec,
     quiet: bool,
 ) -> Result<f64, BenchError> {
-    let RawSpec {
-        reads,
-        len,
-        batches,
-        faults,
-    } = spec;
+    let RawSpec { batches, faults } = spec;
     let threads = streams.len();
-    let shortest = pools.iter().map(|p| p.desc.len).min().unwrap_or(8);
-    let len = len.clamp(8, shortest.max(8));
-    // Per node: its pool, the 8-byte positions a read may start at, and
-    // its loaded keys.
-    let targets: Vec<(&MrDesc, u64, &[u64])> = pools
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            (
-                &p.desc,
-                p.desc.len.saturating_sub(len) / 8 + 1,
-                setup.loaded_on(i),
-            )
-        })
-        .collect();
     let start = Barrier::new(threads);
     let t0 = std::sync::Mutex::new(None::<Instant>);
     let ends = with_progress(threads, batches, "raw", quiet, |t, done, abort| {
         let client = &clients[t % clients.len()];
-        // A buffer and a channel on the engine of each node's client.
+        let mine = batches / threads as u64 + u64::from((t as u64) < batches % threads as u64);
+        // The plan: what each of this thread's first keys' gets would read.
+        let mut plan = RawPlan::default();
+        let mut session = client
+            .session()
+            .map_err(|e| format!("raw reads: opening a session: {e}"))?;
+        for op in streams[t].iter().take(mine as usize) {
+            let key = match *op {
+                Op::Read(key)
+                | Op::Update { key, .. }
+                | Op::Insert { key, .. }
+                | Op::ReadModifyWrite { key, .. }
+                | Op::Delete { key }
+                | Op::Scan { from: key, .. } => key,
+            };
+            match retry_injected(|| session.get_reads(key)) {
+                Ok((node, reads)) => {
+                    let from = plan.reads.len();
+                    plan.reads.extend(reads);
+                    plan.batches.push((node, from..plan.reads.len()));
+                }
+                Err(e) if !faults => return Err(format!("raw reads: planning key {key}: {e}")),
+                Err(_) => {}
+            }
+        }
+        drop(session);
+        // A buffer as large as the largest batch and a channel on the
+        // engine of each node's client.
+        let most = plan
+            .batches
+            .iter()
+            .map(|(_, r)| {
+                plan.reads[r.clone()]
+                    .iter()
+                    .map(|&(_, len)| len)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(8)
+            .max(8);
         let (mut dsts, mut chans) = (Vec::new(), Vec::new());
-        for node in 0..targets.len() {
+        for node in 0..pools.len() {
             let engine: &TransferEngine = client
                 .node(node)
                 .ok_or("raw reads: a memory node without a client")?
                 .engine();
             let (dst, _) = engine
-                .alloc_mr(len * reads as u64, Access::LOCAL_WRITE)
+                .alloc_mr(most, Access::LOCAL_WRITE)
                 .map_err(|e| format!("raw reads: registering a buffer: {e}"))?;
             let ch = engine
                 .channel()
@@ -1363,28 +1389,8 @@ fn raw_reads(
             dsts.push(dst);
             chans.push(ch);
         }
-        let mine = batches / threads as u64 + u64::from((t as u64) < batches % threads as u64);
-        let slots: Vec<(usize, u64)> = streams[t]
-            .iter()
-            .map(|&op| {
-                let key = match op {
-                    Op::Read(key)
-                    | Op::Update { key, .. }
-                    | Op::Insert { key, .. }
-                    | Op::ReadModifyWrite { key, .. }
-                    | Op::Delete { key }
-                    | Op::Scan { from: key, .. } => key,
-                };
-                let node = setup.map.route(key);
-                let (_, span, loaded) = targets[node];
-                let rank = loaded.partition_point(|&k| k < key) as u128;
-                let n = loaded.len().max(1) as u128;
-                (node, (rank * u128::from(span) / n) as u64)
-            })
-            .take(mine as usize)
-            .collect();
-        let mut ops = Vec::with_capacity(reads);
-        let mut results = Vec::with_capacity(reads);
+        let mut ops = Vec::new();
+        let mut results = Vec::new();
         start.wait();
         {
             let mut g = t0.lock().unwrap_or_else(|e| e.into_inner());
@@ -1394,21 +1400,25 @@ fn raw_reads(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let (node, slot) = slots
-                .get(i as usize % slots.len().max(1))
-                .copied()
-                .unwrap_or((0, 0));
-            let (pool, span, _) = targets[node];
-            let dst = &dsts[node];
+            let Some((node, reads)) = plan
+                .batches
+                .get(i as usize % plan.batches.len().max(1))
+                .map(|(node, r)| (*node, &plan.reads[r.clone()]))
+            else {
+                return Err("raw reads: no key's reads could be planned".into());
+            };
+            let (pool, dst) = (&pools[node].desc, &dsts[node]);
             ops.clear();
-            for r in 0..reads as u64 {
+            let mut at = 0;
+            for &(src_offset, len) in reads {
                 ops.push(BatchOp::Read {
                     dst,
-                    dst_offset: r * len,
+                    dst_offset: at,
                     src: pool,
-                    src_offset: (slot + r * len / 8).min(span - 1) * 8,
+                    src_offset,
                     len,
                 });
+                at += len;
             }
             chans[node]
                 .run(&ops, &mut results)
@@ -1776,8 +1786,6 @@ struct Store {
     /// Every memory node's pool, in map order.
     pools: Vec<PoolInfo>,
     load_time: Duration,
-    /// Slots per leaf of the pools.
-    leaf_slots: u32,
     /// The compute nodes: each a client of every memory node.
     clients: Vec<ClusterClient>,
 }
@@ -1793,7 +1801,6 @@ impl Store {
             engine: client_engine(args, engine_cfg.clone()),
             ..KvClientConfig::default()
         };
-        let leaf_slots = memory_node_config(args, setup, 0, engine_cfg.clone()).leaf_slots;
         let (nodes, pools, names, load_time): (_, Vec<PoolInfo>, Vec<String>, _) =
             if setup.remotes.is_empty() {
                 let mut nodes = Vec::new();
@@ -1820,7 +1827,6 @@ impl Store {
             nodes,
             pools,
             load_time,
-            leaf_slots,
             clients,
         })
     }
@@ -2187,25 +2193,13 @@ impl Figures {
             .map(|&k| diff(&before.clients.op(k), &after.clients.op(k)))
             .collect();
         let get = per[0];
-        // The fabric's own limit for the bytes a get reads.
         let leaves_per_get = get.leaves_per_op();
-        let (raw_reads_n, raw_len) = if get.ops > 0 {
-            let n = leaves_per_get.round().max(1.0) as usize;
-            (
-                n,
-                (get.bytes_read as f64 / get.ops as f64 / n as f64).ceil() as u64,
-            )
-        } else {
-            // No gets ran: one leaf, as a get of a fresh cache reads.
-            (1, rolex_core::layout::Leaf::size_for(store.leaf_slots))
-        };
+        // The fabric's own limit for what the gets read.
         let raw_mops = raw_reads(
             &store.clients,
-            (&store.pools, setup),
+            &store.pools,
             &ctx.streams[setup.mine(args)],
             RawSpec {
-                reads: raw_reads_n,
-                len: raw_len,
                 batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
                 faults: args.inject_failures.is_some(),
             },

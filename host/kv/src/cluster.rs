@@ -506,6 +506,12 @@ impl ClusterSession {
         self.on(self.node_of(key), |s| s.get(key))
     }
 
+    /// As [`KvSession::get_reads`], with the node whose pool they read.
+    pub fn get_reads(&mut self, key: u64) -> Result<(usize, Vec<(u64, u64)>), KvError> {
+        let node = self.node_of(key);
+        self.on(node, |s| s.get_reads(key)).map(|r| (node, r))
+    }
+
     /// As [`KvSession::get_many`]: the keys of each node read together
     /// (one batch per node that holds some of them), answers in `keys`'
     /// order.

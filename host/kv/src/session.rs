@@ -352,6 +352,34 @@ impl KvSession {
         })
     }
 
+    /// The one-sided reads a get of `key` would post now in its doorbell
+    /// batch, as `(pool offset, length)`: the model's directory word (and
+    /// its state words when the cached view is due a check), then the
+    /// leaves of the key's chain as the session's cached model has them.
+    /// Nothing is read and nothing counted; the model is fetched first if
+    /// the session has none. For benchmarks: replaying these reads
+    /// measures a get's own fabric traffic without the get's CPU (`rolex
+    /// bench`'s `raw_read_mops`).
+    pub fn get_reads(&mut self, key: u64) -> Result<Vec<(u64, u64)>, KvError> {
+        let at = self.chain_at(key)?;
+        let mut ops = Vec::new();
+        let checked = self.model_check_at(at.m, &at.view, 0, clock_ns(), &mut ops);
+        self.keep_view(at.m, (at.version, at.view));
+        checked?;
+        let region = self.shared.region;
+        let mut reads: Vec<(u64, u64)> = ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Read { remote, len, .. } => Some((remote, len)),
+                _ => None,
+            })
+            .collect();
+        for &addr in &self.chain {
+            reads.push((region.leaf_offset(addr)?, self.leaf_size));
+        }
+        Ok(reads)
+    }
+
     /// The value of `key`, if present, as a `u64` ([`KvError::ValueNotU64`]
     /// if it is not 8 bytes long).
     pub fn get(&mut self, key: u64) -> Result<Option<u64>, KvError> {
