@@ -164,7 +164,6 @@ use rolex_core::layout::{
     BlockRef, CirqError, CirqHeader, EditError, Leaf, LeafError, ModelRecord, ModelState,
     SlotValue, ValueBlock, MAX_VALUE_LEN,
 };
-use rolex_core::wire::MrDesc;
 use rolex_engine::TransferError;
 
 use crate::cache::{clock_ns, ModelView};
@@ -841,10 +840,9 @@ impl KvSession {
             self.io.cur.retries += 1;
         }
         let remote = self.shared.region.leaf_offset(addr)?;
-        let pool = self.shared.pool.clone();
         for attempt in 0..MAX_TORN {
             self.io.run(
-                &pool,
+                &self.shared.pool,
                 &[Op::Read {
                     remote,
                     local: 0,
@@ -948,7 +946,6 @@ impl KvSession {
     /// owner leaf's bytes live in buffers the session reuses (an error
     /// drops them; the next get allocates anew).
     fn get_once(&mut self, key: u64, at: &ChainAt) -> Result<Option<Option<SlotValue>>, KvError> {
-        let pool = self.shared.pool.clone();
         let mut ops = std::mem::take(&mut self.hot.ops);
         ops.clear();
         let posted = clock_ns();
@@ -956,7 +953,7 @@ impl KvSession {
         let mut batch = std::mem::take(&mut self.hot.reads);
         batch.clear();
         self.plan_reads_into(base, &mut ops, &mut batch)?;
-        self.io.run(&pool, &ops, "get")?;
+        self.io.run(&self.shared.pool, &ops, "get")?;
         self.hot.ops = ops;
         if !self.still_current(&at.view, posted)? {
             self.hot.reads = batch;
@@ -981,7 +978,6 @@ impl KvSession {
     /// reads it there); keys whose model was stale, or whose chase says so,
     /// go again in the next batch, after a refresh.
     fn get_many_inner(&mut self, keys: &[u64]) -> Result<Vec<Option<SlotValue>>, KvError> {
-        let pool = self.shared.pool.clone();
         let mut out = vec![None; keys.len()];
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         let mut attempt = 0;
@@ -1020,7 +1016,7 @@ impl KvSession {
                 plans.push((i, m, view, j, reads));
             }
             self.io.reserve(&self.shared.engine, at, 0)?;
-            self.io.run(&pool, &ops, "get_many")?;
+            self.io.run(&self.shared.pool, &ops, "get_many")?;
             let mut stale: Vec<usize> = Vec::new();
             for (m, view, at) in &checks {
                 if !self.still_current_at(view, posted, *at)? {
@@ -1096,9 +1092,8 @@ impl KvSession {
         self.check_pointer(key, at)?;
         let n = at.read_len();
         self.io.reserve(&self.shared.engine, n, 0)?;
-        let pool = self.shared.pool.clone();
         self.io.run(
-            &pool,
+            &self.shared.pool,
             &[Op::Read {
                 remote: at.offset,
                 local: 0,
@@ -1244,10 +1239,9 @@ impl KvSession {
     /// Claims `len` bytes of the value region (one `FAA`) for blocks of
     /// values of `value_len` bytes.
     fn claim_values(&mut self, len: u64, value_len: usize) -> Result<(), KvError> {
-        let pool = self.shared.pool.clone();
         let region = *self.shared.values.region();
         let fetched = self.io.run(
-            &pool,
+            &self.shared.pool,
             &[Op::Faa {
                 remote: region.alloc_offset(),
                 add: len,
@@ -1315,10 +1309,11 @@ impl KvSession {
     }
 
     /// READs the leaves of `self.chain` in one round trip.
-    fn read_chain(&mut self, pool: &MrDesc) -> Result<LeafReads, KvError> {
+    fn read_chain(&mut self) -> Result<LeafReads, KvError> {
         let mut ops = Vec::new();
         let batch = self.plan_reads(8, &mut ops)?;
-        self.io.run(pool, &ops, "reading a locked chain")?;
+        self.io
+            .run(&self.shared.pool, &ops, "reading a locked chain")?;
         Ok(batch)
     }
 
@@ -1446,11 +1441,10 @@ impl KvSession {
         // With the backoff, about half a second: several of the agent's
         // default abandon timeouts.
         const FULL_ATTEMPTS: u64 = 2_000;
-        let pool = self.shared.pool.clone();
         let base = self.shared.sb.cirq_offset();
         let capacity = (self.shared.sb.cirq_len() - CirqHeader::SIZE) / 8;
         let v = self.io.run(
-            &pool,
+            &self.shared.pool,
             &[
                 Op::Faa {
                     remote: base + CirqHeader::TAIL_OFFSET,
@@ -1483,7 +1477,7 @@ impl KvSession {
                     attempt += 1;
                     self.backoff(attempt);
                     head = self.io.read_u64(
-                        &pool,
+                        &self.shared.pool,
                         base + CirqHeader::HEAD_OFFSET,
                         "reading the CirQ head",
                     )?;
@@ -1508,7 +1502,7 @@ impl KvSession {
         })?;
         self.io.stage(0, &value.to_le_bytes())?;
         self.io.run(
-            &pool,
+            &self.shared.pool,
             &[Op::Write {
                 remote: base + slot,
                 local: 0,
@@ -1537,7 +1531,6 @@ impl KvSession {
             }
             out.push((k, v.inline_bytes().unwrap_or(&[]).to_vec()));
         }
-        let pool = self.shared.pool.clone();
         let mut stale = Vec::new();
         let mut i = 0;
         while i < blocks.len() {
@@ -1555,7 +1548,8 @@ impl KvSession {
                 i += 1;
             }
             self.io.reserve(&self.shared.engine, local, 0)?;
-            self.io.run(&pool, &ops, "reading scanned values")?;
+            self.io
+                .run(&self.shared.pool, &ops, "reading scanned values")?;
             for (&(idx, at), op) in blocks[start..i].iter().zip(&ops) {
                 let Op::Read { local, len, .. } = *op else {
                     continue;
@@ -1595,7 +1589,6 @@ impl KvSession {
         hi: u64,
         n: usize,
     ) -> Result<Vec<(u64, SlotValue)>, KvError> {
-        let pool = self.shared.pool.clone();
         let per_chain = u64::from(self.shared.sb.keys_per_leaf()).max(1);
         let mut out: Vec<(u64, SlotValue)> = Vec::new();
         let mut cursor = from;
@@ -1625,7 +1618,7 @@ impl KvSession {
             }
             let (mut ops, base, posted) = self.model_check(m, &view)?;
             let batch = self.plan_reads(base, &mut ops)?;
-            self.io.run(&pool, &ops, "scan")?;
+            self.io.run(&self.shared.pool, &ops, "scan")?;
             if !self.still_current(&view, posted)? {
                 attempt += 1;
                 self.io.cur.retries += 1;

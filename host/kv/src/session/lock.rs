@@ -143,7 +143,6 @@ impl KvSession {
         attempt: u64,
         block: &mut Option<Op>,
     ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
-        let pool = self.shared.pool.clone();
         let ordered = self.shared.ordered;
         let owner = self.shared.cfg.lock_owner;
         let posted = clock_ns();
@@ -161,7 +160,7 @@ impl KvSession {
         let word = LockWord {
             model: at.m as u64,
             lt_off,
-            stripe: Stripe::of(&pool, lt_off),
+            stripe: Stripe::of(&self.shared.pool, lt_off),
             unlocked: exp,
             locked,
         };
@@ -190,7 +189,7 @@ impl KvSession {
             self.backoff(attempt);
             return Ok(None);
         }
-        let (cas, reads) = match self.io.run_each(&pool, &ops, "locking a chain") {
+        let (cas, reads) = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
             Ok(r) => {
                 if value_write.is_some_and(|i| r[i].is_ok()) {
                     *block = None;
@@ -276,7 +275,7 @@ impl KvSession {
         if ordered {
             return Ok(Some((lock, batch)));
         }
-        match self.read_chain(&pool) {
+        match self.read_chain() {
             Ok(batch) => Ok(Some((lock, batch))),
             Err(e) => Err(lock.abort(self, e)),
         }
@@ -331,13 +330,15 @@ impl KvSession {
         if !self.shared.ordered {
             return self.post_unlock(w, to);
         }
-        let pool = self.shared.pool.clone();
         let cas = Op::Cas {
             remote: w.lt_off,
             expected: w.locked,
             new: to,
         };
-        let got = match self.io.run_each(&pool, &[cas], "unlocking a chain") {
+        let got = match self
+            .io
+            .run_each(&self.shared.pool, &[cas], "unlocking a chain")
+        {
             Ok(r) => r[0].clone(),
             Err(e) => return self.lost_release(w, to, e, Vec::new()),
         };
@@ -396,15 +397,15 @@ impl KvSession {
             // Not posted: the lock stays held until the lease ends there.
             return self.lost_release(w, to, expired, Vec::new());
         }
-        let pool = self.shared.pool.clone();
         let flag = CompletionFlag::new();
         self.io.cur.posted += 1;
         self.io.cur.atomics += 1;
-        match self
-            .shared
-            .engine
-            .submit_cas((&pool, w.lt_off), w.locked, to, OnValue::flag(&flag))
-        {
+        match self.shared.engine.submit_cas(
+            (&self.shared.pool, w.lt_off),
+            w.locked,
+            to,
+            OnValue::flag(&flag),
+        ) {
             Ok(()) => {
                 let posted = PendingUnlock { flag, word: w, to };
                 debug_assert!(self.pending.is_none(), "two unlocks in flight");
@@ -438,7 +439,6 @@ impl KvSession {
         writes: &[(u64, &[u8])],
         to: u64,
     ) -> Result<(), KvError> {
-        let pool = self.shared.pool.clone();
         let mut ops = match self.io.stage_writes(writes) {
             Ok(ops) => ops,
             Err(e) => return Err(self.unlock_after(w, e)),
@@ -456,7 +456,7 @@ impl KvSession {
             expected: w.locked,
             new: to,
         });
-        let (write_err, got) = match self.io.run_each(&pool, &ops, during) {
+        let (write_err, got) = match self.io.run_each(&self.shared.pool, &ops, during) {
             Ok(r) => {
                 let (cas, data) = r.split_last().unwrap_or((&Ok(0), &[]));
                 let write_err =
@@ -477,8 +477,7 @@ impl KvSession {
 
     /// Posts `ops` (staged writes) as one batch and waits.
     fn write(&mut self, ops: &[Op], during: &'static str) -> Written {
-        let pool = self.shared.pool.clone();
-        match self.io.run_each(&pool, ops, during) {
+        match self.io.run_each(&self.shared.pool, ops, during) {
             Ok(r) => match super::first_error(r) {
                 None => Written::All,
                 Some(error) => Written::Maybe(KvError::Transfer { during, error }),
@@ -588,7 +587,6 @@ impl KvSession {
                 return false;
             }
         }
-        let pool = self.shared.pool.clone();
         let cas = Op::Cas {
             remote: e.lt_off,
             expected: e.locked,
@@ -597,7 +595,7 @@ impl KvSession {
         self.io.cur.retries += 1;
         matches!(
             self.io
-                .run_each(&pool, &[cas], "releasing a chain lock again"),
+                .run_each(&self.shared.pool, &[cas], "releasing a chain lock again"),
             Ok([Ok(_)])
         )
     }

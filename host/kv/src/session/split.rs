@@ -211,7 +211,6 @@ impl KvSession {
     /// [`Self::give_back`]); [`KvError::LeafRegionFull`]: no leaf left (the
     /// slot claimed stays unused).
     fn claim_synonym(&mut self, view: &ModelView) -> Result<Option<Claim>, KvError> {
-        let pool = self.shared.pool.clone();
         let region = self.shared.region;
         let slt0 = view.record.slt_slot_offset(0)?;
         let spare = self.shared.take_spare_leaf();
@@ -226,7 +225,10 @@ impl KvSession {
         if spare.is_none() && !view.has_stash() {
             ops.push(draw);
         }
-        let got = match self.io.run(&pool, &ops, "claiming a synonym slot and leaf") {
+        let got = match self
+            .io
+            .run(&self.shared.pool, &ops, "claiming a synonym slot and leaf")
+        {
             Ok(got) => got.to_vec(),
             Err(e) => {
                 // The spare was not used; a leaf drawn may be lost.
@@ -255,7 +257,10 @@ impl KvSession {
         if leaf_no.is_none() {
             // The stash ran out: draw (the slot stays claimed if this
             // fails, as when the region is full).
-            leaf_no = Some(self.io.run(&pool, &[draw], "drawing a synonym leaf")?[0]);
+            leaf_no = Some(
+                self.io
+                    .run(&self.shared.pool, &[draw], "drawing a synonym leaf")?[0],
+            );
         }
         let leaf_no = leaf_no.unwrap_or(u64::MAX);
         let leaf = region.claim(leaf_no).map_err(|_| KvError::LeafRegionFull {
@@ -275,13 +280,15 @@ impl KvSession {
         if leaf_no >= region.capacity() {
             return; // Past the end: nothing was allocated.
         }
-        let pool = self.shared.pool.clone();
         let back = Op::Cas {
             remote: region.alloc_num_offset(),
             expected: leaf_no + 1,
             new: leaf_no,
         };
-        match self.io.run_each(&pool, &[back], "giving a leaf back") {
+        match self
+            .io
+            .run_each(&self.shared.pool, &[back], "giving a leaf back")
+        {
             Ok([Ok(v)]) if *v == leaf_no + 1 => {}
             Ok([Ok(_)]) => self.shared.keep_spare_leaf(leaf_no),
             _ => {}
@@ -292,7 +299,6 @@ impl KvSession {
     /// `A'`, then posts the unlock (module docs, "Splits"). Errors before
     /// anything links to `B` are determinate; after, indeterminate.
     fn write_split(&mut self, w: &SplitWrites, lock: ChainLock) -> Result<(), KvError> {
-        let pool = self.shared.pool.clone();
         let during = "writing a split";
         let failed = |error| KvError::Transfer { during, error };
         let new_leaf = w.new_leaf();
@@ -302,7 +308,7 @@ impl KvSession {
             let (b_err, link_err) = match self
                 .io
                 .stage_writes(&all)
-                .and_then(|ops| self.io.run_each(&pool, &ops, during))
+                .and_then(|ops| self.io.run_each(&self.shared.pool, &ops, during))
             {
                 Ok(r) => (first_error(&r[..2]), first_error(&r[2..])),
                 Err(e) => return Err(lock.abort(self, e)),
@@ -326,7 +332,7 @@ impl KvSession {
             match self
                 .io
                 .stage_writes(&new_leaf)
-                .and_then(|ops| self.io.run_each(&pool, &ops, during))
+                .and_then(|ops| self.io.run_each(&self.shared.pool, &ops, during))
             {
                 Ok(r) => {
                     if let Some(error) = first_error(r) {
@@ -339,7 +345,7 @@ impl KvSession {
             match self
                 .io
                 .stage_writes(&links)
-                .and_then(|ops| self.io.run_each(&pool, &ops, during))
+                .and_then(|ops| self.io.run_each(&self.shared.pool, &ops, during))
             {
                 Ok(r) => {
                     if let Some(error) = first_error(r) {
