@@ -306,7 +306,7 @@ impl Channel {
                     return Ok(());
                 }
                 Progress::WaitUntil(t) if t > Instant::now() => {
-                    thread::sleep(t - Instant::now());
+                    crate::timer::sleep(t.saturating_duration_since(Instant::now()));
                 }
                 // Due now (busy polling) or still working.
                 Progress::WaitUntil(_) | Progress::Busy => {

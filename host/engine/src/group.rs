@@ -748,6 +748,9 @@ impl Worker {
                 Progress::WaitUntil(t) => {
                     let now = Instant::now();
                     if t > now {
+                        // A modelled deadline: wake on time, not up to
+                        // the default timer slack late.
+                        crate::timer::precise_timers();
                         self.sleep(Some(t - now));
                     } else {
                         // Busy polling: leave the CPU to others between

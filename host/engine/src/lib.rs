@@ -40,6 +40,7 @@ pub mod imm_wait;
 mod plug;
 pub mod region;
 mod shared;
+mod timer;
 pub mod topology;
 pub mod watcher;
 
