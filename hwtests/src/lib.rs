@@ -1115,8 +1115,9 @@ pub const CASES: &[Case] = &[
 /// What a run of the suite did.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Fabrics run, with cases passed.
-    pub ran: Vec<(String, usize)>,
+    /// Fabrics run, with the cases passed and the cases run (those
+    /// `ROLEX_HWTESTS_CASE` selected).
+    pub ran: Vec<(String, usize, usize)>,
     /// Fabrics skipped, with the reason.
     pub skipped: Vec<(String, String)>,
     /// `(fabric, case, why)` for every failure.
@@ -1125,8 +1126,12 @@ pub struct Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (name, n) in &self.ran {
-            writeln!(f, "ran     {name}: {n}/{} cases passed", CASES.len())?;
+        for (name, passed, run) in &self.ran {
+            write!(f, "ran     {name}: {passed}/{run} cases passed")?;
+            if *run < CASES.len() {
+                write!(f, " ({} of {} selected)", run, CASES.len())?;
+            }
+            writeln!(f)?;
         }
         for (name, why) in &self.skipped {
             writeln!(f, "skipped {name}: {why}")?;
@@ -1152,8 +1157,9 @@ pub fn run_all() -> Report {
                 .skipped
                 .push((fab.name(), "not selected by ROLEX_HWTESTS_ONLY".into())),
             Candidate::Available(fab) => {
-                let mut passed = 0;
+                let (mut passed, mut run) = (0, 0);
                 for case in CASES.iter().filter(|c| c.name.contains(&case_only)) {
+                    run += 1;
                     eprintln!("conformance: {} / {}", fab.name(), case.name);
                     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         (case.run)(&*fab)
@@ -1165,7 +1171,7 @@ pub fn run_all() -> Report {
                             .push((fab.name(), case.name, "panicked".into())),
                     }
                 }
-                report.ran.push((fab.name(), passed));
+                report.ran.push((fab.name(), passed, run));
             }
         }
     }
