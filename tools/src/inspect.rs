@@ -124,12 +124,15 @@ pub fn run(args: InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .get(sb.value_region_offset() as usize..)
                 .and_then(|b| ValueRegionHeader::read(b).ok());
             match header {
-                Some(h) => println!(
-                    "values: {} of {} bytes of the value region handed out ({} to the bulk load)",
-                    h.alloc().min(h.capacity()),
-                    h.capacity(),
-                    h.loaded()
-                ),
+                Some(h) => {
+                    println!(
+                        "values: {} of {} bytes of the value region handed out ({} to the bulk load)",
+                        h.alloc().min(h.capacity()),
+                        h.capacity(),
+                        h.loaded()
+                    );
+                    println!("values: {}", free_stack(pool, &sb, h.free()));
+                }
                 None => println!("values: the value region header lies past the file"),
             }
             if args.models {
@@ -547,6 +550,39 @@ impl<'a> Reader<'a> {
         s.try_into()
             .map_err(|_| InspectError::Frame("short read".to_owned()))
     }
+}
+
+/// What the value region's free stack (head word `free`) holds, walked in
+/// `pool`: bytes and bundles given back, or where the walk stopped.
+fn free_stack(pool: &[u8], sb: &Superblock, free: u64) -> String {
+    use rolex_core::layout::free::block_at;
+    use rolex_core::layout::{FreeBundle, FreeHead, ValueRegion};
+    let Ok(region) = ValueRegion::new(sb.value_region_offset(), sb.value_region_len()) else {
+        return "the value region is malformed".into();
+    };
+    let (mut bytes, mut bundles) = (0u64, 0u64);
+    let mut position = FreeHead::from_word(free).position;
+    // A bundle per 64-byte block at most: a longer walk is a cycle.
+    let most = region.capacity() / 64 + 1;
+    while position != 0 {
+        if bundles >= most {
+            return format!("the free stack loops after {bundles} bundles");
+        }
+        let parsed = block_at(&region, position).and_then(|at| {
+            let b = pool.get(at as usize..)?;
+            let b = b.get(..b.len().min(FreeBundle::MAX_BYTES as usize))?;
+            FreeBundle::parse(b, at, &region).ok().map(|f| (at, f))
+        });
+        let Some((at, bundle)) = parsed else {
+            return format!(
+                "{bytes} bytes given back in {bundles} bundles, then position {position} is no bundle"
+            );
+        };
+        bytes += bundle.own(at).class + bundle.entries().map(|e| e.class).sum::<u64>();
+        bundles += 1;
+        position = bundle.next();
+    }
+    format!("{bytes} bytes given back, in {bundles} bundles on the free stack")
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 mod agent_area;
 mod atomics_probe;
 mod cirq;
+pub mod free;
 mod leaf;
 mod leaf_region;
 mod model_record;
@@ -37,6 +38,7 @@ pub use agent_area::{
 };
 pub use atomics_probe::AtomicsProbe;
 pub use cirq::{CirqError, CirqHeader, Pop};
+pub use free::{FreeBlock, FreeBundle, FreeError, FreeHead};
 pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};
 pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelSegment, ModelState};

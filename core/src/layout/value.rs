@@ -25,7 +25,8 @@
 //! of chunks they claim from the region with one `FAA` on its
 //! [`ValueRegionHeader`]'s `alloc` word; a block freed by an overwrite or
 //! a delete is reused by the compute node that freed it (see
-//! `rolex-kv`'s value space).
+//! `rolex-kv`'s value space), and what a compute node gives back goes on
+//! the region's free stack for any compute node to take ([`super::free`]).
 
 use core::fmt;
 
@@ -406,16 +407,21 @@ impl ValueBlock {
 ///      8     8  capacity  bytes of the block area
 ///     16     8  loaded    bytes of blocks the bulk load wrote (the first
 ///                         ones handed out)
-///     24     8  reserved  0
+///     24     8  free      head of the stack of blocks given back
+///                         (`tag:24 | position:40`, 0: empty; CAS target;
+///                         see `layout::free`)
 ///     32     …  the block area
 /// ```
+///
+/// (`free` was a reserved 0 before; an empty stack is 0, so older pools
+/// read the same.)
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 #[repr(C)]
 pub struct ValueRegionHeader {
     alloc: U64,
     capacity: U64,
     loaded: U64,
-    reserved: U64,
+    free: U64,
 }
 
 const _: () = assert!(core::mem::size_of::<ValueRegionHeader>() == 32);
@@ -425,6 +431,8 @@ impl ValueRegionHeader {
     pub const SIZE: u64 = core::mem::size_of::<Self>() as u64;
     /// Offset of `alloc` within the region: the claim `FAA` target.
     pub const ALLOC_OFFSET: u64 = core::mem::offset_of!(Self, alloc) as u64;
+    /// Offset of `free` within the region: the free stack's `CAS` target.
+    pub const FREE_OFFSET: u64 = core::mem::offset_of!(Self, free) as u64;
 
     /// A header with `loaded` bytes of `capacity` handed out to the bulk
     /// load.
@@ -433,7 +441,7 @@ impl ValueRegionHeader {
             alloc: U64::new(loaded),
             capacity: U64::new(capacity),
             loaded: U64::new(loaded),
-            reserved: U64::new(0),
+            free: U64::new(0),
         }
     }
 
@@ -461,6 +469,11 @@ impl ValueRegionHeader {
     /// Bytes the bulk load wrote.
     pub fn loaded(&self) -> u64 {
         self.loaded.get()
+    }
+
+    /// The `free` word (see [`crate::layout::FreeHead`]).
+    pub fn free(&self) -> u64 {
+        self.free.get()
     }
 }
 
@@ -508,6 +521,11 @@ impl ValueRegion {
     /// Pool offset of the `alloc` word.
     pub fn alloc_offset(&self) -> u64 {
         self.offset + ValueRegionHeader::ALLOC_OFFSET
+    }
+
+    /// Pool offset of the `free` word (the free stack's head).
+    pub fn free_offset(&self) -> u64 {
+        self.offset + ValueRegionHeader::FREE_OFFSET
     }
 
     /// Pool offset of the block area's byte `at`.

@@ -302,6 +302,15 @@ pub struct KvClient {
     shared: Arc<ClientShared>,
 }
 
+impl Drop for KvClient {
+    fn drop(&mut self) {
+        // The last handle: no session can take or free a block any more.
+        if Arc::strong_count(&self.shared) == 1 {
+            let _ = self.close();
+        }
+    }
+}
+
 impl std::fmt::Debug for KvClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvClient")
@@ -427,6 +436,33 @@ impl KvClient {
     /// shared cache.
     pub fn session(&self) -> Result<KvSession, KvError> {
         KvSession::new(self.shared.clone())
+    }
+
+    /// Gives the value space this client holds free (blocks it freed, the
+    /// rest of its chunks) back to the pool's free stack, where any client
+    /// takes it before claiming new space; returns the bytes given back
+    /// (0, with no round trip, when it holds none). Sessions may go on:
+    /// what they free later is this client's again.
+    ///
+    /// Dropping the last handle on a client (the client, its clones and
+    /// its sessions) does this too, ignoring errors; a client whose memory
+    /// node is gone should [`Self::abandon_values`] first, or the drop
+    /// waits for the engine's operation timeout. On an error, space whose
+    /// give-back certainly did not land is still this client's, and space
+    /// whose give-back may have landed is neither this client's nor
+    /// reused (see the `values` module).
+    pub fn close(&self) -> Result<u64, KvError> {
+        if self.shared.values.usage().1 == 0 {
+            return Ok(0);
+        }
+        self.session()?.give_back_all_values()
+    }
+
+    /// Forgets the value space this client holds free without giving it
+    /// back (its memory node is gone): dropping the client then costs no
+    /// round trip.
+    pub fn abandon_values(&self) {
+        drop(self.shared.values.take_all());
     }
 
     /// Whether the client's fabric keeps posting order (2-RTT writes) or

@@ -261,6 +261,16 @@ struct NodeState {
     down: OnceLock<KvError>,
 }
 
+impl Drop for NodeState {
+    fn drop(&mut self) {
+        // A node known gone: its client's drop must not wait on it to give
+        // value space back (see `KvClient::close`).
+        if self.down.get().is_some() {
+            self.client.abandon_values();
+        }
+    }
+}
+
 /// A compute node of a cluster of memory nodes: one [`KvClient`] per
 /// node, and the partition map that routes keys to them (module docs).
 /// Cheap to clone; open one [`ClusterSession`] per thread.
@@ -372,6 +382,31 @@ impl ClusterClient {
     /// Whether every node's fabric keeps posting order.
     pub fn ordered(&self) -> bool {
         self.shared.nodes.iter().all(|n| n.client.ordered())
+    }
+
+    /// [`KvClient::close`] on every node not known down (whose held value
+    /// space is forgotten instead); returns the bytes given back, or the
+    /// first error after trying every node.
+    pub fn close(&self) -> Result<u64, KvError> {
+        let mut given = 0;
+        let mut first = None;
+        for (node, n) in self.shared.nodes.iter().enumerate() {
+            if n.down.get().is_some() {
+                n.client.abandon_values();
+                continue;
+            }
+            match n.client.close() {
+                Ok(b) => given += b,
+                Err(error) => {
+                    first.get_or_insert(KvError::MemoryNode {
+                        node,
+                        name: n.name.clone(),
+                        error: Box::new(error),
+                    });
+                }
+            }
+        }
+        first.map_or(Ok(given), Err)
     }
 
     /// Chain locks this client may still hold, over every node.

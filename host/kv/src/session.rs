@@ -152,6 +152,7 @@
 //! next operation, which did not run (determinate for it: the one whose
 //! unlock it was had returned, its writes complete).
 
+mod free;
 mod lock;
 mod split;
 
@@ -171,7 +172,7 @@ use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
 use crate::stats::{KvOp, SessionCounters};
-use crate::values::Block;
+use crate::values::{Block, ValueSpace};
 use lock::{ChainLock, PendingUnlock};
 
 /// Re-reads of one torn leaf before an operation gives up.
@@ -1182,6 +1183,7 @@ impl KvSession {
                 if let Some(o) = old.and_then(|o| o.block()).filter(|_| replaced) {
                     if let Some(class) = rolex_core::layout::block_class(o.len as usize) {
                         values.free(o.offset, class, o.gen);
+                        self.shed_values();
                     }
                 }
             }
@@ -1205,11 +1207,17 @@ impl KvSession {
             len: value.len(),
             max: MAX_VALUE_LEN,
         };
+        let mut pops = 0;
         let block = loop {
             match self.shared.values.take(value.len()) {
                 None => return Err(too_long),
                 Some(Ok(b)) => break b,
-                Some(Err(need)) => self.claim_values(need.len, value.len())?,
+                // Space other clients gave back first, then a new chunk.
+                Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
+                Some(Err(need)) => {
+                    pops = ValueSpace::POPS;
+                    self.claim_values(need.len, value.len())?;
+                }
             }
         };
         let n = rolex_core::layout::ValueBlockHeader::SIZE + value.len() as u64;

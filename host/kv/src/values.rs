@@ -21,16 +21,29 @@
 //! write was posted) is given back at once; one whose leaf write may have
 //! landed (an indeterminate error) is kept out of use for good, since a
 //! slot may name it — as is the old block such a write may have replaced.
-//! Space held by a client when its process ends (its free blocks, the rest
-//! of its chunk) is not returned to the pool: a client that exits and
-//! reconnects starts new chunks. The bound is one chunk per size class in
-//! use plus the blocks freed within the grace period, per process.
+//!
+//! Giving space back: what a client holds free goes to the value region's
+//! free stack (`rolex_core::layout::free`), where any client takes it
+//! before it claims new space — all of it when the client closes
+//! (`KvClient::close`, or dropping the last handle on it), and the blocks
+//! past [`ValueSpace::HOLD_MAX`] whenever a write frees one, so the space a
+//! client sits on does not grow with what it deleted. A session that needs
+//! a block of a class it has none of pops one bundle from the stack
+//! (three round trips: the head, the bundle, the `CAS`) before it claims a
+//! chunk, at most [`ValueSpace::POPS`] per block it needs. A give-back
+//! whose `CAS` may have landed without this client learning it (an
+//! indeterminate error) loses those blocks for good rather than risk
+//! handing them out twice; one that certainly did not land keeps them.
+//! What stays out of the pool: a client killed without closing keeps its
+//! share (at most one chunk per size class in use, [`ValueSpace::HOLD_MAX`]
+//! of freed blocks and those within the grace), as do blocks an
+//! indeterminate write may have published.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rolex_core::layout::{block_class, ValueRegion, MIN_BLOCK};
+use rolex_core::layout::{block_class, FreeBlock, ValueRegion, MIN_BLOCK};
 
 /// A block handed to a writer: where it is, its class, and the generation
 /// to write it with.
@@ -67,6 +80,23 @@ struct Inner {
     chunks: HashMap<u64, u32>,
 }
 
+impl Inner {
+    /// Moves the freed blocks whose grace is over — and the oldest past
+    /// [`ValueSpace::WAITING_MAX`] — to the ready lists.
+    fn promote(&mut self, now: Instant) {
+        while let Some(&(at, c, offset, gen)) = self.waiting.front() {
+            if now.duration_since(at) < ValueSpace::GRACE
+                && self.waiting_bytes <= ValueSpace::WAITING_MAX
+            {
+                break;
+            }
+            self.waiting.pop_front();
+            self.waiting_bytes -= c;
+            self.ready.entry(c).or_default().push((offset, gen));
+        }
+    }
+}
+
 /// The value space of one client, shared by its sessions (see the module
 /// docs).
 pub(crate) struct ValueSpace {
@@ -84,6 +114,12 @@ impl ValueSpace {
     /// Bytes of freed blocks that may wait out the grace at once; past
     /// them the oldest is handed out early.
     pub(crate) const WAITING_MAX: u64 = 8 << 20;
+    /// Bytes of free blocks a client holds before a write that frees one
+    /// gives the excess back to the pool (down to half of it).
+    pub(crate) const HOLD_MAX: u64 = 32 << 20;
+    /// Bundles a session pops from the pool's free stack, per block it
+    /// needs, before it claims a chunk.
+    pub(crate) const POPS: u32 = 4;
 
     /// The space of a client of the pool whose value region is `region`.
     pub(crate) fn new(region: ValueRegion) -> Self {
@@ -108,15 +144,7 @@ impl ValueSpace {
     pub(crate) fn take(&self, len: usize) -> Option<Result<Block, NeedChunk>> {
         let class = block_class(len)?;
         let mut g = self.lock();
-        let now = Instant::now();
-        while let Some(&(at, c, offset, gen)) = g.waiting.front() {
-            if now.duration_since(at) < Self::GRACE && g.waiting_bytes <= Self::WAITING_MAX {
-                break;
-            }
-            g.waiting.pop_front();
-            g.waiting_bytes -= c;
-            g.ready.entry(c).or_default().push((offset, gen));
-        }
+        g.promote(Instant::now());
         match g.ready.get_mut(&class).and_then(Vec::pop) {
             Some((offset, gen)) => {
                 g.free_bytes = g.free_bytes.saturating_sub(class);
@@ -178,6 +206,66 @@ impl ValueSpace {
         g.free_bytes += class;
         g.waiting_bytes += class;
         g.waiting.push_back((Instant::now(), class, offset, gen));
+    }
+
+    /// Everything this client holds free (ready or within the grace),
+    /// taken out of its lists: to give back to the pool.
+    pub(crate) fn take_all(&self) -> Vec<FreeBlock> {
+        let mut g = self.lock();
+        let mut out: Vec<FreeBlock> = g
+            .waiting
+            .drain(..)
+            .map(|(_, class, offset, gen)| FreeBlock { offset, class, gen })
+            .collect();
+        for (class, blocks) in g.ready.drain() {
+            out.extend(
+                blocks
+                    .into_iter()
+                    .map(|(offset, gen)| FreeBlock { offset, class, gen }),
+            );
+        }
+        let bytes: u64 = out.iter().map(|b| b.class).sum();
+        g.waiting_bytes = 0;
+        g.free_bytes = g.free_bytes.saturating_sub(bytes);
+        g.claimed = g.claimed.saturating_sub(bytes);
+        out
+    }
+
+    /// Ready blocks past what [`Self::HOLD_MAX`] allows, taken out of the
+    /// lists (largest classes first) until half of it is left; empty while
+    /// within it. Blocks within the grace stay (at most
+    /// [`Self::WAITING_MAX`] of them).
+    pub(crate) fn take_excess(&self) -> Vec<FreeBlock> {
+        let mut g = self.lock();
+        if g.free_bytes <= Self::HOLD_MAX {
+            return Vec::new();
+        }
+        g.promote(Instant::now());
+        let mut classes: Vec<u64> = g.ready.keys().copied().collect();
+        classes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut out = Vec::new();
+        for class in classes {
+            while g.free_bytes > Self::HOLD_MAX / 2 {
+                let Some((offset, gen)) = g.ready.get_mut(&class).and_then(Vec::pop) else {
+                    break;
+                };
+                g.free_bytes -= class;
+                g.claimed = g.claimed.saturating_sub(class);
+                out.push(FreeBlock { offset, class, gen });
+            }
+        }
+        out
+    }
+
+    /// Adds `blocks` (popped from the pool's free stack, or taken for a
+    /// give-back that certainly did not land) to the ready lists.
+    pub(crate) fn add_free(&self, blocks: impl IntoIterator<Item = FreeBlock>) {
+        let mut g = self.lock();
+        for b in blocks {
+            g.claimed += b.class;
+            g.free_bytes += b.class;
+            g.ready.entry(b.class).or_default().push((b.offset, b.gen));
+        }
     }
 
     /// Bytes claimed from the region and bytes free among them.
