@@ -1317,7 +1317,7 @@ struct RawPlan {
 /// The raw fabric baseline: each thread replays, as plain one-sided
 /// doorbell batches, the reads a get of its operations' keys posts (the
 /// model's directory word and the key's chain as the cached model has it:
-/// [`ClusterSession::get_reads`], taken before the clock starts), `batches`
+/// [`rolex_host::kv::ClusterSession::get_reads`], taken before the clock starts), `batches`
 /// batches in all; returns batches per second. The baseline so reads the
 /// very bytes, positions and counts of the workload's gets — their skew and
 /// cache behaviour — without any of their CPU.
