@@ -69,7 +69,7 @@ use rolex_engine::TransferError;
 
 use crate::client::KvClient;
 use crate::error::KvError;
-use crate::session::KvSession;
+use crate::session::{Answer, KvSession, Request};
 use crate::stats::{KvOp, KvStats, ModelBytes};
 
 /// Which memory node serves which key range (see the module docs).
@@ -545,6 +545,38 @@ impl ClusterSession {
             }
         }
         Ok(out)
+    }
+
+    /// As [`KvSession::run_many`]: each node's requests run together (one
+    /// call per node that serves some of them, in node order; requests of
+    /// distinct nodes touch distinct keys), answers in `reqs`' order. A
+    /// node's call that ran nothing (the node is down, or its session's
+    /// posted unlock failed) answers each of its requests with that error,
+    /// named by the node.
+    pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Answer> {
+        let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
+        for node in 0..self.sessions.len() {
+            let idx: Vec<usize> = (0..reqs.len())
+                .filter(|&i| self.node_of(reqs[i].key()) == node)
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let mine: Vec<Request> = idx.iter().map(|&i| reqs[i]).collect();
+            match self.on(node, |s| s.run_many(&mine)) {
+                Ok(got) => {
+                    for (i, a) in idx.into_iter().zip(got) {
+                        out[i] = Some(a);
+                    }
+                }
+                Err(e) => {
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter().flatten().collect()
     }
 
     /// As [`KvSession::insert`].

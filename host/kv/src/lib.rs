@@ -58,5 +58,5 @@ pub use client::{KvClient, KvClientConfig};
 pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;
-pub use session::KvSession;
+pub use session::{Answer, KvSession, Request};
 pub use stats::{KvOp, KvStats, ModelBytes, OpStats};

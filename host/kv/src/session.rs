@@ -153,7 +153,10 @@
 //! unlock it was had returned, its writes complete).
 
 mod lock;
+mod pipeline;
 mod split;
+
+pub use pipeline::{Answer, Request};
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;

@@ -107,6 +107,52 @@ impl OpStats {
         ratio(self.retries, self.ops)
     }
 
+    /// What one call of `counts[k]` operations of each kind `k` (in
+    /// [`KvOp::ALL`] order) cost in all, shared out by kind in proportion
+    /// to the counts (a pipelined call's round trips serve all its
+    /// operations); what does not divide evenly goes to the most numerous
+    /// kind, so the shares add up to `self`. Each share's `ops` is its
+    /// count.
+    pub(crate) fn split(&self, counts: &[u64; 5]) -> [OpStats; 5] {
+        let whole: u64 = counts.iter().sum();
+        let mut out = [OpStats::default(); 5];
+        let Some(most) = (0..5).max_by_key(|&k| counts[k]) else {
+            return out;
+        };
+        if whole == 0 {
+            return out;
+        }
+        let share = |v: u64, c: u64| (u128::from(v) * u128::from(c) / u128::from(whole)) as u64;
+        macro_rules! split_fields {
+            ($($f:ident),*) => {
+                $(
+                    let mut given = 0;
+                    for k in 0..5 {
+                        out[k].$f = share(self.$f, counts[k]);
+                        given += out[k].$f;
+                    }
+                    out[most].$f += self.$f - given;
+                )*
+            };
+        }
+        split_fields!(
+            rtts,
+            posted,
+            bytes_read,
+            bytes_written,
+            atomics,
+            leaves_read,
+            retries,
+            refreshes,
+            keys,
+            value_bytes
+        );
+        for k in 0..5 {
+            out[k].ops = counts[k];
+        }
+        out
+    }
+
     fn add(&mut self, o: &OpStats) {
         self.ops += o.ops;
         self.rtts += o.rtts;
