@@ -15,8 +15,8 @@
 //! # Round trips (ordered fabric)
 //!
 //! The requests are cut, in order, into *batches*: a request whose chain
-//! (model, training leaf) an earlier request of the batch uses starts the
-//! next batch, unless both are gets. So a batch never takes two locks on
+//! (model, training leaf) or key an earlier request of the batch uses
+//! starts the next batch, unless both are gets. So a batch never takes two locks on
 //! one chain, and a get that follows a write of its chain sees it. A batch
 //! is two doorbell batches:
 //! 1. for each write, its lock's `CAS`, the READ of its model record's
@@ -202,8 +202,12 @@ impl KvSession {
                         continue;
                     }
                 };
+                // By key too: two views of one model (another thread
+                // installed a newer one meanwhile) may name two chains
+                // for one key.
                 let clash = batch.iter().any(|(k, b)| {
-                    b.m == at.m && b.j == at.j && (reqs[*k].writes() || req.writes())
+                    let same = (b.m == at.m && b.j == at.j) || reqs[*k].key() == req.key();
+                    same && (reqs[*k].writes() || req.writes())
                 });
                 if clash {
                     self.keep_view(at.m, (at.version, at.view));
