@@ -66,6 +66,9 @@ impl LockWord {
 ///   writes (one batch with the unlocking `CAS` on an ordered fabric; on an
 ///   unordered one the `CAS` is posted once the writes completed);
 /// - a split whose leaves are written: [`ChainLock::post_release`];
+/// - the locks of a pipelined batch (module `pipeline`):
+///   [`KvSession::release_many`], each with its leaf write or unchanged,
+///   all in one batch;
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -94,6 +97,8 @@ pub(super) struct ChainLock {
 /// A lock planned into a batch and not yet posted or not yet looked at
 /// ([`KvSession::plan_lock`]): its words (its stripe entered), where its
 /// record check lands in the read buffer, and the clock before the batch.
+/// Spent exactly once: by [`KvSession::lock_taken`] once its batch was
+/// posted, or by [`PlannedLock::not_posted`].
 pub(super) struct PlannedLock {
     word: LockWord,
     local: u64,

@@ -171,7 +171,10 @@ impl KvSession {
             self.resolve_held();
             self.run_many_inner(reqs)
         });
-        for (k, share) in self.io.cur.split(&counts).iter().enumerate() {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        for (k, share) in self.io.cur.split(&counts, self.rng).iter().enumerate() {
             if share.ops > 0 {
                 self.counters.per_op[k].add(share);
             }
