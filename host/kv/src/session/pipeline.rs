@@ -323,7 +323,7 @@ impl KvSession {
                     }
                 }
             } else {
-                if !plan.checks.iter().any(|c| c.0 == at.m) {
+                if !plan.checks.iter().any(|c| Arc::ptr_eq(&c.1, &at.view)) {
                     let checked =
                         self.model_check_at(at.m, &at.view, plan.end, plan.posted, &mut plan.ops);
                     match checked {
@@ -407,10 +407,12 @@ impl KvSession {
                 return Vec::new();
             }
         };
-        let stale: Vec<usize> = checks
-            .iter()
+        // By view, not model: another thread may have installed a newer
+        // view of a model between two of the batch's gets.
+        let stale: Vec<Arc<ModelView>> = checks
+            .into_iter()
             .filter(|(_, view, at)| !self.still_current_at(view, posted, *at).unwrap_or(false))
-            .map(|c| c.0)
+            .map(|c| c.1)
             .collect();
         let mut looked = Vec::new();
         for m in members {
@@ -418,7 +420,7 @@ impl KvSession {
             self.chain.extend(m.reads.iter().map(|r| r.0));
             let key = m.req.key();
             let Some((planned, range)) = m.lock else {
-                if stale.contains(&m.at.m) {
+                if stale.iter().any(|v| Arc::ptr_eq(v, &m.at.view)) {
                     redo.push(m.i);
                 } else {
                     match self.get_answer(key, &m.at, &m.reads) {
@@ -544,7 +546,8 @@ impl KvSession {
 struct Round1 {
     members: Vec<Member>,
     ops: Vec<Op>,
-    /// The gets' model checks: model, view, where the check lands.
+    /// The gets' model checks (one per view): model, view, where the
+    /// check lands.
     checks: Vec<(usize, Arc<ModelView>, u64)>,
     /// The clock before the batch.
     posted: u64,
