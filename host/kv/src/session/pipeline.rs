@@ -41,8 +41,9 @@
 //! retired or reused (the lock, if it landed, released unchanged first), a
 //! view not seen live lately, a stale model or a chase that says so for a
 //! get, an insert that needs a split (its lock released unchanged in
-//! round 2). On an unordered fabric, and for a call of one request, every
-//! request takes the single path.
+//! round 2). On an unordered fabric every write takes the single path
+//! (each run of consecutive gets is read together, as
+//! [`KvSession::get_many`] reads), and so does a call of one request.
 //!
 //! # Linearizability
 //!
@@ -183,7 +184,10 @@ impl KvSession {
     }
 
     fn run_many_inner(&mut self, reqs: &[Request]) -> Vec<Answer> {
-        if !self.shared.ordered || reqs.len() < 2 {
+        if !self.shared.ordered {
+            return self.run_unordered(reqs);
+        }
+        if reqs.len() < 2 {
             return reqs.iter().map(|&r| self.run_one(r)).collect();
         }
         let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
@@ -225,6 +229,38 @@ impl KvSession {
         }
         debug_assert!(out.iter().all(Option::is_some), "a request got no answer");
         out.into_iter().flatten().collect()
+    }
+
+    /// `reqs` on an unordered fabric: each run of consecutive gets read
+    /// together ([`KvSession::get_many`]'s path), each write alone.
+    fn run_unordered(&mut self, reqs: &[Request]) -> Vec<Answer> {
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut i = 0;
+        while i < reqs.len() {
+            let gets = reqs[i..]
+                .iter()
+                .take_while(|r| matches!(r, Request::Get(_)))
+                .count();
+            if gets < 2 {
+                out.push(self.run_one(reqs[i]));
+                i += 1;
+                continue;
+            }
+            let keys: Vec<u64> = reqs[i..i + gets].iter().map(|r| r.key()).collect();
+            match self.settle().and_then(|()| self.get_many_inner(&keys)) {
+                Ok(found) => {
+                    for (&key, v) in keys.iter().zip(found) {
+                        if let Some(v) = v {
+                            self.io.cur.value_bytes += v.len() as u64;
+                        }
+                        out.push(v.map(|v| as_u64(key, v)).transpose());
+                    }
+                }
+                Err(e) => out.extend(keys.iter().map(|_| Err(e.clone()))),
+            }
+            i += gets;
+        }
+        out
     }
 
     /// `req` through the single-operation path.
