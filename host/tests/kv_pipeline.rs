@@ -329,6 +329,7 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
         let stop = AtomicBool::new(false);
         let mut history = History::new(pairs.iter().copied());
         let mut failed = 0u64;
+        let mut unknown = 0u64;
         std::thread::scope(|scope| {
             let retrainer = scope.spawn(|| {
                 while !stop.load(SeqCst) {
@@ -348,6 +349,7 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
                         let mut rng = StdRng::seed_from_u64(seed * 17 + t as u64);
                         let mut n = 0;
                         let mut failed = 0;
+                        let mut unknown = 0;
                         for _ in 0..80 {
                             let reqs = random_batch(&mut rng, keys, 8, t, &mut n);
                             let ops: Vec<_> = reqs.iter().map(|&r| rec.invoke(call(r))).collect();
@@ -361,6 +363,7 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
                                             (_, Ok(v)) => rec.finish(op, Ret::Prior(v)),
                                             (_, Err(e)) => {
                                                 failed += 1;
+                                                unknown += u64::from(e.may_have_applied());
                                                 rec.error(op, e.may_have_applied());
                                             }
                                         }
@@ -383,14 +386,15 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
                             }
                             std::thread::sleep(std::time::Duration::from_millis(1));
                         }
-                        (rec.into_records(), failed)
+                        (rec.into_records(), failed, unknown)
                     })
                 })
                 .collect();
             for w in workers {
-                let (records, f) = w.join().unwrap();
+                let (records, f, u) = w.join().unwrap();
                 history.extend(records);
                 failed += f;
+                unknown += u;
             }
             stop.store(true, SeqCst);
             retrainer.join().unwrap();
@@ -425,7 +429,8 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
         let rtts: u64 = clients.iter().map(|c| c.stats().total().rtts).sum();
         let ops: u64 = clients.iter().map(|c| c.stats().total().ops).sum();
         println!(
-            "seed {seed}: {failed} requests failed of {} checked; round trips per request {:.2}",
+            "seed {seed}: {failed} requests failed ({unknown} may have applied) of {} checked; \
+             round trips per request {:.2}",
             checked.single_ops,
             rtts as f64 / ops as f64
         );
