@@ -140,6 +140,8 @@ struct Member {
     at: ChainAt,
     /// Where its chain's leaves land in the read buffer.
     reads: LeafReads,
+    /// Its ops in round 1 (past its model check, for a get).
+    ops: Range<usize>,
     /// A write's lock, and round 1's ops from its `CAS` on.
     lock: Option<(PlannedLock, Range<usize>)>,
 }
@@ -359,12 +361,14 @@ impl KvSession {
                     }
                 }
             } else {
-                if !plan.checks.iter().any(|c| Arc::ptr_eq(&c.1, &at.view)) {
+                if !plan.checks.iter().any(|c| Arc::ptr_eq(&c.0, &at.view)) {
+                    let first = plan.ops.len();
                     let checked =
                         self.model_check_at(at.m, &at.view, plan.end, plan.posted, &mut plan.ops);
                     match checked {
                         Ok(next) => {
-                            plan.checks.push((at.m, at.view.clone(), plan.end));
+                            let ops = first..plan.ops.len();
+                            plan.checks.push((at.view.clone(), plan.end, ops));
                             plan.end = next;
                         }
                         Err(e) => {
@@ -387,12 +391,14 @@ impl KvSession {
                 plan.end += step;
             }
             self.io.cur.leaves_read += reads.len() as u64;
-            let lock = lock.map(|p| (p, start..plan.ops.len()));
+            let ops = start..plan.ops.len();
+            let lock = lock.map(|p| (p, ops.clone()));
             plan.members.push(Member {
                 i,
                 req,
                 at,
                 reads,
+                ops,
                 lock,
             });
         }
@@ -443,12 +449,21 @@ impl KvSession {
                 return Vec::new();
             }
         };
+        // A READ that failed left its bytes of the read buffer as they
+        // were (an earlier batch's): nothing it was to read is looked at.
+        let failed = |ops: &Range<usize>| {
+            results
+                .get(ops.clone())
+                .map_or(true, |r| r.iter().any(Result::is_err))
+        };
         // By view, not model: another thread may have installed a newer
         // view of a model between two of the batch's gets.
         let stale: Vec<Arc<ModelView>> = checks
             .into_iter()
-            .filter(|(_, view, at)| !self.still_current_at(view, posted, *at).unwrap_or(false))
-            .map(|c| c.1)
+            .filter(|(view, at, ops)| {
+                failed(ops) || !self.still_current_at(view, posted, *at).unwrap_or(false)
+            })
+            .map(|c| c.0)
             .collect();
         let mut looked = Vec::new();
         for m in members {
@@ -456,7 +471,9 @@ impl KvSession {
             self.chain.extend(m.reads.iter().map(|r| r.0));
             let key = m.req.key();
             let Some((planned, range)) = m.lock else {
-                if stale.iter().any(|v| Arc::ptr_eq(v, &m.at.view)) {
+                // A get whose READs failed is redone alone (a READ has no
+                // effect), which reports the error if it fails again.
+                if failed(&m.ops) || stale.iter().any(|v| Arc::ptr_eq(v, &m.at.view)) {
                     redo.push(m.i);
                 } else {
                     match self.get_answer(key, &m.at, &m.reads) {
@@ -582,9 +599,9 @@ impl KvSession {
 struct Round1 {
     members: Vec<Member>,
     ops: Vec<Op>,
-    /// The gets' model checks (one per view): model, view, where the
-    /// check lands.
-    checks: Vec<(usize, Arc<ModelView>, u64)>,
+    /// The gets' model checks (one per view): view, where the check
+    /// lands, its ops.
+    checks: Vec<(Arc<ModelView>, u64, Range<usize>)>,
     /// The clock before the batch.
     posted: u64,
     /// The read buffer's bytes the batch uses.
