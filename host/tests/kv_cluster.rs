@@ -214,3 +214,55 @@ fn a_failed_node_fails_its_range_fast_and_the_others_go_on() {
     assert!(matches!(e, KvError::MemoryNodeDown { node: 1, .. }), "{e}");
     assert!(s.flush().is_ok(), "flushing skips the node that is down");
 }
+
+#[test]
+fn a_pipelined_call_runs_per_node_and_a_failed_node_fails_only_its_requests() {
+    use rolex_host::kv::Request;
+    let pairs = loaded(3000, 4);
+    let (mns, c) = cluster(&pairs, 3);
+    let mut s = c.session().unwrap();
+    // Spread over the three nodes, distinct leaves: each node's share is
+    // one batch of 2 round trips.
+    let some: Vec<(u64, u64)> = pairs.iter().step_by(211).copied().collect();
+    let reqs: Vec<Request> = some
+        .iter()
+        .enumerate()
+        .map(|(i, &(k, v))| match i % 2 {
+            0 => Request::Update(k, v + 1),
+            _ => Request::Get(k),
+        })
+        .collect();
+    let before = c.stats().total().rtts;
+    let got: Vec<Option<u64>> = s.run_many(&reqs).into_iter().map(Result::unwrap).collect();
+    let want: Vec<Option<u64>> = some.iter().map(|&(_, v)| Some(v)).collect();
+    assert_eq!(got, want);
+    assert_eq!(c.stats().total().rtts - before, 2 * 3, "2 per node");
+    // Node 1 fails: its requests fail, named by it; the others' answer.
+    let (lo1, hi1) = c.map().range(1).unwrap();
+    assert!(mns[1].engine().set_failed(true), "loopback fails peers");
+    let got = s.run_many(&reqs);
+    for ((&(k, v), r), a) in some.iter().zip(&reqs).zip(&got) {
+        if (lo1..=hi1).contains(&k) {
+            assert!(
+                matches!(a, Err(KvError::MemoryNode { node: 1, .. })),
+                "{r:?}: {a:?}"
+            );
+        } else {
+            let now = match r {
+                Request::Update(..) => Some(v + 1),
+                _ => Some(v),
+            };
+            assert_eq!(*a.as_ref().unwrap(), now, "{r:?}");
+        }
+    }
+    assert!(c.is_down(1));
+    let again = s.run_many(&reqs);
+    for (&(k, _), a) in some.iter().zip(&again) {
+        if (lo1..=hi1).contains(&k) {
+            assert!(
+                matches!(a, Err(KvError::MemoryNodeDown { node: 1, .. })),
+                "{a:?}"
+            );
+        }
+    }
+}

@@ -97,7 +97,7 @@ use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::KvError;
 use rolex_host::kv::{
     ClusterClient, ClusterNode, KvClient, KvClientConfig, KvOp, KvStats, ModelBytes, OpStats,
-    PartitionMap, PoolInfo,
+    PartitionMap, PoolInfo, Request,
 };
 use rolex_host::memnode::{AgentActivity, MemoryNode, MemoryNodeConfig, MemoryNodeStats};
 use rolex_host::{
@@ -212,8 +212,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "B|MIN..MAX")]
     value_size: Option<ValueSize>,
     /// Operations a thread keeps in flight: runs of up to D consecutive
-    /// gets of its stream go out together (`get_many`: one doorbell batch
-    /// per memory node); writes and scans go one at a time.
+    /// gets, updates, inserts and deletes of its stream go out together
+    /// (`run_many`: on an ordered fabric 2 round trips per memory node for
+    /// requests on distinct chains; `get_many` for a run of gets only);
+    /// scans and read-modify-writes, and writes of values longer than 8
+    /// bytes, go one at a time.
     #[arg(long, default_value_t = 1, value_name = "D")]
     depth: usize,
     /// Print one JSON line instead of the table.
@@ -257,6 +260,18 @@ fn kind(op: &Op) -> usize {
         Op::Scan { .. } => 3,
         Op::ReadModifyWrite { .. } => 4,
         Op::Delete { .. } => 5,
+    }
+}
+
+/// `op` as a request of a pipelined call, if it can be one (scans and
+/// read-modify-writes cannot).
+fn request(op: &Op) -> Option<Request> {
+    match *op {
+        Op::Read(key) => Some(Request::Get(key)),
+        Op::Update { key, value } => Some(Request::Update(key, value)),
+        Op::Insert { key, value } => Some(Request::Insert(key, value)),
+        Op::Delete { key } => Some(Request::Delete(key)),
+        Op::Scan { .. } | Op::ReadModifyWrite { .. } => None,
     }
 }
 
@@ -989,6 +1004,37 @@ impl StreamRun<'_> {
         Ok(())
     }
 
+    /// The requests of `ops` (each [`request`]) in one pipelined call
+    /// (values must be `u64`s), each answer checked as its single call's
+    /// would be; inserts are timed by the whole call.
+    fn run_many(&mut self, ops: &[Op]) -> Vec<Result<Option<Write>, Failed>> {
+        let reqs: Vec<Request> = ops.iter().filter_map(request).collect();
+        let busy = |ctx: &RunCtx| ctx.activity.iter().any(AgentActivity::busy);
+        let before = busy(self.ctx);
+        let start = self.now();
+        let answers = self.session.session.run_many(&reqs);
+        let took = self.now() - start;
+        let retraining = before || busy(self.ctx);
+        let prior = |a: Result<Option<u64>, KvError>| a.map(|v| v.map_or(Prior::Absent, Prior::Id));
+        reqs.iter()
+            .zip(answers)
+            .map(|(&r, a)| match r {
+                Request::Get(key) => {
+                    let got =
+                        a.map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
+                    self.out.gets += 1;
+                    self.check_read("get", key, got.map(Read::Id));
+                    Ok(None)
+                }
+                Request::Update(key, value) => self.update_answer("update", key, value, prior(a)),
+                Request::Insert(key, value) => {
+                    self.insert_answer(key, value, prior(a), (took, retraining))
+                }
+                Request::Delete(key) => self.delete_answer(key, prior(a)),
+            })
+            .collect()
+    }
+
     /// Checks what a get of `key` read.
     fn check_read(&mut self, what: &str, key: u64, got: Option<Read>) {
         let got = match got {
@@ -1007,7 +1053,19 @@ impl StreamRun<'_> {
     }
 
     fn update(&mut self, what: &str, key: u64, value: u64) -> Result<Option<Write>, Failed> {
-        let prior = self.session.update(key, value).map_err(|error| {
+        let r = self.session.update(key, value);
+        self.update_answer(what, key, value, r)
+    }
+
+    /// Checks what an update of `key` to `value` answered.
+    fn update_answer(
+        &mut self,
+        what: &str,
+        key: u64,
+        value: u64,
+        r: Result<Prior, KvError>,
+    ) -> Result<Option<Write>, Failed> {
+        let prior = r.map_err(|error| {
             Failed::new(
                 format_args!("update {key}"),
                 error,
@@ -1031,7 +1089,17 @@ impl StreamRun<'_> {
     /// A delete of a key this thread owns: present, unless its insert
     /// failed. Either way the key is absent after it.
     fn delete(&mut self, key: u64) -> Result<Option<Write>, Failed> {
-        let prior = self.session.delete(key).map_err(|error| {
+        let r = self.session.delete(key);
+        self.delete_answer(key, r)
+    }
+
+    /// Checks what a delete of `key` answered.
+    fn delete_answer(
+        &mut self,
+        key: u64,
+        r: Result<Prior, KvError>,
+    ) -> Result<Option<Write>, Failed> {
+        let prior = r.map_err(|error| {
             Failed::new(
                 format_args!("delete {key}"),
                 error,
@@ -1049,7 +1117,20 @@ impl StreamRun<'_> {
         let start = self.now();
         let r = self.session.insert(key, value);
         let took = self.now() - start;
-        if before || busy() {
+        let retraining = before || busy();
+        self.insert_answer(key, value, r, (took, retraining))
+    }
+
+    /// Checks what an insert of `key` with `value` answered, which took
+    /// `took` ns (`retraining`: while a memory node was retraining).
+    fn insert_answer(
+        &mut self,
+        key: u64,
+        value: u64,
+        r: Result<Prior, KvError>,
+        (took, retraining): (u64, bool),
+    ) -> Result<Option<Write>, Failed> {
+        if retraining {
             self.out.insert_retraining.record(took);
         } else {
             self.out.insert_quiet.record(took);
@@ -1166,12 +1247,46 @@ fn run_thread(
         if abort.load(Ordering::Relaxed) {
             break;
         }
-        // A run of gets, read together.
+        // A run of gets, read together; or of gets and writes, run
+        // together.
         let gets = stream[at..]
             .iter()
             .take(ctx.depth)
             .take_while(|op| matches!(op, Op::Read(_)))
             .count();
+        let mixed = if ctx.value_size.is_u64() {
+            stream[at..]
+                .iter()
+                .take(ctx.depth)
+                .take_while(|op| request(op).is_some())
+                .count()
+        } else {
+            0
+        };
+        if mixed > 1 && mixed > gets {
+            let ops = &stream[at..at + mixed];
+            let answers = run.run_many(ops);
+            let ret = run.now();
+            for (op, r) in ops.iter().zip(answers) {
+                let write = match r {
+                    Ok(write) => write,
+                    Err(f) if ctx.faults => {
+                        run.out.failed += 1;
+                        f.write
+                    }
+                    Err(f) => return Err(f.message),
+                };
+                run.out.record(op, (inv, ret), write);
+            }
+            inv = ret;
+            at += mixed;
+            since += mixed as u64;
+            if since >= PROGRESS_EVERY {
+                done.fetch_add(since, Ordering::Relaxed);
+                since = 0;
+            }
+            continue;
+        }
         if gets > 1 {
             let keys: Vec<u64> = stream[at..at + gets]
                 .iter()

@@ -177,6 +177,11 @@ fn gets_in_flight_together_verify_and_share_round_trips() {
         assert_eq!(j["verified"], true, "{w}: {j}");
         let get = j["rtt_per_op"]["get"].as_f64().unwrap();
         assert!(get < 1.0, "{w}: gets share batches: {j}");
+        if w == "ycsb-a" {
+            // Updates are pipelined with the gets (u64 values).
+            let update = j["rtt_per_op"]["update"].as_f64().unwrap();
+            assert!(update < 2.0, "{w}: updates share batches: {j}");
+        }
     }
 }
 
@@ -381,7 +386,7 @@ fn injected_run(extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn injected_failures_are_counted_and_the_run_still_verifies() {
-    for extra in [&[][..], &["--unordered"]] {
+    for extra in [&[][..], &["--unordered"], &["--depth", "8"]] {
         let j = injected_run(extra);
         assert_eq!(j["verified"], true, "{extra:?}");
         assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
@@ -391,7 +396,7 @@ fn injected_failures_are_counted_and_the_run_still_verifies() {
 
 #[test]
 fn injected_failures_leave_no_chain_locked() {
-    for extra in [&[][..], &["--unordered"]] {
+    for extra in [&[][..], &["--unordered"], &["--depth", "8"]] {
         let j = injected_run(extra);
         assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
     }

@@ -69,7 +69,7 @@ use rolex_engine::TransferError;
 
 use crate::client::KvClient;
 use crate::error::KvError;
-use crate::session::KvSession;
+use crate::session::{Answer, KvSession, Request};
 use crate::stats::{KvOp, KvStats, ModelBytes};
 
 /// Which memory node serves which key range (see the module docs).
@@ -513,16 +513,27 @@ impl ClusterSession {
                 cause: Box::new(cause.clone()),
             });
         }
-        f(session).map_err(|error| {
-            if peer_gone(&error) {
-                let _ = state.down.set(error.clone());
-            }
-            KvError::MemoryNode {
-                node,
-                name: state.name.clone(),
-                error: Box::new(error),
-            }
-        })
+        let r = f(session);
+        r.map_err(|error| self.node_error(node, error))
+    }
+
+    /// `error`, met on node `node` of a cluster of several, named by the
+    /// node (and marking it down if it says the node is gone).
+    fn node_error(&self, node: usize, error: KvError) -> KvError {
+        let Some(state) = self.shared.nodes.get(node) else {
+            return error;
+        };
+        if self.shared.nodes.len() == 1 {
+            return error;
+        }
+        if peer_gone(&error) {
+            let _ = state.down.set(error.clone());
+        }
+        KvError::MemoryNode {
+            node,
+            name: state.name.clone(),
+            error: Box::new(error),
+        }
     }
 
     /// Counts a visit of a node beyond an operation's first.
@@ -580,6 +591,39 @@ impl ClusterSession {
             }
         }
         Ok(out)
+    }
+
+    /// As [`KvSession::run_many`]: each node's requests run together (one
+    /// call per node that serves some of them, in node order; requests of
+    /// distinct nodes touch distinct keys), answers in `reqs`' order. Each
+    /// error is named by its node, as a single operation's (and a node
+    /// whose error says it is gone is marked down); a node's call that ran
+    /// nothing (the node is down, or its session's posted unlock failed)
+    /// answers each of its requests with that error.
+    pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Answer> {
+        let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
+        for node in 0..self.sessions.len() {
+            let idx: Vec<usize> = (0..reqs.len())
+                .filter(|&i| self.node_of(reqs[i].key()) == node)
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let mine: Vec<Request> = idx.iter().map(|&i| reqs[i]).collect();
+            match self.on(node, |s| s.run_many(&mine)) {
+                Ok(got) => {
+                    for (i, a) in idx.into_iter().zip(got) {
+                        out[i] = Some(a.map_err(|e| self.node_error(node, e)));
+                    }
+                }
+                Err(e) => {
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter().flatten().collect()
     }
 
     /// As [`KvSession::insert`].

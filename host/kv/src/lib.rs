@@ -25,7 +25,8 @@
 //!   scan across the ranges in key order.
 //! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase);
 //!   its private `lock` takes and releases chain locks, `split` splits a
-//!   full leaf.
+//!   full leaf, `pipeline` runs several requests ([`Request`]) in the
+//!   round trips of one ([`KvSession::run_many`]).
 //! - `cache` (private): what a compute node caches.
 //! - `io` (private): a session's queue pair and buffers, one doorbell batch
 //!   per round trip.
@@ -58,5 +59,5 @@ pub use client::{KvClient, KvClientConfig};
 pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;
-pub use session::KvSession;
+pub use session::{Answer, KvSession, Request};
 pub use stats::{KvOp, KvStats, ModelBytes, OpStats};

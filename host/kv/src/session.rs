@@ -70,6 +70,17 @@
 //! client's configured owner (`KvClientConfig::lock_owner`: the lease's id
 //! for a compute node in another process).
 //!
+//! # Pipelined calls
+//!
+//! [`KvSession::run_many`] runs a slice of `u64` requests ([`Request`]:
+//! gets, inserts, updates, deletes) with all of them in flight: on an
+//! ordered fabric every write's lock batch and every get's batch go out
+//! as one doorbell batch, then every write's leaf write and unlock as a
+//! second — 2 round trips for requests on distinct chains. What cannot go
+//! that way (a busy or stale lock, a split, an unordered fabric) is
+//! released unchanged and redone through the single path above; module
+//! `pipeline` says how requests are ordered and who releases what.
+//!
 //! # Splits: the new leaf is complete before the old one shrinks
 //!
 //! A full owner `X = [lo, hi]` (holding the chain lock) splits into
@@ -154,7 +165,10 @@
 
 mod free;
 mod lock;
+mod pipeline;
 mod split;
+
+pub use pipeline::{Answer, Request};
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
@@ -283,7 +297,9 @@ struct SplitInput<'a> {
 }
 
 /// One thread's session (see the module docs). Not shared between
-/// threads; open one per thread with [`super::KvClient::session`].
+/// threads; open one per thread with [`super::KvClient::session`]. To
+/// keep several operations of one thread in flight, hand them to
+/// [`KvSession::run_many`] (or [`KvSession::get_many`] for gets).
 pub struct KvSession {
     shared: Arc<ClientShared>,
     io: Io,

@@ -107,6 +107,57 @@ impl OpStats {
         ratio(self.retries, self.ops)
     }
 
+    /// What one call of `counts[k]` operations of each kind `k` (in
+    /// [`KvOp::ALL`] order) cost in all, shared out by kind in proportion
+    /// to the counts (a pipelined call's round trips serve all its
+    /// operations). The shares add up to `self` exactly; the units a
+    /// proportional share leaves over (a call of 7 gets and 1 update
+    /// shares 2 round trips as 1.75 and 0.25) go by systematic sampling
+    /// from `seed` (any random number), so over many calls each kind is
+    /// counted its proportional share on average, not rounded down every
+    /// time. Each share's `ops` is its count.
+    pub(crate) fn split(&self, counts: &[u64; 5], seed: u64) -> [OpStats; 5] {
+        let whole: u64 = counts.iter().sum();
+        let mut out = [OpStats::default(); 5];
+        if whole == 0 {
+            return out;
+        }
+        let whole = u128::from(whole);
+        let u = u128::from(seed) % whole;
+        // Sampling points u, u + whole, …: how many lie below `x`.
+        let below = |x: u128| if x <= u { 0 } else { (x - u - 1) / whole + 1 };
+        macro_rules! split_fields {
+            ($($f:ident),*) => {
+                $(
+                    let mut cum = 0u128;
+                    for k in 0..5 {
+                        let part = u128::from(self.$f) * u128::from(counts[k]);
+                        let rest = part % whole;
+                        let extra = below(cum + rest) - below(cum);
+                        cum += rest;
+                        out[k].$f = (part / whole + extra) as u64;
+                    }
+                )*
+            };
+        }
+        split_fields!(
+            rtts,
+            posted,
+            bytes_read,
+            bytes_written,
+            atomics,
+            leaves_read,
+            retries,
+            refreshes,
+            keys,
+            value_bytes
+        );
+        for k in 0..5 {
+            out[k].ops = counts[k];
+        }
+        out
+    }
+
     fn add(&mut self, o: &OpStats) {
         self.ops += o.ops;
         self.rtts += o.rtts;
@@ -267,5 +318,36 @@ impl SessionCounters {
         s.retrain_requests += self.retrain_requests.load(Relaxed);
         s.model_misses += self.model_misses.load(Relaxed);
         s.slt_full_waits += self.slt_full_waits.load(Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_shares_add_up_and_average_out() {
+        let call = OpStats {
+            rtts: 2,
+            bytes_read: 1001,
+            retries: 1,
+            ..OpStats::default()
+        };
+        let counts = [7, 0, 1, 0, 0];
+        let mut sum = [OpStats::default(); 5];
+        for seed in 0..8000u64 {
+            let parts = call.split(&counts, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut one = OpStats::default();
+            for (k, p) in parts.iter().enumerate() {
+                assert_eq!(p.ops, counts[k]);
+                one.add(p);
+                sum[k].add(p);
+            }
+            assert_eq!((one.rtts, one.bytes_read, one.retries), (2, 1001, 1));
+        }
+        // 8,000 calls: updates waited for 2 / 8 of each call's round trips.
+        let upd = sum[2].rtts as f64 / 8000.0;
+        assert!((upd - 0.25).abs() < 0.03, "update share {upd}");
+        assert_eq!(sum[1], OpStats::default());
     }
 }

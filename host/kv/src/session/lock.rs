@@ -32,7 +32,7 @@ const UNLOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// Bytes of a record's head a lock reads in its batch: the state word and
 /// the model id.
-const IDENTITY_LEN: u64 = 16;
+pub(super) const IDENTITY_LEN: u64 = 16;
 
 /// The words of one chain lock: the LT entry at `lt_off` of model `model`,
 /// which the lock's `CAS` turned from `unlocked` into `locked`.
@@ -66,6 +66,9 @@ impl LockWord {
 ///   writes (one batch with the unlocking `CAS` on an ordered fabric; on an
 ///   unordered one the `CAS` is posted once the writes completed);
 /// - a split whose leaves are written: [`ChainLock::post_release`];
+/// - the locks of a pipelined batch (module `pipeline`):
+///   [`KvSession::release_many`], each with its leaf write or unchanged,
+///   all in one batch;
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -89,6 +92,54 @@ pub(super) struct ChainLock {
     word: LockWord,
     /// `Some` until a release was posted: what `Drop` posts through.
     shared: Option<Arc<ClientShared>>,
+}
+
+/// A lock planned into a batch and not yet posted or not yet looked at
+/// ([`KvSession::plan_lock`]): its words (its stripe entered), where its
+/// record check lands in the read buffer, and the clock before the batch.
+/// Spent exactly once: by [`KvSession::lock_taken`] once its batch was
+/// posted, or by [`PlannedLock::not_posted`].
+pub(super) struct PlannedLock {
+    word: LockWord,
+    local: u64,
+    posted: u64,
+}
+
+/// A leaf write a release posts before its unlock: the leaf's pool
+/// offset and its bytes.
+pub(super) type LeafWrite = (u64, Vec<u8>);
+
+/// What a lock's batch said ([`KvSession::lock_reply`]).
+pub(super) struct LockReply {
+    /// The lock `CAS`'s outcome: the word it found.
+    cas: Result<u64, TransferError>,
+    /// The record's state word and model id, or the error of the batch's
+    /// READs.
+    record: Result<(u64, u64), KvError>,
+}
+
+impl LockReply {
+    /// Whether the lock was taken on the live record of `at` (its chain's
+    /// leaves may be edited): the `CAS` found the word `planned` expected,
+    /// no READ failed and the record is still the view's. Exactly then
+    /// [`KvSession::lock_taken`] returns the lock.
+    pub(super) fn landed(&self, planned: &PlannedLock, at: &ChainAt) -> bool {
+        let live = self
+            .record
+            .as_ref()
+            .is_ok_and(|&(state, id)| at.view.is_current(ModelState::from_raw(state), id));
+        live && self
+            .cas
+            .as_ref()
+            .is_ok_and(|&old| old == planned.word.unlocked.raw())
+    }
+}
+
+impl PlannedLock {
+    /// Gives up a lock whose batch was not posted: its stripe is left.
+    pub(super) fn not_posted(self) {
+        self.word.stripe.leave();
+    }
 }
 
 /// An unlock posted and not awaited.
@@ -144,6 +195,66 @@ impl KvSession {
         block: &mut Option<Op>,
     ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
         let ordered = self.shared.ordered;
+        let mut ops = Vec::new();
+        let Some(planned) = self.plan_lock(at, attempt, 0, &mut ops)? else {
+            return Ok(None);
+        };
+        let batch = if ordered {
+            match self.plan_reads(IDENTITY_LEN, &mut ops) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    planned.not_posted();
+                    return Err(e);
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let value_write = block.is_some().then_some(ops.len());
+        ops.extend(block.iter().copied());
+        let reply = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
+            Ok(r) => {
+                if value_write.is_some_and(|i| r[i].is_ok()) {
+                    *block = None;
+                }
+                let r = r.to_vec();
+                self.lock_reply(&planned, &r)
+            }
+            Err(e) => {
+                planned.not_posted();
+                return Err(e);
+            }
+        };
+        let Some(lock) = self.lock_taken(at, planned, attempt, reply)? else {
+            return Ok(None);
+        };
+        if ordered {
+            return Ok(Some((lock, batch)));
+        }
+        match self.read_chain() {
+            Ok(batch) => Ok(Some((lock, batch))),
+            Err(e) => Err(lock.abort(self, e)),
+        }
+    }
+
+    /// The lock of chain `at` as a doorbell batch posts it: its `CAS` and
+    /// the READ of the record's state word and model id (landing at
+    /// `local` of the read buffer, 16 bytes) pushed onto `ops`, which the
+    /// caller may extend (on an ordered fabric, READs pushed later run
+    /// after the `CAS`). The chain's stripe is entered: from here on the
+    /// caller posts the batch and hands its outcome to
+    /// [`Self::lock_taken`], or calls `leave` on the stripe if nothing was
+    /// posted. `None` (nothing pushed, nothing entered) when the lock
+    /// cannot be tried now: the view was not seen live lately (it was
+    /// refreshed), or a retried release of this process holds the stripe
+    /// (the session backed off).
+    pub(super) fn plan_lock(
+        &mut self,
+        at: &ChainAt,
+        attempt: u64,
+        local: u64,
+        ops: &mut Vec<Op>,
+    ) -> Result<Option<PlannedLock>, KvError> {
         let owner = self.shared.cfg.lock_owner;
         let posted = clock_ns();
         if at.view.age_ns(posted) > self.max_age_ns() {
@@ -164,43 +275,79 @@ impl KvSession {
             unlocked: exp,
             locked,
         };
-        let mut ops = vec![
-            Op::Cas {
-                remote: lt_off,
-                expected: exp.raw(),
-                new: locked,
-            },
-            Op::Read {
-                remote: at.view.offset + ModelRecord::STATE_OFFSET,
-                local: 0,
-                len: IDENTITY_LEN,
-            },
-        ];
-        let batch = if ordered {
-            self.plan_reads(IDENTITY_LEN, &mut ops)?
-        } else {
-            Vec::new()
-        };
-        let value_write = block.is_some().then_some(ops.len());
-        ops.extend(block.iter().copied());
         if !word.stripe.enter() {
             // A retried release of this process holds the stripe.
             self.io.cur.retries += 1;
             self.backoff(attempt);
             return Ok(None);
         }
-        let (cas, reads) = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
-            Ok(r) => {
-                if value_write.is_some_and(|i| r[i].is_ok()) {
-                    *block = None;
-                }
-                (r[0].clone(), super::first_error(&r[1..]))
-            }
-            Err(e) => {
-                word.stripe.leave();
-                return Err(e);
-            }
+        ops.push(Op::Cas {
+            remote: lt_off,
+            expected: exp.raw(),
+            new: locked,
+        });
+        ops.push(Op::Read {
+            remote: at.view.offset + ModelRecord::STATE_OFFSET,
+            local,
+            len: IDENTITY_LEN,
+        });
+        Ok(Some(PlannedLock {
+            word,
+            local,
+            posted,
+        }))
+    }
+
+    /// What the batch of `planned` said, from `results`: its ops'
+    /// outcomes from the lock's `CAS` on (every later op of the batch
+    /// counts as one of its READs), and the record's words it read.
+    /// Taken out of the read buffer at once, before anything else uses it.
+    pub(super) fn lock_reply(
+        &self,
+        planned: &PlannedLock,
+        results: &[Result<u64, TransferError>],
+    ) -> LockReply {
+        let during = "locking a chain";
+        let Some((cas, reads)) = results.split_first() else {
+            return LockReply {
+                cas: Ok(!planned.word.unlocked.raw()),
+                record: Err(KvError::Inconsistent {
+                    what: "a lock's batch returned no outcome",
+                    model: planned.word.model,
+                }),
+            };
         };
+        let record = match super::first_error(reads) {
+            Some(error) => Err(KvError::Transfer { during, error }),
+            None => self.io.local_u64(planned.local).and_then(|state| {
+                Ok((state, self.io.local_u64(planned.local + IDENTITY_LEN / 2)?))
+            }),
+        };
+        LockReply {
+            cas: cas.clone(),
+            record,
+        }
+    }
+
+    /// What the batch of a lock [`Self::plan_lock`] planned said
+    /// ([`Self::lock_reply`]). Returns the held lock; `None` when it was
+    /// not taken — a stale cached word (corrected), a retired or reused
+    /// record (the lock, if it landed, released unchanged; the model
+    /// refreshed), a frozen chain or another writer (backed off): the
+    /// caller retries. A `CAS` that failed without saying whether it
+    /// landed is recorded as maybe held (and the error says so); a READ
+    /// that failed under a taken lock releases it ([`ChainLock::abort`]).
+    pub(super) fn lock_taken(
+        &mut self,
+        at: &ChainAt,
+        planned: PlannedLock,
+        attempt: u64,
+        reply: LockReply,
+    ) -> Result<Option<ChainLock>, KvError> {
+        let PlannedLock { word, posted, .. } = planned;
+        let LockReply { cas, record } = reply;
+        let exp = word.unlocked;
+        let j = at.j as usize;
         let during = "locking a chain";
         let old = match cas {
             Ok(old) => old,
@@ -218,14 +365,10 @@ impl KvSession {
         // The record's state and model id, read in the batch: still this
         // view's record, live (a reused record names another model or
         // generation)?
-        let current = match reads {
-            Some(_) => None,
-            None => {
-                let state = ModelState::from_raw(self.io.local_u64(0)?);
-                let id = self.io.local_u64(8)?;
-                Some(at.view.is_current(state, id))
-            }
-        };
+        let current = record
+            .as_ref()
+            .ok()
+            .map(|&(state, id)| at.view.is_current(ModelState::from_raw(state), id));
         if current == Some(false) {
             self.io.cur.retries += 1;
             if old == exp.raw() {
@@ -254,11 +397,11 @@ impl KvSession {
                 at.view.lt[j].store(old, Relaxed);
                 return Ok(None);
             }
-            if let Some(error) = reads {
-                return Err(KvError::Transfer { during, error });
+            if let Err(e) = record {
+                return Err(e);
             }
             // Live (checked above): frozen, or another writer holds it.
-            if o.owner() == owner {
+            if o.owner() == self.shared.cfg.lock_owner {
                 // Maybe a lock of ours whose release is to be retried.
                 self.resolve_held();
             }
@@ -269,16 +412,10 @@ impl KvSession {
             word,
             shared: Some(self.shared.clone()),
         };
-        if let Some(error) = reads {
-            return Err(lock.abort(self, KvError::Transfer { during, error }));
+        if let Err(e) = record {
+            return Err(lock.abort(self, e));
         }
-        if ordered {
-            return Ok(Some((lock, batch)));
-        }
-        match self.read_chain() {
-            Ok(batch) => Ok(Some((lock, batch))),
-            Err(e) => Err(lock.abort(self, e)),
-        }
+        Ok(Some(lock))
     }
 
     /// Waits for this session's posted unlock, if any. An unlock that
@@ -473,6 +610,88 @@ impl KvSession {
             (None, Err(e)) => Err(e.indeterminate()),
             (_, r) => r,
         }
+    }
+
+    /// Releases the locks of a pipelined batch together, on an ordered
+    /// fabric: one doorbell batch with, for each lock in order, its leaf
+    /// WRITE if it has one (pool offset, bytes), then its unlocking `CAS`
+    /// back to the word it held before the lock (the fabric applies them
+    /// in posting order, so each unlock lands after its own data). Returns
+    /// each lock's outcome, as [`ChainLock::release`] (with a write) or
+    /// [`ChainLock::release_unchanged`] (without) would report it: an
+    /// error of a lock whose write was posted is indeterminate; a batch
+    /// that could not be staged or posted releases each lock unchanged
+    /// ([`Self::unlock_after`]: nothing was written).
+    pub(super) fn release_many(
+        &mut self,
+        locks: Vec<(ChainLock, Option<LeafWrite>)>,
+    ) -> Vec<Result<(), KvError>> {
+        debug_assert!(self.shared.ordered, "release_many needs an ordered fabric");
+        let words: Vec<(LockWord, bool)> =
+            locks.iter().map(|(l, w)| (l.word, w.is_some())).collect();
+        let writes: Vec<(u64, &[u8])> = locks
+            .iter()
+            .filter_map(|(_, w)| w.as_ref().map(|(off, b)| (*off, b.as_slice())))
+            .collect();
+        let staged = self.io.stage_writes(&writes);
+        drop(writes);
+        for (lock, _) in locks {
+            lock.spend();
+        }
+        let during = "writing and unlocking";
+        let data = match staged {
+            Ok(data) => data,
+            Err(e) => {
+                return words
+                    .into_iter()
+                    .map(|(w, _)| Err(self.unlock_after(w, e.clone())))
+                    .collect()
+            }
+        };
+        let mut ops = Vec::with_capacity(data.len() + words.len());
+        let mut data = data.into_iter();
+        for &(w, wrote) in &words {
+            if wrote {
+                ops.extend(data.next());
+            }
+            ops.push(Op::Cas {
+                remote: w.lt_off,
+                expected: w.locked,
+                new: w.unlocked.raw(),
+            });
+        }
+        let results: Vec<Result<u64, TransferError>> =
+            match self.io.run_each(&self.shared.pool, &ops, during) {
+                Ok(r) => r.to_vec(),
+                // Nothing posted, nothing written: release each unchanged.
+                Err(e) => {
+                    return words
+                        .into_iter()
+                        .map(|(w, _)| Err(self.unlock_after(w, e.clone())))
+                        .collect()
+                }
+            };
+        let mut results = results.into_iter();
+        let mut out = Vec::with_capacity(words.len());
+        for (w, wrote) in words {
+            let write_err = if wrote {
+                results
+                    .next()
+                    .and_then(Result::err)
+                    .map(|error| KvError::Transfer { during, error })
+            } else {
+                None
+            };
+            let got = results.next().unwrap_or(Ok(w.locked));
+            let r = self.unlocked(w, w.unlocked.raw(), got, write_err.clone());
+            out.push(match (wrote, write_err, r) {
+                // The write landed: whatever the unlock's fate, the
+                // operation may have taken effect.
+                (true, None, Err(e)) => Err(e.indeterminate()),
+                (_, _, r) => r,
+            });
+        }
+        out
     }
 
     /// Posts `ops` (staged writes) as one batch and waits.
