@@ -63,7 +63,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
-use rolex_host::domain::fabric::LibfabricConfig;
+use rolex_host::domain::fabric::{LibfabricConfig, PagedMode};
 
 use crate::cpu::{process_cpu, share, CpuWindow};
 use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
@@ -148,6 +148,12 @@ pub struct TeBenchArgs {
     /// to a busy group together).
     #[arg(long)]
     no_plug: bool,
+    /// libfabric: whether paged writes travel as one message per peer
+    /// that the target's domain places (`LibfabricConfig::paged_by_message`;
+    /// `auto`: where the provider's RMA runs in the target's CPU anyway,
+    /// `tcp` and `sockets`). JSON `paged_by_message` counts the messages.
+    #[arg(long, value_enum, default_value_t = PagedArg::Auto)]
+    paged_by_message: PagedArg,
     /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`
     /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
@@ -348,6 +354,14 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// `--paged-by-message`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PagedArg {
+    Auto,
+    On,
+    Off,
+}
+
 fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
     let fabric = match &args.fabric {
         FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
@@ -364,6 +378,11 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
             if let Some(us) = args.idle_poll_us {
                 cfg.idle_poll = Duration::from_micros(us);
             }
+            cfg.paged_by_message = match args.paged_by_message {
+                PagedArg::Auto => PagedMode::Auto,
+                PagedArg::On => PagedMode::On,
+                PagedArg::Off => PagedMode::Off,
+            };
             Fabric::Libfabric(cfg)
         }
         // Bulk transfers: relaxed ordering, as the source does.
@@ -909,7 +928,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "direct_posts": c.direct_posts, "handoffs": c.handoffs,
-        "delivery_acks": c.delivery_acks,
+        "delivery_acks": c.delivery_acks, "paged_by_message": c.paged_by_message,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,

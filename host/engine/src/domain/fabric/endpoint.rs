@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
-use rolex_core::wire::NetAddr;
+use rolex_core::wire::{encode_paged_msg, set_ack_now, NetAddr, PageTarget};
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
 use super::{
-    cover, lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP,
+    cover, lock, paged, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP,
+    WAIT_BACKSTOP,
 };
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
@@ -128,6 +129,68 @@ impl FabricEndpoint {
             deliver: inner.delivery_complete,
         };
         Ok((ctx, post))
+    }
+
+    /// One message carrying the pages `first` and `rest` (module `paged`):
+    /// their bytes are copied out of the source region now, into the
+    /// context's buffer, which the context owns until the send completes.
+    fn build_paged(
+        &self,
+        live: &mut Live,
+        seq: u64,
+        first: &WorkOp,
+        rest: &[WorkOp],
+    ) -> Result<(Box<OpCtx>, Post, paged::Sent), TransferError> {
+        let inner = &self.inner;
+        let Some((local, remote, _, imm)) = by_message(first) else {
+            return Err(TransferError::EngineShutDown);
+        };
+        if imm.is_some() && !inner.claims.immediates {
+            return Err(TransferError::NoImmediates {
+                provider: inner.provider.clone(),
+                cq_data_size: inner.order.cq_data_size,
+            });
+        }
+        let fi_addr = inner.fi_addr(live, &remote.peer)?;
+        let region = local.region.clone();
+        let guard = region.enter().ok_or(TransferError::RegionDeregistered)?;
+        let n = 1 + rest.len();
+        let (mut targets, mut sources, mut sent) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for op in std::iter::once(first).chain(rest) {
+            let Some((local, remote, len, _)) = by_message(op) else {
+                return Err(TransferError::EngineShutDown);
+            };
+            region.check(local.offset, len)?;
+            let (addr, key) = inner.target(remote)?;
+            targets.push(PageTarget {
+                key,
+                addr,
+                len: len as u32,
+            });
+            sources.push(local.offset);
+            sent.push((remote.rkey, remote.addr, len));
+        }
+        let mut ctx = OpCtx::new(CtxKind::Op(seq));
+        encode_paged_msg(&mut ctx.bytes, seq, imm, &inner.addr, &targets, |i, dst| {
+            guard.read(sources[i], dst)
+        })
+        .map_err(|error| TransferError::Malformed {
+            what: "paged message",
+            error,
+        })?;
+        drop(guard);
+        let (a, len) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len() as u64);
+        let desc = inner.op_mr(&mut ctx, a, len)?;
+        let post = Post::TSend {
+            desc,
+            fi_addr,
+            tag: paged::PAGED_TAG,
+        };
+        Ok((ctx, post, paged::Sent { pages: sent.into() }))
     }
 
     /// The context and post of one request, or why it cannot be posted.
@@ -250,6 +313,31 @@ fn chainable(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64)> {
     }
 }
 
+/// A page that may travel by message (module `paged`): its source,
+/// target, length and immediate.
+fn by_message(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64, Option<u32>)> {
+    match op {
+        WorkOp::Write {
+            local: Some(l),
+            remote,
+            len,
+            imm,
+        } if *len > 0 && *len <= paged::PAGE_LIMIT => Some((l, remote, *len, *imm)),
+        _ => None,
+    }
+}
+
+/// Whether `b` can go in the same message as `a`: both pages by message,
+/// from the same region, to the same peer, with the same immediate.
+fn same_message(a: &WorkOp, b: &WorkOp) -> bool {
+    match (by_message(a), by_message(b)) {
+        (Some((la, ra, _, ia)), Some((lb, rb, _, ib))) => {
+            Arc::ptr_eq(&la.region, &lb.region) && ra.peer == rb.peer && ia == ib
+        }
+        _ => false,
+    }
+}
+
 /// Whether `b` can go in the same post as `a`: both chainable, from the
 /// same region, to the same peer and key.
 fn same_chain(a: &WorkOp, b: &WorkOp) -> bool {
@@ -302,6 +390,77 @@ impl Endpoint for FabricEndpoint {
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;
+            // Pages of one transfer to one peer: one message (module
+            // `paged`) where the NIC sends them so, at least two pages.
+            if inner.paged_send {
+                if let Some((_, _, first_len, _)) = by_message(&op) {
+                    chain.clear();
+                    let mut bytes = first_len;
+                    while chain.len() + 1 < paged::PAGES_LIMIT {
+                        let next = reqs.next_if(|n| {
+                            n.wr_id == wr_id
+                                && same_message(&op, &n.op)
+                                && by_message(&n.op)
+                                    .is_some_and(|(_, _, l, _)| bytes + l <= paged::DATA_LIMIT)
+                        });
+                        match next {
+                            Some(n) => {
+                                self.inner.counters.count_posted(&n.op);
+                                bytes += by_message(&n.op).map_or(0, |p| p.2);
+                                chain.push(n.op);
+                            }
+                            None => break,
+                        }
+                    }
+                    if !chain.is_empty() {
+                        // Split into messages the provider sends eagerly.
+                        let longest = std::iter::once(&op)
+                            .chain(chain.iter())
+                            .filter_map(by_message)
+                            .map(|p| p.2)
+                            .max()
+                            .unwrap_or(first_len);
+                        let n = 1 + chain.len();
+                        let per = paged::pages_per_message(&inner.addr, n, longest);
+                        let all: Vec<WorkOp> = std::iter::once(op).chain(chain.drain(..)).collect();
+                        for (i, part) in all.chunks(per).enumerate() {
+                            let seq = if i == 0 {
+                                seq
+                            } else {
+                                live.next_seq += 1;
+                                live.next_seq - 1
+                            };
+                            let pieces = part.len() as u32;
+                            match self.build_paged(live, seq, &part[0], &part[1..]) {
+                                Ok((ctx, post, sent)) => {
+                                    Counters::bump(&inner.counters.paged_by_message, 1);
+                                    built.push(Built {
+                                        seq,
+                                        ctx,
+                                        post,
+                                        meta: OpMeta {
+                                            wr_id,
+                                            pieces,
+                                            sink: self.sink.clone(),
+                                            op: op_kind,
+                                            peer,
+                                            since: now,
+                                            paged: Some(sent),
+                                        },
+                                        riders: Vec::new(),
+                                    })
+                                }
+                                Err(e) => {
+                                    for _ in 0..pieces {
+                                        self.fail_now(wr_id, e.clone());
+                                    }
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                }
+            }
             // The pieces that follow this one from the same region to the
             // same peer and key go in the same post: of the same transfer,
             // and where writes share acknowledgements (module `cover`) of
@@ -351,12 +510,26 @@ impl Endpoint for FabricEndpoint {
                         op: op_kind,
                         peer,
                         since: now,
+                        paged: None,
                     },
                     riders,
                 }),
                 Err(e) => {
                     for &id in &chain_ids {
                         self.fail_now(id, e.clone());
+                    }
+                }
+            }
+        }
+        if inner.paged_send {
+            // The last message to each peer asks for the
+            // acknowledgements of all (module `paged`).
+            let mut asked: Vec<u64> = Vec::new();
+            for b in built.iter_mut().rev() {
+                if let (Post::TSend { fi_addr, .. }, Some(_)) = (&b.post, &b.meta.paged) {
+                    if !asked.contains(fi_addr) {
+                        asked.push(*fi_addr);
+                        set_ack_now(&mut b.ctx.bytes);
                     }
                 }
             }
@@ -535,8 +708,11 @@ impl Endpoint for FabricEndpoint {
                     if live.covers.abandon(s) {
                         shut(out, f.wr_id, f.pieces);
                     }
+                    live.paged_early.remove(&s);
                     // The provider may still use the buffers: keep them.
-                    live.abandoned.insert(s, f.leaked);
+                    if let Some(l) = f.leaked {
+                        live.abandoned.insert(s, l);
+                    }
                 }
             }
             let waiting: Vec<u64> = live

@@ -1,0 +1,360 @@
+//! Paged writes by message: where the provider's RMA runs in the target's
+//! CPU anyway (`tcp;ofi_rxm`, `sockets`: [`efa::PagedByMessage`]), the
+//! pages of one paged write to one peer leave as one tagged message
+//! instead of chained one-sided writes of at most `iov_limit` pages (4 on
+//! `tcp;ofi_rxm`) each.
+//!
+//! - **Sender** (`FabricEndpoint::post`): consecutive pages of one
+//!   transfer to one peer (same work-request id, peer and immediate, from
+//!   one region), each at most [`PAGE_LIMIT`] bytes and together at most
+//!   [`DATA_LIMIT`], are packed into one [`PagedMsg`] (header: sequence
+//!   number, immediate, the sender's address, per page the key and
+//!   address as the provider would take them and the length; then the
+//!   bytes, copied out of the source region at posting) in the context's
+//!   own buffer, sent with `fi_tsend` and [`PAGED_TAG`]. Tagged messages
+//!   never match the untagged receives the engine posts for its users'
+//!   messages ([`Domain::post_recv`](crate::domain::Domain::post_recv)),
+//!   and the engine's messages never match ours.
+//! - **Target** (the domain's progress path, whoever reads the queue):
+//!   [`RECV_SLOTS`] tagged receives of [`SLOT_BYTES`] each are posted
+//!   when the NIC opens and reposted as each completes. A message is
+//!   decoded (peer input: malformed ones are counted as errors and
+//!   dropped; the sender then times out), every page is checked against
+//!   this domain's registrations as the provider would check a one-sided
+//!   write (key known, region alive and granting remote writes, range
+//!   inside), and only if all pass are they copied into place, then the
+//!   immediate counted once per page (as each page of a one-sided paged
+//!   write delivers one), then an [`Ack`] queued. Acknowledgements are
+//!   sent at the end of the progress round, one [`PagedAcks`] message per
+//!   peer for all its messages placed in that round.
+//! - **Completion**: the sender's write completes only on its
+//!   acknowledgement (design §4: a completion means the data is visible
+//!   at the target), with the error of a refused page if one was. The
+//!   message's buffer is the context's and goes when the send completes
+//!   (the context is dropped then); the transfer's bookkeeping
+//!   (`Inflight` without a context) stays until the acknowledgement, a
+//!   timeout (`Inner::expire`), `Endpoint::flush` or the NIC's shutdown,
+//!   whichever comes first, and each of those finishes it once. An
+//!   acknowledgement that came before the send's own completion waits in
+//!   `Live::paged_early` until then.
+//! - Acknowledgements are sent without a completion anyone waits for (their
+//!   contexts are `abandoned` until the provider returns them); a lost
+//!   one times the write out at the sender.
+
+use std::sync::Arc;
+
+use rolex_core::wire::{
+    encode_paged_acks, paged_msg_len, peek_tag, Ack, AckStatus, NetAddr, PagedAcks, PagedMsg,
+    MAX_ACKS, MAX_PAGES, PAGED_ACKS_TAG, PAGED_MSG_TAG, PAGE_ENTRY_LEN,
+};
+
+use super::ffi::{CtxKind, OpCtx, Post};
+use super::{lock, Inflight, Inner, Live, MrScheme, Pending};
+use crate::counters::Counters;
+use crate::error::{ProtectionCheck, TransferError};
+use crate::region::Region;
+use rolex_core::wire::Access;
+
+/// The tag of every message of this path (both kinds; the header's own
+/// tag byte tells a [`PagedMsg`] from a [`PagedAcks`]).
+pub(super) const PAGED_TAG: u64 = 0x524f_4c45_5850_4731;
+
+/// Longest page sent by message; larger pages go one-sided (one write
+/// moves them at the stream's rate already).
+pub(super) const PAGE_LIMIT: u64 = 4096;
+
+/// Most page bytes gathered from one transfer for one peer before they
+/// are split into messages ([`pages_per_message`]).
+pub(super) const DATA_LIMIT: u64 = 64 * 1024;
+
+/// Most pages in one message.
+pub(super) const PAGES_LIMIT: usize = MAX_PAGES;
+
+/// Largest message sent: `tcp;ofi_rxm` sends messages up to its buffer
+/// size (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by default) eagerly, in one
+/// go; a larger one takes its rendezvous protocol (the target reads the
+/// data from the sender: a round trip more, measured at half the rate).
+/// A run of pages larger than this is split into as few messages as fit,
+/// of equal page counts. Where the provider was told another buffer size
+/// (the variable set in this process), that is the limit.
+pub(super) const EAGER_LIMIT: usize = 16 * 1024;
+
+/// [`EAGER_LIMIT`], or `FI_OFI_RXM_BUFFER_SIZE` where set (read once).
+pub(super) fn eager_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("FI_OFI_RXM_BUFFER_SIZE")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n >= 1024)
+            .map_or(EAGER_LIMIT, |n| n.min(MAX_SLOT))
+    })
+}
+
+/// The largest receive a serving NIC posts (and so the largest message a
+/// sender builds, whatever the buffer size).
+const MAX_SLOT: usize = 1 << 20;
+
+/// Pages per message for a run of `n` pages of at most `longest` bytes
+/// each from `from`: as few messages as keep each within
+/// [`EAGER_LIMIT`], the pages spread evenly (at least one page each).
+pub(super) fn pages_per_message(from: &NetAddr, n: usize, longest: u64) -> usize {
+    let limit = eager_limit();
+    let fits = |per: usize| paged_msg_len(from, per, per * longest as usize) <= limit;
+    let mut k = 1;
+    loop {
+        let per = n.div_ceil(k);
+        if per <= 1 || fits(per) {
+            return per.max(1);
+        }
+        k += 1;
+    }
+}
+
+/// Tagged receives a serving NIC keeps posted.
+pub(super) const RECV_SLOTS: usize = 64;
+
+/// Bytes of one receive: the largest message a sender builds, one page
+/// of [`PAGE_LIMIT`] bytes (alone it may pass [`EAGER_LIMIT`]) or
+/// [`EAGER_LIMIT`].
+pub(super) fn slot_bytes() -> usize {
+    let one = match NetAddr::new(&[1; NetAddr::MAX_LEN]) {
+        Ok(a) => paged_msg_len(&a, 1, PAGE_LIMIT as usize),
+        // Never: `MAX_LEN` bytes make an address. A generous bound.
+        Err(_) => 256 + PAGE_ENTRY_LEN + PAGE_LIMIT as usize,
+    };
+    one.max(eager_limit())
+}
+
+/// What a sender keeps of a paged message until its acknowledgement:
+/// each page's `(rkey, address, length)` as the user named them, for the
+/// error of a refused one.
+pub(super) struct Sent {
+    pub(super) pages: Box<[(u64, u64, u64)]>,
+}
+
+impl Inner {
+    /// Posts the tagged receives of a serving NIC (when it opens).
+    pub(super) fn paged_post_receives(&self, live: &mut Live) {
+        let bytes = slot_bytes();
+        for _ in 0..RECV_SLOTS {
+            let mut ctx = OpCtx::new(CtxKind::PagedRecv);
+            ctx.bytes = vec![0; bytes];
+            self.paged_repost(live, ctx);
+        }
+    }
+
+    /// Posts `ctx` (a tagged receive whose buffer is its `bytes`) again.
+    pub(super) fn paged_repost(&self, live: &mut Live, ctx: Box<OpCtx>) {
+        let p = Pending {
+            ctx,
+            post: Post::TRecv {
+                tag: PAGED_TAG,
+                ignore: 0,
+            },
+            seq: None,
+        };
+        if !live.recv_retry.is_empty() {
+            live.recv_retry.push_back(p);
+        } else if let Err(p) = self.try_post(live, p) {
+            live.recv_retry.push_back(p);
+        }
+    }
+
+    /// A tagged message arrived: a peer's paged write (placed, then
+    /// acknowledged) or acknowledgements of ours.
+    pub(super) fn paged_arrival(&self, live: &mut Live, bytes: &[u8]) {
+        match peek_tag(bytes) {
+            Ok(PAGED_MSG_TAG) => match PagedMsg::decode(bytes) {
+                Ok(m) => {
+                    let (status, page) = self.place(&m);
+                    if status == AckStatus::Ok {
+                        if let Some(imm) = m.imm {
+                            for _ in 0..m.count() {
+                                self.arrive_imm(imm);
+                            }
+                        }
+                    } else {
+                        Counters::bump(&self.counters.errors, 1);
+                    }
+                    live.acks_out.push((
+                        m.from,
+                        Ack {
+                            seq: m.seq,
+                            status,
+                            page,
+                        },
+                    ));
+                    if m.ack_now && !live.acks_due.contains(&m.from) {
+                        live.acks_due.push(m.from);
+                    }
+                }
+                Err(_) => Counters::bump(&self.counters.errors, 1),
+            },
+            Ok(PAGED_ACKS_TAG) => match PagedAcks::decode(bytes) {
+                Ok(a) => {
+                    for ack in a.acks() {
+                        self.paged_ack(live, &a.from, ack);
+                    }
+                }
+                Err(_) => Counters::bump(&self.counters.errors, 1),
+            },
+            _ => Counters::bump(&self.counters.errors, 1),
+        }
+    }
+
+    /// Checks every page of `m` against this domain's registrations, then
+    /// copies them all into place, or none: the status and the index of
+    /// the first refused page.
+    fn place(&self, m: &PagedMsg<'_>) -> (AckStatus, u8) {
+        // The registrations' lock is held throughout: a deregistration
+        // (`Domain::deregister`) waits, and the regions' guards keep
+        // their memory while the pages are copied.
+        let mrs = lock(&self.mrs);
+        let mut regions: Vec<(Arc<Region>, u64)> = Vec::with_capacity(m.count());
+        for (i, (t, _)) in m.pages().enumerate() {
+            let refuse = |s| (s, i as u8);
+            let Some(region) = mrs.get(&t.key).and_then(|e| e.weak.upgrade()) else {
+                return refuse(AckStatus::UnknownKey);
+            };
+            if !region.access().contains(Access::REMOTE_WRITE) {
+                return refuse(AckStatus::NotWritable);
+            }
+            let offset = match self.scheme {
+                MrScheme::OffsetApp => Some(t.addr),
+                MrScheme::VirtApp | MrScheme::VirtProv => t.addr.checked_sub(region.addr()),
+            };
+            let inside = offset
+                .and_then(|o| o.checked_add(u64::from(t.len)))
+                .is_some_and(|end| end <= region.len());
+            match offset {
+                Some(o) if inside => regions.push((region, o)),
+                _ => return refuse(AckStatus::OutOfBounds),
+            }
+        }
+        let mut guards = Vec::with_capacity(regions.len());
+        for (i, (r, _)) in regions.iter().enumerate() {
+            match r.enter() {
+                Some(g) => guards.push(g),
+                // Deregistered meanwhile (its keys are on the way out).
+                None => return (AckStatus::UnknownKey, i as u8),
+            }
+        }
+        for ((g, (_, offset)), (_, data)) in guards.iter().zip(&regions).zip(m.pages()) {
+            // Checked above; `write` checks again and copies nothing if
+            // the range is outside.
+            g.write(*offset, data);
+        }
+        drop(mrs);
+        (AckStatus::Ok, 0)
+    }
+
+    /// One acknowledgement from `from` of our message `ack.seq`.
+    fn paged_ack(&self, live: &mut Live, from: &NetAddr, ack: Ack) {
+        let Some(f) = live.inflight.get(&ack.seq) else {
+            // Timed out or flushed already.
+            return;
+        };
+        let Some(sent) = f.paged.as_ref().filter(|_| f.peer == *from) else {
+            Counters::bump(&self.counters.errors, 1);
+            return;
+        };
+        let result = match ack.status {
+            AckStatus::Ok => Ok(0),
+            refused => {
+                let (rkey, addr, len) = sent
+                    .pages
+                    .get(usize::from(ack.page))
+                    .copied()
+                    .unwrap_or_default();
+                Err(TransferError::Protection {
+                    peer: f.peer,
+                    rkey,
+                    check: match refused {
+                        AckStatus::OutOfBounds => ProtectionCheck::OutOfBounds { addr, len },
+                        AckStatus::NotWritable => {
+                            ProtectionCheck::MissingRight(Access::REMOTE_WRITE)
+                        }
+                        _ => ProtectionCheck::UnknownKey,
+                    },
+                })
+            }
+        };
+        if f.leaked.is_some() {
+            // Our send has not completed yet: finish when it does.
+            live.paged_early.insert(ack.seq, result);
+        } else if let Some(f) = live.inflight.remove(&ack.seq) {
+            self.finish_paged(live, ack.seq, f, result);
+        }
+    }
+
+    /// Completes the paged message `seq` (its send done, its
+    /// acknowledgement in) with `result`.
+    pub(super) fn finish_paged(
+        &self,
+        live: &mut Live,
+        seq: u64,
+        f: Inflight,
+        result: Result<u64, TransferError>,
+    ) {
+        if result.is_err() {
+            Counters::bump(&self.counters.errors, u64::from(f.pieces));
+        }
+        live.covers.finish(seq, &f.sink, f.wr_id, f.pieces, result);
+    }
+
+    /// Sends the acknowledgements queued for the peers whose messages
+    /// asked for them ([`PagedMsg::ack_now`]) in this round: one message
+    /// per peer (more past [`MAX_ACKS`]); the other peers' wait for their
+    /// asking message (every batch a sender posts ends with one; a sender
+    /// whose asking message never comes times its writes out). A peer
+    /// whose address cannot be resolved gets none (its writes time out).
+    pub(super) fn paged_send_acks(&self, live: &mut Live) {
+        if live.acks_due.is_empty() {
+            return;
+        }
+        let due = std::mem::take(&mut live.acks_due);
+        let (mut out, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut live.acks_out)
+            .into_iter()
+            .partition(|(p, _)| due.contains(p));
+        live.acks_out = keep;
+        // Stable: each peer's acknowledgements stay in arrival order.
+        out.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let mut rest = &out[..];
+        while let Some((peer, _)) = rest.first() {
+            let n = rest
+                .iter()
+                .take_while(|(p, _)| p == peer)
+                .count()
+                .min(MAX_ACKS);
+            let (batch, tail) = rest.split_at(n);
+            rest = tail;
+            let acks: Vec<Ack> = batch.iter().map(|(_, a)| *a).collect();
+            let Ok(fi_addr) = self.fi_addr(live, peer) else {
+                Counters::bump(&self.counters.errors, 1);
+                continue;
+            };
+            let seq = live.next_seq;
+            live.next_seq += 1;
+            let mut ctx = OpCtx::new(CtxKind::Op(seq));
+            if encode_paged_acks(&mut ctx.bytes, &self.addr, &acks).is_err() {
+                continue;
+            }
+            // No `retry_meta`: once posted the context is `abandoned`
+            // until the provider returns it; nobody waits for it.
+            let p = Pending {
+                ctx,
+                post: Post::TSend {
+                    desc: 0,
+                    fi_addr,
+                    tag: PAGED_TAG,
+                },
+                seq: Some(seq),
+            };
+            self.submit(live, fi_addr, p);
+        }
+        let mut due = due;
+        due.clear();
+        live.acks_due = due;
+    }
+}
