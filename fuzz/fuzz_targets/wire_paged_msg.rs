@@ -20,8 +20,10 @@ fuzz_target!(|data: &[u8]| {
         }).sum();
         assert!(total <= MAX_DATA);
         let targets: Vec<PageTarget> = pages.iter().map(|(t, _)| *t).collect();
+        let segs: Vec<(u64, u8)> = m.segments().map(|(s, r)| (s, r.len() as u8)).collect();
+        assert_eq!(segs.iter().map(|s| usize::from(s.1)).sum::<usize>(), m.count());
         let mut again = Vec::new();
-        encode_paged_msg(&mut again, m.seq, m.imm, &m.from, &targets, |i, dst| {
+        encode_paged_msg(&mut again, m.imm, &m.from, &segs, &targets, |i, dst| {
             dst.copy_from_slice(pages[i].1);
             true
         })

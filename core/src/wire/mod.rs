@@ -45,6 +45,7 @@ pub use paged_msg::{encode_paged_acks, encode_paged_msg};
 pub use paged_msg::{
     paged_msg_len, set_ack_now, Ack, AckStatus, PageTarget, PagedAcks, PagedMsg, ACK_ENTRY_LEN,
     MAX_ACKS, MAX_DATA, MAX_PAGES, MAX_PAGE_LEN, PAGED_ACKS_TAG, PAGED_MSG_TAG, PAGE_ENTRY_LEN,
+    SEGMENT_ENTRY_LEN,
 };
 #[cfg(feature = "alloc")]
 pub use pages::Pages;

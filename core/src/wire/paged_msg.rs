@@ -2,31 +2,35 @@
 //! transfer engine's "paged by message" path over providers that emulate
 //! RMA in the target's CPU anyway; see the engine's libfabric domain).
 //!
-//! A [`PagedMsg`] carries the pages of one paged write to one peer: where
-//! each goes (the remote key and the address as the provider would take
-//! it, a virtual address or an offset) and the page bytes, in order. The
-//! target checks every page against its own registrations as a one-sided
-//! write would be checked, places all of them or none, and answers with a
-//! [`PagedAcks`] entry for the message's sequence number. Both are peer
-//! input: the decoders never panic, refuse anything malformed with a
-//! [`WireError`], and borrow the page bytes (no allocation).
+//! A [`PagedMsg`] carries pages of paged writes to one peer: where each
+//! goes (the remote key and the address as the provider would take it, a
+//! virtual address or an offset) and the page bytes, in order, grouped in
+//! *segments* (consecutive pages of one transfer, each with the sender's
+//! sequence number for it). The target checks every page of a segment
+//! against its own registrations as a one-sided write would be checked,
+//! places all of the segment's pages or none, and answers with one
+//! [`PagedAcks`] entry per segment. Both are peer input: the decoders
+//! never panic, refuse anything malformed with a [`WireError`], and
+//! borrow the page bytes (no allocation).
 //!
 //! ```text
 //! PagedMsg (tag 5), after the 2-byte header:
-//!  +-------+-------+---------+---------+-------------+------------------+---------+
-//!  | flags | count | seq u64 | imm u32 | from NetAddr| count × page     | data    |
-//!  +-------+-------+---------+---------+-------------+------------------+---------+
-//!  flags: bit 0 = the write carries `imm` (else imm is 0); bit 1 = send
+//!  +-------+-------+------+---------+-------------+------------+--------------+------+
+//!  | flags | pages | segs | imm u32 | from NetAddr| segs × seg | pages × page | data |
+//!  +-------+-------+------+---------+-------------+------------+--------------+------+
+//!  flags: bit 0 = the pages carry `imm` (else imm is 0); bit 1 = send
 //!  the acknowledgements now (see `PagedMsg::ack_now`); other bits 0.
-//!  count: 1..=MAX_PAGES.  page: key u64 | addr u64 | len u32 (1..=MAX_PAGE_LEN).
+//!  pages: 1..=MAX_PAGES.  segs: 1..=pages.
+//!  seg: seq u64 | count u8 (1..); the counts add up to `pages`.
+//!  page: key u64 | addr u64 | len u32 (1..=MAX_PAGE_LEN).
 //!  data: exactly the sum of the pages' lengths (at most MAX_DATA), in order.
 //!
 //! PagedAcks (tag 6), after the 2-byte header:
 //!  +-------------+-----------+--------------------------------------------+
 //!  | from NetAddr| count u16 | count × (seq u64 | status u8 | page u8)    |
 //!  +-------------+-----------+--------------------------------------------+
-//!  count: 1..=MAX_ACKS.  status: AckStatus.  page: the refused page's
-//!  index (0 when status is Ok).
+//!  count: 1..=MAX_ACKS.  seq: a segment's.  status: AckStatus.  page:
+//!  the refused page's index in its segment (0 when status is Ok).
 //! ```
 
 use super::{read_header, Body, NetAddr, WireError, Writer, HEADER_LEN, WIRE_VERSION};
@@ -47,6 +51,8 @@ pub const MAX_ACKS: usize = 1024;
 pub const PAGE_ENTRY_LEN: usize = 20;
 /// Bytes of one acknowledgement entry.
 pub const ACK_ENTRY_LEN: usize = 10;
+/// Bytes of one segment entry.
+pub const SEGMENT_ENTRY_LEN: usize = 9;
 
 const FLAG_IMM: u8 = 1;
 const FLAG_ACK_NOW: u8 = 2;
@@ -82,8 +88,6 @@ pub struct PageTarget {
 /// borrowed from the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedMsg<'a> {
-    /// The sender's sequence number of the message (echoed in the ack).
-    pub seq: u64,
     /// The immediate every page delivers, if any.
     pub imm: Option<u32>,
     /// The sender's address (where the acknowledgement goes).
@@ -93,6 +97,7 @@ pub struct PagedMsg<'a> {
     /// without it they wait for a later message that asks. A sender asks
     /// on the last message of each batch it posts to a peer.
     pub ack_now: bool,
+    segs: &'a [u8],
     entries: &'a [u8],
     data: &'a [u8],
 }
@@ -101,6 +106,18 @@ impl<'a> PagedMsg<'a> {
     /// Pages in the message.
     pub fn count(&self) -> usize {
         self.entries.len() / PAGE_ENTRY_LEN
+    }
+
+    /// The segments in order: each one's sequence number and its pages'
+    /// indices in [`PagedMsg::pages`].
+    pub fn segments(&self) -> impl Iterator<Item = (u64, core::ops::Range<usize>)> + 'a {
+        let mut at = 0;
+        self.segs.chunks_exact(SEGMENT_ENTRY_LEN).map(move |e| {
+            let n = usize::from(e[8]);
+            let r = at..at + n;
+            at += n;
+            (u64_at(&e[..8]), r)
+        })
     }
 
     /// The pages in order, each with its bytes.
@@ -140,7 +157,13 @@ impl<'a> PagedMsg<'a> {
                 max: MAX_PAGES,
             });
         }
-        let seq = u64_at(r.take(8, "PagedMsg seq")?);
+        let nsegs = usize::from(r.u8("PagedMsg segment count")?);
+        if nsegs == 0 || nsegs > count {
+            return Err(WireError::Invalid {
+                what: "PagedMsg segment count",
+                why: "1 to the page count",
+            });
+        }
         let imm_raw = u32_at(r.take(4, "PagedMsg imm")?);
         let imm = if flags & FLAG_IMM != 0 {
             Some(imm_raw)
@@ -153,6 +176,23 @@ impl<'a> PagedMsg<'a> {
             None
         };
         let from = NetAddr::decode_body(&mut r)?;
+        let segs = r.take(nsegs * SEGMENT_ENTRY_LEN, "PagedMsg segments")?;
+        let mut in_segs = 0usize;
+        for e in segs.chunks_exact(SEGMENT_ENTRY_LEN) {
+            if e[8] == 0 {
+                return Err(WireError::Invalid {
+                    what: "PagedMsg segment",
+                    why: "a segment has at least one page",
+                });
+            }
+            in_segs += usize::from(e[8]);
+        }
+        if in_segs != count {
+            return Err(WireError::Invalid {
+                what: "PagedMsg segments",
+                why: "the segments' pages do not add up to the message's",
+            });
+        }
         let entries = r.take(count * PAGE_ENTRY_LEN, "PagedMsg pages")?;
         let mut total = 0usize;
         for e in entries.chunks_exact(PAGE_ENTRY_LEN) {
@@ -180,23 +220,30 @@ impl<'a> PagedMsg<'a> {
             });
         }
         Ok(PagedMsg {
-            seq,
             imm,
             from,
             ack_now: flags & FLAG_ACK_NOW != 0,
+            segs,
             entries,
             data,
         })
     }
 }
 
-/// Bytes of a [`PagedMsg`] of `pages` pages carrying `data` page bytes,
-/// from `from`.
-pub fn paged_msg_len(from: &NetAddr, pages: usize, data: usize) -> usize {
-    HEADER_LEN + 2 + 8 + 4 + from.body_len() + pages * PAGE_ENTRY_LEN + data
+/// Bytes of a [`PagedMsg`] of `segments` segments and `pages` pages
+/// carrying `data` page bytes, from `from`.
+pub fn paged_msg_len(from: &NetAddr, segments: usize, pages: usize, data: usize) -> usize {
+    HEADER_LEN
+        + 3
+        + 4
+        + from.body_len()
+        + segments * SEGMENT_ENTRY_LEN
+        + pages * PAGE_ENTRY_LEN
+        + data
 }
 
-/// Writes a [`PagedMsg`] into `out` (cleared first): the header and page
+/// Writes a [`PagedMsg`] into `out` (cleared first): the header, the
+/// `segments` (`(seq, pages)`, in order, covering `pages`) and page
 /// entries, then each page's bytes, which `fill(i, dst)` writes into
 /// `dst` (exactly page `i`'s length; returns `false` to give up, e.g. a
 /// source range that is no longer readable). Fails, writing nothing
@@ -205,12 +252,23 @@ pub fn paged_msg_len(from: &NetAddr, pages: usize, data: usize) -> usize {
 #[cfg(feature = "alloc")]
 pub fn encode_paged_msg(
     out: &mut alloc_vec::Vec<u8>,
-    seq: u64,
     imm: Option<u32>,
     from: &NetAddr,
+    segments: &[(u64, u8)],
     pages: &[PageTarget],
     mut fill: impl FnMut(usize, &mut [u8]) -> bool,
 ) -> Result<(), WireError> {
+    let in_segs: usize = segments.iter().map(|s| usize::from(s.1)).sum();
+    if segments.is_empty()
+        || segments.len() > pages.len()
+        || segments.iter().any(|s| s.1 == 0)
+        || in_segs != pages.len()
+    {
+        return Err(WireError::Invalid {
+            what: "PagedMsg segments",
+            why: "the segments' pages do not add up to the message's",
+        });
+    }
     if pages.is_empty() {
         return Err(WireError::Invalid {
             what: "PagedMsg page count",
@@ -241,17 +299,24 @@ pub fn encode_paged_msg(
             max: MAX_DATA,
         });
     }
-    let len = paged_msg_len(from, pages.len(), total);
+    let len = paged_msg_len(from, segments.len(), pages.len(), total);
     out.clear();
     out.resize(len, 0);
     let head_len = len - total;
     {
         let mut w = Writer::new(&mut out[..head_len]);
         w.put(&[WIRE_VERSION, PAGED_MSG_TAG])?;
-        w.put(&[if imm.is_some() { FLAG_IMM } else { 0 }, pages.len() as u8])?;
-        w.put(&seq.to_le_bytes())?;
+        w.put(&[
+            if imm.is_some() { FLAG_IMM } else { 0 },
+            pages.len() as u8,
+            segments.len() as u8,
+        ])?;
         w.put(&imm.unwrap_or(0).to_le_bytes())?;
         from.encode_body(&mut w)?;
+        for (seq, n) in segments {
+            w.put(&seq.to_le_bytes())?;
+            w.put(&[*n])?;
+        }
         for p in pages {
             w.put(&p.key.to_le_bytes())?;
             w.put(&p.addr.to_le_bytes())?;
@@ -463,7 +528,8 @@ mod tests {
 
     fn encode(seq: u64, imm: Option<u32>, pages: &[PageTarget]) -> Vec<u8> {
         let mut out = Vec::new();
-        encode_paged_msg(&mut out, seq, imm, &addr(), pages, |i, dst| {
+        let segs = [(seq, pages.len() as u8)];
+        encode_paged_msg(&mut out, imm, &addr(), &segs, pages, |i, dst| {
             dst.fill(i as u8 + 1);
             true
         })
@@ -487,10 +553,8 @@ mod tests {
         ];
         let bytes = encode(42, Some(0x51), &pages);
         let m = PagedMsg::decode(&bytes).expect("decode");
-        assert_eq!(
-            (m.seq, m.imm, m.from, m.count()),
-            (42, Some(0x51), addr(), 2)
-        );
+        assert_eq!((m.imm, m.from, m.count()), (Some(0x51), addr(), 2));
+        assert_eq!(m.segments().collect::<Vec<_>>(), [(42, 0..2)]);
         assert!(!m.ack_now);
         let mut asked = bytes.clone();
         set_ack_now(&mut asked);
@@ -528,7 +592,7 @@ mod tests {
         bad[3] = 0; // no pages
         assert!(PagedMsg::decode(&bad).is_err());
         let mut bad = good.clone();
-        bad[12] = 1; // an immediate without its flag
+        bad[5] = 1; // an immediate without its flag
         assert!(PagedMsg::decode(&bad).is_err());
         let mut bad = good;
         bad[1] = PAGED_ACKS_TAG;
@@ -537,9 +601,21 @@ mod tests {
             Err(WireError::BadTag { .. })
         ));
         let zero = PageTarget { len: 0, ..page };
-        assert!(encode_paged_msg(&mut Vec::new(), 1, None, &addr(), &[zero], |_, _| true).is_err());
-        let gave_up = encode_paged_msg(&mut Vec::new(), 1, None, &addr(), &[page], |_, _| false);
+        let one = [(1, 1)];
+        assert!(
+            encode_paged_msg(&mut Vec::new(), None, &addr(), &one, &[zero], |_, _| true).is_err()
+        );
+        let gave_up = encode_paged_msg(&mut Vec::new(), None, &addr(), &one, &[page], |_, _| false);
         assert!(gave_up.is_err());
+        let short = encode_paged_msg(
+            &mut Vec::new(),
+            None,
+            &addr(),
+            &[(1, 2)],
+            &[page],
+            |_, _| true,
+        );
+        assert!(short.is_err(), "segments must add up to the pages");
     }
 
     #[test]
@@ -575,12 +651,27 @@ mod tests {
             seq: u64,
             imm: Option<u32>,
             pages in proptest::collection::vec((any::<u64>(), any::<u64>(), 1u32..=300), 1..=MAX_PAGES),
+            cut in 0usize..MAX_PAGES,
         ) {
             let pages: Vec<PageTarget> =
                 pages.into_iter().map(|(key, addr, len)| PageTarget { key, addr, len }).collect();
-            let bytes = encode(seq, imm, &pages);
+            // One segment, or two split at `cut`.
+            let n = pages.len();
+            let segs: Vec<(u64, u8)> = if cut == 0 || cut >= n {
+                vec![(seq, n as u8)]
+            } else {
+                vec![(seq, cut as u8), (seq.wrapping_add(1), (n - cut) as u8)]
+            };
+            let mut bytes = Vec::new();
+            encode_paged_msg(&mut bytes, imm, &addr(), &segs, &pages, |i, dst| {
+                dst.fill(i as u8 + 1);
+                true
+            })
+            .expect("encode");
             let m = PagedMsg::decode(&bytes).expect("decode");
-            prop_assert_eq!((m.seq, m.imm, m.count()), (seq, imm, pages.len()));
+            prop_assert_eq!((m.imm, m.count()), (imm, pages.len()));
+            let got: Vec<(u64, u8)> = m.segments().map(|(s, r)| (s, r.len() as u8)).collect();
+            prop_assert_eq!(got, segs);
             for (i, (t, data)) in m.pages().enumerate() {
                 prop_assert_eq!(t, pages[i]);
                 prop_assert!(data.len() == t.len as usize && data.iter().all(|&b| b == i as u8 + 1));

@@ -572,3 +572,88 @@ fn refused_pages_fail_the_transfer_and_write_nothing() {
         assert_eq!((c.errors, c.delivery_acks), (12, 0), "{c:?}");
     });
 }
+
+/// A target that never answers: a TCP listener that accepts nothing (the
+/// kernel completes connections into its backlog, nobody speaks), named
+/// by the `tcp` provider's address format (a `sockaddr_in`), and a
+/// descriptor of `len` bytes there with a well-formed key. Keep the
+/// listener while it is used.
+fn silent_target(len: u64) -> (std::net::TcpListener, MrDesc) {
+    use rolex_engine::domain::fabric::keys;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = l.local_addr().expect("port").port().to_be_bytes();
+    let mut sa = [0u8; 16];
+    sa[..8].copy_from_slice(&[2, 0, port[0], port[1], 127, 0, 0, 1]);
+    let addr = NetAddr::new(&sa).expect("address");
+    // `tcp;ofi_rxm` addresses by offset: the key carries the base.
+    let key = keys::offset_key(0x10_0000).expect("key");
+    let desc = MrDesc::new(0x10_0000, len, Access::all(), &[(addr, key)]).expect("descriptor");
+    (l, desc)
+}
+
+/// Failure paths of messages that are never acknowledged (the peer never
+/// answers): each transfer fails once when the operation timeout passes,
+/// with every page counted as an error; and transfers still in flight
+/// when the sending engine shuts down complete with `EngineShutDown`, so
+/// nothing waits forever and the messages' buffers and bookkeeping go.
+#[test]
+fn unacknowledged_messages_fail_once() {
+    if !usable() {
+        return;
+    }
+    bounded(|| {
+        let engine = |timeout| {
+            TransferEngine::new(EngineConfig {
+                fabric: Fabric::Libfabric(LibfabricConfig {
+                    paged_by_message: PagedMode::On,
+                    op_timeout: timeout,
+                    ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
+                }),
+                pin_workers: false,
+                ..EngineConfig::default()
+            })
+            .expect("tcp engine")
+        };
+        let (_listener, desc) = silent_target(1 << 20);
+        // 32 pages of 1 KiB: three messages, one segment of this transfer
+        // in a message whose send another segment carries.
+        let pages = Pages {
+            indices: (0..32).collect(),
+            stride: 1024,
+            offset: 0,
+        };
+        let a = engine(std::time::Duration::from_millis(500));
+        let (src, _) = region(&a, 64 * 1024);
+        for round in 0..3 {
+            let (f, done) = flag();
+            a.submit_paged_writes(1024, None, (&src, &pages), (&desc, &pages), done)
+                .unwrap();
+            let r = wait(&f);
+            assert!(
+                matches!(
+                    r,
+                    Err(TransferError::Timeout { .. } | TransferError::PeerNotReady { .. })
+                ),
+                "round {round}: {r:?}"
+            );
+        }
+        let c = a.counters().total;
+        assert_eq!((c.errors, c.writes), (96, 96), "{c:?}");
+        drop(a);
+        // Shutdown with transfers in flight.
+        let a = engine(std::time::Duration::from_secs(30));
+        let (src, _) = region(&a, 64 * 1024);
+        let mut flags = Vec::new();
+        for _ in 0..4 {
+            let (f, done) = flag();
+            a.submit_paged_writes(1024, None, (&src, &pages), (&desc, &pages), done)
+                .unwrap();
+            flags.push(f);
+        }
+        drop(a);
+        for f in &flags {
+            let r = wait(f);
+            assert!(matches!(r, Err(TransferError::EngineShutDown)), "{r:?}");
+        }
+    });
+}

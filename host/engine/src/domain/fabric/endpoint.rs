@@ -131,18 +131,20 @@ impl FabricEndpoint {
         Ok((ctx, post))
     }
 
-    /// One message carrying the pages `first` and `rest` (module `paged`):
-    /// their bytes are copied out of the source region now, into the
-    /// context's buffer, which the context owns until the send completes.
+    /// One message carrying `pages` (`(wr_id, page)`, module `paged`)
+    /// in segments of consecutive pages of one transfer, one sequence
+    /// number each (`seqs`): their bytes are copied out of the source
+    /// region now, into the context's buffer, which the context owns until
+    /// the send completes. Returns each segment's pages as the user named
+    /// them (for the error of a refused one).
     fn build_paged(
         &self,
         live: &mut Live,
-        seq: u64,
-        first: &WorkOp,
-        rest: &[WorkOp],
-    ) -> Result<(Box<OpCtx>, Post, paged::Sent), TransferError> {
+        segments: &[(u64, u8)],
+        pages: &[(u64, WorkOp)],
+    ) -> Result<(Box<OpCtx>, Post, Vec<paged::Sent>), TransferError> {
         let inner = &self.inner;
-        let Some((local, remote, _, imm)) = by_message(first) else {
+        let Some((local, remote, _, imm)) = pages.first().and_then(|p| by_message(&p.1)) else {
             return Err(TransferError::EngineShutDown);
         };
         if imm.is_some() && !inner.claims.immediates {
@@ -154,13 +156,13 @@ impl FabricEndpoint {
         let fi_addr = inner.fi_addr(live, &remote.peer)?;
         let region = local.region.clone();
         let guard = region.enter().ok_or(TransferError::RegionDeregistered)?;
-        let n = 1 + rest.len();
-        let (mut targets, mut sources, mut sent) = (
+        let n = pages.len();
+        let (mut targets, mut sources, mut named) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
-        for op in std::iter::once(first).chain(rest) {
+        for (_, op) in pages {
             let Some((local, remote, len, _)) = by_message(op) else {
                 return Err(TransferError::EngineShutDown);
             };
@@ -172,12 +174,21 @@ impl FabricEndpoint {
                 len: len as u32,
             });
             sources.push(local.offset);
-            sent.push((remote.rkey, remote.addr, len));
+            named.push((remote.rkey, remote.addr, len));
         }
-        let mut ctx = OpCtx::new(CtxKind::Op(seq));
-        encode_paged_msg(&mut ctx.bytes, seq, imm, &inner.addr, &targets, |i, dst| {
-            guard.read(sources[i], dst)
-        })
+        let first = segments.first().map_or(0, |s| s.0);
+        let mut ctx = OpCtx::new(CtxKind::Op(first));
+        // A buffer of an earlier message (its send completed), so that
+        // sending does not fault fresh pages in each time.
+        ctx.bytes = live.msg_bufs.pop().unwrap_or_default();
+        encode_paged_msg(
+            &mut ctx.bytes,
+            imm,
+            &inner.addr,
+            segments,
+            &targets,
+            |i, dst| guard.read(sources[i], dst),
+        )
         .map_err(|error| TransferError::Malformed {
             what: "paged message",
             error,
@@ -190,7 +201,86 @@ impl FabricEndpoint {
             fi_addr,
             tag: paged::PAGED_TAG,
         };
-        Ok((ctx, post, paged::Sent { pages: sent.into() }))
+        let mut at = 0;
+        let sent = segments
+            .iter()
+            .map(|&(_, k)| {
+                let k = usize::from(k);
+                let s = paged::Sent {
+                    pages: named[at..at + k].into(),
+                    extras: Vec::new(),
+                };
+                at += k;
+                s
+            })
+            .collect();
+        Ok((ctx, post, sent))
+    }
+
+    /// Builds one message of `pages` (module `paged`): its first segment's
+    /// bookkeeping goes with the post into `built` (sequence number
+    /// `first_seq` if still unused, else a new one); the others' into
+    /// `retry_meta` at once, under their own sequence numbers, completed
+    /// by their own acknowledgements (or failed with the message, see
+    /// `Inner::fail_extras`). Pages that cannot be sent fail here.
+    fn post_message(
+        &mut self,
+        live: &mut Live,
+        built: &mut Vec<Built>,
+        first_seq: &mut Option<u64>,
+        pages: &[(u64, WorkOp)],
+        (op, peer, since): (OpKind, NetAddr, Instant),
+    ) {
+        let ids: Vec<u64> = pages.iter().map(|p| p.0).collect();
+        let mut segments: Vec<(u64, u8)> = Vec::new();
+        let mut runs_of = Vec::new();
+        for (id, n) in runs(&ids) {
+            let seq = first_seq.take().unwrap_or_else(|| {
+                live.next_seq += 1;
+                live.next_seq - 1
+            });
+            segments.push((seq, n as u8));
+            runs_of.push(id);
+        }
+        match self.build_paged(live, &segments, pages) {
+            Ok((ctx, post, sent)) => {
+                Counters::bump(&self.inner.counters.paged_by_message, 1);
+                let extras: Vec<u64> = segments[1..].iter().map(|s| s.0).collect();
+                let mut first = None;
+                for (((seq, n), wr_id), mut s) in segments.iter().zip(runs_of).zip(sent) {
+                    let meta = |paged| OpMeta {
+                        wr_id,
+                        pieces: u32::from(*n),
+                        sink: self.sink.clone(),
+                        op,
+                        peer,
+                        since,
+                        paged: Some(paged),
+                    };
+                    if first.is_none() {
+                        s.extras = extras.clone();
+                        first = Some((*seq, meta(s)));
+                    } else {
+                        self.sink.outstanding.fetch_add(u64::from(*n), SeqCst);
+                        live.retry_meta.insert(*seq, meta(s));
+                    }
+                }
+                if let Some((seq, meta)) = first {
+                    built.push(Built {
+                        seq,
+                        ctx,
+                        post,
+                        meta,
+                        riders: Vec::new(),
+                    });
+                }
+            }
+            Err(e) => {
+                for &id in &ids {
+                    self.fail_now(id, e.clone());
+                }
+            }
+        }
     }
 
     /// The context and post of one request, or why it cannot be posted.
@@ -392,73 +482,43 @@ impl Endpoint for FabricEndpoint {
             live.next_seq += 1;
             // Pages of one transfer to one peer: one message (module
             // `paged`) where the NIC sends them so, at least two pages.
-            if inner.paged_send {
-                if let Some((_, _, first_len, _)) = by_message(&op) {
-                    chain.clear();
-                    let mut bytes = first_len;
-                    while chain.len() + 1 < paged::PAGES_LIMIT {
-                        let next = reqs.next_if(|n| {
-                            n.wr_id == wr_id
-                                && same_message(&op, &n.op)
-                                && by_message(&n.op)
-                                    .is_some_and(|(_, _, l, _)| bytes + l <= paged::DATA_LIMIT)
-                        });
-                        match next {
-                            Some(n) => {
-                                self.inner.counters.count_posted(&n.op);
-                                bytes += by_message(&n.op).map_or(0, |p| p.2);
-                                chain.push(n.op);
-                            }
-                            None => break,
+            // Pages to one peer: packed into messages (module `paged`)
+            // where the NIC sends them so, at least two pages.
+            if inner.paged_send && by_message(&op).is_some() {
+                let mut bytes = by_message(&op).map_or(0, |p| p.2);
+                chain.clear();
+                chain_ids.clear();
+                while chain.len() + 1 < paged::GATHER_PAGES {
+                    let next = reqs.next_if(|n| {
+                        same_message(&op, &n.op)
+                            && by_message(&n.op)
+                                .is_some_and(|(_, _, l, _)| bytes + l <= paged::DATA_LIMIT)
+                    });
+                    match next {
+                        Some(n) => {
+                            self.inner.counters.count_posted(&n.op);
+                            bytes += by_message(&n.op).map_or(0, |p| p.2);
+                            chain.push(n.op);
+                            chain_ids.push(n.wr_id);
                         }
+                        None => break,
                     }
-                    if !chain.is_empty() {
-                        // Split into messages the provider sends eagerly.
-                        let longest = std::iter::once(&op)
-                            .chain(chain.iter())
-                            .filter_map(by_message)
-                            .map(|p| p.2)
-                            .max()
-                            .unwrap_or(first_len);
-                        let n = 1 + chain.len();
-                        let per = paged::pages_per_message(&inner.addr, n, longest);
-                        let all: Vec<WorkOp> = std::iter::once(op).chain(chain.drain(..)).collect();
-                        for (i, part) in all.chunks(per).enumerate() {
-                            let seq = if i == 0 {
-                                seq
-                            } else {
-                                live.next_seq += 1;
-                                live.next_seq - 1
-                            };
-                            let pieces = part.len() as u32;
-                            match self.build_paged(live, seq, &part[0], &part[1..]) {
-                                Ok((ctx, post, sent)) => {
-                                    Counters::bump(&inner.counters.paged_by_message, 1);
-                                    built.push(Built {
-                                        seq,
-                                        ctx,
-                                        post,
-                                        meta: OpMeta {
-                                            wr_id,
-                                            pieces,
-                                            sink: self.sink.clone(),
-                                            op: op_kind,
-                                            peer,
-                                            since: now,
-                                            paged: Some(sent),
-                                        },
-                                        riders: Vec::new(),
-                                    })
-                                }
-                                Err(e) => {
-                                    for _ in 0..pieces {
-                                        self.fail_now(wr_id, e.clone());
-                                    }
-                                }
-                            }
-                        }
-                        continue;
+                }
+                if !chain.is_empty() {
+                    let ops: Vec<(u64, WorkOp)> = std::iter::once((wr_id, op))
+                        .chain(chain_ids.drain(..).zip(chain.drain(..)))
+                        .collect();
+                    let mut first_seq = Some(seq);
+                    for m in paged::pack(&inner.addr, &ops) {
+                        self.post_message(
+                            live,
+                            &mut built,
+                            &mut first_seq,
+                            &ops[m],
+                            (op_kind, peer, now),
+                        );
                     }
+                    continue;
                 }
             }
             // The pieces that follow this one from the same region to the
@@ -708,7 +768,6 @@ impl Endpoint for FabricEndpoint {
                     if live.covers.abandon(s) {
                         shut(out, f.wr_id, f.pieces);
                     }
-                    live.paged_early.remove(&s);
                     // The provider may still use the buffers: keep them.
                     if let Some(l) = f.leaked {
                         live.abandoned.insert(s, l);

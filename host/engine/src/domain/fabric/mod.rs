@@ -511,15 +511,15 @@ struct Live {
     /// Writes whose completion waits for a later write's delivery
     /// completion (module `cover`).
     covers: cover::Covers,
-    /// Paged messages acknowledged before their own send completed:
-    /// the result to finish them with then (module `paged`).
-    paged_early: HashMap<u64, Result<u64, TransferError>>,
     /// Acknowledgements of peers' paged messages not yet sent, each with
     /// the peer it goes to; sent at the end of the progress round that
     /// placed them (module `paged`).
     acks_out: Vec<(NetAddr, rolex_core::wire::Ack)>,
     /// Peers whose message asked for the acknowledgements this round.
     acks_due: Vec<NetAddr>,
+    /// Buffers of paged messages whose send completed, for the next ones
+    /// (at most `paged::KEEP_BUFS`).
+    msg_bufs: Vec<Vec<u8>>,
 }
 
 impl Drop for Live {
@@ -867,9 +867,9 @@ impl LibfabricDomain {
             last_activity: Instant::now(),
             waiter: None,
             covers: cover::Covers::default(),
-            paged_early: HashMap::new(),
             acks_out: Vec::new(),
             acks_due: Vec::new(),
+            msg_bufs: Vec::new(),
         };
         let inner = Arc::new(Inner {
             live: Mutex::new(Some(live)),
@@ -1274,32 +1274,32 @@ impl Inner {
                     };
                     if f.paged.is_some() && result.is_ok() {
                         // A paged message is out: its buffer goes now;
-                        // the write completes on the target's
-                        // acknowledgement (module `paged`), unless that
-                        // came first.
+                        // its first segment completes on the target's
+                        // acknowledgement (module `paged`; one that came
+                        // first finished it and left the context in
+                        // `abandoned`, taken above).
+                        paged::recycle(live, std::mem::take(&mut ctx.bytes));
                         drop(ctx);
                         f.leaked = None;
-                        let Some(r) = live.paged_early.remove(&seq) else {
-                            live.inflight.insert(seq, f);
-                            return false;
-                        };
-                        let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
-                        self.finish_paged(live, seq, f, r);
-                        return foreign;
+                        live.inflight.insert(seq, f);
+                        return false;
                     }
-                    live.paged_early.remove(&seq);
                     let value = ctx.result_word();
                     drop(ctx);
                     let result = match result {
                         Ok(()) => Ok(value),
                         Err(errno) => {
                             Counters::bump(&self.counters.errors, u64::from(f.pieces));
-                            Err(TransferError::FabricCompletion {
+                            let e = TransferError::FabricCompletion {
                                 op: f.op,
                                 peer: f.peer,
                                 errno,
                                 text: ffi::strerror(errno),
-                            })
+                            };
+                            if let Some(sent) = &f.paged {
+                                self.fail_extras(live, sent, &e);
+                            }
+                            Err(e)
                         }
                     };
                     let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
@@ -1402,6 +1402,9 @@ impl Inner {
                 match seq {
                     Some(seq) => {
                         if let Some(m) = live.retry_meta.remove(&seq) {
+                            if let Some(sent) = &m.paged {
+                                self.posted_extras(live, &sent.extras);
+                            }
                             live.inflight.insert(
                                 seq,
                                 Inflight {
@@ -1433,8 +1436,11 @@ impl Inner {
                 drop(ctx);
                 if let Some((seq, m)) = seq.and_then(|s| live.retry_meta.remove_entry(&s)) {
                     Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                    live.covers
-                        .finish(seq, &m.sink, m.wr_id, m.pieces, Err(fi_err(e)));
+                    let e = fi_err(e);
+                    if let Some(sent) = &m.paged {
+                        self.fail_extras(live, sent, &e);
+                    }
+                    live.covers.finish(seq, &m.sink, m.wr_id, m.pieces, Err(e));
                 }
                 Ok(())
             }
@@ -1467,7 +1473,6 @@ impl Inner {
                         waited: limit,
                     }),
                 );
-                live.paged_early.remove(&seq);
                 if let Some(l) = f.leaked {
                     live.abandoned.insert(seq, l);
                 }
@@ -1485,18 +1490,16 @@ impl Inner {
                     continue;
                 };
                 Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                live.covers.finish(
-                    seq,
-                    &m.sink,
-                    m.wr_id,
-                    m.pieces,
-                    Err(TransferError::PeerNotReady {
-                        op: m.op,
-                        peer: m.peer,
-                        waited: g.waited,
-                        refusals: g.refusals,
-                    }),
-                );
+                let e = TransferError::PeerNotReady {
+                    op: m.op,
+                    peer: m.peer,
+                    waited: g.waited,
+                    refusals: g.refusals,
+                };
+                if let Some(sent) = &m.paged {
+                    self.fail_extras(live, sent, &e);
+                }
+                live.covers.finish(seq, &m.sink, m.wr_id, m.pieces, Err(e));
             }
         }
     }

@@ -43,14 +43,17 @@
 
 use std::sync::Arc;
 
+use std::ops::Range;
+
 use rolex_core::wire::{
-    encode_paged_acks, paged_msg_len, peek_tag, Ack, AckStatus, NetAddr, PagedAcks, PagedMsg,
-    MAX_ACKS, MAX_PAGES, PAGED_ACKS_TAG, PAGED_MSG_TAG, PAGE_ENTRY_LEN,
+    encode_paged_acks, paged_msg_len, peek_tag, Ack, AckStatus, NetAddr, PageTarget, PagedAcks,
+    PagedMsg, MAX_ACKS, MAX_PAGES, PAGED_ACKS_TAG, PAGED_MSG_TAG, PAGE_ENTRY_LEN,
 };
 
 use super::ffi::{CtxKind, OpCtx, Post};
 use super::{lock, Inflight, Inner, Live, MrScheme, Pending};
 use crate::counters::Counters;
+use crate::domain::WorkOp;
 use crate::error::{ProtectionCheck, TransferError};
 use crate::region::Region;
 use rolex_core::wire::Access;
@@ -63,20 +66,19 @@ pub(super) const PAGED_TAG: u64 = 0x524f_4c45_5850_4731;
 /// moves them at the stream's rate already).
 pub(super) const PAGE_LIMIT: u64 = 4096;
 
-/// Most page bytes gathered from one transfer for one peer before they
-/// are split into messages ([`pages_per_message`]).
-pub(super) const DATA_LIMIT: u64 = 64 * 1024;
+/// Most page bytes gathered from consecutive pages to one peer before
+/// they are packed into messages ([`pack`]).
+pub(super) const DATA_LIMIT: u64 = 256 * 1024;
 
-/// Most pages in one message.
-pub(super) const PAGES_LIMIT: usize = MAX_PAGES;
+/// Most pages gathered so.
+pub(super) const GATHER_PAGES: usize = 256;
 
 /// Largest message sent: `tcp;ofi_rxm` sends messages up to its buffer
-/// size (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by default) eagerly, in one
-/// go; a larger one takes its rendezvous protocol (the target reads the
-/// data from the sender: a round trip more, measured at half the rate).
-/// A run of pages larger than this is split into as few messages as fit,
-/// of equal page counts. Where the provider was told another buffer size
-/// (the variable set in this process), that is the limit.
+/// size (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by default: "Protocol limits:
+/// Eager: 16384, SAR: 16384" in its log) in one go; a larger one takes
+/// its rendezvous protocol (the target reads the data from the sender: a
+/// round trip more, measured at half the rate). Where the variable is set
+/// in this process, that is the limit.
 pub(super) const EAGER_LIMIT: usize = 16 * 1024;
 
 /// [`EAGER_LIMIT`], or `FI_OFI_RXM_BUFFER_SIZE` where set (read once).
@@ -95,19 +97,45 @@ pub(super) fn eager_limit() -> usize {
 /// sender builds, whatever the buffer size).
 const MAX_SLOT: usize = 1 << 20;
 
-/// Pages per message for a run of `n` pages of at most `longest` bytes
-/// each from `from`: as few messages as keep each within
-/// [`EAGER_LIMIT`], the pages spread evenly (at least one page each).
-pub(super) fn pages_per_message(from: &NetAddr, n: usize, longest: u64) -> usize {
+/// Packs `pages` (`(wr_id, page)`, consecutive pages to one peer) into
+/// messages, in order, each as many pages as keep it within
+/// [`eager_limit`] (at least one, at most [`MAX_PAGES`]): the ranges of
+/// `pages` each message takes. A transfer's pages may straddle two
+/// messages (one segment in each); 16 pages of 1 KiB and their header do
+/// not fit 16 KiB, so a stream of such transfers takes 16/15 messages per
+/// transfer rather than 2.
+pub(super) fn pack(from: &NetAddr, pages: &[(u64, WorkOp)]) -> Vec<Range<usize>> {
     let limit = eager_limit();
-    let fits = |per: usize| paged_msg_len(from, per, per * longest as usize) <= limit;
-    let mut k = 1;
-    loop {
-        let per = n.div_ceil(k);
-        if per <= 1 || fits(per) {
-            return per.max(1);
+    let len = |op: &WorkOp| match op {
+        WorkOp::Write { len, .. } => *len as usize,
+        _ => 0,
+    };
+    let mut out = Vec::new();
+    let (mut start, mut segs, mut data) = (0, 0, 0);
+    for (i, (id, op)) in pages.iter().enumerate() {
+        let new_seg = i == start || pages[i - 1].0 != *id;
+        let (s2, d2, n2) = (segs + usize::from(new_seg), data + len(op), i + 1 - start);
+        if i > start && (n2 > MAX_PAGES || paged_msg_len(from, s2, n2, d2) > limit) {
+            out.push(start..i);
+            (start, segs, data) = (i, 1, len(op));
+        } else {
+            (segs, data) = (s2, d2);
         }
-        k += 1;
+    }
+    if start < pages.len() {
+        out.push(start..pages.len());
+    }
+    out
+}
+
+/// Message buffers a NIC keeps for reuse ([`recycle`]).
+pub(super) const KEEP_BUFS: usize = 64;
+
+/// Keeps the buffer of a message whose send completed for a later one.
+pub(super) fn recycle(live: &mut Live, mut buf: Vec<u8>) {
+    if live.msg_bufs.len() < KEEP_BUFS && buf.capacity() > 0 {
+        buf.clear();
+        live.msg_bufs.push(buf);
     }
 }
 
@@ -115,22 +143,25 @@ pub(super) fn pages_per_message(from: &NetAddr, n: usize, longest: u64) -> usize
 pub(super) const RECV_SLOTS: usize = 64;
 
 /// Bytes of one receive: the largest message a sender builds, one page
-/// of [`PAGE_LIMIT`] bytes (alone it may pass [`EAGER_LIMIT`]) or
-/// [`EAGER_LIMIT`].
+/// of [`PAGE_LIMIT`] bytes (alone it may pass the eager limit) or
+/// [`eager_limit`].
 pub(super) fn slot_bytes() -> usize {
     let one = match NetAddr::new(&[1; NetAddr::MAX_LEN]) {
-        Ok(a) => paged_msg_len(&a, 1, PAGE_LIMIT as usize),
+        Ok(a) => paged_msg_len(&a, 1, 1, PAGE_LIMIT as usize),
         // Never: `MAX_LEN` bytes make an address. A generous bound.
         Err(_) => 256 + PAGE_ENTRY_LEN + PAGE_LIMIT as usize,
     };
     one.max(eager_limit())
 }
 
-/// What a sender keeps of a paged message until its acknowledgement:
-/// each page's `(rkey, address, length)` as the user named them, for the
-/// error of a refused one.
+/// What a sender keeps of one segment of a paged message until its
+/// acknowledgement: each page's `(rkey, address, length)` as the user
+/// named them, for the error of a refused one; on the message's first
+/// segment (the one whose sequence number the send carries), the others'
+/// sequence numbers, failed with the send if it fails.
 pub(super) struct Sent {
     pub(super) pages: Box<[(u64, u64, u64)]>,
+    pub(super) extras: Vec<u64>,
 }
 
 impl Inner {
@@ -167,24 +198,23 @@ impl Inner {
         match peek_tag(bytes) {
             Ok(PAGED_MSG_TAG) => match PagedMsg::decode(bytes) {
                 Ok(m) => {
-                    let (status, page) = self.place(&m);
-                    if status == AckStatus::Ok {
-                        if let Some(imm) = m.imm {
-                            for _ in 0..m.count() {
-                                self.arrive_imm(imm);
+                    let pages: Vec<(PageTarget, &[u8])> = m.pages().collect();
+                    for (seq, range) in m.segments() {
+                        let Some(seg) = pages.get(range) else {
+                            continue;
+                        };
+                        let (status, page) = self.place(seg);
+                        if status == AckStatus::Ok {
+                            if let Some(imm) = m.imm {
+                                for _ in 0..seg.len() {
+                                    self.arrive_imm(imm);
+                                }
                             }
+                        } else {
+                            Counters::bump(&self.counters.errors, 1);
                         }
-                    } else {
-                        Counters::bump(&self.counters.errors, 1);
+                        live.acks_out.push((m.from, Ack { seq, status, page }));
                     }
-                    live.acks_out.push((
-                        m.from,
-                        Ack {
-                            seq: m.seq,
-                            status,
-                            page,
-                        },
-                    ));
                     if m.ack_now && !live.acks_due.contains(&m.from) {
                         live.acks_due.push(m.from);
                     }
@@ -203,16 +233,16 @@ impl Inner {
         }
     }
 
-    /// Checks every page of `m` against this domain's registrations, then
-    /// copies them all into place, or none: the status and the index of
-    /// the first refused page.
-    fn place(&self, m: &PagedMsg<'_>) -> (AckStatus, u8) {
+    /// Checks every page of a segment against this domain's
+    /// registrations, then copies them all into place, or none: the status
+    /// and the index of the first refused page.
+    fn place(&self, pages: &[(PageTarget, &[u8])]) -> (AckStatus, u8) {
         // The registrations' lock is held throughout: a deregistration
         // (`Domain::deregister`) waits, and the regions' guards keep
         // their memory while the pages are copied.
         let mrs = lock(&self.mrs);
-        let mut regions: Vec<(Arc<Region>, u64)> = Vec::with_capacity(m.count());
-        for (i, (t, _)) in m.pages().enumerate() {
+        let mut regions: Vec<(Arc<Region>, u64)> = Vec::with_capacity(pages.len());
+        for (i, (t, _)) in pages.iter().enumerate() {
             let refuse = |s| (s, i as u8);
             let Some(region) = mrs.get(&t.key).and_then(|e| e.weak.upgrade()) else {
                 return refuse(AckStatus::UnknownKey);
@@ -240,7 +270,7 @@ impl Inner {
                 None => return (AckStatus::UnknownKey, i as u8),
             }
         }
-        for ((g, (_, offset)), (_, data)) in guards.iter().zip(&regions).zip(m.pages()) {
+        for ((g, (_, offset)), (_, data)) in guards.iter().zip(&regions).zip(pages) {
             // Checked above; `write` checks again and copies nothing if
             // the range is outside.
             g.write(*offset, data);
@@ -280,11 +310,54 @@ impl Inner {
                 })
             }
         };
-        if f.leaked.is_some() {
-            // Our send has not completed yet: finish when it does.
-            live.paged_early.insert(ack.seq, result);
-        } else if let Some(f) = live.inflight.remove(&ack.seq) {
+        if let Some(mut f) = live.inflight.remove(&ack.seq) {
+            // The data is placed; a send not completed yet keeps its
+            // context with the provider until it does (`abandoned`).
+            if let Some(l) = f.leaked.take() {
+                live.abandoned.insert(ack.seq, l);
+            }
             self.finish_paged(live, ack.seq, f, result);
+        }
+    }
+
+    /// The message whose first segment is `sent` failed (`e`): its other
+    /// segments fail too, posted (their bookkeeping in `inflight`) or not
+    /// (in `retry_meta`). Each finishes once: whatever already finished
+    /// them took their entry.
+    pub(super) fn fail_extras(&self, live: &mut Live, sent: &Sent, e: &TransferError) {
+        for &seq in &sent.extras {
+            if let Some(f) = live.inflight.remove(&seq) {
+                self.finish_paged(live, seq, f, Err(e.clone()));
+            } else if let Some(m) = live.retry_meta.remove(&seq) {
+                Counters::bump(&self.counters.errors, u64::from(m.pieces));
+                live.covers
+                    .finish(seq, &m.sink, m.wr_id, m.pieces, Err(e.clone()));
+            }
+        }
+    }
+
+    /// The message whose first segment is `first` (with `meta`) was
+    /// posted: its other segments' bookkeeping moves from `retry_meta` to
+    /// `inflight`, waiting for their acknowledgements (no context: the
+    /// first segment's holds the message).
+    pub(super) fn posted_extras(&self, live: &mut Live, extras: &[u64]) {
+        for &seq in extras {
+            if let Some(m) = live.retry_meta.remove(&seq) {
+                live.inflight.insert(
+                    seq,
+                    Inflight {
+                        leaked: None,
+                        wr_id: m.wr_id,
+                        pieces: m.pieces,
+                        sink: m.sink,
+                        op: m.op,
+                        peer: m.peer,
+                        since: m.since,
+                        paged: m.paged,
+                    },
+                );
+                live.order.push_back(seq);
+            }
         }
     }
 
