@@ -1,49 +1,64 @@
 //! Paged writes by message: where the provider's RMA runs in the target's
 //! CPU anyway (`tcp;ofi_rxm`, `sockets`: [`efa::PagedByMessage`]), the
-//! pages of one paged write to one peer leave as one tagged message
+//! pages of paged writes to one peer leave packed into tagged messages
 //! instead of chained one-sided writes of at most `iov_limit` pages (4 on
-//! `tcp;ofi_rxm`) each.
+//! `tcp;ofi_rxm`) each, every one with its own `sendmsg` and receive.
 //!
-//! - **Sender** (`FabricEndpoint::post`): consecutive pages of one
-//!   transfer to one peer (same work-request id, peer and immediate, from
-//!   one region), each at most [`PAGE_LIMIT`] bytes and together at most
-//!   [`DATA_LIMIT`], are packed into one [`PagedMsg`] (header: sequence
-//!   number, immediate, the sender's address, per page the key and
-//!   address as the provider would take them and the length; then the
-//!   bytes, copied out of the source region at posting) in the context's
-//!   own buffer, sent with `fi_tsend` and [`PAGED_TAG`]. Tagged messages
-//!   never match the untagged receives the engine posts for its users'
-//!   messages ([`Domain::post_recv`](crate::domain::Domain::post_recv)),
-//!   and the engine's messages never match ours.
+//! - **Sender** (`FabricEndpoint::post`): consecutive pages to one peer
+//!   of one post call (same peer, immediate and source region; each at
+//!   most [`PAGE_LIMIT`] bytes; at least two) are gathered (at most
+//!   [`DATA_LIMIT`] bytes) and packed in order into [`PagedMsg`]s that
+//!   the provider sends eagerly ([`pack`], [`eager_limit`]). A message
+//!   holds *segments*, the runs of one transfer's pages, each with a
+//!   sequence number of its own; a transfer larger than a message spans
+//!   two or more. The message (header: immediate, the sender's address,
+//!   the segments, per page the key and address as the provider would
+//!   take them and the length; then the bytes, copied out of the source
+//!   region at posting) is the context's own buffer, sent with `fi_tsend`
+//!   and [`PAGED_TAG`]. Tagged messages never match the untagged receives
+//!   the engine posts for its users' messages
+//!   ([`Domain::post_recv`](crate::domain::Domain::post_recv)), and the
+//!   engine's messages never match ours. The last message of a post call
+//!   to each peer asks for the acknowledgements ([`PagedMsg::ack_now`]).
 //! - **Target** (the domain's progress path, whoever reads the queue):
-//!   [`RECV_SLOTS`] tagged receives of [`SLOT_BYTES`] each are posted
+//!   [`RECV_SLOTS`] tagged receives of [`slot_bytes`] each are posted
 //!   when the NIC opens and reposted as each completes. A message is
 //!   decoded (peer input: malformed ones are counted as errors and
-//!   dropped; the sender then times out), every page is checked against
-//!   this domain's registrations as the provider would check a one-sided
-//!   write (key known, region alive and granting remote writes, range
-//!   inside), and only if all pass are they copied into place, then the
-//!   immediate counted once per page (as each page of a one-sided paged
-//!   write delivers one), then an [`Ack`] queued. Acknowledgements are
-//!   sent at the end of the progress round, one [`PagedAcks`] message per
-//!   peer for all its messages placed in that round.
-//! - **Completion**: the sender's write completes only on its
-//!   acknowledgement (design §4: a completion means the data is visible
-//!   at the target), with the error of a refused page if one was. The
-//!   message's buffer is the context's and goes when the send completes
-//!   (the context is dropped then); the transfer's bookkeeping
-//!   (`Inflight` without a context) stays until the acknowledgement, a
-//!   timeout (`Inner::expire`), `Endpoint::flush` or the NIC's shutdown,
-//!   whichever comes first, and each of those finishes it once. An
-//!   acknowledgement that came before the send's own completion waits in
-//!   `Live::paged_early` until then.
-//! - Acknowledgements are sent without a completion anyone waits for (their
-//!   contexts are `abandoned` until the provider returns them); a lost
-//!   one times the write out at the sender.
-
-use std::sync::Arc;
+//!   dropped; the sender then times out); every page of a segment is
+//!   checked against this domain's registrations as the provider would
+//!   check a one-sided write (key known, region alive and granting
+//!   remote writes, range inside), and only if all pass are they copied
+//!   into place, then the immediate counted once per page (as each page
+//!   of a one-sided paged write delivers one), then an [`Ack`] queued for
+//!   the segment. A peer's queued acknowledgements are sent, one
+//!   [`PagedAcks`] message, at the end of the progress round in which a
+//!   message of that peer asked for them.
+//! - **Completion**: a segment completes only on its acknowledgement
+//!   (design §4: a completion means the data is visible at the target),
+//!   with the error of a refused page if one was. Who releases what: the
+//!   message's buffer belongs to its context (the first segment's
+//!   `Inflight`), returned by the provider when the send completes and
+//!   kept for the next message ([`recycle`]); an acknowledgement that
+//!   comes first finishes the segment and leaves the context in
+//!   `abandoned` until then. Each segment's bookkeeping (`retry_meta`
+//!   while the message waits to be posted, then `Inflight`) is taken
+//!   exactly once by whichever comes first: its acknowledgement, a failed
+//!   or refused send (the first segment's error fails the others,
+//!   [`Inner::fail_extras`]), the operation timeout (`Inner::expire`),
+//!   `Endpoint::flush` or the NIC's shutdown.
+//! - Acknowledgements are sent without a completion anyone waits for
+//!   (their contexts are `abandoned` until the provider returns them); a
+//!   lost one times the write out at the sender. A region deregistered at
+//!   the target refuses later messages for it (its key is gone; a message
+//!   being placed holds the region's guard, which deregistration waits
+//!   for).
+//! - Over a provider that never makes a one-sided write faster than its
+//!   messages, the path costs the target's CPU nothing a one-sided write
+//!   did not (the provider copied those bytes there as well) and saves a
+//!   receive and an acknowledgement per `iov_limit` pages.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use rolex_core::wire::{
     encode_paged_acks, paged_msg_len, peek_tag, Ack, AckStatus, NetAddr, PageTarget, PagedAcks,
@@ -429,5 +444,83 @@ impl Inner {
         let mut due = due;
         due.clear();
         live.acks_due = due;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Remote;
+
+    fn from() -> NetAddr {
+        NetAddr::new(&[2, 0, 0x1f, 0x90, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]).expect("addr")
+    }
+
+    /// `n` pages of `len` bytes of transfer `id`.
+    fn pages(id: u64, n: usize, len: u64) -> Vec<(u64, WorkOp)> {
+        (0..n)
+            .map(|i| {
+                let op = WorkOp::Write {
+                    local: None,
+                    remote: Remote {
+                        peer: from(),
+                        rkey: 1,
+                        addr: i as u64 * len,
+                    },
+                    len,
+                    imm: None,
+                };
+                (id, op)
+            })
+            .collect()
+    }
+
+    /// Every message of `packed` fits the eager limit (or is one page),
+    /// and together they take every page once, in order.
+    fn check(all: &[(u64, WorkOp)], packed: &[Range<usize>]) {
+        let mut next = 0;
+        for r in packed {
+            assert_eq!(r.start, next, "in order, none skipped");
+            assert!(!r.is_empty());
+            next = r.end;
+            let part = &all[r.clone()];
+            let segs = 1 + part.windows(2).filter(|w| w[0].0 != w[1].0).count();
+            let data: usize = part
+                .iter()
+                .map(|(_, op)| match op {
+                    WorkOp::Write { len, .. } => *len as usize,
+                    _ => 0,
+                })
+                .sum();
+            let bytes = paged_msg_len(&from(), segs, part.len(), data);
+            assert!(bytes <= eager_limit() || part.len() == 1, "{r:?}: {bytes}");
+        }
+        assert_eq!(next, all.len());
+    }
+
+    #[test]
+    fn pages_pack_into_as_few_eager_messages_as_fit() {
+        // 16 pages of 1 KiB and a header pass 16 KiB: 15 and 1.
+        let one = pages(1, 16, 1024);
+        let packed = pack(&from(), &one);
+        check(&one, &packed);
+        if eager_limit() == EAGER_LIMIT {
+            assert_eq!(packed, [0..15, 15..16]);
+        }
+        // Four such transfers: 16/15 messages each, not 2.
+        let four: Vec<_> = (0..4).flat_map(|t| pages(t, 16, 1024)).collect();
+        let packed = pack(&from(), &four);
+        check(&four, &packed);
+        if eager_limit() == EAGER_LIMIT {
+            assert_eq!(packed.len(), 5);
+        }
+        // 4 KiB pages: three per message.
+        let big = pages(9, 7, 4096);
+        let packed = pack(&from(), &big);
+        check(&big, &packed);
+        if eager_limit() == EAGER_LIMIT {
+            assert_eq!(packed, [0..3, 3..6, 6..7]);
+        }
+        assert!(pack(&from(), &[]).is_empty());
     }
 }
