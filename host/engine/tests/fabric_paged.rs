@@ -657,3 +657,28 @@ fn unacknowledged_messages_fail_once() {
         }
     });
 }
+
+/// Single writes of page size keep the one-sided path (chained into
+/// posts of several transfers) even where paged writes go by message,
+/// and each holds its bytes when it completes.
+#[test]
+fn single_writes_of_page_size_stay_one_sided() {
+    if !usable() {
+        return;
+    }
+    bounded(|| {
+        let a = tcp_engine_with(1, PagedMode::On);
+        let b = tcp_engine(1);
+        let (depth, size) = (32usize, 4096usize);
+        let (src, _) = region(&a, (depth * size) as u64);
+        let (dst, dd) = region(&b, (depth * size) as u64);
+        let plug = a.plug();
+        pipelined_single_writes(&a, (&src, &dst, &dd), (depth, size), 8 * depth, |i| {
+            (i * 3) as u8
+        });
+        drop(plug);
+        let c = a.counters().total;
+        assert_eq!((c.errors, c.paged_by_message), (0, 0), "{c:?}");
+        assert!(c.delivery_acks > 0, "{c:?}");
+    });
+}

@@ -483,8 +483,17 @@ impl Endpoint for FabricEndpoint {
             // Pages of one transfer to one peer: one message (module
             // `paged`) where the NIC sends them so, at least two pages.
             // Pages to one peer: packed into messages (module `paged`)
-            // where the NIC sends them so, at least two pages.
-            if inner.paged_send && by_message(&op).is_some() {
+            // where the NIC sends them so, starting at a transfer of two
+            // pages or more (a paged write; single writes keep the
+            // one-sided path, whose chains already carry them at the
+            // stream's rate), then as many following pages to the peer as
+            // the batch has.
+            if inner.paged_send
+                && by_message(&op).is_some()
+                && reqs
+                    .peek()
+                    .is_some_and(|n| n.wr_id == wr_id && same_message(&op, &n.op))
+            {
                 let mut bytes = by_message(&op).map_or(0, |p| p.2);
                 chain.clear();
                 chain_ids.clear();
