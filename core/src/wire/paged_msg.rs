@@ -369,7 +369,8 @@ impl AckStatus {
 /// it, and the index of the page that was refused (0 when none was).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ack {
-    /// The [`PagedMsg::seq`] acknowledged.
+    /// The segment acknowledged (its sequence number, see
+    /// [`PagedMsg::segments`]).
     pub seq: u64,
     /// What the target did.
     pub status: AckStatus,

@@ -189,10 +189,16 @@ pub struct LibfabricConfig {
     /// by default every device in the provider's order, the first for
     /// one NIC.
     pub nics: NicSelect,
-    /// Whether paged writes travel as one message per peer (module
-    /// `paged`): by default where the provider's `fi_info` says its RMA
-    /// runs in the target's CPU anyway ([`efa::PagedByMessage`]); forced
-    /// on or off for tests and measurements. Never on verbs, EFA or `shm`.
+    /// Whether paged writes to a peer travel packed into tagged messages
+    /// that the target's domain places and acknowledges (module `paged`)
+    /// instead of one-sided writes: by default where the provider's
+    /// `fi_info` says its RMA runs in the target's CPU anyway
+    /// ([`efa::PagedByMessage`]; `tcp`, `sockets`), and not with
+    /// [`LibfabricConfig::local_mr`]; forced on or off for tests and
+    /// measurements. Never on verbs, EFA or `shm`. Messages are sized to
+    /// `tcp;ofi_rxm`'s eager limit (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by
+    /// default), which, as for rxm's own messages, both peers must agree
+    /// on. The counter `paged_by_message` counts the messages sent.
     pub paged_by_message: PagedMode,
 }
 
