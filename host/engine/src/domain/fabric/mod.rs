@@ -1240,15 +1240,19 @@ impl Inner {
                 CtxKind::PagedRecv => {
                     live.recvs.remove(&(&*ctx as *const OpCtx as usize));
                     ctx.kind = CtxKind::PagedRecv;
-                    match result {
+                    let foreign = match result {
                         Ok(()) => {
                             let n = len.min(ctx.bytes.len());
-                            self.paged_arrival(live, &ctx.bytes[..n]);
+                            self.paged_arrival(live, &ctx.bytes[..n], own)
                         }
-                        Err(_) => Counters::bump(&self.counters.errors, 1),
-                    }
+                        Err(_) => {
+                            Counters::bump(&self.counters.errors, 1);
+                            false
+                        }
+                    };
                     // The same buffer goes back to the provider.
                     self.paged_repost(live, ctx);
+                    return foreign;
                 }
                 CtxKind::Recv(buf) => {
                     live.recvs.remove(&(&*ctx as *const OpCtx as usize));

@@ -66,7 +66,7 @@ use rolex_core::wire::{
 };
 
 use super::ffi::{CtxKind, OpCtx, Post};
-use super::{lock, Inflight, Inner, Live, MrScheme, Pending};
+use super::{lock, Inflight, Inner, Live, MrScheme, Pending, Sink};
 use crate::counters::Counters;
 use crate::domain::WorkOp;
 use crate::error::{ProtectionCheck, TransferError};
@@ -208,8 +208,16 @@ impl Inner {
     }
 
     /// A tagged message arrived: a peer's paged write (placed, then
-    /// acknowledged) or acknowledgements of ours.
-    pub(super) fn paged_arrival(&self, live: &mut Live, bytes: &[u8]) {
+    /// acknowledged) or acknowledgements of ours; whether those completed
+    /// an operation of an endpoint other than the one whose completions
+    /// go to `own` (see `Inner::event`).
+    pub(super) fn paged_arrival(
+        &self,
+        live: &mut Live,
+        bytes: &[u8],
+        own: Option<&Arc<Sink>>,
+    ) -> bool {
+        let mut foreign = false;
         match peek_tag(bytes) {
             Ok(PAGED_MSG_TAG) => match PagedMsg::decode(bytes) {
                 Ok(m) => {
@@ -239,13 +247,14 @@ impl Inner {
             Ok(PAGED_ACKS_TAG) => match PagedAcks::decode(bytes) {
                 Ok(a) => {
                     for ack in a.acks() {
-                        self.paged_ack(live, &a.from, ack);
+                        foreign |= self.paged_ack(live, &a.from, ack, own);
                     }
                 }
                 Err(_) => Counters::bump(&self.counters.errors, 1),
             },
             _ => Counters::bump(&self.counters.errors, 1),
         }
+        foreign
     }
 
     /// Checks every page of a segment against this domain's
@@ -294,15 +303,22 @@ impl Inner {
         (AckStatus::Ok, 0)
     }
 
-    /// One acknowledgement from `from` of our message `ack.seq`.
-    fn paged_ack(&self, live: &mut Live, from: &NetAddr, ack: Ack) {
+    /// One acknowledgement from `from` of our segment `ack.seq`; whether
+    /// it completed an operation of another endpoint than `own`'s.
+    fn paged_ack(
+        &self,
+        live: &mut Live,
+        from: &NetAddr,
+        ack: Ack,
+        own: Option<&Arc<Sink>>,
+    ) -> bool {
         let Some(f) = live.inflight.get(&ack.seq) else {
             // Timed out or flushed already.
-            return;
+            return false;
         };
         let Some(sent) = f.paged.as_ref().filter(|_| f.peer == *from) else {
             Counters::bump(&self.counters.errors, 1);
-            return;
+            return false;
         };
         let result = match ack.status {
             AckStatus::Ok => Ok(0),
@@ -331,8 +347,11 @@ impl Inner {
             if let Some(l) = f.leaked.take() {
                 live.abandoned.insert(ack.seq, l);
             }
+            let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
             self.finish_paged(live, ack.seq, f, result);
+            return foreign;
         }
+        false
     }
 
     /// The message whose first segment is `sent` failed (`e`): its other
