@@ -33,7 +33,10 @@
 //! `--depth` of them in flight from one side, each complete only once its
 //! data is visible at the target (delivery completion: data one way, an
 //! acknowledgement back; `delivery_acks` counts the posts that asked for
-//! one: the writes of one post to one peer share the last one's). So `--depth 1` is the like-for-like bandwidth
+//! one: the writes of one post to one peer share the last one's; paged
+//! writes over `tcp` go instead as messages the target places and
+//! acknowledges, `paged_by_message` counting them, `--paged-by-message
+//! off` to compare). So `--depth 1` is the like-for-like bandwidth
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
