@@ -151,10 +151,11 @@ pub struct TeBenchArgs {
     /// to a busy group together).
     #[arg(long)]
     no_plug: bool,
-    /// libfabric: whether paged writes travel as one message per peer
-    /// that the target's domain places (`LibfabricConfig::paged_by_message`;
-    /// `auto`: where the provider's RMA runs in the target's CPU anyway,
-    /// `tcp` and `sockets`). JSON `paged_by_message` counts the messages.
+    /// libfabric: whether paged writes travel packed into messages that
+    /// the target's domain places (`LibfabricConfig::paged_by_message`;
+    /// `auto`: where the provider's RMA runs in the target's CPU anyway
+    /// and its progress is manual, i.e. `tcp`; `on` also on `sockets`).
+    /// JSON `paged_by_message` counts the messages.
     #[arg(long, value_enum, default_value_t = PagedArg::Auto)]
     paged_by_message: PagedArg,
     /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`

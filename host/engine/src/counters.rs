@@ -101,7 +101,7 @@ counters! {
     delivery_acks,
     /// Paged-write messages sent: the pages of one paged write to one
     /// peer moved as one message that the target's domain places
-    /// (libfabric domain, `paged`; `tcp`, `sockets`).
+    /// (libfabric domain, `paged`; `tcp` by default).
     paged_by_message,
 }
 

@@ -118,6 +118,8 @@ pub struct PagedAttrs {
     pub mr_mode: u64,
     /// `ep_attr->protocol` is `FI_PROTO_SHM`.
     pub shared_memory: bool,
+    /// `domain_attr->data_progress` is `FI_PROGRESS_MANUAL`.
+    pub manual_progress: bool,
 }
 
 /// Whether a domain moves the pages of a paged write to one peer as one
@@ -131,12 +133,16 @@ pub struct PagedByMessage {
     /// peers its memory directly (`shm`). The target's domain then checks
     /// and places each page itself, no less than the provider would.
     pub possible: bool,
-    /// The path is the better one: wherever it is possible (the target's
-    /// CPU copies the bytes of a one-sided write anyway, and one message
-    /// costs it one receive where chained writes cost a receive per
-    /// `iov_limit` pages and an acknowledgement each). Hardware RMA
-    /// (verbs, EFA) never takes it: there it would add the target's CPU
-    /// to a path that has none.
+    /// The path is the better one: where it is possible and the
+    /// provider's data progress is manual (`tcp;ofi_rxm`): the target's
+    /// engine reads its queue to move a one-sided write anyway, its CPU
+    /// copies the bytes anyway, and one message costs it one receive
+    /// where chained writes cost a receive per `iov_limit` pages and an
+    /// acknowledgement each. With automatic progress (`sockets`) the
+    /// provider's own thread places one-sided writes and the message path
+    /// would add the engine's worker to every write (measured slower on
+    /// 1.17's `sockets`). Hardware RMA (verbs, EFA) never takes it: there
+    /// it would add the target's CPU to a path that has none.
     pub preferred: bool,
 }
 
@@ -147,7 +153,7 @@ impl PagedByMessage {
         let possible = a.tagged && !hardware_keys && !a.shared_memory;
         PagedByMessage {
             possible,
-            preferred: possible,
+            preferred: possible && a.manual_progress,
         }
     }
 }
@@ -248,9 +254,16 @@ mod tests {
             tagged: true,
             mr_mode: 0,
             shared_memory: false,
+            manual_progress: true,
         };
         let on = PagedByMessage::from_attrs(&tcp);
         assert!(on.possible && on.preferred);
+        // `sockets`: possible (forced on in tests), not preferred.
+        let sockets = PagedByMessage::from_attrs(&PagedAttrs {
+            manual_progress: false,
+            ..tcp
+        });
+        assert!(sockets.possible && !sockets.preferred);
         // verbs / EFA: provider keys and local descriptors.
         let verbs = PagedAttrs {
             mr_mode: MR_LOCAL | MR_PROV_KEY | MR_ALLOCATED | (1 << 4),

@@ -67,7 +67,7 @@
 //!   earlier ones complete with it (module `cover`): on `tcp` each such
 //!   request costs the target an acknowledgement message.
 //! - Paged writes by message (module `paged`): where the provider's RMA is
-//!   the target's CPU anyway (`tcp`, `sockets`: [`efa::PagedByMessage`]),
+//!   the target's CPU anyway (`tcp`: [`efa::PagedByMessage`]),
 //!   the pages of one paged write to one peer travel as one tagged
 //!   message that the target's domain checks against its registrations,
 //!   places, counts the immediates of, and acknowledges; the write
@@ -192,8 +192,9 @@ pub struct LibfabricConfig {
     /// Whether paged writes to a peer travel packed into tagged messages
     /// that the target's domain places and acknowledges (module `paged`)
     /// instead of one-sided writes: by default where the provider's
-    /// `fi_info` says its RMA runs in the target's CPU anyway
-    /// ([`efa::PagedByMessage`]; `tcp`, `sockets`), and not with
+    /// `fi_info` says its RMA runs in the target's CPU anyway and the
+    /// engine progresses it ([`efa::PagedByMessage::preferred`]: `tcp`;
+    /// `sockets` can, forced on), and not with
     /// [`LibfabricConfig::local_mr`]; forced on or off for tests and
     /// measurements. Never on verbs, EFA or `shm`. Messages are sized to
     /// `tcp;ofi_rxm`'s eager limit (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by
@@ -768,6 +769,7 @@ impl LibfabricDomain {
             tagged: g.tagged,
             mr_mode: g.mr_mode,
             shared_memory: g.shared_memory,
+            manual_progress: g.manual_progress,
         });
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;

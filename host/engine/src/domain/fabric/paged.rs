@@ -1,5 +1,5 @@
 //! Paged writes by message: where the provider's RMA runs in the target's
-//! CPU anyway (`tcp;ofi_rxm`, `sockets`: [`efa::PagedByMessage`]), the
+//! CPU anyway (`tcp;ofi_rxm`; `sockets` forced on: [`efa::PagedByMessage`]), the
 //! pages of paged writes to one peer leave packed into tagged messages
 //! instead of chained one-sided writes of at most `iov_limit` pages (4 on
 //! `tcp;ofi_rxm`) each, every one with its own `sendmsg` and receive.
