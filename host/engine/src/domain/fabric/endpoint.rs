@@ -132,11 +132,12 @@ impl FabricEndpoint {
     }
 
     /// One message carrying `pages` (`(wr_id, page)`, module `paged`)
-    /// in segments of consecutive pages of one transfer, one sequence
-    /// number each (`seqs`): their bytes are copied out of the source
+    /// in `segments` (`(seq, pages)`: runs of one transfer's pages, a
+    /// sequence number each): their bytes are copied out of the source
     /// region now, into the context's buffer, which the context owns until
     /// the send completes. Returns each segment's pages as the user named
-    /// them (for the error of a refused one).
+    /// them (for the error of a refused one). Every page is one that
+    /// `by_message` accepts (the caller gathered them so).
     fn build_paged(
         &self,
         live: &mut Live,
@@ -480,8 +481,6 @@ impl Endpoint for FabricEndpoint {
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;
-            // Pages of one transfer to one peer: one message (module
-            // `paged`) where the NIC sends them so, at least two pages.
             // Pages to one peer: packed into messages (module `paged`)
             // where the NIC sends them so, starting at a transfer of two
             // pages or more (a paged write; single writes keep the
