@@ -593,9 +593,10 @@ fn silent_target(len: u64) -> (std::net::TcpListener, MrDesc) {
 
 /// Failure paths of messages that are never acknowledged (the peer never
 /// answers): each transfer fails once when the operation timeout passes,
-/// with every page counted as an error; and transfers still in flight
-/// when the sending engine shuts down complete with `EngineShutDown`, so
-/// nothing waits forever and the messages' buffers and bookkeeping go.
+/// with every page counted as an error; transfers still in flight when
+/// the sending engine shuts down complete with `EngineShutDown`; and a
+/// target engine that is gone fails them too. Nothing waits forever, and
+/// the messages' buffers and bookkeeping go.
 #[test]
 fn unacknowledged_messages_fail_once() {
     if !usable() {
@@ -615,46 +616,69 @@ fn unacknowledged_messages_fail_once() {
             .expect("tcp engine")
         };
         let (_listener, desc) = silent_target(1 << 20);
-        // 32 pages of 1 KiB: three messages, one segment of this transfer
-        // in a message whose send another segment carries.
+        // Four transfers of 32 pages of 1 KiB, the last three posted
+        // together under a plug: messages of 15 pages, some carrying
+        // segments of two transfers (one completed by a message whose
+        // send another transfer's segment carries).
         let pages = Pages {
             indices: (0..32).collect(),
             stride: 1024,
             offset: 0,
         };
+        let four = |a: &TransferEngine, src: &MrHandle, dst: &MrDesc| {
+            let plug = a.plug();
+            let flags: Vec<_> = (0..4)
+                .map(|_| {
+                    let (f, done) = flag();
+                    a.submit_paged_writes(1024, None, (src, &pages), (dst, &pages), done)
+                        .unwrap();
+                    f
+                })
+                .collect();
+            drop(plug);
+            flags
+        };
+        let timed_out = |r: &Result<u64, TransferError>| {
+            matches!(
+                r,
+                Err(TransferError::Timeout { .. } | TransferError::PeerNotReady { .. })
+            )
+        };
         let a = engine(std::time::Duration::from_millis(500));
         let (src, _) = region(&a, 64 * 1024);
-        for round in 0..3 {
-            let (f, done) = flag();
-            a.submit_paged_writes(1024, None, (&src, &pages), (&desc, &pages), done)
-                .unwrap();
-            let r = wait(&f);
-            assert!(
-                matches!(
-                    r,
-                    Err(TransferError::Timeout { .. } | TransferError::PeerNotReady { .. })
-                ),
-                "round {round}: {r:?}"
-            );
+        for round in 0..2 {
+            for f in four(&a, &src, &desc) {
+                let r = wait(&f);
+                assert!(timed_out(&r), "round {round}: {r:?}");
+            }
         }
         let c = a.counters().total;
-        assert_eq!((c.errors, c.writes), (96, 96), "{c:?}");
+        assert_eq!((c.errors, c.writes), (256, 256), "{c:?}");
+        // Alone each transfer is 3 messages (15, 15, 2 pages): fewer means
+        // segments of several transfers shared messages.
+        assert!(c.paged_by_message < 2 * 4 * 3, "{c:?}");
         drop(a);
         // Shutdown with transfers in flight.
         let a = engine(std::time::Duration::from_secs(30));
         let (src, _) = region(&a, 64 * 1024);
-        let mut flags = Vec::new();
-        for _ in 0..4 {
-            let (f, done) = flag();
-            a.submit_paged_writes(1024, None, (&src, &pages), (&desc, &pages), done)
-                .unwrap();
-            flags.push(f);
-        }
+        let flags = four(&a, &src, &desc);
         drop(a);
         for f in &flags {
             let r = wait(f);
             assert!(matches!(r, Err(TransferError::EngineShutDown)), "{r:?}");
         }
+        // A target engine that is gone: its region's transfers fail (the
+        // provider refuses the connection until the timeout passes).
+        let a = engine(std::time::Duration::from_millis(500));
+        let (src, _) = region(&a, 64 * 1024);
+        let b = tcp_engine(1);
+        let (_, dd) = region(&b, 64 * 1024);
+        drop(b);
+        for f in four(&a, &src, &dd) {
+            let r = wait(&f);
+            assert!(timed_out(&r), "{r:?}");
+        }
+        assert_eq!(a.counters().total.errors, 128);
     });
 }
 
