@@ -482,13 +482,17 @@ impl Endpoint for FabricEndpoint {
             let seq = live.next_seq;
             live.next_seq += 1;
             // Pages to one peer: packed into messages (module `paged`)
-            // where the NIC sends them so, starting at a transfer of two
-            // pages or more (a paged write; single writes keep the
+            // where the NIC sends them so and a message carries more of
+            // them than a chain (`paged::worth`), starting at a transfer
+            // of two pages or more (a paged write; single writes keep the
             // one-sided path, whose chains already carry them at the
             // stream's rate), then as many following pages to the peer as
             // the batch has.
+            let worth = |op: &WorkOp| {
+                by_message(op).is_some_and(|p| paged::worth(&inner.addr, p.2, inner.chain_limit))
+            };
             if inner.paged_send
-                && by_message(&op).is_some()
+                && worth(&op)
                 && reqs
                     .peek()
                     .is_some_and(|n| n.wr_id == wr_id && same_message(&op, &n.op))
@@ -499,6 +503,7 @@ impl Endpoint for FabricEndpoint {
                 while chain.len() + 1 < paged::GATHER_PAGES {
                     let next = reqs.next_if(|n| {
                         same_message(&op, &n.op)
+                            && worth(&n.op)
                             && by_message(&n.op)
                                 .is_some_and(|(_, _, l, _)| bytes + l <= paged::DATA_LIMIT)
                     });
