@@ -67,11 +67,11 @@
 //!   earlier ones complete with it (module `cover`): on `tcp` each such
 //!   request costs the target an acknowledgement message.
 //! - Paged writes by message (module `paged`): where the provider's RMA is
-//!   the target's CPU anyway (`tcp`: [`efa::PagedByMessage`]),
-//!   the pages of one paged write to one peer travel as one tagged
-//!   message that the target's domain checks against its registrations,
-//!   places, counts the immediates of, and acknowledges; the write
-//!   completes on that acknowledgement ([`LibfabricConfig::paged_by_message`]).
+//!   the target's CPU anyway (`tcp`: [`efa::PagedByMessage`]), the pages
+//!   of paged writes to one peer travel packed into tagged messages that
+//!   the target's domain checks against its registrations, places, counts
+//!   the immediates of, and acknowledges; each transfer's pages complete
+//!   on that acknowledgement ([`LibfabricConfig::paged_by_message`]).
 //! - Shutdown first waits (at most [`DRAIN`]) for posted operations, then
 //!   stops reading the queue; the endpoint closes only when nothing can
 //!   touch it any more: after the engine's worker stopped, and for
@@ -427,8 +427,8 @@ struct Inflight {
     op: OpKind,
     peer: NetAddr,
     since: Instant,
-    /// A paged message (module `paged`): the pages it carries, completed
-    /// by the target's acknowledgement.
+    /// A segment of a paged message (module `paged`): its pages,
+    /// completed by the target's acknowledgement.
     paged: Option<paged::Sent>,
 }
 
@@ -519,8 +519,8 @@ struct Live {
     /// completion (module `cover`).
     covers: cover::Covers,
     /// Acknowledgements of peers' paged messages not yet sent, each with
-    /// the peer it goes to; sent at the end of the progress round that
-    /// placed them (module `paged`).
+    /// the peer it goes to; a peer's are sent at the end of the progress
+    /// round in which a message of it asked (module `paged`).
     acks_out: Vec<(NetAddr, rolex_core::wire::Ack)>,
     /// Peers whose message asked for the acknowledgements this round.
     acks_due: Vec<NetAddr>,
@@ -600,7 +600,7 @@ pub(crate) struct Inner {
     shared_memory: bool,
     /// Most pieces one posted write chains (1: no chaining).
     chain_limit: usize,
-    /// Paged writes leave as one message each (module `paged`).
+    /// Paged writes leave packed into messages (module `paged`).
     paged_send: bool,
     /// Peers' paged messages are received and placed here.
     paged_serve: bool,
