@@ -53,6 +53,9 @@ pub const fn fi_minor(version: u32) -> u32 {
 pub const FI_MSG: u64 = 1 << 1;
 /// Capability: one-sided reads and writes.
 pub const FI_RMA: u64 = 1 << 2;
+/// Capability: tagged two-sided messages (matched by tag, apart from
+/// untagged ones).
+pub const FI_TAGGED: u64 = 1 << 3;
 /// Capability: remote atomics.
 pub const FI_ATOMIC: u64 = 1 << 4;
 /// Capability / access: initiate reads (and fetching atomics).
@@ -819,6 +822,43 @@ pub struct fi_ops_msg {
     _tail: [u8; 0],
 }
 
+/// `struct fi_ops_tagged`. Prefix (up to `send`).
+#[repr(C)]
+pub struct fi_ops_tagged {
+    /// Size of the provider's table.
+    pub size: usize,
+    /// `fi_trecv`.
+    pub recv: Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
+            src_addr: fi_addr_t,
+            tag: u64,
+            ignore: u64,
+            context: *mut c_void,
+        ) -> isize,
+    >,
+    /// `fi_trecvv`.
+    pub recvv: Unused,
+    /// `fi_trecvmsg`.
+    pub recvmsg: Unused,
+    /// `fi_tsend`.
+    pub send: Option<
+        unsafe extern "C" fn(
+            ep: *mut fid_ep,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            dest_addr: fi_addr_t,
+            tag: u64,
+            context: *mut c_void,
+        ) -> isize,
+    >,
+    _tail: [u8; 0],
+}
+
 /// `struct fi_ops_rma`. Prefix.
 #[repr(C)]
 pub struct fi_ops_rma {
@@ -968,8 +1008,8 @@ pub struct fid_ep {
     pub msg: *mut fi_ops_msg,
     /// RMA operations.
     pub rma: *mut fi_ops_rma,
-    /// Tagged-message operations (never called; opaque).
-    pub tagged: *mut c_void,
+    /// Tagged-message operations.
+    pub tagged: *mut fi_ops_tagged,
     /// Atomic operations.
     pub atomic: *mut fi_ops_atomic,
     _tail: [u8; 0],

@@ -383,6 +383,55 @@ pub unsafe fn fi_recv(
     }
 }
 
+/// `fi_tsend`: `ep->tagged->send`.
+///
+/// # Safety
+/// As [`fi_send`].
+pub unsafe fn fi_tsend(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    desc: *mut c_void,
+    dest_addr: fi_addr_t,
+    tag: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe {
+        via!(
+            (*ep).tagged,
+            send(ep, buf, len, desc, dest_addr, tag, context),
+            NOSYS_SZ
+        )
+    }
+}
+
+/// `fi_trecv`: `ep->tagged->recv`, matching tags equal to `tag` in the
+/// bits not set in `ignore`.
+///
+/// # Safety
+/// As [`fi_recv`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fi_trecv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    desc: *mut c_void,
+    src_addr: fi_addr_t,
+    tag: u64,
+    ignore: u64,
+    context: *mut c_void,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe {
+        via!(
+            (*ep).tagged,
+            recv(ep, buf, len, desc, src_addr, tag, ignore, context),
+            NOSYS_SZ
+        )
+    }
+}
+
 /// `fi_read`: `ep->rma->read`.
 ///
 /// # Safety

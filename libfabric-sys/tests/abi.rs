@@ -221,6 +221,7 @@ fn decls() -> Vec<Decl> {
         decl!(fi_ops_ep, Prefix, [size, cancel, getopt, setopt]),
         decl!(fi_ops_cm, Prefix, [size, setname, getname]),
         decl!(fi_ops_msg, Prefix, [size, recv, recvv, recvmsg, send]),
+        decl!(fi_ops_tagged, Prefix, [size, recv, recvv, recvmsg, send]),
         decl!(
             fi_ops_rma,
             Prefix,
@@ -258,6 +259,7 @@ fn constants() -> Vec<(&'static str, u64)> {
     }
     c![
         FI_MSG,
+        FI_TAGGED,
         FI_RMA,
         FI_ATOMIC,
         FI_READ,
@@ -317,6 +319,7 @@ const HEADERS: &[&str] = &[
     "rdma/fi_endpoint.h",
     "rdma/fi_cm.h",
     "rdma/fi_rma.h",
+    "rdma/fi_tagged.h",
     "rdma/fi_atomic.h",
     "rdma/fi_eq.h",
     "rdma/fi_errno.h",

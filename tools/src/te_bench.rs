@@ -33,7 +33,10 @@
 //! `--depth` of them in flight from one side, each complete only once its
 //! data is visible at the target (delivery completion: data one way, an
 //! acknowledgement back; `delivery_acks` counts the posts that asked for
-//! one: the writes of one post to one peer share the last one's). So `--depth 1` is the like-for-like bandwidth
+//! one: the writes of one post to one peer share the last one's; paged
+//! writes over `tcp` go instead as messages the target places and
+//! acknowledges, `paged_by_message` counting them, `--paged-by-message
+//! off` to compare). So `--depth 1` is the like-for-like bandwidth
 //! (one transfer in flight; it pays the acknowledgement that a ping-pong
 //! does not), a deeper run shows streaming, and `p50_us` of a remote
 //! `write-imm` is a round trip: compare it with twice `fi_pingpong`'s
@@ -63,7 +66,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer, Offer};
-use rolex_host::domain::fabric::LibfabricConfig;
+use rolex_host::domain::fabric::{LibfabricConfig, PagedMode};
 
 use crate::cpu::{process_cpu, share, CpuWindow};
 use crate::fabric::{parse_fabric, serving_node, verbs_fabric, FabricArg, VerbsArgs, NO_VERBS};
@@ -148,6 +151,13 @@ pub struct TeBenchArgs {
     /// to a busy group together).
     #[arg(long)]
     no_plug: bool,
+    /// libfabric: whether paged writes travel packed into messages that
+    /// the target's domain places (`LibfabricConfig::paged_by_message`;
+    /// `auto`: where the provider's RMA runs in the target's CPU anyway
+    /// and its progress is manual, i.e. `tcp`; `on` also on `sockets`).
+    /// JSON `paged_by_message` counts the messages.
+    #[arg(long, value_enum, default_value_t = PagedArg::Auto)]
+    paged_by_message: PagedArg,
     /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`
     /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
@@ -348,6 +358,14 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// `--paged-by-message`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PagedArg {
+    Auto,
+    On,
+    Off,
+}
+
 fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
     let fabric = match &args.fabric {
         FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
@@ -364,6 +382,11 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
             if let Some(us) = args.idle_poll_us {
                 cfg.idle_poll = Duration::from_micros(us);
             }
+            cfg.paged_by_message = match args.paged_by_message {
+                PagedArg::Auto => PagedMode::Auto,
+                PagedArg::On => PagedMode::On,
+                PagedArg::Off => PagedMode::Off,
+            };
             Fabric::Libfabric(cfg)
         }
         // Bulk transfers: relaxed ordering, as the source does.
@@ -909,7 +932,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "threads": args.threads, "depth": args.depth, "channel": args.channel,
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "direct_posts": c.direct_posts, "handoffs": c.handoffs,
-        "delivery_acks": c.delivery_acks,
+        "delivery_acks": c.delivery_acks, "paged_by_message": c.paged_by_message,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,

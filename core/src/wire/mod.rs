@@ -32,6 +32,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 mod mr_desc;
 mod net_addr;
+mod paged_msg;
 mod pages;
 mod scatter_dst;
 #[cfg(test)]
@@ -39,6 +40,13 @@ mod tests;
 
 pub use mr_desc::{Access, MrDesc};
 pub use net_addr::NetAddr;
+#[cfg(feature = "alloc")]
+pub use paged_msg::{encode_paged_acks, encode_paged_msg};
+pub use paged_msg::{
+    paged_msg_len, set_ack_now, Ack, AckStatus, PageTarget, PagedAcks, PagedMsg, ACK_ENTRY_LEN,
+    MAX_ACKS, MAX_DATA, MAX_PAGES, MAX_PAGE_LEN, PAGED_ACKS_TAG, PAGED_MSG_TAG, PAGE_ENTRY_LEN,
+    SEGMENT_ENTRY_LEN,
+};
 #[cfg(feature = "alloc")]
 pub use pages::Pages;
 pub use pages::{encode_pages, pages_encoded_len, PagesIter, PagesRef};

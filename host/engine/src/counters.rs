@@ -99,6 +99,10 @@ counters! {
     /// message back per post). Writes covered by a later write's
     /// acknowledgement are not counted (libfabric domain, `cover`).
     delivery_acks,
+    /// Paged-write messages sent: the pages of one paged write to one
+    /// peer moved as one message that the target's domain places
+    /// (libfabric domain, `paged`; `tcp` by default).
+    paged_by_message,
 }
 
 /// Shards of a [`Counters`]: threads beyond this many share them.

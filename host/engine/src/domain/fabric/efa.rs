@@ -16,6 +16,9 @@
 //!   up to `max_order_{raw,waw}_size` bytes (EFA grants no RMA ordering
 //!   bits and sizes only for atomics), and remote CQ data carries a 32-bit
 //!   immediate only if `cq_data_size` is at least 4 bytes (EFA: 4).
+//! - [`PagedByMessage::from_attrs`]: whether paged writes may travel as
+//!   one tagged message that the target's domain places (module `paged`),
+//!   from the `fi_info` it opened with ([`PagedAttrs`]).
 
 use crate::atomics::{AtomicProfile, AtomicScope, ReplyOrder};
 
@@ -105,6 +108,63 @@ impl Claims {
     }
 }
 
+/// The attributes of an `fi_info` that decide the paged-by-message path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedAttrs {
+    /// `caps` holds `FI_TAGGED`: a channel of messages apart from the
+    /// engine's own (which go to the buffers it posts).
+    pub tagged: bool,
+    /// `domain_attr->mr_mode` (`FI_MR_*` bits).
+    pub mr_mode: u64,
+    /// `ep_attr->protocol` is `FI_PROTO_SHM`.
+    pub shared_memory: bool,
+    /// `domain_attr->data_progress` is `FI_PROGRESS_MANUAL`.
+    pub manual_progress: bool,
+}
+
+/// Whether a domain moves the pages of a paged write to one peer as one
+/// message (module `paged`), decided from [`PagedAttrs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedByMessage {
+    /// The path can work here: tagged messages are granted and remote
+    /// keys are the application's, checked by the provider's software in
+    /// the target's CPU (no `FI_MR_PROV_KEY`, no `FI_MR_LOCAL`, no
+    /// `FI_MR_ALLOCATED`), not by a NIC, and the endpoint does not hand
+    /// peers its memory directly (`shm`). The target's domain then checks
+    /// and places each page itself, no less than the provider would.
+    pub possible: bool,
+    /// The path is the better one: where it is possible and the
+    /// provider's data progress is manual (`tcp;ofi_rxm`): the target's
+    /// engine reads its queue to move a one-sided write anyway, its CPU
+    /// copies the bytes anyway, and one message costs it one receive
+    /// where chained writes cost a receive per `iov_limit` pages and an
+    /// acknowledgement each. With automatic progress (`sockets`) the
+    /// provider's own thread places one-sided writes and the message path
+    /// would add the engine's worker to every write (measured slower on
+    /// 1.17's `sockets`). Hardware RMA (verbs, EFA) never takes it: there
+    /// it would add the target's CPU to a path that has none.
+    pub preferred: bool,
+}
+
+impl PagedByMessage {
+    /// The path's standing on a provider with attributes `a`.
+    pub fn from_attrs(a: &PagedAttrs) -> PagedByMessage {
+        let hardware_keys = a.mr_mode & (MR_LOCAL | MR_PROV_KEY | MR_ALLOCATED) != 0;
+        let possible = a.tagged && !hardware_keys && !a.shared_memory;
+        PagedByMessage {
+            possible,
+            preferred: possible && a.manual_progress,
+        }
+    }
+}
+
+/// `FI_MR_LOCAL`.
+const MR_LOCAL: u64 = 1 << 2;
+/// `FI_MR_ALLOCATED`.
+const MR_ALLOCATED: u64 = 1 << 5;
+/// `FI_MR_PROV_KEY`.
+const MR_PROV_KEY: u64 = 1 << 6;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +246,51 @@ mod tests {
             ..tcp
         };
         assert!(!Claims::of_domain(&three).immediates);
+    }
+
+    #[test]
+    fn paged_by_message_only_where_software_checks_keys() {
+        let tcp = PagedAttrs {
+            tagged: true,
+            mr_mode: 0,
+            shared_memory: false,
+            manual_progress: true,
+        };
+        let on = PagedByMessage::from_attrs(&tcp);
+        assert!(on.possible && on.preferred);
+        // `sockets`: possible (forced on in tests), not preferred.
+        let sockets = PagedByMessage::from_attrs(&PagedAttrs {
+            manual_progress: false,
+            ..tcp
+        });
+        assert!(sockets.possible && !sockets.preferred);
+        // verbs / EFA: provider keys and local descriptors.
+        let verbs = PagedAttrs {
+            mr_mode: MR_LOCAL | MR_PROV_KEY | MR_ALLOCATED | (1 << 4),
+            ..tcp
+        };
+        assert!(!PagedByMessage::from_attrs(&verbs).possible);
+        assert!(
+            !PagedByMessage::from_attrs(&PagedAttrs {
+                mr_mode: MR_PROV_KEY,
+                ..tcp
+            })
+            .possible
+        );
+        // shm hands peers its memory; no tagged messages, no path.
+        assert!(
+            !PagedByMessage::from_attrs(&PagedAttrs {
+                shared_memory: true,
+                ..tcp
+            })
+            .possible
+        );
+        assert!(
+            !PagedByMessage::from_attrs(&PagedAttrs {
+                tagged: false,
+                ..tcp
+            })
+            .possible
+        );
     }
 }

@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
-use rolex_core::wire::NetAddr;
+use rolex_core::wire::{encode_paged_msg, set_ack_now, NetAddr, PageTarget};
 
 use super::ffi::{self, CtxKind, OpCtx, PinnedRegion, Post, Target};
 use super::{
-    cover, lock, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP, WAIT_BACKSTOP,
+    cover, lock, paged, Inner, Live, OpMeta, Pending, Sink, HOT, OUTSTANDING_BACKSTOP,
+    WAIT_BACKSTOP,
 };
 use crate::counters::Counters;
 use crate::domain::{Completion, Endpoint, Local, Progress, WorkOp, WorkRequest};
@@ -128,6 +129,159 @@ impl FabricEndpoint {
             deliver: inner.delivery_complete,
         };
         Ok((ctx, post))
+    }
+
+    /// One message carrying `pages` (`(wr_id, page)`, module `paged`)
+    /// in `segments` (`(seq, pages)`: runs of one transfer's pages, a
+    /// sequence number each): their bytes are copied out of the source
+    /// region now, into the context's buffer, which the context owns until
+    /// the send completes. Returns each segment's pages as the user named
+    /// them (for the error of a refused one). Every page is one that
+    /// `by_message` accepts (the caller gathered them so).
+    fn build_paged(
+        &self,
+        live: &mut Live,
+        segments: &[(u64, u8)],
+        pages: &[(u64, WorkOp)],
+    ) -> Result<(Box<OpCtx>, Post, Vec<paged::Sent>), TransferError> {
+        let inner = &self.inner;
+        let Some((local, remote, _, imm)) = pages.first().and_then(|p| by_message(&p.1)) else {
+            return Err(TransferError::EngineShutDown);
+        };
+        if imm.is_some() && !inner.claims.immediates {
+            return Err(TransferError::NoImmediates {
+                provider: inner.provider.clone(),
+                cq_data_size: inner.order.cq_data_size,
+            });
+        }
+        let fi_addr = inner.fi_addr(live, &remote.peer)?;
+        let region = local.region.clone();
+        let guard = region.enter().ok_or(TransferError::RegionDeregistered)?;
+        let n = pages.len();
+        let (mut targets, mut sources, mut named) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (_, op) in pages {
+            let Some((local, remote, len, _)) = by_message(op) else {
+                return Err(TransferError::EngineShutDown);
+            };
+            region.check(local.offset, len)?;
+            let (addr, key) = inner.target(remote)?;
+            targets.push(PageTarget {
+                key,
+                addr,
+                len: len as u32,
+            });
+            sources.push(local.offset);
+            named.push((remote.rkey, remote.addr, len));
+        }
+        let first = segments.first().map_or(0, |s| s.0);
+        let mut ctx = OpCtx::new(CtxKind::Op(first));
+        // A buffer of an earlier message (its send completed), so that
+        // sending does not fault fresh pages in each time.
+        ctx.bytes = live.msg_bufs.pop().unwrap_or_default();
+        encode_paged_msg(
+            &mut ctx.bytes,
+            imm,
+            &inner.addr,
+            segments,
+            &targets,
+            |i, dst| guard.read(sources[i], dst),
+        )
+        .map_err(|error| TransferError::Malformed {
+            what: "paged message",
+            error,
+        })?;
+        drop(guard);
+        let (a, len) = (ctx.bytes.as_ptr() as u64, ctx.bytes.len() as u64);
+        let desc = inner.op_mr(&mut ctx, a, len)?;
+        let post = Post::TSend {
+            desc,
+            fi_addr,
+            tag: paged::PAGED_TAG,
+        };
+        let mut at = 0;
+        let sent = segments
+            .iter()
+            .map(|&(_, k)| {
+                let k = usize::from(k);
+                let s = paged::Sent {
+                    pages: named[at..at + k].into(),
+                    extras: Vec::new(),
+                };
+                at += k;
+                s
+            })
+            .collect();
+        Ok((ctx, post, sent))
+    }
+
+    /// Builds one message of `pages` (module `paged`): its first segment's
+    /// bookkeeping goes with the post into `built` (sequence number
+    /// `first_seq` if still unused, else a new one); the others' into
+    /// `retry_meta` at once, under their own sequence numbers, completed
+    /// by their own acknowledgements (or failed with the message, see
+    /// `Inner::fail_extras`). Pages that cannot be sent fail here.
+    fn post_message(
+        &mut self,
+        live: &mut Live,
+        built: &mut Vec<Built>,
+        first_seq: &mut Option<u64>,
+        pages: &[(u64, WorkOp)],
+        (op, peer, since): (OpKind, NetAddr, Instant),
+    ) {
+        let ids: Vec<u64> = pages.iter().map(|p| p.0).collect();
+        let mut segments: Vec<(u64, u8)> = Vec::new();
+        let mut runs_of = Vec::new();
+        for (id, n) in runs(&ids) {
+            let seq = first_seq.take().unwrap_or_else(|| {
+                live.next_seq += 1;
+                live.next_seq - 1
+            });
+            segments.push((seq, n as u8));
+            runs_of.push(id);
+        }
+        match self.build_paged(live, &segments, pages) {
+            Ok((ctx, post, sent)) => {
+                Counters::bump(&self.inner.counters.paged_by_message, 1);
+                let extras: Vec<u64> = segments[1..].iter().map(|s| s.0).collect();
+                let mut first = None;
+                for (((seq, n), wr_id), mut s) in segments.iter().zip(runs_of).zip(sent) {
+                    let meta = |paged| OpMeta {
+                        wr_id,
+                        pieces: u32::from(*n),
+                        sink: self.sink.clone(),
+                        op,
+                        peer,
+                        since,
+                        paged: Some(paged),
+                    };
+                    if first.is_none() {
+                        s.extras = extras.clone();
+                        first = Some((*seq, meta(s)));
+                    } else {
+                        self.sink.outstanding.fetch_add(u64::from(*n), SeqCst);
+                        live.retry_meta.insert(*seq, meta(s));
+                    }
+                }
+                if let Some((seq, meta)) = first {
+                    built.push(Built {
+                        seq,
+                        ctx,
+                        post,
+                        meta,
+                        riders: Vec::new(),
+                    });
+                }
+            }
+            Err(e) => {
+                for &id in &ids {
+                    self.fail_now(id, e.clone());
+                }
+            }
+        }
     }
 
     /// The context and post of one request, or why it cannot be posted.
@@ -250,6 +404,31 @@ fn chainable(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64)> {
     }
 }
 
+/// A page that may travel by message (module `paged`): its source,
+/// target, length and immediate.
+fn by_message(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64, Option<u32>)> {
+    match op {
+        WorkOp::Write {
+            local: Some(l),
+            remote,
+            len,
+            imm,
+        } if *len > 0 && *len <= paged::PAGE_LIMIT => Some((l, remote, *len, *imm)),
+        _ => None,
+    }
+}
+
+/// Whether `b` can go in the same message as `a`: both pages by message,
+/// from the same region, to the same peer, with the same immediate.
+fn same_message(a: &WorkOp, b: &WorkOp) -> bool {
+    match (by_message(a), by_message(b)) {
+        (Some((la, ra, _, ia)), Some((lb, rb, _, ib))) => {
+            Arc::ptr_eq(&la.region, &lb.region) && ra.peer == rb.peer && ia == ib
+        }
+        _ => false,
+    }
+}
+
 /// Whether `b` can go in the same post as `a`: both chainable, from the
 /// same region, to the same peer and key.
 fn same_chain(a: &WorkOp, b: &WorkOp) -> bool {
@@ -302,6 +481,59 @@ impl Endpoint for FabricEndpoint {
             let (op_kind, peer): (OpKind, NetAddr) = (kind(&op), *op.peer());
             let seq = live.next_seq;
             live.next_seq += 1;
+            // Pages to one peer: packed into messages (module `paged`)
+            // where the NIC sends them so and a message carries more of
+            // them than a chain (`paged::worth`), starting at a transfer
+            // of two pages or more (a paged write; single writes keep the
+            // one-sided path, whose chains already carry them at the
+            // stream's rate), then as many following pages to the peer as
+            // the batch has.
+            let worth = |op: &WorkOp| {
+                by_message(op).is_some_and(|p| paged::worth(&inner.addr, p.2, inner.chain_limit))
+            };
+            if inner.paged_send
+                && worth(&op)
+                && reqs
+                    .peek()
+                    .is_some_and(|n| n.wr_id == wr_id && same_message(&op, &n.op))
+            {
+                let mut bytes = by_message(&op).map_or(0, |p| p.2);
+                chain.clear();
+                chain_ids.clear();
+                while chain.len() + 1 < paged::GATHER_PAGES {
+                    let next = reqs.next_if(|n| {
+                        same_message(&op, &n.op)
+                            && worth(&n.op)
+                            && by_message(&n.op)
+                                .is_some_and(|(_, _, l, _)| bytes + l <= paged::DATA_LIMIT)
+                    });
+                    match next {
+                        Some(n) => {
+                            self.inner.counters.count_posted(&n.op);
+                            bytes += by_message(&n.op).map_or(0, |p| p.2);
+                            chain.push(n.op);
+                            chain_ids.push(n.wr_id);
+                        }
+                        None => break,
+                    }
+                }
+                if !chain.is_empty() {
+                    let ops: Vec<(u64, WorkOp)> = std::iter::once((wr_id, op))
+                        .chain(chain_ids.drain(..).zip(chain.drain(..)))
+                        .collect();
+                    let mut first_seq = Some(seq);
+                    for m in paged::pack(&inner.addr, &ops) {
+                        self.post_message(
+                            live,
+                            &mut built,
+                            &mut first_seq,
+                            &ops[m],
+                            (op_kind, peer, now),
+                        );
+                    }
+                    continue;
+                }
+            }
             // The pieces that follow this one from the same region to the
             // same peer and key go in the same post: of the same transfer,
             // and where writes share acknowledgements (module `cover`) of
@@ -351,12 +583,26 @@ impl Endpoint for FabricEndpoint {
                         op: op_kind,
                         peer,
                         since: now,
+                        paged: None,
                     },
                     riders,
                 }),
                 Err(e) => {
                     for &id in &chain_ids {
                         self.fail_now(id, e.clone());
+                    }
+                }
+            }
+        }
+        if inner.paged_send {
+            // The last message to each peer asks for the
+            // acknowledgements of all (module `paged`).
+            let mut asked: Vec<u64> = Vec::new();
+            for b in built.iter_mut().rev() {
+                if let (Post::TSend { fi_addr, .. }, Some(_)) = (&b.post, &b.meta.paged) {
+                    if !asked.contains(fi_addr) {
+                        asked.push(*fi_addr);
+                        set_ack_now(&mut b.ctx.bytes);
                     }
                 }
             }
@@ -536,7 +782,9 @@ impl Endpoint for FabricEndpoint {
                         shut(out, f.wr_id, f.pieces);
                     }
                     // The provider may still use the buffers: keep them.
-                    live.abandoned.insert(s, f.leaked);
+                    if let Some(l) = f.leaked {
+                        live.abandoned.insert(s, l);
+                    }
                 }
             }
             let waiting: Vec<u64> = live

@@ -86,6 +86,9 @@ pub(crate) struct Hints<'a> {
     /// Ask for `FI_DELIVERY_COMPLETE` support (a provider that cannot give
     /// it then matches nothing).
     pub(crate) delivery_complete: bool,
+    /// Ask for tagged messages too (`FI_TAGGED`: the paged-by-message
+    /// path's own channel, apart from the engine's messages).
+    pub(crate) tagged: bool,
 }
 
 /// What the chosen provider grants (read from the returned `fi_info`).
@@ -110,6 +113,8 @@ pub(crate) struct Granted {
     /// (the smaller of `tx_attr->iov_limit` and `rma_iov_limit`, at least
     /// 1, at most [`MAX_CHAIN`]).
     pub(crate) chain_limit: usize,
+    /// Tagged messages (`FI_TAGGED`) were granted.
+    pub(crate) tagged: bool,
 }
 
 /// Most pieces one posted write chains (see [`Post::Write`]).
@@ -180,6 +185,9 @@ impl Info {
                 | sys::FI_RECV
                 | sys::FI_REMOTE_READ
                 | sys::FI_REMOTE_WRITE;
+            if h.tagged {
+                (*hp).caps |= sys::FI_TAGGED;
+            }
             (*hp).mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
             (*(*hp).ep_attr).type_ = sys::FI_EP_RDM;
             (*(*hp).domain_attr).mr_mode = mr_mode;
@@ -337,6 +345,7 @@ impl Info {
                     let t = &*(*p).tx_attr;
                     t.iov_limit.min(t.rma_iov_limit).clamp(1, MAX_CHAIN)
                 },
+                tagged: (*p).caps & sys::FI_TAGGED != 0,
             }
         }
     }
@@ -835,6 +844,9 @@ pub(crate) enum CtxKind {
     Op(u64),
     /// A posted receive.
     Recv(Option<RecvBuffer>),
+    /// A posted tagged receive of the paged-by-message path, into the
+    /// context's `bytes` (module `paged`).
+    PagedRecv,
 }
 
 /// Everything one posted operation owns (see the module docs).
@@ -980,6 +992,12 @@ pub(crate) enum Post {
     Send { desc: usize, fi_addr: u64 },
     /// `fi_recv` into the context's receive buffer.
     Recv { desc: usize },
+    /// `fi_tsend` of the context's bytes with `tag` (the paged-by-message
+    /// path, module `paged`).
+    TSend { desc: usize, fi_addr: u64, tag: u64 },
+    /// `fi_trecv` into the context's bytes (all of them), matching `tag`
+    /// except the bits of `ignore`.
+    TRecv { tag: u64, ignore: u64 },
 }
 
 impl Post {
@@ -992,8 +1010,8 @@ impl Post {
             | Post::Cas { to, .. }
             | Post::Faa { to, .. } => to.fi_addr,
             Post::Read { from, .. } => from.fi_addr,
-            Post::Send { fi_addr, .. } => fi_addr,
-            Post::Recv { .. } => sys::FI_ADDR_UNSPEC,
+            Post::Send { fi_addr, .. } | Post::TSend { fi_addr, .. } => fi_addr,
+            Post::Recv { .. } | Post::TRecv { .. } => sys::FI_ADDR_UNSPEC,
         }
     }
 }
@@ -1209,6 +1227,31 @@ impl Ep {
                         "fi_send",
                     )
                 }
+                Post::TSend { desc, fi_addr, tag } => (
+                    sys::fi_tsend(
+                        ep,
+                        ctx.bytes.as_ptr() as *const libc::c_void,
+                        ctx.bytes.len(),
+                        desc as *mut libc::c_void,
+                        fi_addr,
+                        tag,
+                        c,
+                    ),
+                    "fi_tsend",
+                ),
+                Post::TRecv { tag, ignore } => (
+                    sys::fi_trecv(
+                        ep,
+                        ctx.bytes.as_mut_ptr() as *mut libc::c_void,
+                        ctx.bytes.len(),
+                        ptr::null_mut(),
+                        sys::FI_ADDR_UNSPEC,
+                        tag,
+                        ignore,
+                        c,
+                    ),
+                    "fi_trecv",
+                ),
                 Post::Recv { desc } => {
                     let own = match &mut ctx.kind {
                         CtxKind::Recv(Some(b)) => Some((b.data.as_mut_ptr(), b.data.len())),

@@ -66,6 +66,12 @@
 //!   last data write of a post call to each peer asks for it, and the
 //!   earlier ones complete with it (module `cover`): on `tcp` each such
 //!   request costs the target an acknowledgement message.
+//! - Paged writes by message (module `paged`): where the provider's RMA is
+//!   the target's CPU anyway (`tcp`: [`efa::PagedByMessage`]), the pages
+//!   of paged writes to one peer travel packed into tagged messages that
+//!   the target's domain checks against its registrations, places, counts
+//!   the immediates of, and acknowledges; each transfer's pages complete
+//!   on that acknowledgement ([`LibfabricConfig::paged_by_message`]).
 //! - Shutdown first waits (at most [`DRAIN`]) for posted operations, then
 //!   stops reading the queue; the endpoint closes only when nothing can
 //!   touch it any more: after the engine's worker stopped, and for
@@ -83,12 +89,13 @@ mod endpoint;
 mod ffi;
 pub mod keys;
 pub mod pace;
+mod paged;
 mod retry;
 mod waiter;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -182,6 +189,31 @@ pub struct LibfabricConfig {
     /// by default every device in the provider's order, the first for
     /// one NIC.
     pub nics: NicSelect,
+    /// Whether paged writes to a peer travel packed into tagged messages
+    /// that the target's domain places and acknowledges (module `paged`)
+    /// instead of one-sided writes: by default where the provider's
+    /// `fi_info` says its RMA runs in the target's CPU anyway and the
+    /// engine progresses it ([`efa::PagedByMessage::preferred`]: `tcp`;
+    /// `sockets` can, forced on), and not with
+    /// [`LibfabricConfig::local_mr`]; forced on or off for tests and
+    /// measurements. Never on verbs, EFA or `shm`. Messages are sized to
+    /// `tcp;ofi_rxm`'s eager limit (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by
+    /// default), which, as for rxm's own messages, both peers must agree
+    /// on. The counter `paged_by_message` counts the messages sent.
+    pub paged_by_message: PagedMode,
+}
+
+/// [`LibfabricConfig::paged_by_message`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PagedMode {
+    /// Where [`efa::PagedByMessage::preferred`] holds.
+    #[default]
+    Auto,
+    /// Wherever [`efa::PagedByMessage::possible`] holds.
+    On,
+    /// Never sent that way (a NIC where the path is possible still
+    /// places its peers' paged messages).
+    Off,
 }
 
 impl LibfabricConfig {
@@ -198,6 +230,7 @@ impl LibfabricConfig {
             idle_poll: Duration::from_millis(1),
             wait_fd: true,
             nics: NicSelect::default(),
+            paged_by_message: PagedMode::Auto,
         }
     }
 
@@ -260,14 +293,19 @@ pub fn probe(provider: &str, node: Option<&str>) -> Result<(), TransferError> {
 fn get_info(cfg: &LibfabricConfig) -> Result<Info, TransferError> {
     let lib = libfabric_sys::lib().map_err(TransferError::LibfabricLoad)?;
     let prov = cfg.provider_string();
-    let hints = |delivery_complete| ffi::Hints {
+    let hints = |delivery_complete, tagged| ffi::Hints {
         provider: &prov,
         node: cfg.node.as_deref(),
         service: None,
         delivery_complete,
+        tagged,
     };
-    Info::get(lib, &hints(true))
-        .or_else(|_| Info::get(lib, &hints(false)))
+    // Tagged messages (the paged-by-message path, module `paged`) where
+    // the provider has them.
+    Info::get(lib, &hints(true, true))
+        .or_else(|_| Info::get(lib, &hints(true, false)))
+        .or_else(|_| Info::get(lib, &hints(false, true)))
+        .or_else(|_| Info::get(lib, &hints(false, false)))
         .map_err(fi_err)
 }
 
@@ -370,11 +408,17 @@ enum MrScheme {
 struct MrEntry {
     mr: Mr,
     region: usize,
+    /// The region itself, for pages placed by this domain (module
+    /// `paged`); a dead one refuses them.
+    weak: Weak<Region>,
 }
 
 /// A posted operation not yet completed.
 struct Inflight {
-    leaked: Leaked,
+    /// The posted context; `None` once a paged message's send completed
+    /// and it waits for the target's acknowledgement only (module
+    /// `paged`).
+    leaked: Option<Leaked>,
     wr_id: u64,
     /// Work requests the post carries (several for a chained write), each
     /// owed one completion.
@@ -383,6 +427,9 @@ struct Inflight {
     op: OpKind,
     peer: NetAddr,
     since: Instant,
+    /// A segment of a paged message (module `paged`): its pages,
+    /// completed by the target's acknowledgement.
+    paged: Option<paged::Sent>,
 }
 
 /// An operation waiting to be posted (the provider said `-FI_EAGAIN`).
@@ -437,6 +484,8 @@ struct OpMeta {
     op: OpKind,
     peer: NetAddr,
     since: Instant,
+    /// As [`Inflight::paged`].
+    paged: Option<paged::Sent>,
 }
 
 /// The endpoint and everything that lives and dies with it (under one
@@ -469,6 +518,15 @@ struct Live {
     /// Writes whose completion waits for a later write's delivery
     /// completion (module `cover`).
     covers: cover::Covers,
+    /// Acknowledgements of peers' paged messages not yet sent, each with
+    /// the peer it goes to; a peer's are sent at the end of the progress
+    /// round in which a message of it asked (module `paged`).
+    acks_out: Vec<(NetAddr, rolex_core::wire::Ack)>,
+    /// Peers whose message asked for the acknowledgements this round.
+    acks_due: Vec<NetAddr>,
+    /// Buffers of paged messages whose send completed, for the next ones
+    /// (at most `paged::KEEP_BUFS`).
+    msg_bufs: Vec<Vec<u8>>,
 }
 
 impl Drop for Live {
@@ -481,8 +539,10 @@ impl Drop for Live {
         drop(self.ep.take());
         let shut = Err(TransferError::EngineShutDown);
         for (seq, f) in std::mem::take(&mut self.inflight) {
-            // SAFETY: the endpoint is closed (above).
-            drop(unsafe { f.leaked.reclaim() });
+            if let Some(l) = f.leaked {
+                // SAFETY: the endpoint is closed (above).
+                drop(unsafe { l.reclaim() });
+            }
             self.covers
                 .finish(seq, &f.sink, f.wr_id, f.pieces, shut.clone());
         }
@@ -540,6 +600,10 @@ pub(crate) struct Inner {
     shared_memory: bool,
     /// Most pieces one posted write chains (1: no chaining).
     chain_limit: usize,
+    /// Paged writes leave packed into messages (module `paged`).
+    paged_send: bool,
+    /// Peers' paged messages are received and placed here.
+    paged_serve: bool,
     cfg: LibfabricConfig,
     incoming: SegQueue<Incoming>,
     /// Where immediates go at once (the engine's ImmCounter), when set.
@@ -701,6 +765,12 @@ impl LibfabricDomain {
             _ => return Err(unsupported("application keys shorter than 8 bytes")),
         };
         let claims = efa::Claims::of_domain(&g.order);
+        let by_message = efa::PagedByMessage::from_attrs(&efa::PagedAttrs {
+            tagged: g.tagged,
+            mr_mode: g.mr_mode,
+            shared_memory: g.shared_memory,
+            manual_progress: g.manual_progress,
+        });
         let fabric = Fabric::open(&info).map_err(fi_err)?;
         let dom = DomainH::open(&fabric, &info).map_err(fi_err)?;
         // The wait objects to try, best first (see `wait_signals_data`);
@@ -805,6 +875,9 @@ impl LibfabricDomain {
             last_activity: Instant::now(),
             waiter: None,
             covers: cover::Covers::default(),
+            acks_out: Vec::new(),
+            acks_due: Vec::new(),
+            msg_bufs: Vec::new(),
         };
         let inner = Arc::new(Inner {
             live: Mutex::new(Some(live)),
@@ -829,6 +902,14 @@ impl LibfabricDomain {
             cover_writes: g.delivery_complete && writes_ordered(g.msg_order),
             shared_memory: g.shared_memory,
             chain_limit: g.chain_limit,
+            // Local descriptors forced on a provider that needs none
+            // (`local_mr`) test the one-sided path with them: kept there.
+            paged_send: match cfg.paged_by_message {
+                PagedMode::Auto => by_message.preferred && !mr_local,
+                PagedMode::On => by_message.possible,
+                PagedMode::Off => false,
+            },
+            paged_serve: by_message.possible,
             cfg: cfg.clone(),
             incoming: SegQueue::new(),
             imm_sink: OnceLock::new(),
@@ -846,6 +927,12 @@ impl LibfabricDomain {
             (None, Some(q)) => Some(waiter::Block::Sread(q)),
             (None, None) => None,
         };
+        if inner.paged_serve {
+            let mut g = lock(&inner.live);
+            if let Some(live) = g.as_mut() {
+                inner.paged_post_receives(live);
+            }
+        }
         if let Some(block) = block {
             let mut g = lock(&inner.live);
             if let Some(live) = g.as_mut() {
@@ -1118,6 +1205,7 @@ impl Inner {
             }
         }
         let mut handled = n;
+        self.paged_send_acks(live);
         handled += self.retry(live);
         self.expire(live);
         if handled > 0 {
@@ -1143,25 +1231,31 @@ impl Inner {
     /// of an endpoint other than the one whose completions go to `own`.
     fn event(&self, live: &mut Live, ev: CqEvent, own: Option<&Arc<Sink>>) -> bool {
         match ev {
-            CqEvent::RemoteData(d) => {
-                Counters::bump(&self.counters.imm_arrivals, 1);
-                // The immediate is 32 bits; the provider's CQ data may be
-                // wider, the upper bits are never set by our writes.
-                match self.imm_sink.get() {
-                    // Counted at once by whoever read the queue.
-                    Some(sink) => {
-                        if !sink(d as u32) {
-                            Counters::bump(&self.counters.errors, 1);
-                        }
-                    }
-                    None => self.deliver(Incoming::Imm(d as u32)),
-                }
-            }
+            // The immediate is 32 bits; the provider's CQ data may be
+            // wider, the upper bits are never set by our writes.
+            CqEvent::RemoteData(d) => self.arrive_imm(d as u32),
             CqEvent::Done {
                 mut ctx,
                 len,
                 result,
             } => match std::mem::replace(&mut ctx.kind, CtxKind::Recv(None)) {
+                CtxKind::PagedRecv => {
+                    live.recvs.remove(&(&*ctx as *const OpCtx as usize));
+                    ctx.kind = CtxKind::PagedRecv;
+                    let foreign = match result {
+                        Ok(()) => {
+                            let n = len.min(ctx.bytes.len());
+                            self.paged_arrival(live, &ctx.bytes[..n], own)
+                        }
+                        Err(_) => {
+                            Counters::bump(&self.counters.errors, 1);
+                            false
+                        }
+                    };
+                    // The same buffer goes back to the provider.
+                    self.paged_repost(live, ctx);
+                    return foreign;
+                }
                 CtxKind::Recv(buf) => {
                     live.recvs.remove(&(&*ctx as *const OpCtx as usize));
                     if let Some(mut buf) = buf {
@@ -1187,21 +1281,37 @@ impl Inner {
                 }
                 CtxKind::Op(seq) => {
                     live.abandoned.remove(&seq);
-                    let Some(f) = live.inflight.remove(&seq) else {
+                    let Some(mut f) = live.inflight.remove(&seq) else {
                         return false;
                     };
+                    if f.paged.is_some() && result.is_ok() {
+                        // A paged message is out: its buffer goes now;
+                        // its first segment completes on the target's
+                        // acknowledgement (module `paged`; one that came
+                        // first finished it and left the context in
+                        // `abandoned`, taken above).
+                        paged::recycle(live, std::mem::take(&mut ctx.bytes));
+                        drop(ctx);
+                        f.leaked = None;
+                        live.inflight.insert(seq, f);
+                        return false;
+                    }
                     let value = ctx.result_word();
                     drop(ctx);
                     let result = match result {
                         Ok(()) => Ok(value),
                         Err(errno) => {
                             Counters::bump(&self.counters.errors, u64::from(f.pieces));
-                            Err(TransferError::FabricCompletion {
+                            let e = TransferError::FabricCompletion {
                                 op: f.op,
                                 peer: f.peer,
                                 errno,
                                 text: ffi::strerror(errno),
-                            })
+                            };
+                            if let Some(sent) = &f.paged {
+                                self.fail_extras(live, sent, &e);
+                            }
+                            Err(e)
                         }
                     };
                     let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
@@ -1211,6 +1321,21 @@ impl Inner {
             },
         }
         false
+    }
+
+    /// Counts an immediate that arrived: at once into the engine's sink
+    /// when set, else queued as an arrival.
+    fn arrive_imm(&self, imm: u32) {
+        Counters::bump(&self.counters.imm_arrivals, 1);
+        match self.imm_sink.get() {
+            // Counted at once by whoever read the queue.
+            Some(sink) => {
+                if !sink(imm) {
+                    Counters::bump(&self.counters.errors, 1);
+                }
+            }
+            None => self.deliver(Incoming::Imm(imm)),
+        }
     }
 
     fn deliver(&self, e: Incoming) {
@@ -1289,16 +1414,20 @@ impl Inner {
                 match seq {
                     Some(seq) => {
                         if let Some(m) = live.retry_meta.remove(&seq) {
+                            if let Some(sent) = &m.paged {
+                                self.posted_extras(live, &sent.extras);
+                            }
                             live.inflight.insert(
                                 seq,
                                 Inflight {
-                                    leaked,
+                                    leaked: Some(leaked),
                                     wr_id: m.wr_id,
                                     pieces: m.pieces,
                                     sink: m.sink,
                                     op: m.op,
                                     peer: m.peer,
                                     since: m.since,
+                                    paged: m.paged,
                                 },
                             );
                             live.order.push_back(seq);
@@ -1319,8 +1448,11 @@ impl Inner {
                 drop(ctx);
                 if let Some((seq, m)) = seq.and_then(|s| live.retry_meta.remove_entry(&s)) {
                     Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                    live.covers
-                        .finish(seq, &m.sink, m.wr_id, m.pieces, Err(fi_err(e)));
+                    let e = fi_err(e);
+                    if let Some(sent) = &m.paged {
+                        self.fail_extras(live, sent, &e);
+                    }
+                    live.covers.finish(seq, &m.sink, m.wr_id, m.pieces, Err(e));
                 }
                 Ok(())
             }
@@ -1353,7 +1485,9 @@ impl Inner {
                         waited: limit,
                     }),
                 );
-                live.abandoned.insert(seq, f.leaked);
+                if let Some(l) = f.leaked {
+                    live.abandoned.insert(seq, l);
+                }
             }
         }
         // Waiting posts: a peer whose queue made no progress within the
@@ -1368,18 +1502,16 @@ impl Inner {
                     continue;
                 };
                 Counters::bump(&self.counters.errors, u64::from(m.pieces));
-                live.covers.finish(
-                    seq,
-                    &m.sink,
-                    m.wr_id,
-                    m.pieces,
-                    Err(TransferError::PeerNotReady {
-                        op: m.op,
-                        peer: m.peer,
-                        waited: g.waited,
-                        refusals: g.refusals,
-                    }),
-                );
+                let e = TransferError::PeerNotReady {
+                    op: m.op,
+                    peer: m.peer,
+                    waited: g.waited,
+                    refusals: g.refusals,
+                };
+                if let Some(sent) = &m.paged {
+                    self.fail_extras(live, sent, &e);
+                }
+                live.covers.finish(seq, &m.sink, m.wr_id, m.pieces, Err(e));
             }
         }
     }
@@ -1403,6 +1535,7 @@ impl Inner {
                 for ev in events {
                     self.event(live, ev, None);
                 }
+                self.paged_send_acks(live);
                 if live.inflight.is_empty() && live.abandoned.is_empty() {
                     return;
                 }
@@ -1497,7 +1630,14 @@ impl Domain for LibfabricDomain {
         let desc = mr.desc() as usize;
         let r = Arc::as_ptr(region) as usize;
         lock(&inner.local).insert(r, desc);
-        lock(&inner.mrs).insert(key, MrEntry { mr, region: r });
+        lock(&inner.mrs).insert(
+            key,
+            MrEntry {
+                mr,
+                region: r,
+                weak: Arc::downgrade(region),
+            },
+        );
         Ok(key)
     }
 
