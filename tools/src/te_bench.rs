@@ -158,6 +158,19 @@ pub struct TeBenchArgs {
     /// JSON `paged_by_message` counts the messages.
     #[arg(long, value_enum, default_value_t = PagedArg::Auto)]
     paged_by_message: PagedArg,
+    /// libfabric `tcp;ofi_rxm`: the largest message the provider sends
+    /// eagerly (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB by the provider's
+    /// default), set before the provider starts when the environment does
+    /// not set it; 0 leaves the provider's default. A paged transfer of 16
+    /// pages of 1 KiB then travels as one message, not two (see the
+    /// README's bandwidth section); each receive buffer grows with it (a
+    /// te-bench server's memory: about +80 MB at 32 KiB). Both ends must
+    /// use the same size (an eager message must fit the receiver's
+    /// buffers; a te-bench server and client agree by default). A program
+    /// that links the engine sets the variable itself, before it starts
+    /// threads.
+    #[arg(long, default_value_t = 32768)]
+    rxm_buffer_size: u64,
     /// The fabric: `loopback`, `libfabric:PROVIDER`, or `verbs[:DEVICE]`
     /// (ConnectX RC through libibverbs; a build with `--features verbs`).
     #[arg(long, default_value = "loopback", value_parser = parse_fabric)]
@@ -953,7 +966,20 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
 }
 
 /// Runs the transfer-engine benchmark.
+/// `--rxm-buffer-size` into the environment, where the provider reads it
+/// when it starts, unless the environment already says. Called first thing,
+/// while the process has one thread (setting the environment while other
+/// threads may read it is not sound).
+fn set_rxm_buffer_size(args: &TeBenchArgs) {
+    const VAR: &str = "FI_OFI_RXM_BUFFER_SIZE";
+    let libfabric = matches!(args.fabric, FabricArg::Libfabric(_));
+    if libfabric && args.rxm_buffer_size > 0 && std::env::var_os(VAR).is_none() {
+        std::env::set_var(VAR, args.rxm_buffer_size.to_string());
+    }
+}
+
 pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
+    set_rxm_buffer_size(&args);
     if args.serve {
         return serve(&args);
     }
