@@ -462,18 +462,24 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
     // The target of one-sided operations over a software provider is its
     // CPU: say what serving costs, whenever it cost anything.
     let mut window = CpuWindow::start();
+    let mut report = true;
     loop {
         std::thread::sleep(SERVE_REPORT);
         let (cpu, wall) = window.take();
-        if cpu >= Duration::from_millis(1) {
-            println!(
+        if report && cpu >= Duration::from_millis(1) {
+            let mut out = std::io::stdout().lock();
+            // A reader that went away (a closed pipe) ends the reports,
+            // not the service.
+            report = writeln!(
+                out,
                 "te-bench serve: {:.3} s of CPU in the last {:.1} s ({:.0}% of a core; busy poll {} µs)",
                 cpu.as_secs_f64(),
                 wall.as_secs_f64(),
                 share(cpu, wall),
                 args.busy_poll_us.unwrap_or(SERVE_BUSY_POLL_US)
-            );
-            std::io::stdout().flush()?;
+            )
+            .and_then(|()| out.flush())
+            .is_ok();
         }
     }
 }
