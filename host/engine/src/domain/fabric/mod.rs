@@ -488,6 +488,23 @@ struct OpMeta {
     paged: Option<paged::Sent>,
 }
 
+impl OpMeta {
+    /// The in-flight record of the operation once posted, holding
+    /// `leaked` (its context) if it has one.
+    fn posted(self, leaked: Option<Leaked>) -> Inflight {
+        Inflight {
+            leaked,
+            wr_id: self.wr_id,
+            pieces: self.pieces,
+            sink: self.sink,
+            op: self.op,
+            peer: self.peer,
+            since: self.since,
+            paged: self.paged,
+        }
+    }
+}
+
 /// The endpoint and everything that lives and dies with it (under one
 /// lock: posting, reading the queue and closing never overlap).
 struct Live {
@@ -1417,19 +1434,7 @@ impl Inner {
                             if let Some(sent) = &m.paged {
                                 self.posted_extras(live, &sent.extras);
                             }
-                            live.inflight.insert(
-                                seq,
-                                Inflight {
-                                    leaked: Some(leaked),
-                                    wr_id: m.wr_id,
-                                    pieces: m.pieces,
-                                    sink: m.sink,
-                                    op: m.op,
-                                    peer: m.peer,
-                                    since: m.since,
-                                    paged: m.paged,
-                                },
-                            );
+                            live.inflight.insert(seq, m.posted(Some(leaked)));
                             live.order.push_back(seq);
                         } else {
                             // Flushed while waiting: nobody wants the

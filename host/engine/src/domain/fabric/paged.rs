@@ -393,19 +393,7 @@ impl Inner {
     pub(super) fn posted_extras(&self, live: &mut Live, extras: &[u64]) {
         for &seq in extras {
             if let Some(m) = live.retry_meta.remove(&seq) {
-                live.inflight.insert(
-                    seq,
-                    Inflight {
-                        leaked: None,
-                        wr_id: m.wr_id,
-                        pieces: m.pieces,
-                        sink: m.sink,
-                        op: m.op,
-                        peer: m.peer,
-                        since: m.since,
-                        paged: m.paged,
-                    },
-                );
+                live.inflight.insert(seq, m.posted(None));
                 live.order.push_back(seq);
             }
         }
