@@ -456,7 +456,12 @@ fn several_memory_nodes_route_by_key_and_verify() {
             "{w}: every node served: {j}"
         );
         if w == "ycsb-a" {
-            assert_eq!(j["rtt_per_op"]["get"], 1.0, "{w}");
+            // One round trip, but for the rare get whose leaf read raced
+            // with another thread's update of it (torn: read again alone),
+            // which a loaded machine makes likelier (1.001 seen once in
+            // `./tools/test`).
+            let rtt = j["rtt_per_op"]["get"].as_f64().unwrap();
+            assert!((1.0..=1.01).contains(&rtt), "{w}: get rtt {rtt}");
         }
         assert_eq!(j["locks_held_end"], 0, "{w}");
         space(&j, w);

@@ -587,7 +587,10 @@ fn two_on_cluster(prefix: &[&str], nodes: &[Node], workload: &str) {
             "{workload}: {v}"
         );
         if workload == "ycsb-a" {
-            assert_eq!(v["rtt_per_op"]["get"], 1.0);
+            // One round trip, but for the rare get whose leaf read raced
+            // with another process's update of it (torn: read again).
+            let rtt = v["rtt_per_op"]["get"].as_f64().unwrap_or(0.0);
+            assert!((1.0..=1.01).contains(&rtt), "{workload}: get rtt {rtt}");
         }
     }
 }
