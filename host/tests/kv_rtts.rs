@@ -123,3 +123,27 @@ fn round_trips_per_split() {
         s.flush().unwrap();
     }
 }
+
+#[test]
+fn get_reads_name_what_a_get_reads() {
+    // `get_reads` (what `rolex bench`'s raw baseline replays) lists the
+    // model's directory word and the key's chain: as many bytes as a get
+    // of that key then reads, in as many READs as the get posts.
+    let (node, pairs) = half_full_node();
+    for unordered in [false, true] {
+        let c = client(&node, unordered);
+        let mut s = c.session().unwrap();
+        for &(k, v) in pairs.iter().step_by(97) {
+            let reads = s.get_reads(k).unwrap();
+            assert!(reads.len() >= 2, "key {k}: {reads:?}");
+            assert_eq!(reads[0].1, 8, "key {k}: the directory word first");
+            let bytes: u64 = reads.iter().map(|r| r.1).sum();
+            let before = c.stats().op(KvOp::Get);
+            let e0 = c.stats().engine.reads;
+            assert_eq!(s.get(k).unwrap(), Some(v));
+            let get = c.stats().op(KvOp::Get);
+            assert_eq!(get.bytes_read - before.bytes_read, bytes, "key {k}");
+            assert_eq!(c.stats().engine.reads - e0, reads.len() as u64, "key {k}");
+        }
+    }
+}
