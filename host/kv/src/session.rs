@@ -1198,8 +1198,9 @@ impl KvSession {
                 let replaced = published || matches!(kind, Kind::Delete);
                 if let Some(o) = old.and_then(|o| o.block()).filter(|_| replaced) {
                     if let Some(class) = rolex_core::layout::block_class(o.len as usize) {
-                        values.free(o.offset, class, o.gen);
-                        self.shed_values();
+                        if values.free(o.offset, class, o.gen) {
+                            self.shed_values();
+                        }
                     }
                 }
             }

@@ -200,12 +200,14 @@ impl ValueSpace {
 
     /// Frees the block at `offset` of class `class`, written with
     /// generation `gen`, that a landed write unlinked: handed out again
-    /// after the grace period.
-    pub(crate) fn free(&self, offset: u64, class: u64, gen: u32) {
+    /// after the grace period. Returns whether this client now holds more
+    /// than [`Self::HOLD_MAX`] free (time to [`Self::take_excess`]).
+    pub(crate) fn free(&self, offset: u64, class: u64, gen: u32) -> bool {
         let mut g = self.lock();
         g.free_bytes += class;
         g.waiting_bytes += class;
         g.waiting.push_back((Instant::now(), class, offset, gen));
+        g.free_bytes > Self::HOLD_MAX
     }
 
     /// Everything this client holds free (ready or within the grace),

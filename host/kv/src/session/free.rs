@@ -250,8 +250,8 @@ impl KvSession {
         Ok(false)
     }
 
-    /// After a write freed a block: gives back what this client holds past
-    /// its bound. A failure is not the write's: the write stands, and the
+    /// After a write freed a block and the client holds more than its
+    /// bound: gives back the excess. A failure is not the write's: the write stands, and the
     /// blocks stay with this client or are lost as the module docs say.
     pub(crate) fn shed_values(&mut self) {
         let excess = self.shared.values.take_excess();
