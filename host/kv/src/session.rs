@@ -1233,7 +1233,14 @@ impl KvSession {
                 Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
                 Some(Err(need)) => {
                     pops = ValueSpace::POPS;
-                    self.claim_values(need.len, value.len())?;
+                    match self.claim_values(need.len, value.len()) {
+                        // The region is full: what others gave back is
+                        // all there is; take it, bundle after bundle,
+                        // until a block of the class shows up or the
+                        // stack is empty.
+                        Err(KvError::ValueSpaceFull { .. }) if self.pop_values()? => {}
+                        r => r?,
+                    }
                 }
             }
         };
