@@ -787,13 +787,13 @@ impl Endpoint for FabricEndpoint {
                     }
                 }
             }
-            let waiting: Vec<u64> = live
+            let waiting: std::collections::HashSet<u64> = live
                 .retry_meta
                 .iter()
                 .filter(|(_, m)| Arc::ptr_eq(&m.sink, &self.sink))
                 .map(|(s, _)| *s)
                 .collect();
-            for s in waiting {
+            for &s in &waiting {
                 if let Some(m) = live.retry_meta.remove(&s) {
                     if live.covers.abandon(s) {
                         shut(out, m.wr_id, m.pieces);
@@ -804,11 +804,13 @@ impl Endpoint for FabricEndpoint {
             // coverer flushed above.
             let owed = live.covers.flush(&self.sink, out);
             self.sink.outstanding.fetch_sub(owed, SeqCst);
-            // Never posted: drop them here.
-            let meta = &live.retry_meta;
+            // This endpoint's requests never posted: drop them here. Only
+            // these: the queues also hold other endpoints' requests and the
+            // domain's own sends (a paged message's acknowledgements, which
+            // have no `retry_meta` and which peers wait for).
             drop(
                 live.retry
-                    .drain_where(|p| p.seq.is_some_and(|s| !meta.contains_key(&s))),
+                    .drain_where(|p| p.seq.is_some_and(|s| waiting.contains(&s))),
             );
         }
         drop(g);
