@@ -21,11 +21,17 @@ fn serve() -> (Server, String) {
 
 /// A server offering `region` bytes.
 fn serve_region(region: &str) -> (Server, String) {
+    serve_with(region, &[])
+}
+
+/// A server offering `region` bytes, with more flags.
+fn serve_with(region: &str, extra: &[&str]) -> (Server, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(BIN)
         .args(["te-bench", "--serve", "--listen", &addr])
         .args(["--fabric", "libfabric:tcp", "--region", region])
         .args(["--token", "s3cret", "--busy-poll-us", "0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -165,6 +171,46 @@ fn an_idle_server_uses_under_one_percent_of_a_core() {
         share < 0.01,
         "the idle server used {:.3}% of a core",
         share * 100.0
+    );
+}
+
+/// A paged run of 16 pages of 1 KiB against `addr`.
+fn paged_client(addr: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args([
+            "te-bench", "--op", "paged", "--size", "1024", "--pages", "16",
+        ])
+        .args(["--count", "50", "--peer", addr, "--fabric", "libfabric:tcp"])
+        .args(["--token", "s3cret", "--busy-poll-us", "0", "--json"])
+        .output()
+        .expect("run the client")
+}
+
+#[test]
+fn paged_messages_larger_than_the_peers_buffers_fail_naming_the_buffer_size() {
+    // Both at te-bench's default (32 KiB): 16 pages of 1 KiB travel as one
+    // message each and land.
+    let (_server, addr) = serve_with("33554432", &[]);
+    let out = paged_client(&addr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(v["errors"], 0, "{v}");
+    assert!(v["paged_by_message"].as_u64() > Some(0), "{v}");
+    // A server at the provider's 16 KiB never takes those messages: the
+    // client fails (after the operation timeout) with an error that names
+    // the cause and the fix, not only `-FI_EAGAIN`.
+    let (_small, addr) = serve_with("33554432", &["--rxm-buffer-size", "0"]);
+    let out = paged_client(&addr);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FI_OFI_RXM_BUFFER_SIZE") && err.contains("not applied"),
+        "{err}"
     );
 }
 

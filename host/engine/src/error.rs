@@ -375,6 +375,11 @@ pub enum TransferError {
         waited: Duration,
         /// Refusals in that time.
         refusals: u64,
+        /// Where the operation was a paged write travelling by message
+        /// (`tcp;ofi_rxm`), the message's size in bytes: a peer whose
+        /// receive buffers are smaller (its `FI_OFI_RXM_BUFFER_SIZE`) never
+        /// takes it, and its sender sees exactly this.
+        paged_message: Option<usize>,
     },
     /// A write carries an immediate, and the NIC's provider has fewer
     /// than 4 bytes of remote CQ data (`cq_data_size`).
@@ -515,12 +520,23 @@ impl fmt::Display for TransferError {
                 peer,
                 waited,
                 refusals,
-            } => write!(
-                f,
-                "{op} never posted: peer {peer} refused every post for {} ms \
-                 ({refusals} refusals, -FI_EAGAIN); not applied",
-                waited.as_millis()
-            ),
+                paged_message,
+            } => {
+                write!(
+                    f,
+                    "{op} never posted: peer {peer} refused every post for {} ms \
+                     ({refusals} refusals, -FI_EAGAIN); not applied",
+                    waited.as_millis()
+                )?;
+                match paged_message {
+                    Some(n) => write!(
+                        f,
+                        " (pages sent as messages of {n} bytes: the peer's receive buffers, \
+                         FI_OFI_RXM_BUFFER_SIZE, must hold them; set the same size at both ends)"
+                    ),
+                    None => Ok(()),
+                }
+            }
             NoImmediates {
                 provider,
                 cq_data_size,

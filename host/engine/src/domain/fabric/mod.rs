@@ -1512,6 +1512,7 @@ impl Inner {
                     peer: m.peer,
                     waited: g.waited,
                     refusals: g.refusals,
+                    paged_message: m.paged.as_ref().map(|_| p.ctx.bytes.len()),
                 };
                 if let Some(sent) = &m.paged {
                     self.fail_extras(live, sent, &e);
