@@ -140,6 +140,12 @@ pub struct TeBenchArgs {
     /// Submitting threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Domain groups of the submitting engine (each its own worker and
+    /// NICs; `EngineConfig::groups`). Thread `t` posts from a region of
+    /// group `t mod groups`, so threads in different groups share no
+    /// endpoint lock. Default: one per thread (at most 16).
+    #[arg(long)]
+    groups: Option<usize>,
     /// Operations each thread keeps in flight in the throughput phase.
     #[arg(long, default_value_t = 32)]
     depth: usize,
@@ -238,6 +244,8 @@ const CLIENT_BUSY_POLL_US: u64 = 1_000;
 /// How often `--serve` reports the CPU it used, when it used any.
 const SERVE_REPORT: Duration = Duration::from_secs(5);
 const MAX_REGION: u64 = 4 << 30;
+/// Most domain groups of a submitting engine (`--groups`).
+const MAX_GROUPS: usize = 16;
 
 struct Ctx {
     op: Op,
@@ -390,7 +398,7 @@ enum PagedArg {
     Off,
 }
 
-fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
+fn engine(args: &TeBenchArgs, groups: usize) -> Result<TransferEngine, BenchError> {
     let fabric = match &args.fabric {
         FabricArg::Loopback => Fabric::Loopback(LoopbackConfig::default()),
         FabricArg::Libfabric(p) => {
@@ -426,6 +434,7 @@ fn engine(args: &TeBenchArgs) -> Result<TransferEngine, BenchError> {
         }
     }
     let e = TransferEngine::new(EngineConfig {
+        groups,
         nics_per_group: args.nics,
         fabric,
         // Pinning picks CPUs round-robin within one process: the two
@@ -454,7 +463,7 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
         return Err("--serve needs --fabric libfabric:PROVIDER or verbs".into());
     }
     let region = args.region.clamp(4096, MAX_REGION);
-    let e = engine(args)?;
+    let e = engine(args, 1)?;
     let (h, desc) = e.alloc_mr(region, Access::all())?;
     // Fault the region in now, as registering it with an RDMA NIC would
     // (pinning): a software provider's first writes to a page would
@@ -521,7 +530,14 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
         .checked_mul(args.threads as u64)
         .filter(|r| *r <= MAX_REGION)
         .ok_or("the benchmark's regions would exceed 4 GiB: lower --size, --pages or --threads")?;
-    let a = engine(args)?;
+    let groups = match args.groups {
+        Some(g) if !(1..=MAX_GROUPS).contains(&g) => {
+            return Err(format!("--groups {g}: between 1 and {MAX_GROUPS}").into())
+        }
+        Some(g) => g,
+        None => args.threads.clamp(1, MAX_GROUPS),
+    };
+    let a = engine(args, groups)?;
     let (b, dst_handle, dst) = match &args.peer {
         Some(peer) => {
             let offer = Bootstrap::new(&args.token).fetch(peer, TE_BENCH_LAYOUT)?;
@@ -540,14 +556,14 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
             (None, None, dst)
         }
         None => {
-            let b = engine(args)?;
+            let b = engine(args, 1)?;
             let (h, d) = b.alloc_mr(region, Access::all())?;
             (Some(b), Some(h), d)
         }
     };
     let mut srcs = Vec::new();
-    for _ in 0..args.threads {
-        let (h, _) = a.alloc_mr(per_thread, Access::all())?;
+    for t in 0..args.threads {
+        let (h, _) = a.alloc_mr_in(t % groups, per_thread, Access::all())?;
         h.fill(0x5a)?;
         srcs.push(h);
     }
@@ -569,7 +585,7 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     let mut peers = Vec::new();
     if args.op() == Op::Scatter {
         for _ in 0..args.pages {
-            let e = engine(args)?;
+            let e = engine(args, 1)?;
             let (h, d) = e.alloc_mr(region, Access::all())?;
             peers.push((e, h, d));
         }
