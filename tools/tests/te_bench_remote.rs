@@ -24,25 +24,35 @@ fn serve_region(region: &str) -> (Server, String) {
     serve_with(region, &[])
 }
 
-/// A server offering `region` bytes, with more flags.
+/// A server offering `region` bytes, with more flags. A port
+/// `free_port` found free may be taken before the server binds it (by
+/// another test's server, or a provider's own listener): then it tries
+/// another.
 fn serve_with(region: &str, extra: &[&str]) -> (Server, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(BIN)
-        .args(["te-bench", "--serve", "--listen", &addr])
-        .args(["--fabric", "libfabric:tcp", "--region", region])
-        .args(["--token", "s3cret", "--busy-poll-us", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the server");
-    let out = child.stdout.take().expect("server stdout");
-    let mut line = String::new();
-    BufReader::new(out)
-        .read_line(&mut line)
-        .expect("server banner");
-    assert!(line.contains("serving"), "unexpected banner: {line}");
-    (Server(child), addr)
+    let mut last = String::new();
+    for _ in 0..5 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut child = Command::new(BIN)
+            .args(["te-bench", "--serve", "--listen", &addr])
+            .args(["--fabric", "libfabric:tcp", "--region", region])
+            .args(["--token", "s3cret", "--busy-poll-us", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let out = child.stdout.take().expect("server stdout");
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .expect("server banner");
+        let server = Server(child);
+        if line.contains("serving") {
+            return (server, addr);
+        }
+        last = line;
+    }
+    panic!("no server started; last banner: {last:?}");
 }
 
 fn client(addr: &str, token: &str, op: &str) -> std::process::Output {
