@@ -922,6 +922,11 @@ impl KvSession {
 
     /// Records the synonyms a chase walked if the cache did not know them.
     fn learn(&self, view: &ModelView, j: u64, path: &[LeafAddr], owner: LeafAddr) {
+        if path.is_empty() {
+            // The owner was the chain's first leaf: nothing walked, and
+            // nothing is a prefix of what the cache knows.
+            return;
+        }
         let walked: Vec<LeafAddr> = path
             .iter()
             .skip(1)
