@@ -98,9 +98,7 @@ impl RadixTable {
     pub fn last_at_most(&self, keys: &[u64], key: u64) -> usize {
         let r = self.range(key);
         let start = r.start;
-        let within = keys
-            .get(r)
-            .map_or(0, |w| w.partition_point(|&k| k <= key));
+        let within = keys.get(r).map_or(0, |w| w.partition_point(|&k| k <= key));
         (start + within).saturating_sub(1)
     }
 

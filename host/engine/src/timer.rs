@@ -147,7 +147,10 @@ mod tests {
             let c = coarse_now_ns();
             let after = precise();
             assert!(c <= after, "coarse {c} ahead of {after}");
-            assert!(c + res >= before, "coarse {c} lags {before} by more than {res}");
+            assert!(
+                c + res >= before,
+                "coarse {c} lags {before} by more than {res}"
+            );
         }
     }
 
