@@ -74,7 +74,7 @@ pub fn coarse_now_ns() -> u64 {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        precise_now_ns()
+        monotonic_ns()
     }
 }
 
@@ -107,13 +107,32 @@ pub fn coarse_resolution_ns() -> u64 {
     })
 }
 
-/// The precise monotonic clock in nanoseconds since this process first
-/// asked (where no coarse clock is known).
-#[cfg(not(target_os = "linux"))]
-fn precise_now_ns() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+/// The precise monotonic clock in nanoseconds: `CLOCK_MONOTONIC` on Linux
+/// (the timeline [`coarse_now_ns`] reads at its ticks), elsewhere since
+/// this process first asked. A failing call (none is known) reads as 0.
+pub fn monotonic_ns() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; the call writes only
+        // it.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        if rc != 0 {
+            return 0;
+        }
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+        u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 /// Sleeps for `d` with the calling thread's timers precise.
@@ -131,15 +150,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn the_coarse_clock_lags_the_precise_one_by_at_most_its_resolution() {
-        let precise = || {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: `ts` is a valid, writable timespec.
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-        };
+        let precise = monotonic_ns;
         let res = coarse_resolution_ns();
         assert!(res > 0);
         for _ in 0..1000 {

@@ -57,14 +57,18 @@ pub(crate) struct ModelView {
     seen_live_ns: AtomicU64,
 }
 
-/// The views' clock: the monotonic clock as of the kernel's last tick
-/// ([`rolex_engine::coarse_now_ns`]), read on every operation where the
-/// precise clock cost a get about 3% of its time on loopback. It lags real
-/// time by less than its resolution, never leads it; so a time taken
-/// before a READ and stored as when a record was seen live is no later
-/// than the READ (the view only looks older), and [`ModelView::age_ns`]
-/// adds the resolution so that an age is never under-stated either.
+/// The views' clock: the monotonic clock in nanoseconds
+/// ([`rolex_engine::monotonic_ns`], the timeline [`coarse_clock_ns`] reads
+/// too, so times from both compare).
 pub(crate) fn clock_ns() -> u64 {
+    rolex_engine::monotonic_ns()
+}
+
+/// [`clock_ns`] as of the kernel's last tick: never later than it, at most
+/// [`rolex_engine::coarse_resolution_ns`] earlier, and a few nanoseconds
+/// to read where the precise clock cost a loopback get about 3% of its
+/// time. For the get path's staleness check (`KvSession::get_once`).
+pub(crate) fn coarse_clock_ns() -> u64 {
     rolex_engine::coarse_now_ns()
 }
 
@@ -160,14 +164,9 @@ impl ModelView {
         }
     }
 
-    /// Nanoseconds from when the record was last seen live to `now_ns`,
-    /// at most: both times come from [`clock_ns`], which lags real time by
-    /// up to its resolution, so that is added (a view never seen live is
-    /// as old as the clock).
+    /// Nanoseconds from when the record was last seen live to `now_ns`.
     pub(crate) fn age_ns(&self, now_ns: u64) -> u64 {
-        now_ns
-            .saturating_add(rolex_engine::coarse_resolution_ns())
-            .saturating_sub(self.seen_live_ns.load(Relaxed))
+        now_ns.saturating_sub(self.seen_live_ns.load(Relaxed))
     }
 
     /// Whether a record header's first words (state and model id) name the
