@@ -243,6 +243,17 @@ struct HotBuffers {
     leaf: Vec<u8>,
 }
 
+/// What a get's batch, looked at where it landed, says
+/// ([`KvSession::landed`]).
+enum Landed {
+    /// The model view is stale: refresh and try again.
+    Stale,
+    /// The chain's first leaf owns the key: its value, if present.
+    Found(Option<SlotValue>),
+    /// Follow the chain ([`KvSession::chase`]).
+    Chase,
+}
+
 /// Where a chase ended.
 enum Chase {
     /// At the leaf that owns the key.
@@ -772,14 +783,9 @@ impl KvSession {
 
     /// [`Self::still_current`] for a check that landed at `at`.
     fn still_current_at(&self, view: &ModelView, posted: u64, at: u64) -> Result<bool, KvError> {
-        if self.io.local_u64(at)? != view.offset {
+        let with_state = view.age_ns(posted) > self.max_age_ns();
+        if !words_current(view, with_state, |off| self.io.local_u64(at + off))? {
             return Ok(false);
-        }
-        if view.age_ns(posted) > self.max_age_ns() {
-            let state = ModelState::from_raw(self.io.local_u64(at + 8)?);
-            if !view.is_current(state, self.io.local_u64(at + 16)?) {
-                return Ok(false);
-            }
         }
         view.seen_live(posted);
         Ok(true)
@@ -988,9 +994,16 @@ impl KvSession {
         self.plan_reads_into(base, &mut ops, &mut batch)?;
         self.io.run(&self.shared.pool, &ops, "get")?;
         self.hot.ops = ops;
-        if !self.still_current(&at.view, posted)? {
-            self.hot.reads = batch;
-            return Ok(None);
+        match self.landed(key, &at.view, posted, base, &batch)? {
+            Landed::Chase => {}
+            Landed::Stale => {
+                self.hot.reads = batch;
+                return Ok(None);
+            }
+            Landed::Found(v) => {
+                self.hot.reads = batch;
+                return Ok(Some(v));
+            }
         }
         let found = match self.chase(at.m as u64, key, self.chain[0], 0, &batch)? {
             Chase::Owner(owner) => {
@@ -1003,6 +1016,54 @@ impl KvSession {
         };
         self.hot.reads = batch;
         Ok(found)
+    }
+
+    /// A get's batch as it landed, looked at in place (one region guard, no
+    /// copy): whether the staleness check (from local 0) says the view is
+    /// stale, and if not (then the view counts as seen live at `posted`),
+    /// whether the chain's first leaf (the first of `batch`) is intact and
+    /// owns `key`, which answers the get. Anything else (a torn or freed
+    /// leaf, a key past its fences) is left to the chase, which reads and
+    /// checks the leaves again.
+    fn landed(
+        &self,
+        key: u64,
+        view: &ModelView,
+        posted: u64,
+        base: u64,
+        batch: &[(LeafAddr, u64)],
+    ) -> Result<Landed, KvError> {
+        let with_state = view.age_ns(posted) > self.max_age_ns();
+        let first = batch.first().map(|&(_, local)| local);
+        let leaf_size = self.leaf_size;
+        let end = first.map_or(base, |local| local + leaf_size).max(base);
+        let landed = self
+            .io
+            .with_local(0, end, |bytes| -> Result<Landed, KvError> {
+                let word = |at: u64| Ok(le_word(bytes, at));
+                if !words_current(view, with_state, word)? {
+                    return Ok(Landed::Stale);
+                }
+                let Some(leaf) =
+                    first.and_then(|at| bytes.get(at as usize..(at + leaf_size) as usize))
+                else {
+                    return Ok(Landed::Chase);
+                };
+                let owns = Leaf::from_bytes(leaf).is_ok_and(|l| {
+                    l.validate().is_ok()
+                        && !l.is_freed()
+                        && (l.fence_lo()..=l.fence_hi()).contains(&key)
+                });
+                Ok(if owns {
+                    Landed::Found(lookup(leaf, key))
+                } else {
+                    Landed::Chase
+                })
+            })??;
+        if !matches!(landed, Landed::Stale) {
+            view.seen_live(posted);
+        }
+        Ok(landed)
     }
 
     /// The slot values of `keys`: every key's chain (as its cached model
@@ -1763,6 +1824,36 @@ fn as_u64(key: u64, v: SlotValue) -> Result<u64, KvError> {
 
 fn valid(bytes: &[u8]) -> bool {
     Leaf::from_bytes(bytes).is_ok_and(|l| l.validate().is_ok())
+}
+
+/// Whether a staleness check's words, as `word` reads them by offset from
+/// the check's start (directory word at 0; state and model id at 8 and 16,
+/// read when `with_state`), name `view` as its model's live record.
+fn words_current(
+    view: &ModelView,
+    with_state: bool,
+    mut word: impl FnMut(u64) -> Result<u64, KvError>,
+) -> Result<bool, KvError> {
+    if word(0)? != view.offset {
+        return Ok(false);
+    }
+    if with_state {
+        let state = ModelState::from_raw(word(8)?);
+        if !view.is_current(state, word(16)?) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The little-endian word at `at` in `bytes` (0 past their end: the
+/// callers' ranges always hold it).
+fn le_word(bytes: &[u8], at: u64) -> u64 {
+    usize::try_from(at)
+        .ok()
+        .and_then(|at| bytes.get(at..at.checked_add(8)?))
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// The value of `key` in the owner's bytes, which the chase validated
