@@ -1819,7 +1819,8 @@ fn bad_leaf(model: u64, leaf: LeafAddr) -> impl Fn(LeafError) -> KvError {
 
 /// `v` as a `u64`, for the `u64` methods.
 fn as_u64(key: u64, v: SlotValue) -> Result<u64, KvError> {
-    v.as_u64().ok_or(KvError::ValueNotU64 { key, len: v.len() })
+    v.as_u64()
+        .ok_or_else(|| KvError::ValueNotU64 { key, len: v.len() })
 }
 
 fn valid(bytes: &[u8]) -> bool {
