@@ -66,7 +66,11 @@
 //! least two entries and the levels shrink geometrically. Walking down from
 //! the root, the argument above gives a window of `2 · upper_epsilon + 2`
 //! entries per level that holds the entry sought, found there by binary
-//! search; the result is then checked against the first keys.
+//! search; the result is then checked against the first keys. That walk is
+//! [`Locator::locate_learned`]; [`Locator::locate`], the clients' path,
+//! answers from a radix table over the first keys instead (`crate::radix`:
+//! one table read and a search of a few keys, where the walk costs a
+//! binary search per level) and gives the same model.
 //!
 //! # Stale models stay correct (DESIGN §5.2)
 //!
