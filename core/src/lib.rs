@@ -6,6 +6,8 @@
 //! about threads, sockets, libfabric or ibverbs.
 //!
 //! - [`plr`]: optimal streaming piecewise-linear fit (exact integer geometry).
+//! - `radix` (with `alloc`): a radix table over sorted keys, the O(1) first
+//!   step of the client's lookups.
 //! - [`model`]: the store's learned model: leaf fences, their cut into models,
 //!   training, prediction and its window, and the locator over the models.
 //! - [`entry`]: leaf-table entries (`lock | region | pointer | leaf`).
@@ -24,4 +26,6 @@ pub mod imm_counter;
 pub mod layout;
 pub mod model;
 pub mod plr;
+#[cfg(feature = "alloc")]
+pub mod radix;
 pub mod wire;

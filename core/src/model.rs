@@ -66,7 +66,11 @@
 //! least two entries and the levels shrink geometrically. Walking down from
 //! the root, the argument above gives a window of `2 · upper_epsilon + 2`
 //! entries per level that holds the entry sought, found there by binary
-//! search; the result is then checked against the first keys.
+//! search; the result is then checked against the first keys. That walk is
+//! [`Locator::locate_learned`]; [`Locator::locate`], the clients' path,
+//! answers from a radix table over the first keys instead (`crate::radix`:
+//! one table read and a search of a few keys, where the walk costs a
+//! binary search per level) and gives the same model.
 //!
 //! # Stale models stay correct (DESIGN §5.2)
 //!
@@ -92,6 +96,8 @@ use crate::layout::{LayoutError, ModelSegment};
 use crate::plr::PlrError;
 #[cfg(feature = "alloc")]
 use crate::plr::{fit, Segment};
+#[cfg(feature = "alloc")]
+use crate::radix::RadixTable;
 
 /// Why fences could not be cut or fitted, or a locator built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,6 +321,8 @@ pub struct Locator {
     /// `starts[l][i]`: the entry below that is label 0 of `levels[l][i]`.
     starts: Vec<Vec<u64>>,
     epsilon: u64,
+    /// The first step of [`Self::locate`]: a radix table over `firsts`.
+    radix: RadixTable,
 }
 
 #[cfg(feature = "alloc")]
@@ -349,6 +357,7 @@ impl Locator {
             segs = fit(&firsts, epsilon).map_err(upper(levels.len()))?;
         }
         Ok(Self {
+            radix: RadixTable::new(&first_keys),
             firsts: first_keys,
             levels,
             starts,
@@ -357,18 +366,16 @@ impl Locator {
     }
 
     /// The model owning `key`: the last whose first key is `≤ key` (model 0
-    /// owns everything below). The learned walk is checked against the
-    /// first keys (two comparisons) and a binary search over them replaces
-    /// it if it was wrong, which the window proof excludes.
+    /// owns everything below), found by the radix table over the first
+    /// keys (`crate::radix`): one shift and two table reads, then a search
+    /// of the first keys in the key's bucket (about one on evenly spread
+    /// keys). On a get's path this replaced the walk down the learned
+    /// levels (a binary search per level: about half of a get's routing
+    /// cost on loopback); both give the same model
+    /// (`locate_matches_binary_search`), and the levels stay the models'
+    /// learned index as `rolex plr` reports it ([`Self::locate_learned`]).
     pub fn locate(&self, key: u64) -> usize {
-        let idx = self.locate_learned(key);
-        let ok = (idx == 0 || self.firsts[idx] <= key)
-            && self.firsts.get(idx + 1).map_or(true, |&n| n > key);
-        if ok {
-            idx
-        } else {
-            self.firsts.partition_point(|&f| f <= key).saturating_sub(1)
-        }
+        self.radix.last_at_most(&self.firsts, key)
     }
 
     /// The model the learned levels alone give for `key`, unchecked (what

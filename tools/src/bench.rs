@@ -1199,10 +1199,13 @@ impl StreamRun<'_> {
     /// unless it is absent and its insert failed. A write with byte
     /// values only says the key was present, not with which value.
     fn check_present(&mut self, what: &str, key: u64, got: Prior) {
-        if got.present() {
-            self.unsure.remove(&key);
-        } else if self.unsure.contains(&key) {
-            return;
+        // Most runs have no unsure key: skip the set's hashing then.
+        if !self.unsure.is_empty() {
+            if got.present() {
+                self.unsure.remove(&key);
+            } else if self.unsure.contains(&key) {
+                return;
+            }
         }
         match got {
             Prior::Absent => self

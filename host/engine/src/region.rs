@@ -396,6 +396,47 @@ impl MrHandle {
         Ok(())
     }
 
+    /// Calls `f` with region bytes `[offset, offset + len)` where they lie:
+    /// one guard, no copy (what [`Self::read`] costs a caller that only
+    /// inspects the bytes: a copy and a guard per call).
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write those bytes while `f` runs: no operation that
+    /// lands there (a READ into them, a peer's WRITE or atomic) may be in
+    /// flight, and no one writes them through another handle or pointer.
+    /// A NIC's write racing with `f`'s reads would be a data race on a
+    /// shared slice. An owner meets this for a buffer only it posts into,
+    /// registered without remote write access, between batches it waited
+    /// for.
+    pub unsafe fn with_bytes<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, TransferError> {
+        self.region.check(offset, len)?;
+        let g = self.guard()?;
+        let len_usize = usize::try_from(len).map_err(|_| TransferError::LocalOutOfBounds {
+            offset,
+            len,
+            region_len: self.region.len,
+        })?;
+        let p = g
+            .range_ptr(offset, len)
+            .ok_or(TransferError::LocalOutOfBounds {
+                offset,
+                len,
+                region_len: self.region.len,
+            })?;
+        // SAFETY: `p .. p + len` is inside the live region (guard held for
+        // the slice's whole life, range checked), initialised (regions are
+        // zeroed or the caller's initialised memory), and by the caller's
+        // contract nothing writes it while the slice lives.
+        let bytes = unsafe { std::slice::from_raw_parts(p, len_usize) };
+        Ok(f(bytes))
+    }
+
     /// The region bytes `[offset, offset + len)` as a new vector.
     pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, TransferError> {
         let mut v = vec![0; len];
@@ -451,6 +492,23 @@ impl MrHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_bytes_sees_the_bytes_in_place_and_checks_the_range() {
+        let r = Region::alloc(64, Access::all(), 1, 0).unwrap();
+        let h = MrHandle { region: r.clone() };
+        h.write(8, b"in place").unwrap();
+        // SAFETY: nothing else writes the region during the calls.
+        let got = unsafe { h.with_bytes(8, 8, |b| b.to_vec()) }.unwrap();
+        assert_eq!(got, b"in place");
+        // SAFETY: as above.
+        let past = unsafe { h.with_bytes(60, 8, |b| b.len()) };
+        assert!(matches!(past, Err(TransferError::LocalOutOfBounds { .. })));
+        r.kill();
+        // SAFETY: as above.
+        let dead = unsafe { h.with_bytes(0, 8, |b| b.len()) };
+        assert!(matches!(dead, Err(TransferError::RegionDeregistered)));
+    }
 
     #[test]
     fn alloc_read_write_and_kill() {

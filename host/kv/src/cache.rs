@@ -21,8 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{OnceLock, RwLock};
-use std::time::Instant;
+use std::sync::RwLock;
 
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{LayoutError, ModelRecord, ModelSegment, ModelState, Superblock};
@@ -58,12 +57,19 @@ pub(crate) struct ModelView {
     seen_live_ns: AtomicU64,
 }
 
-/// Nanoseconds since this process first asked (a monotonic clock for the
-/// views' ages).
+/// The views' clock: the monotonic clock in nanoseconds
+/// ([`rolex_engine::monotonic_ns`], the timeline [`coarse_clock_ns`] reads
+/// too, so times from both compare).
 pub(crate) fn clock_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    rolex_engine::monotonic_ns()
+}
+
+/// [`clock_ns`] as of the kernel's last tick: never later than it, at most
+/// [`rolex_engine::coarse_resolution_ns`] earlier, and a few nanoseconds
+/// to read where the precise clock cost a loopback get about 3% of its
+/// time. For the get path's staleness check (`KvSession::get_once`).
+pub(crate) fn coarse_clock_ns() -> u64 {
+    rolex_engine::coarse_now_ns()
 }
 
 impl ModelView {

@@ -230,6 +230,25 @@ impl Io {
             .map_err(transfer("reading a session buffer"))
     }
 
+    /// Calls `f` with read-buffer bytes `[local, local + len)` where they
+    /// lie: no copy and one region guard (the get path checks its
+    /// directory word and searches its leaf there).
+    pub(crate) fn with_local<R>(
+        &self,
+        local: u64,
+        len: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, KvError> {
+        // SAFETY: nothing writes the read buffer while `f` runs. It is this
+        // `Io`'s alone: registered for local writes only (no peer can
+        // write it), never cloned or handed out, and the only operations
+        // that land in it are the READs of this `Io`'s own batches. Those
+        // are posted by `run`/`run_each`, which return only once every op
+        // of their batch completed (`Channel::run_iter`), and which take
+        // `&mut self`, so none is in progress while `&self` is lent here.
+        unsafe { self.rbuf.with_bytes(local, len, f) }.map_err(transfer("reading a session buffer"))
+    }
+
     /// The little-endian word at `local` in the read buffer.
     pub(crate) fn local_u64(&self, local: u64) -> Result<u64, KvError> {
         let mut b = [0u8; 8];

@@ -181,7 +181,7 @@ use rolex_core::layout::{
 };
 use rolex_engine::TransferError;
 
-use crate::cache::{clock_ns, ModelView};
+use crate::cache::{clock_ns, coarse_clock_ns, ModelView};
 use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
 use crate::io::{Io, Op};
@@ -241,6 +241,17 @@ struct HotBuffers {
     reads: LeafReads,
     /// The last owner leaf's bytes (any contents; resized before use).
     leaf: Vec<u8>,
+}
+
+/// What a get's batch, looked at where it landed, says
+/// ([`KvSession::landed`]).
+enum Landed {
+    /// The model view is stale: refresh and try again.
+    Stale,
+    /// The chain's first leaf owns the key: its value, if present.
+    Found(Option<SlotValue>),
+    /// Follow the chain ([`KvSession::chase`]).
+    Chase,
 }
 
 /// Where a chase ended.
@@ -772,14 +783,9 @@ impl KvSession {
 
     /// [`Self::still_current`] for a check that landed at `at`.
     fn still_current_at(&self, view: &ModelView, posted: u64, at: u64) -> Result<bool, KvError> {
-        if self.io.local_u64(at)? != view.offset {
+        let with_state = view.age_ns(posted) > self.max_age_ns();
+        if !words_current(view, with_state, |off| self.io.local_u64(at + off))? {
             return Ok(false);
-        }
-        if view.age_ns(posted) > self.max_age_ns() {
-            let state = ModelState::from_raw(self.io.local_u64(at + 8)?);
-            if !view.is_current(state, self.io.local_u64(at + 16)?) {
-                return Ok(false);
-            }
         }
         view.seen_live(posted);
         Ok(true)
@@ -922,6 +928,11 @@ impl KvSession {
 
     /// Records the synonyms a chase walked if the cache did not know them.
     fn learn(&self, view: &ModelView, j: u64, path: &[LeafAddr], owner: LeafAddr) {
+        if path.is_empty() {
+            // The owner was the chain's first leaf: nothing walked, and
+            // nothing is a prefix of what the cache knows.
+            return;
+        }
         let walked: Vec<LeafAddr> = path
             .iter()
             .skip(1)
@@ -965,16 +976,34 @@ impl KvSession {
     fn get_once(&mut self, key: u64, at: &ChainAt) -> Result<Option<Option<SlotValue>>, KvError> {
         let mut ops = std::mem::take(&mut self.hot.ops);
         ops.clear();
-        let posted = clock_ns();
+        // The coarse clock when it alone shows the view young enough: it
+        // lags the precise one by at most its resolution, so the view's
+        // true age is at most the age measured from the coarse time plus
+        // that (young: no state words to read), and a time taken from it is
+        // no later than the post (safe to record as when the record was
+        // seen live). Otherwise the precise clock, as every other path.
+        let coarse = coarse_clock_ns();
+        let young = at
+            .view
+            .age_ns(coarse.saturating_add(rolex_engine::coarse_resolution_ns()))
+            <= self.max_age_ns();
+        let posted = if young { coarse } else { clock_ns() };
         let base = self.model_check_at(at.m, &at.view, 0, posted, &mut ops)?;
         let mut batch = std::mem::take(&mut self.hot.reads);
         batch.clear();
         self.plan_reads_into(base, &mut ops, &mut batch)?;
         self.io.run(&self.shared.pool, &ops, "get")?;
         self.hot.ops = ops;
-        if !self.still_current(&at.view, posted)? {
-            self.hot.reads = batch;
-            return Ok(None);
+        match self.landed(key, &at.view, posted, base, &batch)? {
+            Landed::Chase => {}
+            Landed::Stale => {
+                self.hot.reads = batch;
+                return Ok(None);
+            }
+            Landed::Found(v) => {
+                self.hot.reads = batch;
+                return Ok(Some(v));
+            }
         }
         let found = match self.chase(at.m as u64, key, self.chain[0], 0, &batch)? {
             Chase::Owner(owner) => {
@@ -987,6 +1016,54 @@ impl KvSession {
         };
         self.hot.reads = batch;
         Ok(found)
+    }
+
+    /// A get's batch as it landed, looked at in place (one region guard, no
+    /// copy): whether the staleness check (from local 0) says the view is
+    /// stale, and if not (then the view counts as seen live at `posted`),
+    /// whether the chain's first leaf (the first of `batch`) is intact and
+    /// owns `key`, which answers the get. Anything else (a torn or freed
+    /// leaf, a key past its fences) is left to the chase, which reads and
+    /// checks the leaves again.
+    fn landed(
+        &self,
+        key: u64,
+        view: &ModelView,
+        posted: u64,
+        base: u64,
+        batch: &[(LeafAddr, u64)],
+    ) -> Result<Landed, KvError> {
+        let with_state = view.age_ns(posted) > self.max_age_ns();
+        let first = batch.first().map(|&(_, local)| local);
+        let leaf_size = self.leaf_size;
+        let end = first.map_or(base, |local| local + leaf_size).max(base);
+        let landed = self
+            .io
+            .with_local(0, end, |bytes| -> Result<Landed, KvError> {
+                let word = |at: u64| Ok(le_word(bytes, at));
+                if !words_current(view, with_state, word)? {
+                    return Ok(Landed::Stale);
+                }
+                let Some(leaf) =
+                    first.and_then(|at| bytes.get(at as usize..(at + leaf_size) as usize))
+                else {
+                    return Ok(Landed::Chase);
+                };
+                let owns = Leaf::from_bytes(leaf).is_ok_and(|l| {
+                    l.validate().is_ok()
+                        && !l.is_freed()
+                        && (l.fence_lo()..=l.fence_hi()).contains(&key)
+                });
+                Ok(if owns {
+                    Landed::Found(lookup(leaf, key))
+                } else {
+                    Landed::Chase
+                })
+            })??;
+        if !matches!(landed, Landed::Stale) {
+            view.seen_live(posted);
+        }
+        Ok(landed)
     }
 
     /// The slot values of `keys`: every key's chain (as its cached model
@@ -1742,11 +1819,42 @@ fn bad_leaf(model: u64, leaf: LeafAddr) -> impl Fn(LeafError) -> KvError {
 
 /// `v` as a `u64`, for the `u64` methods.
 fn as_u64(key: u64, v: SlotValue) -> Result<u64, KvError> {
-    v.as_u64().ok_or(KvError::ValueNotU64 { key, len: v.len() })
+    v.as_u64()
+        .ok_or_else(|| KvError::ValueNotU64 { key, len: v.len() })
 }
 
 fn valid(bytes: &[u8]) -> bool {
     Leaf::from_bytes(bytes).is_ok_and(|l| l.validate().is_ok())
+}
+
+/// Whether a staleness check's words, as `word` reads them by offset from
+/// the check's start (directory word at 0; state and model id at 8 and 16,
+/// read when `with_state`), name `view` as its model's live record.
+fn words_current(
+    view: &ModelView,
+    with_state: bool,
+    mut word: impl FnMut(u64) -> Result<u64, KvError>,
+) -> Result<bool, KvError> {
+    if word(0)? != view.offset {
+        return Ok(false);
+    }
+    if with_state {
+        let state = ModelState::from_raw(word(8)?);
+        if !view.is_current(state, word(16)?) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The little-endian word at `at` in `bytes` (0 past their end: the
+/// callers' ranges always hold it).
+fn le_word(bytes: &[u8], at: u64) -> u64 {
+    usize::try_from(at)
+        .ok()
+        .and_then(|at| bytes.get(at..at.checked_add(8)?))
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// The value of `key` in the owner's bytes, which the chase validated
