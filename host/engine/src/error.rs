@@ -379,7 +379,7 @@ pub enum TransferError {
         /// (`tcp;ofi_rxm`), the message's size in bytes: a peer whose
         /// receive buffers are smaller (its `FI_OFI_RXM_BUFFER_SIZE`) never
         /// takes it, and its sender sees exactly this.
-        paged_message: Option<usize>,
+        paged_message: Option<u32>,
     },
     /// A write carries an immediate, and the NIC's provider has fewer
     /// than 4 bytes of remote CQ data (`cq_data_size`).

@@ -56,6 +56,11 @@ pub(crate) struct Io {
     values: Vec<u64>,
     /// The lease this client's writes need, if it has one.
     fence: Option<LeaseFence>,
+    /// A READ into `rbuf` failed (timed out, among others): the provider
+    /// may still land it there later, so `rbuf` is no longer looked at in
+    /// place: [`Io::with_local`] copies out of it from then on (a session
+    /// that saw a READ fail pays the copy a get paid before).
+    rbuf_tainted: bool,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
 }
@@ -83,6 +88,7 @@ impl Io {
             results: Vec::new(),
             values: Vec::new(),
             fence,
+            rbuf_tainted: false,
             cur: OpStats::default(),
         })
     }
@@ -211,6 +217,14 @@ impl Io {
         });
         let done = self.ch.run_iter(batch, &mut self.results);
         self.cur.rtts += 1;
+        if done.is_err()
+            || ops
+                .iter()
+                .zip(&self.results)
+                .any(|(op, r)| matches!(op, Op::Read { .. }) && r.is_err())
+        {
+            self.rbuf_tainted = true;
+        }
         done.map_err(transfer(during))
     }
 
@@ -239,6 +253,21 @@ impl Io {
         len: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, KvError> {
+        if self.rbuf_tainted {
+            let n = usize::try_from(len).map_err(|_| KvError::Transfer {
+                during: "reading a session buffer",
+                error: TransferError::LocalOutOfBounds {
+                    offset: local,
+                    len,
+                    region_len: self.rbuf.len(),
+                },
+            })?;
+            let bytes = self
+                .rbuf
+                .to_vec(local, n)
+                .map_err(transfer("reading a session buffer"))?;
+            return Ok(f(&bytes));
+        }
         // SAFETY: nothing writes the read buffer while `f` runs. It is this
         // `Io`'s alone: registered for local writes only (no peer can
         // write it), never cloned or handed out, and the only operations
@@ -246,6 +275,9 @@ impl Io {
         // are posted by `run`/`run_each`, which return only once every op
         // of their batch completed (`Channel::run_iter`), and which take
         // `&mut self`, so none is in progress while `&self` is lent here.
+        // A READ that completed with an error (a timeout above all) may
+        // still land later: the buffer is then tainted and copied from
+        // instead (above).
         unsafe { self.rbuf.with_bytes(local, len, f) }.map_err(transfer("reading a session buffer"))
     }
 

@@ -1512,7 +1512,10 @@ impl Inner {
                     peer: m.peer,
                     waited: g.waited,
                     refusals: g.refusals,
-                    paged_message: m.paged.as_ref().map(|_| p.ctx.bytes.len()),
+                    paged_message: m
+                        .paged
+                        .as_ref()
+                        .map(|_| u32::try_from(p.ctx.bytes.len()).unwrap_or(u32::MAX)),
                 };
                 if let Some(sent) = &m.paged {
                     self.fail_extras(live, sent, &e);
