@@ -9,8 +9,9 @@
 //! here posts work or fires a notification except [`EngineShared::fail`];
 //! the owners of each piece of state are the modules above.
 
+use std::cell::Cell;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::thread::Thread;
 
@@ -49,7 +50,6 @@ pub(crate) struct EngineShared {
     pub(crate) regions: Mutex<Vec<Registered>>,
     /// Peer groups; handle `h` is index `h - 1`.
     pub(crate) peer_groups: RwLock<Vec<HashSet<NetAddr>>>,
-    next_nic: AtomicUsize,
 }
 
 impl EngineShared {
@@ -72,7 +72,6 @@ impl EngineShared {
             max_transfer,
             regions: Mutex::new(Vec::new()),
             peer_groups: RwLock::new(Vec::new()),
-            next_nic: AtomicUsize::new(0),
         }
     }
 
@@ -116,7 +115,6 @@ impl EngineShared {
         notify.fire(Err(err), &self.cbq);
     }
 
-    /// The next NIC index, round-robin, for operations not tied to one.
     /// Refuses an application immediate that abort notices reserve.
     pub(crate) fn check_imm(&self, imm: Option<u32>) -> Result<(), TransferError> {
         match imm {
@@ -127,8 +125,18 @@ impl EngineShared {
         }
     }
 
+    /// The next NIC index, round-robin, for operations not tied to one
+    /// (the caller takes it modulo its NIC count). The counter is the
+    /// calling thread's own: one shared by the engine was a cache line
+    /// every submitting thread wrote, 9% of two loopback threads' CPU at
+    /// 4 KiB; each thread still spreads its own operations evenly.
     pub(crate) fn nic(&self) -> usize {
-        self.next_nic.fetch_add(1, Relaxed)
+        thread_local!(static NEXT: Cell<usize> = const { Cell::new(0) });
+        NEXT.with(|c| {
+            let n = c.get();
+            c.set(n.wrapping_add(1));
+            n
+        })
     }
 }
 
