@@ -437,6 +437,40 @@ impl MrHandle {
         Ok(f(bytes))
     }
 
+    /// Calls `f` with region bytes `[offset, offset + len)` where they lie,
+    /// to fill them in place: one guard, no copy (what [`Self::write`]
+    /// costs a caller that builds the bytes anyway: a second copy).
+    ///
+    /// # Safety
+    ///
+    /// Nothing may read or write those bytes while `f` runs: no operation
+    /// that reads them (a WRITE from them) or lands there may be in flight,
+    /// and no one uses them through another handle or pointer. An owner
+    /// meets this for a buffer only it posts from, registered without
+    /// remote access, between batches it waited for.
+    pub unsafe fn with_bytes_mut<R>(
+        &self,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransferError> {
+        self.region.check(offset, len)?;
+        let g = self.guard()?;
+        let out_of_bounds = TransferError::LocalOutOfBounds {
+            offset,
+            len,
+            region_len: self.region.len,
+        };
+        let len_usize = usize::try_from(len).map_err(|_| out_of_bounds.clone())?;
+        let p = g.range_ptr(offset, len).ok_or(out_of_bounds)?;
+        // SAFETY: `p .. p + len` is inside the live region (guard held for
+        // the slice's whole life, range checked) and initialised (regions
+        // are zeroed or the caller's initialised memory); by the caller's
+        // contract nothing else reads or writes it while the slice lives.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(p, len_usize) };
+        Ok(f(bytes))
+    }
+
     /// The region bytes `[offset, offset + len)` as a new vector.
     pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, TransferError> {
         let mut v = vec![0; len];
@@ -507,6 +541,22 @@ mod tests {
         r.kill();
         // SAFETY: as above.
         let dead = unsafe { h.with_bytes(0, 8, |b| b.len()) };
+        assert!(matches!(dead, Err(TransferError::RegionDeregistered)));
+    }
+
+    #[test]
+    fn with_bytes_mut_fills_the_bytes_in_place_and_checks_the_range() {
+        let r = Region::alloc(64, Access::all(), 1, 0).unwrap();
+        let h = MrHandle { region: r.clone() };
+        // SAFETY: nothing else uses the region during the calls.
+        unsafe { h.with_bytes_mut(8, 8, |b| b.copy_from_slice(b"in place")) }.unwrap();
+        assert_eq!(h.to_vec(8, 8).unwrap(), b"in place");
+        // SAFETY: as above.
+        let past = unsafe { h.with_bytes_mut(60, 8, |b| b.len()) };
+        assert!(matches!(past, Err(TransferError::LocalOutOfBounds { .. })));
+        r.kill();
+        // SAFETY: as above.
+        let dead = unsafe { h.with_bytes_mut(0, 8, |b| b.len()) };
         assert!(matches!(dead, Err(TransferError::RegionDeregistered)));
     }
 

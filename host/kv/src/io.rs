@@ -61,6 +61,10 @@ pub(crate) struct Io {
     /// place: [`Io::with_local`] copies out of it from then on (a session
     /// that saw a READ fail pays the copy a get paid before).
     rbuf_tainted: bool,
+    /// A WRITE from `wbuf` failed: the provider may still read it later,
+    /// so [`Io::fill`] no longer builds bytes in place there (it builds
+    /// them aside and copies them in, as [`Io::stage`] does).
+    wbuf_tainted: bool,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
 }
@@ -89,6 +93,7 @@ impl Io {
             values: Vec::new(),
             fence,
             rbuf_tainted: false,
+            wbuf_tainted: false,
             cur: OpStats::default(),
         })
     }
@@ -217,14 +222,16 @@ impl Io {
         });
         let done = self.ch.run_iter(batch, &mut self.results);
         self.cur.rtts += 1;
-        if done.is_err()
-            || ops
-                .iter()
-                .zip(&self.results)
-                .any(|(op, r)| matches!(op, Op::Read { .. }) && r.is_err())
-        {
-            self.rbuf_tainted = true;
-        }
+        let failed = |read: bool| {
+            done.is_err()
+                || ops
+                    .iter()
+                    .zip(&self.results)
+                    .any(|(op, r)| matches!(op, Op::Read { .. }) == read && r.is_err())
+        };
+        let (r, w) = (failed(true), failed(false));
+        self.rbuf_tainted |= r;
+        self.wbuf_tainted |= w;
         done.map_err(transfer(during))
     }
 
@@ -293,6 +300,41 @@ impl Io {
         self.wbuf
             .write(local, bytes)
             .map_err(transfer("filling a session buffer"))
+    }
+
+    /// Has `f` build `len` bytes at `local` of the write buffer where they
+    /// lie (no copy of what it builds), returning what `f` returns.
+    pub(crate) fn fill<R>(
+        &mut self,
+        local: u64,
+        len: u64,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, KvError> {
+        let during = "filling a session buffer";
+        if self.wbuf_tainted {
+            let n = usize::try_from(len).map_err(|_| KvError::Transfer {
+                during,
+                error: TransferError::LocalOutOfBounds {
+                    offset: local,
+                    len,
+                    region_len: self.wbuf.len(),
+                },
+            })?;
+            let mut aside = vec![0; n];
+            let r = f(&mut aside);
+            self.stage(local, &aside)?;
+            return Ok(r);
+        }
+        // SAFETY: nothing reads or writes the write buffer while `f` runs.
+        // It is this `Io`'s alone: registered for local writes only (no
+        // peer can read or write it), never cloned or handed out, and the
+        // only operations that read it are the WRITEs of this `Io`'s own
+        // batches, posted by `run`/`run_each`, which return only once every
+        // op of their batch completed and which take `&mut self` as this
+        // does. A WRITE that completed with an error may still be read by
+        // the provider later: the buffer is then tainted and filled aside
+        // instead (above).
+        unsafe { self.wbuf.with_bytes_mut(local, len, f) }.map_err(transfer(during))
     }
 
     /// Stages `writes` (pool offset, bytes) one after another in the write

@@ -1195,16 +1195,16 @@ impl KvSession {
             }],
             "reading a value block",
         )?;
-        self.scratch.resize(n as usize, 0);
-        self.io.local(0, &mut self.scratch)?;
-        match ValueBlock::check(&self.scratch, key, at) {
-            Ok(v) => {
-                out.clear();
-                out.extend_from_slice(v);
-                Ok(true)
-            }
-            Err(_) => Ok(false),
-        }
+        // Checked where it landed; only the value is copied out.
+        self.io
+            .with_local(0, n, |b| match ValueBlock::check(b, key, at) {
+                Ok(v) => {
+                    out.clear();
+                    out.extend_from_slice(v);
+                    true
+                }
+                Err(_) => false,
+            })
     }
 
     /// A validated leaf's pointer must lie in the value region.
@@ -1322,15 +1322,17 @@ impl KvSession {
             }
         };
         let n = rolex_core::layout::ValueBlockHeader::SIZE + value.len() as u64;
+        // Built where the WRITE takes it from: the value is copied once.
+        let value_local = self.value_local;
         let staged = self
             .io
-            .reserve(&self.shared.engine, 0, self.value_local + n)
+            .reserve(&self.shared.engine, 0, value_local + n)
             .and_then(|()| {
-                self.scratch.resize(n as usize, 0);
-                ValueBlock::write(&mut self.scratch, key, block.gen, block.class, value)
-                    .ok_or(too_long)?;
-                self.io.stage(self.value_local, &self.scratch)
-            });
+                self.io.fill(value_local, n, |out| {
+                    ValueBlock::write(out, key, block.gen, block.class, value)
+                })
+            })
+            .and_then(|built| built.ok_or(too_long));
         if let Err(e) = staged {
             self.shared.values.give_back(block);
             return Err(e);
@@ -1663,10 +1665,11 @@ impl KvSession {
                 let Op::Read { local, len, .. } = *op else {
                     continue;
                 };
-                self.scratch.resize(len as usize, 0);
-                self.io.local(local, &mut self.scratch)?;
-                match ValueBlock::check(&self.scratch, out[idx].0, at) {
-                    Ok(v) => out[idx].1 = v.to_vec(),
+                let key = out[idx].0;
+                match self.io.with_local(local, len, |b| {
+                    ValueBlock::check(b, key, at).map(<[u8]>::to_vec)
+                })? {
+                    Ok(v) => out[idx].1 = v,
                     Err(_) => stale.push(idx),
                 }
             }
