@@ -228,6 +228,18 @@ pub enum LayoutError {
         /// Its value (floating-point values as their bits).
         value: u64,
     },
+    /// A model's table is not where the record's layout puts it (right
+    /// after the record, in the order [`ModelRecord::new`] lays them out):
+    /// a reader fetches a record and its tables in one READ of
+    /// [`ModelRecord::total_len`] bytes.
+    Misplaced {
+        /// The table.
+        part: Part,
+        /// Where the layout puts it.
+        expected: u64,
+        /// Where the record says it is.
+        found: u64,
+    },
     /// An index past the end of a table or region.
     IndexOutOfRange {
         /// The table or region.
@@ -297,6 +309,14 @@ impl fmt::Display for LayoutError {
             Self::Outside { part, container } => write!(f, "{part} lies outside the {container}"),
             Self::Overlap { a, b } => write!(f, "{a} overlaps {b}"),
             Self::InvalidField { field, value } => write!(f, "invalid {field}: {value}"),
+            Self::Misplaced {
+                part,
+                expected,
+                found,
+            } => write!(
+                f,
+                "the {part} is at {found}, not at {expected} where the record's layout puts it"
+            ),
             Self::IndexOutOfRange { part, index, len } => {
                 write!(f, "index {index} past the end of the {part} (length {len})")
             }

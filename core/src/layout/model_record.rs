@@ -627,6 +627,34 @@ impl ModelRecord {
         }
         // leaf_count <= 2^48, so 8 * leaf_count cannot overflow.
         let table = 8 * self.leaf_count();
+        // The tables follow the record as `new` lays them out: a reader
+        // takes them out of one READ of `total_len` bytes from `at`.
+        let total = self.total_len()?;
+        at.checked_add(total).ok_or(LayoutError::OutOfPool {
+            part: Part::ModelRecord,
+            offset: at,
+            len: total,
+        })?;
+        let lt = at + Self::SIZE;
+        let layout = [
+            (Part::LeafTable, lt, self.lt_offset()),
+            (Part::FenceTable, lt + table, self.fences_offset()),
+            (Part::SynonymTable, lt + 2 * table, self.slt_offset()),
+            (
+                Part::SegmentTable,
+                lt + 2 * table + Self::SLT_SIZE,
+                self.segments_offset(),
+            ),
+        ];
+        for (part, expected, found) in layout {
+            if found != expected {
+                return Err(LayoutError::Misplaced {
+                    part,
+                    expected,
+                    found,
+                });
+            }
+        }
         let spans = [
             Span::new(Part::ModelRecord, at, Self::SIZE),
             Span::new(Part::LeafTable, self.lt_offset(), table),
@@ -723,16 +751,28 @@ mod tests {
             late.check(end - 120, &sb),
             Err(LayoutError::OutOfPool { .. }) | Err(LayoutError::Outside { .. })
         ));
-        // Tables overlapping the record.
+        // Tables anywhere but where the record's layout puts them (a reader
+        // slices them out of one READ of `total_len` bytes from `at`):
+        // overlapping the record, or elsewhere in the region.
         let mut bad = r;
         bad.lt_offset.set(at);
         assert_eq!(
             bad.check(at, &sb),
-            Err(LayoutError::Overlap {
-                a: Part::ModelRecord,
-                b: Part::LeafTable
+            Err(LayoutError::Misplaced {
+                part: Part::LeafTable,
+                expected: at + 120,
+                found: at
             })
         );
+        let mut bad = r;
+        bad.slt_offset.set(at + 8192);
+        assert!(matches!(
+            bad.check(at, &sb),
+            Err(LayoutError::Misplaced {
+                part: Part::SynonymTable,
+                ..
+            })
+        ));
         let mut bad = r;
         bad.model_id.set(4);
         assert_eq!(
