@@ -425,10 +425,10 @@ impl Locator {
         segs as u64 * ModelSegment::SIZE
     }
 
-    /// Bytes a cache holds for the locator: the learned segments and 8 per
-    /// model first key.
+    /// Bytes a cache holds for the locator: the learned segments, 8 per
+    /// model first key, and the radix table over them.
     pub fn cached_bytes(&self) -> u64 {
-        self.learned_bytes() + self.firsts.len() as u64 * 8
+        self.learned_bytes() + self.firsts.len() as u64 * 8 + self.radix.bytes()
     }
 }
 
@@ -582,7 +582,12 @@ mod tests {
         assert_eq!(loc.locate(0), 0);
         assert_eq!(loc.locate(u64::MAX), 0);
         assert_eq!(loc.learned_bytes(), ModelSegment::SIZE);
-        assert_eq!(loc.cached_bytes(), ModelSegment::SIZE + 8);
+        // The segment, the first key, and the radix table over it.
+        assert_eq!(
+            loc.cached_bytes(),
+            ModelSegment::SIZE + 8 + loc.radix.bytes()
+        );
+        assert!(loc.radix.bytes() > 0);
     }
 
     #[test]
