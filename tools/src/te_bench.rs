@@ -171,8 +171,10 @@ pub struct TeBenchArgs {
     /// pages of 1 KiB then travels as one message, not two (see the
     /// README's bandwidth section); each receive buffer grows with it (a
     /// te-bench server's memory: about +80 MB at 32 KiB). Both ends must
-    /// use the same size (an eager message must fit the receiver's
-    /// buffers; a te-bench server and client agree by default). A program
+    /// use the same size: `ofi_rxm` processes whose sizes differ never
+    /// connect (every post refused until the operation timeout, whose
+    /// error names the variable); a te-bench server and client agree by
+    /// default. A program
     /// that links the engine sets the variable itself, before it starts
     /// threads.
     #[arg(long, default_value_t = 32768)]

@@ -197,7 +197,7 @@ fn paged_client(addr: &str) -> std::process::Output {
 }
 
 #[test]
-fn paged_messages_larger_than_the_peers_buffers_fail_naming_the_buffer_size() {
+fn ends_whose_rxm_buffer_sizes_differ_fail_naming_the_variable() {
     // Both at te-bench's default (32 KiB): 16 pages of 1 KiB travel as one
     // message each and land.
     let (_server, addr) = serve_with("33554432", &[]);
@@ -211,15 +211,17 @@ fn paged_messages_larger_than_the_peers_buffers_fail_naming_the_buffer_size() {
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
     assert_eq!(v["errors"], 0, "{v}");
     assert!(v["paged_by_message"].as_u64() > Some(0), "{v}");
-    // A server at the provider's 16 KiB never takes those messages: the
-    // client fails (after the operation timeout) with an error that names
-    // the cause and the fix, not only `-FI_EAGAIN`.
-    let (_small, addr) = serve_with("33554432", &["--rxm-buffer-size", "0"]);
+    // A server at the provider's 16 KiB: `tcp;ofi_rxm` processes whose
+    // sizes differ never connect (every post is refused, one-sided
+    // writes too). The client fails after the operation timeout with an
+    // error that names the likely cause and this side's size, not only
+    // `-FI_EAGAIN`; nothing was applied.
+    let (_default, addr) = serve_with("33554432", &["--rxm-buffer-size", "0"]);
     let out = paged_client(&addr);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("FI_OFI_RXM_BUFFER_SIZE") && err.contains("not applied"),
+        err.contains("FI_OFI_RXM_BUFFER_SIZE 32768") && err.contains("not applied"),
         "{err}"
     );
 }

@@ -375,11 +375,12 @@ pub enum TransferError {
         waited: Duration,
         /// Refusals in that time.
         refusals: u64,
-        /// Where the operation was a paged write travelling by message
-        /// (`tcp;ofi_rxm`), the message's size in bytes: a peer whose
-        /// receive buffers are smaller (its `FI_OFI_RXM_BUFFER_SIZE`) never
-        /// takes it, and its sender sees exactly this.
-        paged_message: Option<u32>,
+        /// Over `*;ofi_rxm`, this process's `FI_OFI_RXM_BUFFER_SIZE` (the
+        /// provider's 16 KiB where unset): two processes whose sizes
+        /// differ never connect (seen with libfabric 1.17: every post to
+        /// the peer, one-sided writes included, is refused until the
+        /// bound), and this is what the sender then sees.
+        rxm_buffer: Option<u32>,
     },
     /// A write carries an immediate, and the NIC's provider has fewer
     /// than 4 bytes of remote CQ data (`cq_data_size`).
@@ -520,7 +521,7 @@ impl fmt::Display for TransferError {
                 peer,
                 waited,
                 refusals,
-                paged_message,
+                rxm_buffer,
             } => {
                 write!(
                     f,
@@ -528,11 +529,11 @@ impl fmt::Display for TransferError {
                      ({refusals} refusals, -FI_EAGAIN); not applied",
                     waited.as_millis()
                 )?;
-                match paged_message {
+                match rxm_buffer {
                     Some(n) => write!(
                         f,
-                        " (pages sent as messages of {n} bytes: the peer's receive buffers, \
-                         FI_OFI_RXM_BUFFER_SIZE, must hold them; set the same size at both ends)"
+                        " (is the peer alive, and is its FI_OFI_RXM_BUFFER_SIZE {n} as here? \
+                         ofi_rxm processes whose sizes differ never connect)"
                     ),
                     None => Ok(()),
                 }

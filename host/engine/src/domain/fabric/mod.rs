@@ -1512,10 +1512,11 @@ impl Inner {
                     peer: m.peer,
                     waited: g.waited,
                     refusals: g.refusals,
-                    paged_message: m
-                        .paged
-                        .as_ref()
-                        .map(|_| u32::try_from(p.ctx.bytes.len()).unwrap_or(u32::MAX)),
+                    rxm_buffer: self
+                        .cfg
+                        .provider_string()
+                        .ends_with(";ofi_rxm")
+                        .then(|| u32::try_from(paged::eager_limit()).unwrap_or(u32::MAX)),
                 };
                 if let Some(sent) = &m.paged {
                     self.fail_extras(live, sent, &e);
