@@ -58,18 +58,9 @@ pub(crate) struct ModelView {
 }
 
 /// The views' clock: the monotonic clock in nanoseconds
-/// ([`rolex_engine::monotonic_ns`], the timeline [`coarse_clock_ns`] reads
-/// too, so times from both compare).
+/// ([`rolex_engine::monotonic_ns`]).
 pub(crate) fn clock_ns() -> u64 {
     rolex_engine::monotonic_ns()
-}
-
-/// [`clock_ns`] as of the kernel's last tick: never later than it, at most
-/// [`rolex_engine::coarse_resolution_ns`] earlier, and a few nanoseconds
-/// to read where the precise clock cost a loopback get about 3% of its
-/// time. For the get path's staleness check (`KvSession::get_once`).
-pub(crate) fn coarse_clock_ns() -> u64 {
-    rolex_engine::coarse_now_ns()
 }
 
 impl ModelView {
