@@ -366,6 +366,38 @@ impl<'a> FreeBundle<'a> {
     }
 }
 
+/// Free blocks as bundles, each `(own, listed)`: the largest block left
+/// holds a bundle listing as many of the smallest others as it fits
+/// ([`FreeBundle::fit`]) while the bundle's bytes (its own block's and
+/// those it lists) stay within `max_bytes` — a pop takes a whole bundle,
+/// so this bounds what one pop hands one client. Every block is in
+/// exactly one bundle.
+#[cfg(feature = "alloc")]
+pub fn bundles(
+    mut blocks: alloc::vec::Vec<FreeBlock>,
+    max_bytes: u64,
+) -> alloc::vec::Vec<(FreeBlock, alloc::vec::Vec<FreeBlock>)> {
+    blocks.sort_unstable_by_key(|b| (b.class, b.offset));
+    let mut out = alloc::vec::Vec::new();
+    let mut small = 0;
+    while small < blocks.len() {
+        let Some(own) = blocks.pop() else { break };
+        let fit = FreeBundle::fit(own.class) as usize;
+        let mut bytes = own.class;
+        let mut take = 0;
+        while let Some(b) = blocks.get(small + take).filter(|_| take < fit) {
+            if bytes.saturating_add(b.class) > max_bytes {
+                break;
+            }
+            bytes += b.class;
+            take += 1;
+        }
+        out.push((own, blocks[small..small + take].to_vec()));
+        small += take;
+    }
+    out
+}
+
 /// The position of the block at pool offset `offset` (`None` unless it
 /// starts inside `region`'s block area at a 16-byte boundary).
 pub fn position_of(region: &ValueRegion, offset: u64) -> Option<u64> {

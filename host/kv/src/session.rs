@@ -1308,6 +1308,9 @@ impl KvSession {
                 Some(Ok(b)) => break b,
                 // Space other clients gave back first, then a new chunk.
                 Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
+                // A larger free block held, carved (what a resume gives
+                // back comes in large blocks).
+                Some(Err(_)) if self.shared.values.split(value.len()) => {}
                 Some(Err(need)) => {
                     pops = ValueSpace::POPS;
                     match self.claim_values(need.len, value.len()) {

@@ -34,16 +34,40 @@
 //! whose `CAS` may have landed without this client learning it (an
 //! indeterminate error) loses those blocks for good rather than risk
 //! handing them out twice; one that certainly did not land keeps them.
-//! What stays out of the pool: a client killed without closing keeps its
-//! share (at most one chunk per size class in use, [`ValueSpace::HOLD_MAX`]
-//! of freed blocks and those within the grace), as do blocks an
-//! indeterminate write may have published.
+//! What stays out of the pool while the memory node runs: a client killed
+//! without closing keeps its share (at most one chunk per size class in
+//! use, [`ValueSpace::HOLD_MAX`] of freed blocks and those within the
+//! grace), as do blocks an indeterminate write may have published. A
+//! memory node resumed on its pool file takes all of it back: no compute
+//! node holds anything across a restart, so the resume rebuilds the free
+//! stack from every byte of the block area no leaf slot names, cut into
+//! large blocks (`rolex_dpu`'s recovery, step 6).
+//!
+//! Splitting: a session that needs a block of a class it has none of,
+//! and popped the stack without finding one, carves the smallest larger
+//! free block it holds (at least [`MIN_BLOCK`] larger) as it carves a
+//! chunk ([`ValueSpace::split`]) before it claims new space; that is how
+//! the large blocks a resume gives back serve values of any size.
+//!
+//! Generations of carved blocks: each block carved from a free block
+//! whose last generation is `g` starts at `g` and is handed out with
+//! `g + 1`. The block at the big block's own offset so never repeats the
+//! generation the big block's last value carried (a reader holding that
+//! pointer sees another generation, or another length). A block at an
+//! offset inside the big block can be named by an old pointer only if a
+//! block started there before the big block was made — and a big block
+//! is made only of space no block used before (a chunk's tail) or by a
+//! resume's sweep, across which no pointer survives (every compute node
+//! bootstraps again and reads leaves afresh). The sweep still gives its
+//! blocks generations drawn from the resume's clock and the block's
+//! offset, so a pointer that did outlive it would match a block's
+//! generation with probability about 2^-32 — and its key and length too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rolex_core::layout::{block_class, FreeBlock, ValueRegion, MIN_BLOCK};
+use rolex_core::layout::{block_class, cut_class, FreeBlock, ValueRegion, MIN_BLOCK};
 
 /// A block handed to a writer: where it is, its class, and the generation
 /// to write it with.
@@ -185,6 +209,48 @@ impl ValueSpace {
             at += c;
         }
         g.free_bytes += len - (end - at);
+    }
+
+    /// Carves the smallest free block this client holds ready of a class
+    /// at least [`MIN_BLOCK`] larger than the one that holds `len` bytes
+    /// into blocks of that class, the rest into classes that waste no
+    /// byte (`rolex_core::layout::cut_class`); returns whether it held
+    /// one. Every block carved carries the big block's generation (each
+    /// is handed out with the next one; see the module docs).
+    pub(crate) fn split(&self, len: usize) -> bool {
+        let Some(class) = block_class(len) else {
+            return false;
+        };
+        let mut g = self.lock();
+        g.promote(Instant::now());
+        let Some(big) = g
+            .ready
+            .iter()
+            .filter(|(&c, blocks)| c >= class + MIN_BLOCK && !blocks.is_empty())
+            .map(|(&c, _)| c)
+            .min()
+        else {
+            return false;
+        };
+        let Some((offset, gen)) = g.ready.get_mut(&big).and_then(Vec::pop) else {
+            return false;
+        };
+        // `big >= class + MIN_BLOCK`: at least one block of the class, and
+        // a rest of 0 or at least MIN_BLOCK (both multiples of 16).
+        let mut n = big / class;
+        if big % class != 0 && big % class < MIN_BLOCK {
+            n -= 1;
+        }
+        let ready = g.ready.entry(class).or_default();
+        for i in 0..n {
+            ready.push((offset + i * class, gen));
+        }
+        let (mut at, end) = (offset + n * class, offset + big);
+        while let Some(c) = cut_class(end - at, Self::CHUNK) {
+            g.ready.entry(c).or_default().push((at, gen));
+            at += c;
+        }
+        true
     }
 
     /// Gives back `block`, never published (no slot names it): ready at
@@ -363,6 +429,46 @@ mod tests {
         let big = rolex_core::layout::MAX_VALUE_LEN;
         let need = s.take(big).unwrap().unwrap_err();
         assert_eq!(need.len, block_class(big).unwrap());
+    }
+
+    #[test]
+    fn a_large_free_block_is_carved_for_a_smaller_class_and_wastes_nothing() {
+        let s = space();
+        let big = FreeBlock {
+            offset: 1 << 20,
+            class: 1 << 20,
+            gen: 7,
+        };
+        s.add_free([big]);
+        let class = block_class(100).unwrap();
+        assert!(s.take(100).unwrap().is_err(), "no block of the class yet");
+        // A block less than MIN_BLOCK larger is never split.
+        let near = FreeBlock {
+            offset: 4 << 20,
+            class: block_class(100).unwrap() + 32,
+            gen: 1,
+        };
+        s.add_free([near]);
+        assert!(s.split(100));
+        let mut got = Vec::new();
+        while let Some(Ok(b)) = s.take(100) {
+            assert_eq!((b.class, b.gen), (class, 8), "{b:?}");
+            got.push(b.offset);
+        }
+        let n = got.len() as u64;
+        assert!(n >= (1 << 20) / class - 1, "{n} blocks");
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len() as u64, n, "no block twice");
+        assert!(got
+            .iter()
+            .all(|&o| o >= big.offset && o + class <= big.offset + big.class));
+        // The rest is in other classes, none lost; the near block stays.
+        let rest = s.take_all();
+        let bytes: u64 = rest.iter().map(|b| b.class).sum();
+        assert_eq!(bytes + n * class, big.class + near.class);
+        assert!(rest.contains(&near));
+        assert!(!s.split(100), "nothing larger is held any more");
     }
 
     const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;
