@@ -70,8 +70,8 @@
 use alloc::vec::Vec;
 
 use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
-use rolex_core::layout::topology;
 use rolex_core::layout::free::{bundles, position_of};
+use rolex_core::layout::topology;
 use rolex_core::layout::{
     block_class, cut_class, FreeBlock, FreeBundle, FreeHead, Leaf, LeafError, LeafRegion,
     ModelRecord, ModelState, Slot, SlotValue, Superblock, ValueRegionHeader, MIN_BLOCK,
@@ -605,8 +605,7 @@ pub fn check_leaves<M: PoolMemory>(
                 for slot in valid.entries() {
                     if let Some(SlotValue::Block(b)) = slot.value() {
                         let class = block_class(b.len as usize).unwrap_or(MIN_BLOCK);
-                        out.values
-                            .push((b.offset, b.offset.saturating_add(class)));
+                        out.values.push((b.offset, b.offset.saturating_add(class)));
                     }
                 }
                 walked.push(LeafInfo {
@@ -875,8 +874,8 @@ mod tests {
     use super::*;
     use crate::bulk::{BulkConfig, BulkPlan};
     use crate::leaves::{read_leaf, walk_model};
-    use alloc::vec;
     use crate::memory::testing::VecPool;
+    use alloc::vec;
 
     fn load(n: u64) -> (VecPool, u64) {
         crate::memory::testing::small_pool(n)
@@ -1066,12 +1065,22 @@ mod tests {
         ValueBlock::write(&mut block, 0, 3, class, &[9; 5000]).unwrap();
         mem.write(fresh.offset, &block).unwrap();
         // An old stack (its head naming some block of the area).
-        mem.store(values.free_offset(), FreeHead { tag: 5, position: 77 }.word())
-            .unwrap();
+        mem.store(
+            values.free_offset(),
+            FreeHead {
+                tag: 5,
+                position: 77,
+            }
+            .word(),
+        )
+        .unwrap();
         // In model 0's first leaf: its first key deleted, its second
         // overwritten into `fresh`.
         let region = sb.leaf_region().unwrap();
-        let r0 = record(&mem, mem.load(sb.directory_entry_offset(0).unwrap()).unwrap());
+        let r0 = record(
+            &mem,
+            mem.load(sb.directory_entry_offset(0).unwrap()).unwrap(),
+        );
         let addr = LtEntry::from_raw(mem.load(r0.lt_entry_offset(0).unwrap()).unwrap()).addr();
         let mut buf = leaf_buffer(&region);
         read_leaf(&mem, &region, addr, &mut buf).unwrap();
@@ -1097,11 +1106,7 @@ mod tests {
         }
         named.push((fresh.offset, fresh.offset + class));
         let named_bytes: u64 = named.iter().map(|&(s, e)| e - s).sum();
-        let unnamed = |b: &BlockRef| {
-            !named
-                .iter()
-                .any(|&(s, _)| s == b.offset)
-        };
+        let unnamed = |b: &BlockRef| !named.iter().any(|&(s, _)| s == b.offset);
         assert!(unnamed(&gone.block().unwrap()) && unnamed(&replaced.block().unwrap()));
 
         let (_, rec) = Agent::resume(&mem, AgentConfig::default(), plan.next_free()).unwrap();
@@ -1109,7 +1114,11 @@ mod tests {
         let v = rec.values;
         assert!(v.rebuilt);
         assert_eq!((v.handed_out, v.referenced), (alloc, named_bytes));
-        assert_eq!(v.bytes, alloc - named_bytes, "every unnamed byte given back");
+        assert_eq!(
+            v.bytes,
+            alloc - named_bytes,
+            "every unnamed byte given back"
+        );
         let (listed, bundles) = stack(&mem, &sb);
         assert_eq!((listed.len() as u64, bundles), (v.blocks, v.bundles));
         assert_eq!(listed.iter().map(|b| b.class).sum::<u64>(), v.bytes);
@@ -1135,7 +1144,11 @@ mod tests {
         // Again: the same space, a new stack.
         let (_, again) = Agent::resume(&mem, AgentConfig::default(), plan.next_free()).unwrap();
         assert_eq!(
-            (again.values.bytes, again.values.blocks, again.values.referenced),
+            (
+                again.values.bytes,
+                again.values.blocks,
+                again.values.referenced
+            ),
             (v.bytes, v.blocks, v.referenced)
         );
 
