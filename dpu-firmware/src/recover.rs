@@ -700,7 +700,7 @@ pub const RECLAIM_BLOCK_MAX: u64 = 1 << 20;
 /// The most bytes one bundle of step 6 holds (its own block and those it
 /// lists): a compute node pops a bundle whole, so this bounds what one
 /// pop hands one client.
-pub const RECLAIM_BUNDLE_MAX: u64 = 4 << 20;
+pub const RECLAIM_BUNDLE_MAX: u64 = FreeBundle::HELD_MAX;
 
 /// Step 6: rebuilds the value region's free stack of every byte of the
 /// block area below `alloc` that no block in `referenced` (`(start,

@@ -233,6 +233,11 @@ impl<'a> FreeBundle<'a> {
     pub const MAX_ENTRIES: u64 = 255;
     /// Most bytes of a bundle.
     pub const MAX_BYTES: u64 = Self::HEADER + Self::MAX_ENTRIES * Self::ENTRY;
+    /// Most bytes of blocks one bundle holds (its own and those it lists)
+    /// when its writer can choose ([`bundles`]): a pop takes a bundle
+    /// whole, so this bounds what one pop hands one client and leaves the
+    /// rest to others.
+    pub const HELD_MAX: u64 = 4 << 20;
 
     /// Entries a bundle written in a block of `class` bytes holds.
     pub fn fit(class: u64) -> u64 {

@@ -178,13 +178,9 @@ impl ValueSpace {
                     gen: next_gen(gen),
                 }))
             }
-            None => {
-                let n = g.chunks.get(&class).copied().unwrap_or(0).min(16);
-                let grown = (class * Self::FIRST_BLOCKS).saturating_mul(1 << n);
-                Some(Err(NeedChunk {
-                    len: grown.min(Self::CHUNK).max(class),
-                }))
-            }
+            None => Some(Err(NeedChunk {
+                len: Self::chunk_len(&g, class),
+            })),
         }
     }
 
@@ -212,21 +208,31 @@ impl ValueSpace {
     }
 
     /// Carves the smallest free block this client holds ready of a class
-    /// at least [`MIN_BLOCK`] larger than the one that holds `len` bytes
-    /// into blocks of that class, the rest into classes that waste no
-    /// byte (`rolex_core::layout::cut_class`); returns whether it held
-    /// one. Every block carved carries the big block's generation (each
-    /// is handed out with the next one; see the module docs).
-    pub(crate) fn split(&self, len: usize) -> bool {
+    /// at least [`MIN_BLOCK`] larger than the one that holds `len` bytes —
+    /// if `large`, only one at least as large as the chunk it would claim
+    /// and half of [`Self::CHUNK`] (what a resume gives back: carved before
+    /// the stack is looked at, where a freed value's block is kept for
+    /// its own class) — as it carves a chunk: as many blocks of
+    /// that class as a chunk claimed now would hold (the rest of the big
+    /// block back in the ready lists, cut into classes that waste no
+    /// byte: `rolex_core::layout::cut_class`); returns whether it held
+    /// one. Every block cut from it starts at the big block's generation
+    /// (and is handed out with the next one; see the module docs).
+    pub(crate) fn split(&self, len: usize, large: bool) -> bool {
         let Some(class) = block_class(len) else {
             return false;
         };
         let mut g = self.lock();
         g.promote(Instant::now());
+        let min_class = if large {
+            Self::chunk_len(&g, class).max(Self::CHUNK / 2)
+        } else {
+            0
+        };
         let Some(big) = g
             .ready
             .iter()
-            .filter(|(&c, blocks)| c >= class + MIN_BLOCK && !blocks.is_empty())
+            .filter(|(&c, blocks)| c >= (class + MIN_BLOCK).max(min_class) && !blocks.is_empty())
             .map(|(&c, _)| c)
             .min()
         else {
@@ -237,10 +243,12 @@ impl ValueSpace {
         };
         // `big >= class + MIN_BLOCK`: at least one block of the class, and
         // a rest of 0 or at least MIN_BLOCK (both multiples of 16).
-        let mut n = big / class;
-        if big % class != 0 && big % class < MIN_BLOCK {
+        let mut n = (big / class).min(Self::chunk_len(&g, class) / class).max(1);
+        let rest = big - n * class;
+        if rest != 0 && rest < MIN_BLOCK {
             n -= 1;
         }
+        *g.chunks.entry(class).or_default() += 1;
         let ready = g.ready.entry(class).or_default();
         for i in 0..n {
             ready.push((offset + i * class, gen));
@@ -251,6 +259,15 @@ impl ValueSpace {
             at += c;
         }
         true
+    }
+
+    /// Bytes of the next chunk for blocks of `class`: a class's first
+    /// chunk holds [`Self::FIRST_BLOCKS`], each next one twice as many, up
+    /// to [`Self::CHUNK`] (or one block, when larger).
+    fn chunk_len(g: &Inner, class: u64) -> u64 {
+        let n = g.chunks.get(&class).copied().unwrap_or(0).min(16);
+        let grown = (class * Self::FIRST_BLOCKS).saturating_mul(1 << n);
+        grown.min(Self::CHUNK).max(class)
     }
 
     /// Gives back `block`, never published (no slot names it): ready at
@@ -439,36 +456,81 @@ mod tests {
             class: 1 << 20,
             gen: 7,
         };
-        s.add_free([big]);
         let class = block_class(100).unwrap();
-        assert!(s.take(100).unwrap().is_err(), "no block of the class yet");
-        // A block less than MIN_BLOCK larger is never split.
+        // A block less than MIN_BLOCK larger is never split, one smaller
+        // than half a chunk only when asked.
         let near = FreeBlock {
             offset: 4 << 20,
-            class: block_class(100).unwrap() + 32,
+            class: class + 32,
             gen: 1,
         };
-        s.add_free([near]);
-        assert!(s.split(100));
+        let mid = FreeBlock {
+            offset: 5 << 20,
+            class: 4096,
+            gen: 1,
+        };
+        s.add_free([near, mid]);
+        assert!(!s.split(100, true), "none that large");
+        s.add_free([big]);
+        assert!(s.take(100).unwrap().is_err(), "no block of the class yet");
         let mut got = Vec::new();
-        while let Some(Ok(b)) = s.take(100) {
-            assert_eq!((b.class, b.gen), (class, 8), "{b:?}");
-            got.push(b.offset);
+        // Carved blocks start at the big block's generation.
+        let take_all_of_class = |got: &mut Vec<u64>| {
+            while let Some(Ok(b)) = s.take(100) {
+                assert_eq!(b.class, class, "{b:?}");
+                assert!(b.gen == big.gen + 1 || b.gen == mid.gen + 1, "{b:?}");
+                got.push(b.offset);
+            }
+        };
+        // Large ones first (the mid one stays), then any.
+        while s.split(100, true) {
+            take_all_of_class(&mut got);
+        }
+        let inside = |o: u64, b: &FreeBlock| o >= b.offset && o + class <= b.offset + b.class;
+        assert!(got.iter().all(|&o| inside(o, &big)));
+        while s.split(100, false) {
+            take_all_of_class(&mut got);
         }
         let n = got.len() as u64;
-        assert!(n >= (1 << 20) / class - 1, "{n} blocks");
+        assert!(
+            n >= (big.class + mid.class) / class - 16,
+            "{n} blocks: the big and mid blocks carved whole"
+        );
         got.sort_unstable();
         got.dedup();
         assert_eq!(got.len() as u64, n, "no block twice");
-        assert!(got
-            .iter()
-            .all(|&o| o >= big.offset && o + class <= big.offset + big.class));
+        assert!(got.iter().all(|&o| inside(o, &big) || inside(o, &mid)));
         // The rest is in other classes, none lost; the near block stays.
         let rest = s.take_all();
         let bytes: u64 = rest.iter().map(|b| b.class).sum();
-        assert_eq!(bytes + n * class, big.class + near.class);
+        assert_eq!(bytes + n * class, big.class + near.class + mid.class);
         assert!(rest.contains(&near));
-        assert!(!s.split(100), "nothing larger is held any more");
+        assert!(rest
+            .iter()
+            .all(|b| b.class < class + MIN_BLOCK || b == &near));
+    }
+
+    #[test]
+    fn a_split_carves_a_chunks_worth_and_keeps_the_rest_large() {
+        let s = space();
+        s.add_free([FreeBlock {
+            offset: 1 << 20,
+            class: 1 << 20,
+            gen: 2,
+        }]);
+        assert!(s.split(100, true));
+        let class = block_class(100).unwrap();
+        let mut n = 0;
+        while let Some(Ok(_)) = s.take(100) {
+            n += 1;
+        }
+        assert_eq!(n, 16, "a first chunk's worth");
+        let rest = s.take_all();
+        assert_eq!(
+            rest.iter().map(|b| b.class).sum::<u64>(),
+            (1 << 20) - 16 * class
+        );
+        assert!(rest.iter().any(|b| b.class >= 512 << 10), "{rest:?}");
     }
 
     const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;

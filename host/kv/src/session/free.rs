@@ -32,10 +32,12 @@ use crate::io::Op;
 /// Bundles one push batch writes at most.
 const BUNDLES_PER_PUSH: usize = 64;
 
-/// Blocks as bundles, each `(own, listed)` (see
-/// `rolex_core::layout::free::bundles`; no bound on a bundle's bytes).
+/// Blocks as bundles, each `(own, listed)`, of at most
+/// [`FreeBundle::HELD_MAX`] bytes unless one block is larger (see
+/// `rolex_core::layout::free::bundles`): what one client gives back is
+/// taken by several.
 fn bundles(blocks: Vec<FreeBlock>) -> Vec<(FreeBlock, Vec<FreeBlock>)> {
-    rolex_core::layout::free::bundles(blocks, u64::MAX)
+    rolex_core::layout::free::bundles(blocks, FreeBundle::HELD_MAX)
 }
 
 impl KvSession {
