@@ -5,7 +5,8 @@
 //! deletes half of them — its freed blocks, the tails of its chunks, stay
 //! in its memory — and is killed with `SIGKILL` without closing. The
 //! memory node is killed too and resumed (`--resume`): its report names
-//! what it reclaimed, and a new compute node writes far more than the
+//! what it reclaimed (as does `rolex inspect` on the file), and a new
+//! compute node writes far more than the
 //! space the region had left before the resume (none on the free stack,
 //! less than a chunk unclaimed), without `ValueSpaceFull`, and every value
 //! — its own and those the killed process kept — reads back.
@@ -190,6 +191,24 @@ fn a_killed_clients_value_space_comes_back_when_the_node_resumes() {
     .unwrap_or_else(|| panic!("no recovery report: {}", stderr.text()));
     eprintln!("found: {report}");
     assert!(report.contains("reclaimed onto the free stack"), "{report}");
+    // `rolex inspect` shows the rebuilt stack (the file is the pool).
+    let inspect = common::rolex(&["inspect", pool_arg]);
+    let shown = String::from_utf8_lossy(&inspect.stdout);
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("values: ") && l.contains("given back"))
+        .unwrap_or_else(|| panic!("no values line: {shown}"));
+    eprintln!("found: rolex inspect: {line}");
+    let reclaimed = report
+        .split("KiB named by slots, ")
+        .nth(1)
+        .and_then(|r| r.split(" KiB").next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("the reclaimed KiB in the report");
+    assert!(
+        line.starts_with(&format!("values: {} bytes given back", reclaimed << 10)),
+        "{line} / {report}"
+    );
 
     // A new client writes values of several sizes, far more than the
     // region had left.
