@@ -186,7 +186,8 @@ impl ValueSpace {
 
     /// Adds the `len` bytes claimed at pool offset `offset` for blocks of
     /// the class that holds `value_len` bytes: carved into blocks of that
-    /// class, the tail into the largest classes that fit.
+    /// class, the tail into classes that waste no byte
+    /// (`rolex_core::layout::cut_class`).
     pub(crate) fn add_chunk(&self, offset: u64, len: u64, value_len: usize) {
         let class = block_class(value_len).unwrap_or(MIN_BLOCK);
         let mut g = self.lock();
@@ -199,8 +200,7 @@ impl ValueSpace {
             ready.push((at, 0));
             at += class;
         }
-        while end - at >= MIN_BLOCK {
-            let c = largest_class_within(end - at);
+        while let Some(c) = cut_class(end - at, Self::CHUNK) {
             g.ready.entry(c).or_default().push((at, 0));
             at += c;
         }
@@ -365,16 +365,6 @@ fn next_gen(gen: u32) -> u32 {
     gen.wrapping_add(1).max(1)
 }
 
-/// The largest size class of at most `room` bytes (`room >= MIN_BLOCK`).
-fn largest_class_within(room: u64) -> u64 {
-    let base = 1u64 << (63 - room.leading_zeros());
-    if base <= MIN_BLOCK {
-        return MIN_BLOCK;
-    }
-    let step = base / 4;
-    base + (room - base) / step * step
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,16 +372,6 @@ mod tests {
 
     fn space() -> ValueSpace {
         ValueSpace::new(ValueRegion::new(0, ValueRegionHeader::SIZE + (64 << 20)).unwrap())
-    }
-
-    #[test]
-    fn tail_classes_are_classes_and_fit() {
-        for room in (64..200_000).step_by(13) {
-            let c = largest_class_within(room);
-            assert!(c <= room, "{room}: {c}");
-            // A class: what block_class gives for its own payload.
-            assert_eq!(block_class((c - 32) as usize), Some(c), "{room}: {c}");
-        }
     }
 
     #[test]
