@@ -1013,14 +1013,10 @@ mod tests {
         (out, n)
     }
 
-    /// A pool whose clients died holding space: the bulk-loaded values,
-    /// one slot deleted and one overwritten into a block claimed later,
-    /// `alloc` moved on by chunks nobody gave back, an old free stack.
-    /// The resume puts exactly the bytes no slot names on a new stack:
-    /// no named block listed, nothing listed twice, every block inside
-    /// what was handed out; a second resume rebuilds the same.
-    #[test]
-    fn a_resume_rebuilds_the_value_free_stack_of_exactly_the_unnamed_space() {
+    /// A pool whose clients died holding space (see the test below), the
+    /// plan's `next_free`, the `(start, end)` of every block a slot
+    /// names, `alloc`, and the leaf model 0's first entry names.
+    fn value_pool() -> (VecPool, u64, Vec<(u64, u64)>, u64, LeafAddr) {
         use rolex_core::layout::{BlockRef, ValueBlock};
         let keys = 48u64;
         let bulk = BulkConfig {
@@ -1032,7 +1028,7 @@ mod tests {
             spare_leaves: 64,
             model_region_spare: 1 << 16,
             directory_spare: 64,
-            value_capacity: 4 << 20,
+            value_capacity: 12 << 20,
         };
         let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
         let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();
@@ -1043,17 +1039,12 @@ mod tests {
             out.resize(len_of(key), key as u8)
         })
         .unwrap();
-        let sb = Superblock::read(&{
-            let mut h = [0u8; Superblock::SIZE as usize];
-            mem.read(0, &mut h).unwrap();
-            h
-        })
-        .unwrap();
+        let sb = superblock(&mem);
         let values = sb.value_region().unwrap();
         let loaded = mem.load(values.offset()).unwrap();
-        // Dead clients claimed 700 KB past the load; one of them wrote a
-        // block there that a slot names.
-        let alloc = loaded + 700_000;
+        // Dead clients claimed 10 MB past the load (more than one bundle
+        // holds); one of them wrote a block there that a slot names.
+        let alloc = loaded + 10_000_000;
         mem.store(values.alloc_offset(), alloc).unwrap();
         let fresh = BlockRef {
             offset: values.area_offset(loaded + 4096),
@@ -1105,25 +1096,28 @@ mod tests {
             off += c;
         }
         named.push((fresh.offset, fresh.offset + class));
-        let named_bytes: u64 = named.iter().map(|&(s, e)| e - s).sum();
         let unnamed = |b: &BlockRef| !named.iter().any(|&(s, _)| s == b.offset);
         assert!(unnamed(&gone.block().unwrap()) && unnamed(&replaced.block().unwrap()));
+        (mem, plan.next_free(), named, alloc, addr)
+    }
 
-        let (_, rec) = Agent::resume(&mem, AgentConfig::default(), plan.next_free()).unwrap();
-        eprintln!("found: {:?}", rec.values);
-        let v = rec.values;
-        assert!(v.rebuilt);
-        assert_eq!((v.handed_out, v.referenced), (alloc, named_bytes));
-        assert_eq!(
-            v.bytes,
-            alloc - named_bytes,
-            "every unnamed byte given back"
-        );
-        let (listed, bundles) = stack(&mem, &sb);
-        assert_eq!((listed.len() as u64, bundles), (v.blocks, v.bundles));
-        assert_eq!(listed.iter().map(|b| b.class).sum::<u64>(), v.bytes);
-        let head = FreeHead::from_word(mem.load(values.free_offset()).unwrap());
-        assert_eq!(head.tag, 7, "emptied, then set");
+    fn superblock(mem: &VecPool) -> Superblock {
+        let mut h = [0u8; Superblock::SIZE as usize];
+        mem.read(0, &mut h).unwrap();
+        Superblock::read(&h).unwrap()
+    }
+
+    /// The free stack of `mem` lists exactly the bytes below `alloc` that
+    /// `named` does not: no named block listed, nothing listed twice,
+    /// every block inside what was handed out. Returns (blocks, bundles).
+    fn assert_stack_is_the_unnamed_space(
+        mem: &VecPool,
+        named: &[(u64, u64)],
+        alloc: u64,
+    ) -> (u64, u64) {
+        let sb = superblock(mem);
+        let values = sb.value_region().unwrap();
+        let (listed, bundles) = stack(mem, &sb);
         let (lo, hi) = (values.area_offset(0), values.area_offset(alloc));
         let mut spans: Vec<(u64, u64, bool)> = listed
             .iter()
@@ -1139,10 +1133,42 @@ mod tests {
             .all(|b| b.offset >= lo && b.offset + b.class <= hi && b.class <= RECLAIM_BLOCK_MAX));
         // Exactly the handed-out bytes, tiled.
         assert_eq!((spans[0].0, spans.last().unwrap().1), (lo, hi));
-        assert!(spans.windows(2).all(|w| w[0].1 == w[1].0));
+        assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "a gap left out");
+        (listed.len() as u64, bundles)
+    }
+
+    /// A pool whose clients died holding space: the bulk-loaded values,
+    /// one slot deleted and one overwritten into a block claimed later,
+    /// `alloc` moved on by chunks nobody gave back, an old free stack.
+    /// The resume puts exactly the bytes no slot names on a new stack:
+    /// no named block listed, nothing listed twice, every block inside
+    /// what was handed out; a second resume rebuilds the same.
+    #[test]
+    fn a_resume_rebuilds_the_value_free_stack_of_exactly_the_unnamed_space() {
+        let (mem, next_free, named, alloc, addr) = value_pool();
+        let sb = superblock(&mem);
+        let values = sb.value_region().unwrap();
+        let region = sb.leaf_region().unwrap();
+        let named_bytes: u64 = named.iter().map(|&(s, e)| e - s).sum();
+        let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        eprintln!("found: {:?}", rec.values);
+        let v = rec.values;
+        assert!(v.rebuilt);
+        assert_eq!((v.handed_out, v.referenced), (alloc, named_bytes));
+        assert_eq!(
+            v.bytes,
+            alloc - named_bytes,
+            "every unnamed byte given back"
+        );
+        assert_eq!(
+            assert_stack_is_the_unnamed_space(&mem, &named, alloc),
+            (v.blocks, v.bundles)
+        );
+        let head = FreeHead::from_word(mem.load(values.free_offset()).unwrap());
+        assert_eq!(head.tag, 7, "emptied, then set");
 
         // Again: the same space, a new stack.
-        let (_, again) = Agent::resume(&mem, AgentConfig::default(), plan.next_free()).unwrap();
+        let (_, again) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
         assert_eq!(
             (
                 again.values.bytes,
@@ -1156,10 +1182,48 @@ mod tests {
         let before = mem.load(values.free_offset()).unwrap();
         let off = region.leaf_offset(addr).unwrap() + region.leaf_size() - 8;
         mem.store(off, mem.load(off).unwrap() ^ 1).unwrap();
-        let (_, damaged) = Agent::resume(&mem, AgentConfig::default(), plan.next_free()).unwrap();
+        let (_, damaged) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
         assert_eq!(damaged.damaged_count, 1);
         assert!(!damaged.values.rebuilt);
         assert_eq!(mem.load(values.free_offset()).unwrap(), before);
+    }
+
+    /// A resume killed after each of its mutations in turn (step 6's
+    /// emptying of the stack, each bundle written, the head set): the
+    /// next resume rebuilds the same stack; a pop in between finds an
+    /// empty stack or a whole one, never a bundle half written.
+    #[test]
+    fn a_resume_killed_while_it_rebuilds_the_value_stack_is_resumed_whole() {
+        let mut rebuilt_at = None;
+        for crash in 0..200u64 {
+            let (mem, next_free, named, alloc, _) = value_pool();
+            mem.crash_after(crash);
+            let died = Agent::resume(&mem, AgentConfig::default(), next_free).is_err();
+            mem.revive();
+            let sb = superblock(&mem);
+            let head = mem.load(sb.value_region().unwrap().free_offset()).unwrap();
+            if died && FreeHead::from_word(head).tag != 5 {
+                // Step 6 began: what a compute node would find meanwhile
+                // is nothing but whole bundles (the walk parses each).
+                // (Before it, the planted old stack, which is no stack.)
+                let _ = stack(&mem, &sb);
+            }
+            let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free)
+                .unwrap_or_else(|e| panic!("resume after a death at {crash} mutations: {e}"));
+            assert!(rec.values.rebuilt);
+            assert_eq!(
+                assert_stack_is_the_unnamed_space(&mem, &named, alloc),
+                (rec.values.blocks, rec.values.bundles),
+                "after a death at {crash} mutations"
+            );
+            if !died {
+                rebuilt_at = Some(crash);
+                break;
+            }
+        }
+        let n = rebuilt_at.expect("a resume completed");
+        eprintln!("a resume killed after each of its first {n} mutations: every next one whole");
+        assert!(n > 4, "step 6 writes several bundles");
     }
 
     fn record(mem: &VecPool, at: u64) -> ModelRecord {
