@@ -1307,10 +1307,10 @@ impl KvSession {
                 None => return Err(too_long),
                 Some(Ok(b)) => break b,
                 // A large block held free (what a resume gives back),
-                // carved; then space other clients
-                // gave back; once a bundle was popped without a block of
-                // the class (or none is left), any larger block held is
-                // carved; then a new chunk.
+                // carved; then space other clients gave back; once a
+                // bundle was popped without a block of the class (or
+                // none is left), any larger block held is carved; then a
+                // new chunk.
                 Some(Err(_)) if self.shared.values.split(value.len(), true) => {}
                 Some(Err(_)) if pops > 0 && self.shared.values.split(value.len(), false) => {}
                 Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
