@@ -46,7 +46,7 @@ pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_where};
 pub use record_space::RecordSpace;
-pub use recover::{DamagedLeaf, Recovery};
+pub use recover::{DamagedLeaf, Recovery, ValueReclaim};
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

@@ -48,14 +48,34 @@
 //!    pool cannot tell when each was retired. Above that point the space
 //!    was never used, or freed past its grace period before the death.
 //!
+//! 6. The value region's free space ([`reclaim_values`]): no compute node
+//!    holds anything across the restart (each must bootstrap again, with
+//!    a new value space), so the space the dead clients held — the
+//!    uncarved rest of their chunks, freed blocks they kept or were
+//!    waiting out the grace on, bundles on the free stack — is all the
+//!    block area below `alloc` that no leaf slot names. Step 4's walk
+//!    notes every block a slot names (its offset, and the size class its
+//!    length gives); every gap between them is cut into large blocks
+//!    (classes up to 1 MiB, no byte wasted) and the free stack is rebuilt
+//!    of them: the old one discarded, the new bundles written, the head
+//!    set last. Skipped, the stack left as it is, when a leaf is damaged
+//!    or a model's chains do not tile its range: what such a leaf names
+//!    is not known.
+//!
 //! Every step is idempotent: a restart that dies during recovery is
-//! recovered by the next one.
+//! recovered by the next one (step 6 empties the stack before it writes a
+//! bundle, so a death in the middle leaves an empty stack, never one
+//! naming half-written bundles).
 
 use alloc::vec::Vec;
 
 use rolex_core::entry::{LeafAddr, LockOwner, LtEntry, SltHeader};
+use rolex_core::layout::free::{bundles, position_of};
 use rolex_core::layout::topology;
-use rolex_core::layout::{Leaf, LeafError, LeafRegion, ModelRecord, ModelState, Slot, Superblock};
+use rolex_core::layout::{
+    block_class, cut_class, FreeBlock, FreeBundle, FreeHead, Leaf, LeafError, LeafRegion,
+    ModelRecord, ModelState, Slot, SlotValue, Superblock, ValueRegionHeader, MIN_BLOCK,
+};
 
 use crate::agent::{Agent, AgentConfig};
 use crate::error::{AgentError, Inconsistency, PoolError};
@@ -113,6 +133,8 @@ pub struct Recovery {
     /// Whether the topology was published again (a cut had committed and
     /// not been published).
     pub republished: bool,
+    /// The value region's free space, rebuilt (step 6).
+    pub values: ValueReclaim,
 }
 
 impl Recovery {
@@ -534,6 +556,10 @@ pub struct LeafCheck {
     pub damaged: Vec<DamagedLeaf>,
     /// Models whose chains (all valid) do not tile their key range.
     pub untiled: Vec<u64>,
+    /// The value blocks the valid leaves' slots name, `(start, end)` pool
+    /// offsets (the end from the size class of the value's length), in
+    /// walk order.
+    pub values: Vec<(u64, u64)>,
 }
 
 /// Step 4: walks every chain of every directory record with one read per
@@ -576,6 +602,12 @@ pub fn check_leaves<M: PoolMemory>(
                     }
                 };
                 out.keys += valid.len() as u64;
+                for slot in valid.entries() {
+                    if let Some(SlotValue::Block(b)) = slot.value() {
+                        let class = block_class(b.len as usize).unwrap_or(MIN_BLOCK);
+                        out.values.push((b.offset, b.offset.saturating_add(class)));
+                    }
+                }
                 walked.push(LeafInfo {
                     addr,
                     fence_lo: leaf.fence_lo(),
@@ -642,9 +674,136 @@ pub fn free_space(
     Ok((bump, gaps))
 }
 
+/// What [`reclaim_values`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ValueReclaim {
+    /// Whether the free stack was rebuilt (`false`: a leaf was damaged or
+    /// a model untiled, and the stack was left as it was).
+    pub rebuilt: bool,
+    /// Bytes of the block area handed out before the restart (`alloc`,
+    /// at most the capacity).
+    pub handed_out: u64,
+    /// Bytes of it the leaves' slots name (kept).
+    pub referenced: u64,
+    /// Bytes put on the free stack: every other byte of it, but for gaps
+    /// of less than [`MIN_BLOCK`] (none where every block is a whole size
+    /// class, as clients and the bulk load cut them).
+    pub bytes: u64,
+    /// Blocks put on the free stack.
+    pub blocks: u64,
+    /// Bundles they make.
+    pub bundles: u64,
+}
+
+/// The largest block step 6 cuts a gap into.
+pub const RECLAIM_BLOCK_MAX: u64 = 1 << 20;
+/// The most bytes one bundle of step 6 holds (its own block and those it
+/// lists): a compute node pops a bundle whole, so this bounds what one
+/// pop hands one client.
+pub const RECLAIM_BUNDLE_MAX: u64 = FreeBundle::HELD_MAX;
+
+/// Step 6: rebuilds the value region's free stack of every byte of the
+/// block area below `alloc` that no block in `referenced` (`(start,
+/// end)` pool offsets: step 4's [`LeafCheck::values`]) covers (see the
+/// module docs). `seed` varies the generations the blocks are given
+/// (the resume's clock): the generation a block of the stack names is a
+/// mix of the seed and its offset, so a pointer from before the restart
+/// (none should be followed: every compute node bootstraps again) would
+/// match the generation of a block carved there with probability about
+/// 2^-32.
+pub fn reclaim_values<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    referenced: &mut [(u64, u64)],
+    seed: u64,
+) -> Result<ValueReclaim, AgentError> {
+    let region = sb.value_region()?;
+    let mut hb = [0u8; ValueRegionHeader::SIZE as usize];
+    mem.read(region.offset(), &mut hb)?;
+    let header = ValueRegionHeader::read(&hb)?;
+    let handed_out = header.alloc().min(region.capacity());
+    let start = region.area_offset(0);
+    let end = region.area_offset(handed_out);
+    referenced.sort_unstable();
+    let mut out = ValueReclaim {
+        rebuilt: true,
+        handed_out,
+        ..ValueReclaim::default()
+    };
+    let mut free: Vec<FreeBlock> = Vec::new();
+    let mut cut = |from: u64, to: u64, out: &mut ValueReclaim| {
+        // Blocks start at 16-byte boundaries of the area (free positions).
+        let mut at = start + (from - start).div_ceil(16) * 16;
+        let to = start + (to - start) / 16 * 16;
+        while let Some(class) = cut_class(to.saturating_sub(at), RECLAIM_BLOCK_MAX) {
+            free.push(FreeBlock {
+                offset: at,
+                class,
+                gen: generation(seed, at),
+            });
+            out.bytes += class;
+            out.blocks += 1;
+            at += class;
+        }
+    };
+    let mut at = start;
+    for &(s, e) in referenced.iter() {
+        let (s, e) = (s.clamp(start, end), e.clamp(start, end));
+        if e <= at {
+            continue;
+        }
+        if s > at {
+            cut(at, s, &mut out);
+        }
+        out.referenced += e - s.max(at);
+        at = e;
+    }
+    if end > at {
+        cut(at, end, &mut out);
+    }
+    let groups = bundles(free, RECLAIM_BUNDLE_MAX);
+    out.bundles = groups.len() as u64;
+    let positions = groups
+        .iter()
+        .map(|(own, _)| position_of(&region, own.offset))
+        .collect::<Option<Vec<u64>>>()
+        .ok_or(AgentError::BadConfig {
+            field: "value region (a block cut from it has no free position)",
+            value: region.capacity(),
+        })?;
+    // Emptied first: a death below leaves an empty stack, not one naming
+    // a bundle half written over (the next resume rebuilds it).
+    let head = FreeHead::from_word(mem.load(region.free_offset())?).then(0);
+    mem.store(region.free_offset(), head.word())?;
+    let mut buf = Vec::new();
+    for (i, (own, listed)) in groups.iter().enumerate() {
+        let next = positions.get(i + 1).copied().unwrap_or(0);
+        buf.resize(FreeBundle::len(listed.len()) as usize, 0);
+        FreeBundle::write(&mut buf, *own, next, listed).ok_or(AgentError::BadConfig {
+            field: "value region (a free bundle does not fit its block)",
+            value: own.class,
+        })?;
+        mem.write(own.offset, &buf)?;
+    }
+    if let Some(&first) = positions.first() {
+        mem.store(region.free_offset(), head.then(first).word())?;
+    }
+    Ok(out)
+}
+
+/// The generation step 6 gives the block at `offset` (see
+/// [`reclaim_values`]): a 64-bit mix (splitmix64's finalizer) of the seed
+/// and the offset.
+fn generation(seed: u64, offset: u64) -> u32 {
+    let mut z = seed ^ offset.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) as u32
+}
+
 impl<M: PoolMemory> Agent<M> {
     /// Attaches to a pool a previous agent left when it died, after
-    /// recovering it (steps 1–5 of the module docs); `published_next_free`
+    /// recovering it (steps 1–6 of the module docs); `published_next_free`
     /// is the last `next_free` that agent published (e.g. in its agent
     /// area, `rolex_core::layout::AgentArea`; the model region's start if
     /// none). The caller must not let compute nodes reach the pool before
@@ -665,7 +824,13 @@ impl<M: PoolMemory> Agent<M> {
         let finished = finish_retrainings(&mem, &region, &mut records)?;
         let entries = topology_of(&records)?;
         let released = release_compute_locks(&mem, &records)?;
-        let leaves = check_leaves(&mem, &region, &records)?;
+        let mut leaves = check_leaves(&mem, &region, &records)?;
+        let values = if leaves.damaged_count == 0 && leaves.untiled.is_empty() {
+            let seed = mem.now_ns() ^ sb.pool_size().rotate_left(32);
+            reclaim_values(&mem, &sb, &mut leaves.values, seed)?
+        } else {
+            ValueReclaim::default()
+        };
         let (bump, retired) = free_space(&sb, &records, upper, published_next_free)?;
         let mut agent = Agent::attach(mem, cfg, bump)?;
         for &(at, size) in &retired {
@@ -698,6 +863,7 @@ impl<M: PoolMemory> Agent<M> {
             retired,
             cut_dropped,
             republished,
+            values,
         };
         Ok((agent, report))
     }
@@ -709,6 +875,7 @@ mod tests {
     use crate::bulk::{BulkConfig, BulkPlan};
     use crate::leaves::{read_leaf, walk_model};
     use crate::memory::testing::VecPool;
+    use alloc::vec;
 
     fn load(n: u64) -> (VecPool, u64) {
         crate::memory::testing::small_pool(n)
@@ -822,6 +989,241 @@ mod tests {
             }
         }
         panic!("the retraining never completed");
+    }
+
+    /// Every block on the value region's free stack, walked from its head
+    /// (bundles' own blocks and those they list), and the bundles.
+    fn stack(mem: &VecPool, sb: &Superblock) -> (Vec<FreeBlock>, u64) {
+        use rolex_core::layout::free::block_at;
+        let region = sb.value_region().unwrap();
+        let mut pos = FreeHead::from_word(mem.load(region.free_offset()).unwrap()).position;
+        let (mut out, mut n) = (Vec::new(), 0);
+        let end = region.area_offset(region.capacity());
+        while pos != 0 {
+            let at = block_at(&region, pos).unwrap();
+            let mut buf = vec![0u8; FreeBundle::MAX_BYTES.min(end - at) as usize];
+            mem.read(at, &mut buf).unwrap();
+            let b = FreeBundle::parse(&buf, at, &region).unwrap();
+            out.push(b.own(at));
+            out.extend(b.entries());
+            pos = b.next();
+            n += 1;
+            assert!(n < 1 << 20, "the stack loops");
+        }
+        (out, n)
+    }
+
+    /// A pool whose clients died holding space (see the test below), the
+    /// plan's `next_free`, the `(start, end)` of every block a slot
+    /// names, `alloc`, and the leaf model 0's first entry names.
+    fn value_pool() -> (VecPool, u64, Vec<(u64, u64)>, u64, LeafAddr) {
+        use rolex_core::layout::{BlockRef, ValueBlock};
+        let keys = 48u64;
+        let bulk = BulkConfig {
+            leaf_region_id: 2,
+            leaf_slots: 8,
+            keys_per_leaf: 4,
+            epsilon: 1,
+            max_model_leaves: 4,
+            spare_leaves: 64,
+            model_region_spare: 1 << 16,
+            directory_spare: 64,
+            value_capacity: 12 << 20,
+        };
+        let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
+        let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let plan = BulkPlan::new(&bulk, &ks).unwrap();
+        let mem = VecPool::new(plan.pool_size());
+        let len_of = |key: u64| 20 + (key / 10 % 7) as usize * 150;
+        plan.write_values(&mem, &pairs, &mut |key, _, out| {
+            out.resize(len_of(key), key as u8)
+        })
+        .unwrap();
+        let sb = superblock(&mem);
+        let values = sb.value_region().unwrap();
+        let loaded = mem.load(values.offset()).unwrap();
+        // Dead clients claimed 10 MB past the load (more than one bundle
+        // holds); one of them wrote a block there that a slot names.
+        let alloc = loaded + 10_000_000;
+        mem.store(values.alloc_offset(), alloc).unwrap();
+        let fresh = BlockRef {
+            offset: values.area_offset(loaded + 4096),
+            len: 5000,
+            gen: 3,
+        };
+        let class = block_class(5000).unwrap();
+        let mut block = vec![0u8; fresh.read_len() as usize];
+        ValueBlock::write(&mut block, 0, 3, class, &[9; 5000]).unwrap();
+        mem.write(fresh.offset, &block).unwrap();
+        // An old stack (its head naming some block of the area).
+        mem.store(
+            values.free_offset(),
+            FreeHead {
+                tag: 5,
+                position: 77,
+            }
+            .word(),
+        )
+        .unwrap();
+        // In model 0's first leaf: its first key deleted, its second
+        // overwritten into `fresh`.
+        let region = sb.leaf_region().unwrap();
+        let r0 = record(
+            &mem,
+            mem.load(sb.directory_entry_offset(0).unwrap()).unwrap(),
+        );
+        let addr = LtEntry::from_raw(mem.load(r0.lt_entry_offset(0).unwrap()).unwrap()).addr();
+        let mut buf = leaf_buffer(&region);
+        read_leaf(&mem, &region, addr, &mut buf).unwrap();
+        let leaf = Leaf::from_bytes_mut(&mut buf).unwrap();
+        let slots = leaf.validate().unwrap().entries().to_vec();
+        let gone = leaf.remove(slots[0].key()).unwrap();
+        let replaced = leaf
+            .upsert(slots[1].key(), SlotValue::Block(fresh))
+            .unwrap()
+            .unwrap();
+        leaf.seal();
+        mem.write(region.leaf_offset(addr).unwrap(), &buf).unwrap();
+
+        // What the slots name, computed from the writes above.
+        let mut named: Vec<(u64, u64)> = Vec::new();
+        let mut off = values.area_offset(0);
+        for &(key, _) in &pairs {
+            let c = block_class(len_of(key)).unwrap();
+            if key != slots[0].key() && key != slots[1].key() {
+                named.push((off, off + c));
+            }
+            off += c;
+        }
+        named.push((fresh.offset, fresh.offset + class));
+        let unnamed = |b: &BlockRef| !named.iter().any(|&(s, _)| s == b.offset);
+        assert!(unnamed(&gone.block().unwrap()) && unnamed(&replaced.block().unwrap()));
+        (mem, plan.next_free(), named, alloc, addr)
+    }
+
+    fn superblock(mem: &VecPool) -> Superblock {
+        let mut h = [0u8; Superblock::SIZE as usize];
+        mem.read(0, &mut h).unwrap();
+        Superblock::read(&h).unwrap()
+    }
+
+    /// The free stack of `mem` lists exactly the bytes below `alloc` that
+    /// `named` does not: no named block listed, nothing listed twice,
+    /// every block inside what was handed out. Returns (blocks, bundles).
+    fn assert_stack_is_the_unnamed_space(
+        mem: &VecPool,
+        named: &[(u64, u64)],
+        alloc: u64,
+    ) -> (u64, u64) {
+        let sb = superblock(mem);
+        let values = sb.value_region().unwrap();
+        let (listed, bundles) = stack(mem, &sb);
+        let (lo, hi) = (values.area_offset(0), values.area_offset(alloc));
+        let mut spans: Vec<(u64, u64, bool)> = listed
+            .iter()
+            .map(|b| (b.offset, b.offset + b.class, true))
+            .chain(named.iter().map(|&(s, e)| (s, e, false)))
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(w[0].1 <= w[1].0, "overlap: {:?} {:?}", w[0], w[1]);
+        }
+        assert!(listed
+            .iter()
+            .all(|b| b.offset >= lo && b.offset + b.class <= hi && b.class <= RECLAIM_BLOCK_MAX));
+        // Exactly the handed-out bytes, tiled.
+        assert_eq!((spans[0].0, spans.last().unwrap().1), (lo, hi));
+        assert!(spans.windows(2).all(|w| w[0].1 == w[1].0), "a gap left out");
+        (listed.len() as u64, bundles)
+    }
+
+    /// A pool whose clients died holding space: the bulk-loaded values,
+    /// one slot deleted and one overwritten into a block claimed later,
+    /// `alloc` moved on by chunks nobody gave back, an old free stack.
+    /// The resume puts exactly the bytes no slot names on a new stack:
+    /// no named block listed, nothing listed twice, every block inside
+    /// what was handed out; a second resume rebuilds the same.
+    #[test]
+    fn a_resume_rebuilds_the_value_free_stack_of_exactly_the_unnamed_space() {
+        let (mem, next_free, named, alloc, addr) = value_pool();
+        let sb = superblock(&mem);
+        let values = sb.value_region().unwrap();
+        let region = sb.leaf_region().unwrap();
+        let named_bytes: u64 = named.iter().map(|&(s, e)| e - s).sum();
+        let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        eprintln!("found: {:?}", rec.values);
+        let v = rec.values;
+        assert!(v.rebuilt);
+        assert_eq!((v.handed_out, v.referenced), (alloc, named_bytes));
+        assert_eq!(
+            v.bytes,
+            alloc - named_bytes,
+            "every unnamed byte given back"
+        );
+        assert_eq!(
+            assert_stack_is_the_unnamed_space(&mem, &named, alloc),
+            (v.blocks, v.bundles)
+        );
+        let head = FreeHead::from_word(mem.load(values.free_offset()).unwrap());
+        assert_eq!(head.tag, 7, "emptied, then set");
+
+        // Again: the same space, a new stack.
+        let (_, again) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        assert_eq!(
+            (
+                again.values.bytes,
+                again.values.blocks,
+                again.values.referenced
+            ),
+            (v.bytes, v.blocks, v.referenced)
+        );
+
+        // A damaged leaf: what it names is unknown, the stack is left.
+        let before = mem.load(values.free_offset()).unwrap();
+        let off = region.leaf_offset(addr).unwrap() + region.leaf_size() - 8;
+        mem.store(off, mem.load(off).unwrap() ^ 1).unwrap();
+        let (_, damaged) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        assert_eq!(damaged.damaged_count, 1);
+        assert!(!damaged.values.rebuilt);
+        assert_eq!(mem.load(values.free_offset()).unwrap(), before);
+    }
+
+    /// A resume killed after each of its mutations in turn (step 6's
+    /// emptying of the stack, each bundle written, the head set): the
+    /// next resume rebuilds the same stack; a pop in between finds an
+    /// empty stack or a whole one, never a bundle half written.
+    #[test]
+    fn a_resume_killed_while_it_rebuilds_the_value_stack_is_resumed_whole() {
+        let mut rebuilt_at = None;
+        for crash in 0..200u64 {
+            let (mem, next_free, named, alloc, _) = value_pool();
+            mem.crash_after(crash);
+            let died = Agent::resume(&mem, AgentConfig::default(), next_free).is_err();
+            mem.revive();
+            let sb = superblock(&mem);
+            let head = mem.load(sb.value_region().unwrap().free_offset()).unwrap();
+            if died && FreeHead::from_word(head).tag != 5 {
+                // Step 6 began: what a compute node would find meanwhile
+                // is nothing but whole bundles (the walk parses each).
+                // (Before it, the planted old stack, which is no stack.)
+                let _ = stack(&mem, &sb);
+            }
+            let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free)
+                .unwrap_or_else(|e| panic!("resume after a death at {crash} mutations: {e}"));
+            assert!(rec.values.rebuilt);
+            assert_eq!(
+                assert_stack_is_the_unnamed_space(&mem, &named, alloc),
+                (rec.values.blocks, rec.values.bundles),
+                "after a death at {crash} mutations"
+            );
+            if !died {
+                rebuilt_at = Some(crash);
+                break;
+            }
+        }
+        let n = rebuilt_at.expect("a resume completed");
+        eprintln!("a resume killed after each of its first {n} mutations: every next one whole");
+        assert!(n > 4, "step 6 writes several bundles");
     }
 
     fn record(mem: &VecPool, at: u64) -> ModelRecord {

@@ -553,14 +553,16 @@ impl<'a> Reader<'a> {
 }
 
 /// What the value region's free stack (head word `free`) holds, walked in
-/// `pool`: bytes and bundles given back, or where the walk stopped.
+/// `pool`: bytes, blocks and bundles given back (by closing clients, or
+/// all the space no slot names after a `--resume`), or where the walk
+/// stopped.
 fn free_stack(pool: &[u8], sb: &Superblock, free: u64) -> String {
     use rolex_core::layout::free::block_at;
     use rolex_core::layout::{FreeBundle, FreeHead, ValueRegion};
     let Ok(region) = ValueRegion::new(sb.value_region_offset(), sb.value_region_len()) else {
         return "the value region is malformed".into();
     };
-    let (mut bytes, mut bundles) = (0u64, 0u64);
+    let (mut bytes, mut blocks, mut bundles) = (0u64, 0u64, 0u64);
     let mut position = FreeHead::from_word(free).position;
     // A bundle per 64-byte block at most: a longer walk is a cycle.
     let most = region.capacity() / 64 + 1;
@@ -575,14 +577,15 @@ fn free_stack(pool: &[u8], sb: &Superblock, free: u64) -> String {
         });
         let Some((at, bundle)) = parsed else {
             return format!(
-                "{bytes} bytes given back in {bundles} bundles, then position {position} is no bundle"
+                "{bytes} bytes given back in {blocks} blocks, {bundles} bundles, then position {position} is no bundle"
             );
         };
         bytes += bundle.own(at).class + bundle.entries().map(|e| e.class).sum::<u64>();
+        blocks += 1 + bundle.entries().count() as u64;
         bundles += 1;
         position = bundle.next();
     }
-    format!("{bytes} bytes given back, in {bundles} bundles on the free stack")
+    format!("{bytes} bytes given back, in {blocks} blocks, {bundles} bundles on the free stack")
 }
 
 #[cfg(test)]

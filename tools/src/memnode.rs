@@ -816,7 +816,7 @@ fn serve(
                 "resumed pool file {} in {:.2} s: {} models, {} keys in {} leaves; \
                  {} model(s) thawed ({} entries), {} rolled forward ({} entries), \
                  {} compute-node lock(s) released, {} damaged leaves, {} untiled models, \
-                 {} KiB of model region retired until the grace period passes",
+                 {} KiB of model region retired until the grace period passes; {}",
                 path.display(),
                 t.elapsed().as_secs_f64(),
                 rec.models,
@@ -829,7 +829,8 @@ fn serve(
                 rec.compute_locks_released,
                 rec.damaged_count,
                 rec.untiled.len(),
-                rec.retired_bytes() >> 10
+                rec.retired_bytes() >> 10,
+                value_reclaim(&rec.values)
             );
             for d in &rec.damaged {
                 eprintln!(
@@ -1027,6 +1028,21 @@ impl std::fmt::Display for RegionUse<'_> {
             a.leaves_free
         )
     }
+}
+
+/// The resume's value-space line: what step 6 put on the free stack.
+fn value_reclaim(v: &rolex_host::memnode::ValueReclaim) -> String {
+    if !v.rebuilt {
+        return "value free space left as it was (damaged or untiled leaves: what they name is unknown)".into();
+    }
+    format!(
+        "value region: {} KiB handed out, {} KiB named by slots, {} KiB reclaimed onto the free stack ({} blocks, {} bundles)",
+        v.handed_out >> 10,
+        v.referenced >> 10,
+        v.bytes >> 10,
+        v.blocks,
+        v.bundles
+    )
 }
 
 /// CPU time of the calling thread, in nanoseconds (0 if unavailable): the

@@ -233,6 +233,11 @@ impl<'a> FreeBundle<'a> {
     pub const MAX_ENTRIES: u64 = 255;
     /// Most bytes of a bundle.
     pub const MAX_BYTES: u64 = Self::HEADER + Self::MAX_ENTRIES * Self::ENTRY;
+    /// Most bytes of blocks one bundle holds (its own and those it lists)
+    /// when its writer can choose ([`bundles`]): a pop takes a bundle
+    /// whole, so this bounds what one pop hands one client and leaves the
+    /// rest to others.
+    pub const HELD_MAX: u64 = 4 << 20;
 
     /// Entries a bundle written in a block of `class` bytes holds.
     pub fn fit(class: u64) -> u64 {
@@ -364,6 +369,38 @@ impl<'a> FreeBundle<'a> {
                 gen: e.gen.get(),
             })
     }
+}
+
+/// Free blocks as bundles, each `(own, listed)`: the largest block left
+/// holds a bundle listing as many of the smallest others as it fits
+/// ([`FreeBundle::fit`]) while the bundle's bytes (its own block's and
+/// those it lists) stay within `max_bytes` — a pop takes a whole bundle,
+/// so this bounds what one pop hands one client. Every block is in
+/// exactly one bundle.
+#[cfg(feature = "alloc")]
+pub fn bundles(
+    mut blocks: alloc::vec::Vec<FreeBlock>,
+    max_bytes: u64,
+) -> alloc::vec::Vec<(FreeBlock, alloc::vec::Vec<FreeBlock>)> {
+    blocks.sort_unstable_by_key(|b| (b.class, b.offset));
+    let mut out = alloc::vec::Vec::new();
+    let mut small = 0;
+    while small < blocks.len() {
+        let Some(own) = blocks.pop() else { break };
+        let fit = FreeBundle::fit(own.class) as usize;
+        let mut bytes = own.class;
+        let mut take = 0;
+        while let Some(b) = blocks.get(small + take).filter(|_| take < fit) {
+            if bytes.saturating_add(b.class) > max_bytes {
+                break;
+            }
+            bytes += b.class;
+            take += 1;
+        }
+        out.push((own, blocks[small..small + take].to_vec()));
+        small += take;
+    }
+    out
 }
 
 /// The position of the block at pool offset `offset` (`None` unless it

@@ -44,8 +44,9 @@ pub use leaf_region::{LeafRegion, LeafRegionHeader};
 pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelSegment, ModelState};
 pub use superblock::{PoolParams, Superblock, LAYOUT_VERSION, MAGIC};
 pub use value::{
-    block_class, BlockRef, SlotValue, ValueBlock, ValueBlockHeader, ValueError, ValueRegion,
-    ValueRegionHeader, INLINE_MAX, MAX_VALUE_LEN, MIN_BLOCK,
+    block_class, cut_class, largest_class_within, BlockRef, SlotValue, ValueBlock,
+    ValueBlockHeader, ValueError, ValueRegion, ValueRegionHeader, INLINE_MAX, MAX_VALUE_LEN,
+    MIN_BLOCK,
 };
 
 use core::fmt;

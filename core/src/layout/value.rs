@@ -215,6 +215,36 @@ pub fn block_class(len: usize) -> Option<u64> {
     Some(base + (need - base).div_ceil(step) * step)
 }
 
+/// The largest size class of at most `room` bytes (`None` below
+/// [`MIN_BLOCK`]).
+pub fn largest_class_within(room: u64) -> Option<u64> {
+    if room < MIN_BLOCK {
+        return None;
+    }
+    // Four classes per power of two from MIN_BLOCK on (see block_class).
+    let base = 1u64 << (63 - room.leading_zeros());
+    let step = base / 4;
+    Some(base + (room - base) / step * step)
+}
+
+/// The class of the next block to cut from `room` free bytes (a multiple
+/// of 16) so that nothing is lost: at most `max` bytes (`max >= 2 *
+/// MIN_BLOCK`), and leaving 0 or at least [`MIN_BLOCK`] bytes, so that
+/// cutting again until nothing is left wastes no byte. `None` if `room`
+/// is below [`MIN_BLOCK`] (those bytes cannot be a block).
+pub fn cut_class(room: u64, max: u64) -> Option<u64> {
+    let c = largest_class_within(room.min(max))?;
+    let left = room - c;
+    if left == 0 || left >= MIN_BLOCK {
+        return Some(c);
+    }
+    // Here `room >= 2 * MIN_BLOCK` (below it `room`, a multiple of 16,
+    // is a class of at most `max` itself) and `room < c + MIN_BLOCK <=
+    // max + MIN_BLOCK`: the class below `room - MIN_BLOCK` is at most
+    // `max` and leaves at least MIN_BLOCK.
+    largest_class_within(room - MIN_BLOCK).filter(|&c| room - c >= MIN_BLOCK)
+}
+
 /// A value block that does not hold what its slot says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -603,6 +633,23 @@ mod tests {
         assert_eq!(SlotValue::inline(&[0; 9]), None);
         assert_eq!(SlotValue::from_u64(5).as_u64(), Some(5));
         assert_eq!(SlotValue::inline(b"abc").unwrap().as_u64(), None);
+    }
+
+    #[test]
+    fn cuts_are_classes_that_waste_nothing() {
+        for max in [2 * MIN_BLOCK, 1024, 1 << 20] {
+            for room in (0..40_000u64).step_by(16).chain([(1 << 20) + 16, 5 << 20]) {
+                let mut left = room;
+                while let Some(c) = cut_class(left, max) {
+                    assert!(c <= left && c <= max, "{room}/{max}: {c}");
+                    assert_eq!(block_class((c - 32) as usize), Some(c), "{room}: {c}");
+                    left -= c;
+                }
+                if room >= MIN_BLOCK {
+                    assert_eq!(left, 0, "{room}/{max}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1300,8 +1300,15 @@ impl KvSession {
             match self.shared.values.take(value.len()) {
                 None => return Err(too_long),
                 Some(Ok(b)) => break b,
-                // Space other clients gave back first, then a new chunk.
+                // A large block held free (what a resume gives back),
+                // carved; then space other clients gave back; once a
+                // bundle was popped without a block of the class (or
+                // none is left), any larger block held is carved; then a
+                // new chunk.
+                Some(Err(_)) if self.shared.values.split(value.len(), true) => {}
+                Some(Err(_)) if pops > 0 && self.shared.values.split(value.len(), false) => {}
                 Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
+                Some(Err(_)) if self.shared.values.split(value.len(), false) => {}
                 Some(Err(need)) => {
                     pops = ValueSpace::POPS;
                     match self.claim_values(need.len, value.len()) {

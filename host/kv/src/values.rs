@@ -34,16 +34,40 @@
 //! whose `CAS` may have landed without this client learning it (an
 //! indeterminate error) loses those blocks for good rather than risk
 //! handing them out twice; one that certainly did not land keeps them.
-//! What stays out of the pool: a client killed without closing keeps its
-//! share (at most one chunk per size class in use, [`ValueSpace::HOLD_MAX`]
-//! of freed blocks and those within the grace), as do blocks an
-//! indeterminate write may have published.
+//! What stays out of the pool while the memory node runs: a client killed
+//! without closing keeps its share (at most one chunk per size class in
+//! use, [`ValueSpace::HOLD_MAX`] of freed blocks and those within the
+//! grace), as do blocks an indeterminate write may have published. A
+//! memory node resumed on its pool file takes all of it back: no compute
+//! node holds anything across a restart, so the resume rebuilds the free
+//! stack from every byte of the block area no leaf slot names, cut into
+//! large blocks (`rolex_dpu`'s recovery, step 6).
+//!
+//! Splitting: a session that needs a block of a class it has none of,
+//! and popped the stack without finding one, carves the smallest larger
+//! free block it holds (at least [`MIN_BLOCK`] larger) as it carves a
+//! chunk ([`ValueSpace::split`]) before it claims new space; that is how
+//! the large blocks a resume gives back serve values of any size.
+//!
+//! Generations of carved blocks: each block carved from a free block
+//! whose last generation is `g` starts at `g` and is handed out with
+//! `g + 1`. The block at the big block's own offset so never repeats the
+//! generation the big block's last value carried (a reader holding that
+//! pointer sees another generation, or another length). A block at an
+//! offset inside the big block can be named by an old pointer only if a
+//! block started there before the big block was made — and a big block
+//! is made only of space no block used before (a chunk's tail) or by a
+//! resume's sweep, across which no pointer survives (every compute node
+//! bootstraps again and reads leaves afresh). The sweep still gives its
+//! blocks generations drawn from the resume's clock and the block's
+//! offset, so a pointer that did outlive it would match a block's
+//! generation with probability about 2^-32 — and its key and length too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rolex_core::layout::{block_class, FreeBlock, ValueRegion, MIN_BLOCK};
+use rolex_core::layout::{block_class, cut_class, FreeBlock, ValueRegion, MIN_BLOCK};
 
 /// A block handed to a writer: where it is, its class, and the generation
 /// to write it with.
@@ -154,19 +178,16 @@ impl ValueSpace {
                     gen: next_gen(gen),
                 }))
             }
-            None => {
-                let n = g.chunks.get(&class).copied().unwrap_or(0).min(16);
-                let grown = (class * Self::FIRST_BLOCKS).saturating_mul(1 << n);
-                Some(Err(NeedChunk {
-                    len: grown.min(Self::CHUNK).max(class),
-                }))
-            }
+            None => Some(Err(NeedChunk {
+                len: Self::chunk_len(&g, class),
+            })),
         }
     }
 
     /// Adds the `len` bytes claimed at pool offset `offset` for blocks of
     /// the class that holds `value_len` bytes: carved into blocks of that
-    /// class, the tail into the largest classes that fit.
+    /// class, the tail into classes that waste no byte
+    /// (`rolex_core::layout::cut_class`).
     pub(crate) fn add_chunk(&self, offset: u64, len: u64, value_len: usize) {
         let class = block_class(value_len).unwrap_or(MIN_BLOCK);
         let mut g = self.lock();
@@ -179,12 +200,74 @@ impl ValueSpace {
             ready.push((at, 0));
             at += class;
         }
-        while end - at >= MIN_BLOCK {
-            let c = largest_class_within(end - at);
+        while let Some(c) = cut_class(end - at, Self::CHUNK) {
             g.ready.entry(c).or_default().push((at, 0));
             at += c;
         }
         g.free_bytes += len - (end - at);
+    }
+
+    /// Carves the smallest free block this client holds ready of a class
+    /// at least [`MIN_BLOCK`] larger than the one that holds `len` bytes —
+    /// if `large`, only one at least as large as the chunk it would claim
+    /// and half of [`Self::CHUNK`] (what a resume gives back: carved before
+    /// the stack is looked at, where a freed value's block is kept for
+    /// its own class) — as it carves a chunk: as many blocks of
+    /// that class as a chunk claimed now would hold (the rest of the big
+    /// block back in the ready lists, cut into classes that waste no
+    /// byte: `rolex_core::layout::cut_class`); returns whether it held
+    /// one. Every block cut from it starts at the big block's generation
+    /// (and is handed out with the next one; see the module docs).
+    pub(crate) fn split(&self, len: usize, large: bool) -> bool {
+        let Some(class) = block_class(len) else {
+            return false;
+        };
+        let mut g = self.lock();
+        g.promote(Instant::now());
+        let min_class = if large {
+            Self::chunk_len(&g, class).max(Self::CHUNK / 2)
+        } else {
+            0
+        };
+        let Some(big) = g
+            .ready
+            .iter()
+            .filter(|(&c, blocks)| c >= (class + MIN_BLOCK).max(min_class) && !blocks.is_empty())
+            .map(|(&c, _)| c)
+            .min()
+        else {
+            return false;
+        };
+        let Some((offset, gen)) = g.ready.get_mut(&big).and_then(Vec::pop) else {
+            return false;
+        };
+        // `big >= class + MIN_BLOCK`: at least one block of the class, and
+        // a rest of 0 or at least MIN_BLOCK (both multiples of 16).
+        let mut n = (big / class).min(Self::chunk_len(&g, class) / class).max(1);
+        let rest = big - n * class;
+        if rest != 0 && rest < MIN_BLOCK {
+            n -= 1;
+        }
+        *g.chunks.entry(class).or_default() += 1;
+        let ready = g.ready.entry(class).or_default();
+        for i in 0..n {
+            ready.push((offset + i * class, gen));
+        }
+        let (mut at, end) = (offset + n * class, offset + big);
+        while let Some(c) = cut_class(end - at, Self::CHUNK) {
+            g.ready.entry(c).or_default().push((at, gen));
+            at += c;
+        }
+        true
+    }
+
+    /// Bytes of the next chunk for blocks of `class`: a class's first
+    /// chunk holds [`Self::FIRST_BLOCKS`], each next one twice as many, up
+    /// to [`Self::CHUNK`] (or one block, when larger).
+    fn chunk_len(g: &Inner, class: u64) -> u64 {
+        let n = g.chunks.get(&class).copied().unwrap_or(0).min(16);
+        let grown = (class * Self::FIRST_BLOCKS).saturating_mul(1 << n);
+        grown.min(Self::CHUNK).max(class)
     }
 
     /// Gives back `block`, never published (no slot names it): ready at
@@ -282,16 +365,6 @@ fn next_gen(gen: u32) -> u32 {
     gen.wrapping_add(1).max(1)
 }
 
-/// The largest size class of at most `room` bytes (`room >= MIN_BLOCK`).
-fn largest_class_within(room: u64) -> u64 {
-    let base = 1u64 << (63 - room.leading_zeros());
-    if base <= MIN_BLOCK {
-        return MIN_BLOCK;
-    }
-    let step = base / 4;
-    base + (room - base) / step * step
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,16 +372,6 @@ mod tests {
 
     fn space() -> ValueSpace {
         ValueSpace::new(ValueRegion::new(0, ValueRegionHeader::SIZE + (64 << 20)).unwrap())
-    }
-
-    #[test]
-    fn tail_classes_are_classes_and_fit() {
-        for room in (64..200_000).step_by(13) {
-            let c = largest_class_within(room);
-            assert!(c <= room, "{room}: {c}");
-            // A class: what block_class gives for its own payload.
-            assert_eq!(block_class((c - 32) as usize), Some(c), "{room}: {c}");
-        }
     }
 
     #[test]
@@ -363,6 +426,91 @@ mod tests {
         let big = rolex_core::layout::MAX_VALUE_LEN;
         let need = s.take(big).unwrap().unwrap_err();
         assert_eq!(need.len, block_class(big).unwrap());
+    }
+
+    #[test]
+    fn a_large_free_block_is_carved_for_a_smaller_class_and_wastes_nothing() {
+        let s = space();
+        let big = FreeBlock {
+            offset: 1 << 20,
+            class: 1 << 20,
+            gen: 7,
+        };
+        let class = block_class(100).unwrap();
+        // A block less than MIN_BLOCK larger is never split, one smaller
+        // than half a chunk only when asked.
+        let near = FreeBlock {
+            offset: 4 << 20,
+            class: class + 32,
+            gen: 1,
+        };
+        let mid = FreeBlock {
+            offset: 5 << 20,
+            class: 4096,
+            gen: 1,
+        };
+        s.add_free([near, mid]);
+        assert!(!s.split(100, true), "none that large");
+        s.add_free([big]);
+        assert!(s.take(100).unwrap().is_err(), "no block of the class yet");
+        let mut got = Vec::new();
+        // Carved blocks start at the big block's generation.
+        let take_all_of_class = |got: &mut Vec<u64>| {
+            while let Some(Ok(b)) = s.take(100) {
+                assert_eq!(b.class, class, "{b:?}");
+                assert!(b.gen == big.gen + 1 || b.gen == mid.gen + 1, "{b:?}");
+                got.push(b.offset);
+            }
+        };
+        // Large ones first (the mid one stays), then any.
+        while s.split(100, true) {
+            take_all_of_class(&mut got);
+        }
+        let inside = |o: u64, b: &FreeBlock| o >= b.offset && o + class <= b.offset + b.class;
+        assert!(got.iter().all(|&o| inside(o, &big)));
+        while s.split(100, false) {
+            take_all_of_class(&mut got);
+        }
+        let n = got.len() as u64;
+        assert!(
+            n >= (big.class + mid.class) / class - 16,
+            "{n} blocks: the big and mid blocks carved whole"
+        );
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len() as u64, n, "no block twice");
+        assert!(got.iter().all(|&o| inside(o, &big) || inside(o, &mid)));
+        // The rest is in other classes, none lost; the near block stays.
+        let rest = s.take_all();
+        let bytes: u64 = rest.iter().map(|b| b.class).sum();
+        assert_eq!(bytes + n * class, big.class + near.class + mid.class);
+        assert!(rest.contains(&near));
+        assert!(rest
+            .iter()
+            .all(|b| b.class < class + MIN_BLOCK || b == &near));
+    }
+
+    #[test]
+    fn a_split_carves_a_chunks_worth_and_keeps_the_rest_large() {
+        let s = space();
+        s.add_free([FreeBlock {
+            offset: 1 << 20,
+            class: 1 << 20,
+            gen: 2,
+        }]);
+        assert!(s.split(100, true));
+        let class = block_class(100).unwrap();
+        let mut n = 0;
+        while let Some(Ok(_)) = s.take(100) {
+            n += 1;
+        }
+        assert_eq!(n, 16, "a first chunk's worth");
+        let rest = s.take_all();
+        assert_eq!(
+            rest.iter().map(|b| b.class).sum::<u64>(),
+            (1 << 20) - 16 * class
+        );
+        assert!(rest.iter().any(|b| b.class >= 512 << 10), "{rest:?}");
     }
 
     const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;

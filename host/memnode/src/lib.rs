@@ -27,6 +27,6 @@ pub use node::{
     AgentActivity, AtomicsRoute, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats,
 };
 pub use rolex_dpu::{
-    AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport,
+    AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport, ValueReclaim,
 };
 pub use rolex_kv::PoolInfo;

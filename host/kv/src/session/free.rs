@@ -32,20 +32,12 @@ use crate::io::Op;
 /// Bundles one push batch writes at most.
 const BUNDLES_PER_PUSH: usize = 64;
 
-/// Blocks as bundles: the largest block left holds a bundle listing as
-/// many of the smallest others as it fits; each bundle is `(own, listed)`.
-fn bundles(mut blocks: Vec<FreeBlock>) -> Vec<(FreeBlock, Vec<FreeBlock>)> {
-    blocks.sort_unstable_by_key(|b| (b.class, b.offset));
-    let mut out = Vec::new();
-    let mut small = 0;
-    while small < blocks.len() {
-        let Some(own) = blocks.pop() else { break };
-        let fit = FreeBundle::fit(own.class) as usize;
-        let take = fit.min(blocks.len().saturating_sub(small));
-        out.push((own, blocks[small..small + take].to_vec()));
-        small += take;
-    }
-    out
+/// Blocks as bundles, each `(own, listed)`, of at most
+/// [`FreeBundle::HELD_MAX`] bytes unless one block is larger (see
+/// `rolex_core::layout::free::bundles`): what one client gives back is
+/// taken by several.
+fn bundles(blocks: Vec<FreeBlock>) -> Vec<(FreeBlock, Vec<FreeBlock>)> {
+    rolex_core::layout::free::bundles(blocks, FreeBundle::HELD_MAX)
 }
 
 impl KvSession {
