@@ -238,8 +238,21 @@ fn two_compute_processes_share_a_memory_node_and_match_loopback_figures() {
         // model record it has not seen live for `model_max_age` (500 ms)
         // before locking through it (records are reused after a grace
         // period), and the remote run lasts seconds where the loopback one
-        // lasts milliseconds: writes may pay that re-read now and then, a
-        // few percent at most here, never less than on loopback.
+        // lasts milliseconds: writes may pay that re-read now and then —
+        // at most once per model and 500 ms, never less than on loopback.
+        // On a loaded machine the time from fetching the models to the
+        // first write can pass 500 ms, and then every model's first write
+        // pays it once: the bound allows, beyond 5%, one re-read of every
+        // model spread over the run's operations (a model owns at least
+        // one leaf, so there are no more models than leaves, and a re-read
+        // of all of them moves no more than the client caches).
+        // (The loopback run of the same key set reports the leaves; a
+        // remote one does not see the pool.)
+        let ops = far["ops"].as_f64().expect("ops");
+        let slack = |key: &str| match key {
+            "rtt_per_op" => near["leaves_live"].as_f64().expect("leaves_live") / ops,
+            _ => near["model_bytes"].as_f64().expect("model_bytes") / ops,
+        };
         for key in ["rtt_per_op", "bytes_per_op"] {
             for (kind, near_v) in near[key].as_object().expect("per-kind figures") {
                 let (f, n) = (far[key][kind].as_f64().unwrap(), near_v.as_f64().unwrap());
@@ -247,7 +260,7 @@ fn two_compute_processes_share_a_memory_node_and_match_loopback_figures() {
                     assert_eq!(f, n, "{workload} {key}.{kind}: {far} vs {near}");
                 } else {
                     assert!(
-                        f >= n && f <= n * 1.05,
+                        f >= n && f <= n * 1.05 + slack(key),
                         "{workload} {key}.{kind}: {far} vs {near}"
                     );
                 }
