@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{
-    assert_fails, free_port, rolex, sosd, spawn_with_banner, tmp, wait_for, Guard, Lines, BIN,
-};
+use common::{assert_fails, free_port, rolex, sosd, tmp, wait_for, Guard, Lines, BIN};
 use rolex_host::domain::fabric::probe;
 use rolex_host::kv::lease::LeaseClient;
 use rolex_host::kv::{KvClient, KvClientConfig};
@@ -49,17 +47,7 @@ impl Node {
     /// `rolex memnode --fabric libfabric:tcp` with `args`, once its banner
     /// (first stdout line) is out.
     fn start(args: &[&str]) -> Node {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(BIN);
-        cmd.args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
-            .args(["--token", TOKEN, "--busy-poll-us", "0"])
-            .args(args);
-        let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", LIMIT);
-        assert!(
-            line.starts_with("memory node listening on "),
-            "no banner: {line:?}; stderr: {}",
-            stderr.text()
-        );
+        let (guard, listen, stderr) = common::start_memnode(TOKEN, args, LIMIT);
         Node {
             guard,
             addr: listen,

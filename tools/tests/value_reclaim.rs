@@ -20,7 +20,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{free_port, sosd, spawn_with_banner, tmp, wait_for, Guard, Lines, BIN};
+use common::{sosd, tmp, wait_for, Guard, Lines};
 use rolex_core::layout::{block_class, AgentArea, FreeHead, Superblock, ValueRegionHeader};
 use rolex_host::domain::fabric::probe;
 use rolex_host::kv::lease::LeaseClient;
@@ -39,18 +39,7 @@ const FIRST: u64 = 1 << 40;
 
 /// A memory node process, once its banner is out.
 fn start_node(args: &[&str]) -> (Guard, String, Lines) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut cmd = Command::new(BIN);
-    cmd.args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
-        .args(["--token", TOKEN, "--busy-poll-us", "0"])
-        .args(args);
-    let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", LIMIT);
-    assert!(
-        line.starts_with("memory node listening on "),
-        "no banner: {line:?}; stderr: {}",
-        stderr.text()
-    );
-    (guard, listen, stderr)
+    common::start_memnode(TOKEN, args, LIMIT)
 }
 
 fn connect(addr: &str) -> (KvClient, LeaseClient) {

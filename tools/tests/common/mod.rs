@@ -124,6 +124,28 @@ pub fn spawn_with_banner(
     (guard, stderr, line)
 }
 
+/// `rolex memnode --fabric libfabric:tcp` on a free 127.0.0.1 port with
+/// `token`, no busy polling, and `args`, once its banner is out: the
+/// child, its address and its stderr.
+pub fn start_memnode(
+    token: &str,
+    args: &[&str],
+    limit: std::time::Duration,
+) -> (Guard, String, Lines) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["memnode", "--fabric", "libfabric:tcp", "--listen", &listen])
+        .args(["--token", token, "--busy-poll-us", "0"])
+        .args(args);
+    let (guard, stderr, line) = spawn_with_banner(cmd, "memnode", limit);
+    assert!(
+        line.starts_with("memory node listening on "),
+        "no banner: {line:?}; stderr: {}",
+        stderr.text()
+    );
+    (guard, listen, stderr)
+}
+
 /// What a compute process gets from a `rolex memnode --fabric libfabric:tcp`
 /// on 127.0.0.1 at `addr`: the pool, a lease from the node's lease server
 /// (its port is in the offered description), and the description without
