@@ -222,16 +222,22 @@ impl Io {
         });
         let done = self.ch.run_iter(batch, &mut self.results);
         self.cur.rtts += 1;
-        let failed = |read: bool| {
-            done.is_err()
-                || ops
-                    .iter()
-                    .zip(&self.results)
-                    .any(|(op, r)| matches!(op, Op::Read { .. }) == read && r.is_err())
-        };
-        let (r, w) = (failed(true), failed(false));
-        self.rbuf_tainted |= r;
-        self.wbuf_tainted |= w;
+        // A failed READ may still land in the read buffer, a failed WRITE
+        // may still be read from the write buffer (see the fields). One
+        // pass, and only when something failed: this runs on every batch.
+        if done.is_err() {
+            self.rbuf_tainted = true;
+            self.wbuf_tainted = true;
+        } else if self.results.iter().any(Result::is_err) {
+            for (op, r) in ops.iter().zip(&self.results) {
+                if r.is_err() {
+                    match op {
+                        Op::Read { .. } => self.rbuf_tainted = true,
+                        _ => self.wbuf_tainted = true,
+                    }
+                }
+            }
+        }
         done.map_err(transfer(during))
     }
 
