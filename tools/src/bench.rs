@@ -1968,11 +1968,25 @@ fn connect_cluster(
                 ..cfg.clone()
             },
         };
-        // Connecting only reads: a try that met an injected fault is
-        // simply made again.
+        // Connecting only reads: a try that met an injected fault is made
+        // again, on an engine whose faults are drawn from another seed (a
+        // new engine with the same seed draws the very same faults, and
+        // met the same one at every try).
         // Named as the cluster's errors name a node (`memory node I (NAME)`):
         // a node that dies while this process connects is named the same.
-        let client = retry_injected(|| KvClient::connect(cfg.clone(), pool)).map_err(|e| {
+        let mut tries = 0u64;
+        let client = retry_injected(|| {
+            let mut cfg = cfg.clone();
+            if let Fabric::Loopback(LoopbackConfig {
+                faults: Some(f), ..
+            }) = &mut cfg.engine.fabric
+            {
+                f.seed = f.seed.wrapping_add(tries);
+            }
+            tries += 1;
+            KvClient::connect(cfg, pool)
+        })
+        .map_err(|e| {
             if pools.len() > 1 {
                 format!("connecting to memory node {i} ({name}): {e}")
             } else {
