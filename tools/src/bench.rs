@@ -1635,22 +1635,51 @@ const INJECTED_TRIES: u32 = 1000;
 /// Runs `f`, again while it fails with an injected fault, at most
 /// [`INJECTED_TRIES`] times: for steps that only read, so a failed try
 /// leaves nothing to undo. (Without injected faults, one try.)
-fn retry_injected<T>(mut f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvError> {
+fn retry_injected<T>(f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvError> {
+    retry_while(f, |e| {
+        matches!(
+            e.on_node(),
+            KvError::Transfer {
+                error: TransferError::InjectedFault { .. },
+                ..
+            }
+        )
+    })
+}
+
+/// [`retry_injected`] for an idempotent write (the same key set to the
+/// same value): a try whose error came of injected faults only is made
+/// again even if it may have taken effect, or left its chain's lock
+/// maybe held (the session releases that itself before its next
+/// operation).
+fn retry_injected_idempotent<T>(f: impl FnMut() -> Result<T, KvError>) -> Result<T, KvError> {
+    retry_while(f, only_injected)
+}
+
+/// Whether every failure behind `e` is an injected fault.
+fn only_injected(e: &KvError) -> bool {
+    match e.on_node() {
+        KvError::Transfer {
+            error: TransferError::InjectedFault { .. },
+            ..
+        } => true,
+        KvError::Indeterminate(inner) => only_injected(inner),
+        KvError::LockMaybeHeld { release, after, .. } => {
+            only_injected(release) && after.as_deref().is_none_or(only_injected)
+        }
+        _ => false,
+    }
+}
+
+/// Runs `f` while its error `retry`s, at most [`INJECTED_TRIES`] times.
+fn retry_while<T>(
+    mut f: impl FnMut() -> Result<T, KvError>,
+    retry: impl Fn(&KvError) -> bool,
+) -> Result<T, KvError> {
     let mut tries = 1;
     loop {
         match f() {
-            Err(e)
-                if tries < INJECTED_TRIES
-                    && matches!(
-                        e.on_node(),
-                        KvError::Transfer {
-                            error: TransferError::InjectedFault { .. },
-                            ..
-                        }
-                    ) =>
-            {
-                tries += 1
-            }
+            Err(e) if tries < INJECTED_TRIES && retry(&e) => tries += 1,
             r => return r,
         }
     }
@@ -1754,7 +1783,7 @@ fn grow(
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            retry_injected(|| s.insert(k, ycsb::load_value(k)))
+            retry_injected_idempotent(|| s.insert(k, ycsb::load_value(k)))
                 .map_err(|e| format!("grow: insert {k}: {e}"))?;
             if (i as u64 / t as u64 + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY * t as u64, Ordering::Relaxed);
