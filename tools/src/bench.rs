@@ -1665,7 +1665,7 @@ fn only_injected(e: &KvError) -> bool {
         } => true,
         KvError::Indeterminate(inner) => only_injected(inner),
         KvError::LockMaybeHeld { release, after, .. } => {
-            only_injected(release) && after.as_deref().is_none_or(only_injected)
+            only_injected(release) && after.as_deref().map_or(true, only_injected)
         }
         _ => false,
     }
