@@ -515,7 +515,9 @@ fn cluster_map(remotes: &[Remote]) -> Result<PartitionMap, BenchError> {
 
 /// Fetches the remote memory node's pool and data-set description.
 fn fetch_remote(args: &BenchArgs, server: &str) -> Result<Remote, BenchError> {
-    let (offer, meta) = Bootstrap::new(&args.token).fetch_with_meta(server, LAYOUT_VERSION)?;
+    let (offer, meta) = Bootstrap::new(&args.token)
+        .with_rxm_buffer(args.fabric.rxm_buffer())
+        .fetch_with_meta(server, LAYOUT_VERSION)?;
     let pool = PoolInfo::from_offer(&offer)
         .ok_or_else(|| format!("the memory node at {server} offered no pool"))?;
     let text = String::from_utf8(meta)

@@ -47,6 +47,16 @@ impl FabricArg {
             FabricArg::Verbs(Some(d)) => format!("verbs:{d}"),
         }
     }
+
+    /// This process's rxm buffer size over a `*;ofi_rxm` provider, for the
+    /// bootstrap to compare with the peer's
+    /// ([`LibfabricConfig::rxm_buffer`]); `None` on any other fabric.
+    pub fn rxm_buffer(&self) -> Option<u32> {
+        match self {
+            FabricArg::Libfabric(p) => LibfabricConfig::new(p, None).rxm_buffer(),
+            _ => None,
+        }
+    }
 }
 
 /// Where a verbs device is reached (`--fabric verbs[:DEVICE]`).

@@ -881,7 +881,7 @@ fn serve(
     };
     let srv = BootstrapServer::start_with_meta(
         listen,
-        Bootstrap::new(&args.token),
+        Bootstrap::new(&args.token).with_rxm_buffer(fabric.rxm_buffer()),
         node_.offer(),
         desc.encode().into_bytes(),
     )?;

@@ -172,8 +172,8 @@ pub struct TeBenchArgs {
     /// README's bandwidth section); each receive buffer grows with it (a
     /// te-bench server's memory: about +80 MB at 32 KiB). Both ends must
     /// use the same size: `ofi_rxm` processes whose sizes differ never
-    /// connect (every post refused until the operation timeout, whose
-    /// error names the variable); a te-bench server and client agree by
+    /// connect, so a server refuses a client of another size at the
+    /// bootstrap, naming both; a te-bench server and client agree by
     /// default. A program
     /// that links the engine sets the variable itself, before it starts
     /// threads.
@@ -485,7 +485,8 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
         descs: vec![desc],
         layout_version: TE_BENCH_LAYOUT,
     };
-    let srv = BootstrapServer::start(listen, Bootstrap::new(&args.token), offer)?;
+    let boot = Bootstrap::new(&args.token).with_rxm_buffer(args.fabric.rxm_buffer());
+    let srv = BootstrapServer::start(listen, boot, offer)?;
     println!(
         "te-bench serving {region} bytes on {} ({}), bootstrap on {}",
         args.fabric.name(),
@@ -544,7 +545,9 @@ fn setup(args: &TeBenchArgs) -> Result<Ctx, BenchError> {
     let a = engine(args, groups)?;
     let (b, dst_handle, dst) = match &args.peer {
         Some(peer) => {
-            let offer = Bootstrap::new(&args.token).fetch(peer, TE_BENCH_LAYOUT)?;
+            let offer = Bootstrap::new(&args.token)
+                .with_rxm_buffer(args.fabric.rxm_buffer())
+                .fetch(peer, TE_BENCH_LAYOUT)?;
             let dst = offer
                 .descs
                 .into_iter()

@@ -313,6 +313,22 @@ fn wrong_address_token_or_data_set_fail_clearly() {
         "{}",
         stderr(&out)
     );
+
+    // Over `tcp;ofi_rxm`, processes whose rxm buffer sizes differ never
+    // connect: a compute process at 32 KiB against the memory node's
+    // 16 KiB is refused at the bootstrap, both sizes named (it used to
+    // time out on its first reads).
+    let mut a = bench_args("ycsb-c", "100", &[]);
+    a.extend(remote(&addr, "s3cret"));
+    let out = spawn_in(&["env", "FI_OFI_RXM_BUFFER_SIZE=32768"], &a).finish();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("FI_OFI_RXM_BUFFER_SIZE differs")
+            && err.contains("16384")
+            && err.contains("32768"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -197,7 +197,7 @@ fn paged_client(addr: &str) -> std::process::Output {
 }
 
 #[test]
-fn ends_whose_rxm_buffer_sizes_differ_fail_naming_the_variable() {
+fn ends_whose_rxm_buffer_sizes_differ_are_refused_at_bootstrap_naming_both() {
     // Both at te-bench's default (32 KiB): 16 pages of 1 KiB travel as one
     // message each and land.
     let (_server, addr) = serve_with("33554432", &[]);
@@ -213,15 +213,17 @@ fn ends_whose_rxm_buffer_sizes_differ_fail_naming_the_variable() {
     assert!(v["paged_by_message"].as_u64() > Some(0), "{v}");
     // A server at the provider's 16 KiB: `tcp;ofi_rxm` processes whose
     // sizes differ never connect (every post is refused, one-sided
-    // writes too). The client fails after the operation timeout with an
-    // error that names the likely cause and this side's size, not only
-    // `-FI_EAGAIN`; nothing was applied.
+    // writes too, until the operation timeout). The bootstrap refuses
+    // the client at once, naming the variable and both sizes.
     let (_default, addr) = serve_with("33554432", &["--rxm-buffer-size", "0"]);
     let out = paged_client(&addr);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("FI_OFI_RXM_BUFFER_SIZE 32768") && err.contains("not applied"),
+        err.contains("refused")
+            && err.contains("FI_OFI_RXM_BUFFER_SIZE differs")
+            && err.contains("16384")
+            && err.contains("32768"),
         "{err}"
     );
 }

@@ -564,3 +564,29 @@ impl std::error::Error for TransferError {
 }
 
 impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_refused_every_post_names_the_rxm_buffer_where_it_applies() {
+        let e = |rxm_buffer| {
+            TransferError::PeerNotReady {
+                op: OpKind::Write,
+                peer: NetAddr::new(b"peer").unwrap(),
+                waited: Duration::from_secs(10),
+                refusals: 3,
+                rxm_buffer,
+            }
+            .to_string()
+        };
+        let over_rxm = e(Some(32768));
+        assert!(over_rxm.contains("not applied"), "{over_rxm}");
+        assert!(
+            over_rxm.contains("FI_OFI_RXM_BUFFER_SIZE 32768"),
+            "{over_rxm}"
+        );
+        assert!(!e(None).contains("FI_OFI_RXM_BUFFER_SIZE"));
+    }
+}

@@ -9,10 +9,18 @@
 //! token or layout version is refused with a message saying which; every
 //! length read from the peer is bounded before anything is allocated.
 //!
+//! Ends that could never talk are refused here, at once, rather than
+//! left to time out on their first operation: over a `*;ofi_rxm`
+//! provider, processes whose `FI_OFI_RXM_BUFFER_SIZE` differ never
+//! connect (measured on `tcp;ofi_rxm`: every post is refused with
+//! `-FI_EAGAIN` until the operation timeout), so each end states its size
+//! ([`Bootstrap::rxm_buffer`]) and the server refuses a client whose size
+//! is not its own, naming both.
+//!
 //! Wire format (all integers little-endian):
 //!
 //! ```text
-//! request:  "RLXBOOT1" | token_len u16 | token | layout u32
+//! request:  "RLXBOOT2" | token_len u16 | token | layout u32 | rxm_buffer u32 (0: none)
 //! reply ok: 0u8 | layout u32 | addr_len u8 | addr | n u16 | n × (len u16 | MrDesc bytes)
 //!           | meta_len u32 | meta
 //! refused:  1u8 | msg_len u16 | msg (UTF-8)
@@ -32,7 +40,9 @@ use std::time::Duration;
 
 use rolex_core::wire::{MrDesc, NetAddr, Wire};
 
-const MAGIC: &[u8; 8] = b"RLXBOOT1";
+const MAGIC: &[u8; 8] = b"RLXBOOT2";
+/// The request's magic before the rxm buffer size was sent.
+const MAGIC_V1: &[u8; 8] = b"RLXBOOT1";
 const MAX_TOKEN: usize = 1024;
 const MAX_DESCS: usize = 1024;
 const MAX_DESC_LEN: usize = 4096;
@@ -124,15 +134,27 @@ pub struct Bootstrap {
     pub token: String,
     /// Bound on connecting and on each read or write.
     pub timeout: Duration,
+    /// This end's `FI_OFI_RXM_BUFFER_SIZE` where its provider is a
+    /// `*;ofi_rxm` one ([`super::LibfabricConfig::rxm_buffer`]), `None`
+    /// otherwise: a server refuses a client whose size differs from its
+    /// own (both `Some`).
+    pub rxm_buffer: Option<u32>,
 }
 
 impl Bootstrap {
-    /// Settings with `token` and a 5 s bound.
+    /// Settings with `token`, a 5 s bound and no rxm buffer size.
     pub fn new(token: &str) -> Self {
         Bootstrap {
             token: token.to_string(),
             timeout: Duration::from_secs(5),
+            rxm_buffer: None,
         }
+    }
+
+    /// These settings with [`Bootstrap::rxm_buffer`] set to `size`.
+    pub fn with_rxm_buffer(mut self, size: Option<u32>) -> Self {
+        self.rxm_buffer = size;
+        self
     }
 
     /// Fetches the offer of the server at `server` for `layout_version`.
@@ -186,11 +208,12 @@ impl Bootstrap {
                 what: "token longer than 1024 bytes",
             });
         }
-        let mut req = Vec::with_capacity(14 + token.len());
+        let mut req = Vec::with_capacity(18 + token.len());
         req.extend_from_slice(MAGIC);
         req.extend_from_slice(&(token.len() as u16).to_le_bytes());
         req.extend_from_slice(token);
         req.extend_from_slice(&layout_version.to_le_bytes());
+        req.extend_from_slice(&self.rxm_buffer.unwrap_or(0).to_le_bytes());
         s.write_all(&req).map_err(io("sending the request"))?;
         let status = read_u8(&mut s, "reading the reply")?;
         if status != 0 {
@@ -423,6 +446,20 @@ fn serve(
     s.set_write_timeout(Some(cfg.timeout))
         .map_err(io("setting timeouts"))?;
     let magic = read_vec(&mut s, 8, "reading the request")?;
+    if magic == MAGIC_V1 {
+        // Read the rest of its request first (token and layout): closing
+        // with unread bytes would reset the connection, and the client
+        // would not see why.
+        let n = read_u16(&mut s, "reading the request")? as usize;
+        if n <= MAX_TOKEN {
+            read_vec(&mut s, n + 4, "reading the request")?;
+        }
+        return refuse(
+            &mut s,
+            "the client speaks an older bootstrap protocol (1, this server 2): \
+             run the same rolex version on both ends",
+        );
+    }
     if magic != MAGIC {
         return refuse(&mut s, "not a rolex bootstrap request");
     }
@@ -432,6 +469,7 @@ fn serve(
     }
     let token = read_vec(&mut s, n, "reading the request")?;
     let want = read_u32(&mut s, "reading the request")?;
+    let rxm = read_u32(&mut s, "reading the request")?;
     if token != cfg.token.as_bytes() {
         return refuse(&mut s, "wrong token");
     }
@@ -443,7 +481,23 @@ fn serve(
             ),
         );
     }
+    if let Some(msg) = rxm_mismatch(cfg.rxm_buffer, rxm) {
+        return refuse(&mut s, &msg);
+    }
     s.write_all(reply).map_err(io("sending the offer"))
+}
+
+/// Why a client whose rxm buffer size is `client` (0: none) cannot talk
+/// to a server whose size is `server`, if it cannot.
+fn rxm_mismatch(server: Option<u32>, client: u32) -> Option<String> {
+    match server {
+        Some(server) if client != 0 && client != server => Some(format!(
+            "FI_OFI_RXM_BUFFER_SIZE differs: the server's *;ofi_rxm runs with {server}, \
+             the client's with {client}, and processes whose sizes differ never connect: \
+             set the same value on both ends"
+        )),
+        _ => None,
+    }
 }
 
 fn refuse(s: &mut TcpStream, msg: &str) -> Result<(), BootstrapError> {
@@ -518,6 +572,46 @@ mod tests {
             Err(BootstrapError::Refused { reason }) => assert!(reason.contains("layout")),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn ends_whose_rxm_buffer_sizes_differ_are_refused_naming_both() {
+        let with = |size| Bootstrap::new("t").with_rxm_buffer(size);
+        let srv = BootstrapServer::start("127.0.0.1:0", with(Some(16384)), offer()).unwrap();
+        let a = srv.local_addr().to_string();
+        match with(Some(32768)).fetch(&a, 3) {
+            Err(BootstrapError::Refused { reason }) => assert!(
+                reason.contains("FI_OFI_RXM_BUFFER_SIZE")
+                    && reason.contains("16384")
+                    && reason.contains("32768"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The same size, or a client that states none, gets the offer.
+        assert_eq!(with(Some(16384)).fetch(&a, 3).unwrap(), offer());
+        assert_eq!(with(None).fetch(&a, 3).unwrap(), offer());
+        // A server that states none serves any client.
+        let any = BootstrapServer::start("127.0.0.1:0", with(None), offer()).unwrap();
+        let a = any.local_addr().to_string();
+        assert_eq!(with(Some(32768)).fetch(&a, 3).unwrap(), offer());
+    }
+
+    #[test]
+    fn a_client_of_the_older_protocol_is_refused_with_a_reason() {
+        let srv = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let mut s = TcpStream::connect(srv.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut req = MAGIC_V1.to_vec();
+        req.extend_from_slice(&1u16.to_le_bytes());
+        req.extend_from_slice(b"t");
+        req.extend_from_slice(&3u32.to_le_bytes());
+        s.write_all(&req).unwrap();
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply).unwrap();
+        assert_eq!(reply[0], 1, "refused");
+        let msg = String::from_utf8_lossy(&reply[3..]);
+        assert!(msg.contains("same rolex version"), "{msg}");
     }
 
     #[test]

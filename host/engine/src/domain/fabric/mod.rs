@@ -242,6 +242,17 @@ impl LibfabricConfig {
             p => p.into(),
         }
     }
+
+    /// This process's `FI_OFI_RXM_BUFFER_SIZE` where the provider is a
+    /// `*;ofi_rxm` one (the variable as set, else rxm's default of 16384),
+    /// `None` for any other provider. Processes whose sizes differ never
+    /// connect over rxm; the bootstrap compares them
+    /// ([`bootstrap::Bootstrap::rxm_buffer`]).
+    pub fn rxm_buffer(&self) -> Option<u32> {
+        self.provider_string()
+            .ends_with(";ofi_rxm")
+            .then(paged::rxm_buffer_size)
+    }
 }
 
 /// Sizes of a NIC's bounce pools: memory registered once when the NIC
@@ -1512,11 +1523,7 @@ impl Inner {
                     peer: m.peer,
                     waited: g.waited,
                     refusals: g.refusals,
-                    rxm_buffer: self
-                        .cfg
-                        .provider_string()
-                        .ends_with(";ofi_rxm")
-                        .then(|| u32::try_from(paged::eager_limit()).unwrap_or(u32::MAX)),
+                    rxm_buffer: self.cfg.rxm_buffer(),
                 };
                 if let Some(sent) = &m.paged {
                     self.fail_extras(live, sent, &e);

@@ -98,15 +98,26 @@ pub(super) const GATHER_PAGES: usize = 256;
 /// in this process, that is the limit.
 pub(super) const EAGER_LIMIT: usize = 16 * 1024;
 
-/// [`EAGER_LIMIT`], or `FI_OFI_RXM_BUFFER_SIZE` where set (read once).
+/// [`EAGER_LIMIT`], or `FI_OFI_RXM_BUFFER_SIZE` where set (at least
+/// 1 KiB, at most the largest receive slot).
 pub(super) fn eager_limit() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
+    let n = rxm_buffer_size() as usize;
+    if n < 1024 {
+        EAGER_LIMIT
+    } else {
+        n.min(MAX_SLOT)
+    }
+}
+
+/// `FI_OFI_RXM_BUFFER_SIZE` as this process set it, else rxm's default
+/// ([`EAGER_LIMIT`]); read once.
+pub(super) fn rxm_buffer_size() -> u32 {
+    static SIZE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
         std::env::var("FI_OFI_RXM_BUFFER_SIZE")
             .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n >= 1024)
-            .map_or(EAGER_LIMIT, |n| n.min(MAX_SLOT))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(EAGER_LIMIT as u32)
     })
 }
 
