@@ -301,3 +301,54 @@ fn verbs_runs_where_a_device_is_or_says_why_not() {
         common::assert_fails(&bench, "cannot reach");
     }
 }
+
+/// A client whose server stops answering mid-run (`SIGSTOP`: alive, its
+/// connection open, nothing progressed) fails its operations after the
+/// operation timeout and exits. It used to hang for ever in its engine's
+/// drop: the writes still in flight held pins on the client's region,
+/// and the endpoint whose closing cancels them closed only after the
+/// engine had waited for those pins to go.
+#[test]
+fn a_client_whose_server_stops_answering_fails_and_exits() {
+    use std::io::Read;
+    let (server, addr) = serve_region("16777216");
+    let mut c = Command::new(BIN)
+        .args([
+            "te-bench", "--op", "write", "--size", "65536", "--depth", "8",
+        ])
+        .args(["--count", "1000000000", "--peer", &addr])
+        .args(["--fabric", "libfabric:tcp", "--token", "s3cret"])
+        .args(["--busy-poll-us", "0", "--json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    // Writes flow, then the server stops.
+    std::thread::sleep(Duration::from_millis(1500));
+    let stopped = Command::new("kill")
+        .args(["-STOP", &server.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(stopped.success());
+    // A hang guard, not a timing assertion: the operation timeout is 10 s
+    // and the drain at shutdown 2 s.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = c.try_wait().expect("poll the client") {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let Some(status) = status else {
+        let _ = c.kill();
+        let _ = c.wait();
+        panic!("the client did not exit within 120 s of its server stopping");
+    };
+    let mut err = String::new();
+    let _ = c.stderr.take().expect("stderr").read_to_string(&mut err);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("did not complete"), "{err}");
+}

@@ -1143,6 +1143,14 @@ impl Drop for TransferEngine {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        // Nothing progresses the NICs now: close their endpoints, which
+        // cancels what is still in flight (a peer that never answered)
+        // and drops its pins on our regions, for which `kill` waits.
+        for g in &shared.groups {
+            for d in &g.domains {
+                d.close();
+            }
+        }
         // No NIC touches our memory after this.
         let regions =
             std::mem::take(&mut *shared.regions.lock().unwrap_or_else(|e| e.into_inner()));

@@ -279,6 +279,14 @@ pub trait Domain: Send + Sync {
     /// Takes the NIC off the fabric: peers now get
     /// [`TransferError::UnknownPeer`].
     fn shutdown(&self);
+    /// After [`Domain::shutdown`], once the engine's worker stopped
+    /// progressing the NIC: closes what `shutdown` left open, cancelling
+    /// the operations still in flight (a peer that never answered) and
+    /// dropping what they hold, their pins on registered regions above
+    /// all. The engine calls it before it waits for those pins to go
+    /// (`Region::kill`), which would otherwise wait for ever. Default:
+    /// nothing (a backend that closes everything in `shutdown`).
+    fn close(&self) {}
     /// The NIC's wait object, if it has one the engine's worker can block
     /// on: a descriptor readable when the NIC has something to progress
     /// (a peer's bytes, acknowledgements, a socket draining). `None` (the
@@ -425,6 +433,9 @@ impl Domain for AnyDomain {
     }
     fn shutdown(&self) {
         dispatch!(self, d => d.shutdown())
+    }
+    fn close(&self) {
+        dispatch!(self, d => d.close())
     }
     fn wait_fd(&self) -> Option<RawFd> {
         dispatch!(self, d => d.wait_fd())

@@ -1801,7 +1801,8 @@ impl Domain for LibfabricDomain {
         // Not closed here: the engine's worker may still be reading the
         // queues of its other NICs, and `shm` (1.17) lets an in-process
         // peer's progress touch this endpoint's region, which closing
-        // unmaps. The endpoint closes when `Inner` drops.
+        // unmaps. The endpoint closes in `close` (once the worker
+        // stopped), else when `Inner` drops.
         let live = lock(&self.inner.live).take();
         *lock(&self.inner.closing) = live;
         while self.inner.incoming.pop().is_some() {}
@@ -1821,6 +1822,16 @@ impl Domain for LibfabricDomain {
             for inner in swept {
                 drop(lock(&inner.closing).take());
             }
+        }
+    }
+
+    fn close(&self) {
+        // A shared-memory endpoint closes with the process's last one
+        // (`shutdown`): an in-process peer may still progress into it.
+        // Any other: closing cancels what is in flight, and `Live`'s drop
+        // frees the contexts, releasing their pins on our regions.
+        if !self.inner.shared_memory {
+            drop(lock(&self.inner.closing).take());
         }
     }
 }
