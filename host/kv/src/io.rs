@@ -10,7 +10,9 @@
 //! `host/tests/kv_rtts.rs` asserts per operation, so `Io` posts nothing
 //! outside `run` (the one operation a session posts without waiting for
 //! it, an unordered fabric's unlock, goes through the engine and is counted
-//! as `posted`, not as a round trip). The buffers are reused by every step:
+//! as `posted`, not as a round trip). [`Io::post_each`] is `run`'s first
+//! half, for a thread that posts on several memory nodes' sessions before
+//! it waits on any (still one round trip per batch in each `Io`). The buffers are reused by every step:
 //! a READ lands at `local` in the read buffer (copied out with
 //! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
 //! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
@@ -22,7 +24,7 @@
 //! that key when the lease ends there).
 
 use rolex_core::wire::{Access, MrDesc};
-use rolex_engine::batch::{BatchOp, Channel};
+use rolex_engine::batch::{BatchOp, Channel, Posted};
 use rolex_engine::engine::TransferEngine;
 use rolex_engine::{MrHandle, TransferError};
 
@@ -67,6 +69,54 @@ pub(crate) struct Io {
     wbuf_tainted: bool,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
+}
+
+/// A batch [`Io::post_each`] posted and nobody waited for yet: it holds
+/// the `Io` borrowed (its buffers may still be landing) until
+/// [`InFlight::wait`], or its drop, which waits too (and then trusts
+/// neither buffer in place: it did not look at the outcomes).
+#[must_use = "a posted batch is waited for by `wait`"]
+pub(crate) struct InFlight<'a> {
+    /// `Some` until waited for.
+    posted: Option<Posted<'a>>,
+    ops: &'a [Op],
+    rbuf_tainted: &'a mut bool,
+    wbuf_tainted: &'a mut bool,
+}
+
+impl<'a> InFlight<'a> {
+    /// Waits for the batch: each op's own outcome, in order, as
+    /// [`Io::run_each`] returns them.
+    pub(crate) fn wait(mut self) -> &'a [Result<u64, TransferError>] {
+        let Some(posted) = self.posted.take() else {
+            return &[];
+        };
+        let results = posted.wait();
+        // A failed READ may still land in the read buffer, a failed WRITE
+        // may still be read from the write buffer (see the fields). One
+        // pass, and only when something failed: this runs on every batch.
+        if results.iter().any(Result::is_err) {
+            for (op, r) in self.ops.iter().zip(results) {
+                if r.is_err() {
+                    match op {
+                        Op::Read { .. } => *self.rbuf_tainted = true,
+                        _ => *self.wbuf_tainted = true,
+                    }
+                }
+            }
+        }
+        results
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(posted) = self.posted.take() {
+            drop(posted);
+            *self.rbuf_tainted = true;
+            *self.wbuf_tainted = true;
+        }
+    }
 }
 
 impl Io {
@@ -169,13 +219,41 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
+        self.post_each(pool, ops, during)?.wait();
+        Ok(())
+    }
+
+    /// The first half of [`Io::run_each`]: checks the lease as `run` does
+    /// and posts `ops` as one doorbell batch (one round trip in [`Io::cur`])
+    /// without waiting. `Err` only when nothing was posted (the lease, or
+    /// the engine shut down). The returned [`InFlight`] borrows this `Io`
+    /// until [`InFlight::wait`] (or its drop, which waits too): nothing
+    /// else uses the buffers while the batch may land in them. Several
+    /// sessions' `Io`s (one per memory node) each post one batch before
+    /// any waits: their round trips overlap.
+    pub(crate) fn post_each<'a>(
+        &'a mut self,
+        pool: &MrDesc,
+        ops: &'a [Op],
+        during: &'static str,
+    ) -> Result<InFlight<'a>, KvError> {
         // A lease with a key of its own: that key is closed at the memory
         // node when the lease ends there, so reads are refused here too.
         let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
         if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
             self.check_lease()?;
         }
-        let (rbuf, wbuf, cur) = (&self.rbuf, &self.wbuf, &mut self.cur);
+        let Io {
+            ch,
+            rbuf,
+            wbuf,
+            results,
+            rbuf_tainted,
+            wbuf_tainted,
+            cur,
+            ..
+        } = self;
+        let (rbuf, wbuf) = (&*rbuf, &*wbuf);
         let batch = ops.iter().map(|op| match *op {
             Op::Read { remote, local, len } => {
                 cur.bytes_read += len;
@@ -220,25 +298,23 @@ impl Io {
                 }
             }
         });
-        let done = self.ch.run_iter(batch, &mut self.results);
-        self.cur.rtts += 1;
-        // A failed READ may still land in the read buffer, a failed WRITE
-        // may still be read from the write buffer (see the fields). One
-        // pass, and only when something failed: this runs on every batch.
-        if done.is_err() {
-            self.rbuf_tainted = true;
-            self.wbuf_tainted = true;
-        } else if self.results.iter().any(Result::is_err) {
-            for (op, r) in ops.iter().zip(&self.results) {
-                if r.is_err() {
-                    match op {
-                        Op::Read { .. } => self.rbuf_tainted = true,
-                        _ => self.wbuf_tainted = true,
-                    }
-                }
+        let posted = ch.post_iter(batch, results);
+        cur.rtts += 1;
+        match posted {
+            Ok(posted) => Ok(InFlight {
+                posted: Some(posted),
+                ops,
+                rbuf_tainted,
+                wbuf_tainted,
+            }),
+            Err(e) => {
+                // Nothing was posted; as before the split, both buffers
+                // are no longer trusted in place.
+                *rbuf_tainted = true;
+                *wbuf_tainted = true;
+                Err(transfer(during)(e))
             }
         }
-        done.map_err(transfer(during))
     }
 
     /// `Ok` unless this client has a lease and it is not valid now: then
@@ -286,7 +362,9 @@ impl Io {
         // write it), never cloned or handed out, and the only operations
         // that land in it are the READs of this `Io`'s own batches. Those
         // are posted by `run`/`run_each`, which return only once every op
-        // of their batch completed (`Channel::run_iter`), and which take
+        // of their batch completed (`Channel::run_iter`), or by
+        // `post_each`, whose `InFlight` holds `&mut self` until the batch
+        // completed (its `wait`, or its drop, waits); all take
         // `&mut self`, so none is in progress while `&self` is lent here.
         // A READ that completed with an error (a timeout above all) may
         // still land later: the buffer is then tainted and copied from
@@ -336,7 +414,8 @@ impl Io {
         // peer can read or write it), never cloned or handed out, and the
         // only operations that read it are the WRITEs of this `Io`'s own
         // batches, posted by `run`/`run_each`, which return only once every
-        // op of their batch completed and which take `&mut self` as this
+        // op of their batch completed, or by `post_each`, whose `InFlight`
+        // holds `&mut self` until they did; all take `&mut self` as this
         // does. A WRITE that completed with an error may still be read by
         // the provider later: the buffer is then tainted and filled aside
         // instead (above).
