@@ -741,7 +741,7 @@ impl<'r> Pipe<'r> {
 /// order: the batch's results, `Err` when it was not posted, `None`
 /// when there was nothing to post.
 #[allow(clippy::type_complexity)]
-fn post_all<P>(
+pub(super) fn post_all<P>(
     sessions: &mut [&mut KvSession],
     plans: &[Option<P>],
     post: for<'a> fn(&'a mut KvSession, &'a P) -> Option<Result<InFlight<'a>, KvError>>,
