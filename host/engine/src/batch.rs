@@ -164,6 +164,7 @@ impl std::fmt::Debug for Posted<'_> {
 impl<'c> Posted<'c> {
     /// Waits for every operation of the batch, as [`Channel::run`] does,
     /// and returns the results: each operation's outcome, in order.
+    #[inline]
     pub fn wait(mut self) -> &'c [Result<u64, TransferError>] {
         self.finish();
         match self.results.take() {
@@ -175,6 +176,7 @@ impl<'c> Posted<'c> {
         }
     }
 
+    #[inline]
     fn finish(&mut self) {
         let remaining = std::mem::take(&mut self.remaining);
         if let Some(results) = self.results.as_deref_mut() {
@@ -184,6 +186,7 @@ impl<'c> Posted<'c> {
 }
 
 impl Drop for Posted<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.finish();
     }
@@ -287,7 +290,8 @@ impl Channel {
         ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
         results: &mut Vec<Result<u64, TransferError>>,
     ) -> Result<(), TransferError> {
-        self.post_iter(ops, results)?.wait();
+        let remaining = self.post_ops(ops, results)?;
+        self.wait(results, remaining);
         Ok(())
     }
 
@@ -305,6 +309,23 @@ impl Channel {
         ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
         results: &'c mut Vec<Result<u64, TransferError>>,
     ) -> Result<Posted<'c>, TransferError> {
+        let remaining = self.post_ops(ops, results)?;
+        Ok(Posted {
+            ch: self,
+            results: Some(results),
+            remaining,
+        })
+    }
+
+    /// Posts `ops` as one doorbell batch (the results of operations that
+    /// could not be built set, the others' left pending); returns how
+    /// many were posted.
+    #[inline]
+    fn post_ops<'a>(
+        &mut self,
+        ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
+        results: &mut Vec<Result<u64, TransferError>>,
+    ) -> Result<usize, TransferError> {
         if self.engine.shutdown.load(SeqCst) {
             return Err(TransferError::EngineShutDown);
         }
@@ -333,15 +354,12 @@ impl Channel {
             Counters::bump(&self.engine.counters.rtts, 1);
             self.endpoint.post(&mut self.wrs);
         }
-        Ok(Posted {
-            ch: self,
-            results: Some(results),
-            remaining,
-        })
+        Ok(remaining)
     }
 
     /// Waits until the `remaining` pending operations of the batch posted
     /// last have completed, their outcomes put into `results`.
+    #[inline]
     fn wait(&mut self, results: &mut [Result<u64, TransferError>], mut remaining: usize) {
         if remaining == 0 {
             return;

@@ -92,24 +92,13 @@ impl<'a> InFlight<'a> {
             return &[];
         };
         let results = posted.wait();
-        // A failed READ may still land in the read buffer, a failed WRITE
-        // may still be read from the write buffer (see the fields). One
-        // pass, and only when something failed: this runs on every batch.
-        if results.iter().any(Result::is_err) {
-            for (op, r) in self.ops.iter().zip(results) {
-                if r.is_err() {
-                    match op {
-                        Op::Read { .. } => *self.rbuf_tainted = true,
-                        _ => *self.wbuf_tainted = true,
-                    }
-                }
-            }
-        }
+        taint(self.ops, results, self.rbuf_tainted, self.wbuf_tainted);
         results
     }
 }
 
 impl Drop for InFlight<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(posted) = self.posted.take() {
             drop(posted);
@@ -219,8 +208,23 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
-        self.post_each(pool, ops, during)?.wait();
-        Ok(())
+        self.check_lease_for(ops)?;
+        let batch = batch_ops(ops, pool, &self.rbuf, &self.wbuf, &mut self.cur);
+        let done = self.ch.run_iter(batch, &mut self.results);
+        self.cur.rtts += 1;
+        if done.is_err() {
+            // Nothing was posted; still, trust neither buffer in place.
+            self.rbuf_tainted = true;
+            self.wbuf_tainted = true;
+        } else {
+            taint(
+                ops,
+                &self.results,
+                &mut self.rbuf_tainted,
+                &mut self.wbuf_tainted,
+            );
+        }
+        done.map_err(transfer(during))
     }
 
     /// The first half of [`Io::run_each`]: checks the lease as `run` does
@@ -237,12 +241,7 @@ impl Io {
         ops: &'a [Op],
         during: &'static str,
     ) -> Result<InFlight<'a>, KvError> {
-        // A lease with a key of its own: that key is closed at the memory
-        // node when the lease ends there, so reads are refused here too.
-        let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
-        if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
-            self.check_lease()?;
-        }
+        self.check_lease_for(ops)?;
         let Io {
             ch,
             rbuf,
@@ -253,51 +252,7 @@ impl Io {
             cur,
             ..
         } = self;
-        let (rbuf, wbuf) = (&*rbuf, &*wbuf);
-        let batch = ops.iter().map(|op| match *op {
-            Op::Read { remote, local, len } => {
-                cur.bytes_read += len;
-                BatchOp::Read {
-                    dst: rbuf,
-                    dst_offset: local,
-                    src: pool,
-                    src_offset: remote,
-                    len,
-                }
-            }
-            Op::Write { remote, local, len } => {
-                cur.bytes_written += len;
-                BatchOp::Write {
-                    src: wbuf,
-                    src_offset: local,
-                    dst: pool,
-                    dst_offset: remote,
-                    len,
-                    imm: None,
-                }
-            }
-            Op::Cas {
-                remote,
-                expected,
-                new,
-            } => {
-                cur.atomics += 1;
-                BatchOp::Cas {
-                    dst: pool,
-                    offset: remote,
-                    expected,
-                    new,
-                }
-            }
-            Op::Faa { remote, add } => {
-                cur.atomics += 1;
-                BatchOp::Faa {
-                    dst: pool,
-                    offset: remote,
-                    add,
-                }
-            }
-        });
+        let batch = batch_ops(ops, pool, rbuf, wbuf, cur);
         let posted = ch.post_iter(batch, results);
         cur.rtts += 1;
         match posted {
@@ -308,13 +263,24 @@ impl Io {
                 wbuf_tainted,
             }),
             Err(e) => {
-                // Nothing was posted; as before the split, both buffers
-                // are no longer trusted in place.
+                // Nothing was posted; still, trust neither buffer in place.
                 *rbuf_tainted = true;
                 *wbuf_tainted = true;
                 Err(transfer(during)(e))
             }
         }
+    }
+
+    /// `Ok` unless `ops` need the lease and it is not valid now. A lease
+    /// with a key of its own: that key is closed at the memory node when
+    /// the lease ends there, so reads are refused here too.
+    #[inline]
+    fn check_lease_for(&self, ops: &[Op]) -> Result<(), KvError> {
+        let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
+        if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
+            self.check_lease()?;
+        }
+        Ok(())
     }
 
     /// `Ok` unless this client has a lease and it is not valid now: then
@@ -485,5 +451,84 @@ impl Io {
             during,
         )?;
         self.local_u64(0)
+    }
+}
+
+/// `ops` as the engine's batch operations on `pool` and the buffers,
+/// counting their bytes and atomics in `cur` as they are posted.
+#[inline]
+fn batch_ops<'a>(
+    ops: &'a [Op],
+    pool: &'a MrDesc,
+    rbuf: &'a MrHandle,
+    wbuf: &'a MrHandle,
+    cur: &'a mut OpStats,
+) -> impl ExactSizeIterator<Item = BatchOp<'a>> + 'a {
+    ops.iter().map(move |op| match *op {
+        Op::Read { remote, local, len } => {
+            cur.bytes_read += len;
+            BatchOp::Read {
+                dst: rbuf,
+                dst_offset: local,
+                src: pool,
+                src_offset: remote,
+                len,
+            }
+        }
+        Op::Write { remote, local, len } => {
+            cur.bytes_written += len;
+            BatchOp::Write {
+                src: wbuf,
+                src_offset: local,
+                dst: pool,
+                dst_offset: remote,
+                len,
+                imm: None,
+            }
+        }
+        Op::Cas {
+            remote,
+            expected,
+            new,
+        } => {
+            cur.atomics += 1;
+            BatchOp::Cas {
+                dst: pool,
+                offset: remote,
+                expected,
+                new,
+            }
+        }
+        Op::Faa { remote, add } => {
+            cur.atomics += 1;
+            BatchOp::Faa {
+                dst: pool,
+                offset: remote,
+                add,
+            }
+        }
+    })
+}
+
+/// After a batch of `ops` completed with `results`: a failed READ may
+/// still land in the read buffer, a failed WRITE may still be read from
+/// the write buffer (see [`Io`]'s fields), so each marks its buffer. One
+/// pass, and only when something failed: this runs on every batch.
+#[inline]
+fn taint(
+    ops: &[Op],
+    results: &[Result<u64, TransferError>],
+    rbuf_tainted: &mut bool,
+    wbuf_tainted: &mut bool,
+) {
+    if results.iter().any(Result::is_err) {
+        for (op, r) in ops.iter().zip(results) {
+            if r.is_err() {
+                match op {
+                    Op::Read { .. } => *rbuf_tainted = true,
+                    _ => *wbuf_tainted = true,
+                }
+            }
+        }
     }
 }

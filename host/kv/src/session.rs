@@ -460,15 +460,19 @@ impl KvSession {
     /// as a single get; the gets of one call are concurrent with each
     /// other (they all only read). Counted as `keys.len()` gets.
     pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
-        let mut found = Self::get_many_on(&mut [self], &[keys]);
-        found.pop().unwrap_or_else(|| Ok(Vec::new()))
+        self.counted_n(KvOp::Get, keys.len(), |s| {
+            let found = s.get_many_inner(keys)?;
+            s.u64_answers(keys, found)
+        })
     }
 
     /// [`Self::get_many`] for values of any length (out-of-line values are
     /// read in one more batch).
     pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        let mut found = Self::get_many_values_on(&mut [self], &[keys]);
-        found.pop().unwrap_or_else(|| Ok(Vec::new()))
+        self.counted_n(KvOp::Get, keys.len(), |s| {
+            let found = s.get_many_inner(keys)?;
+            s.value_answers(keys, found)
+        })
     }
 
     /// Sets `key` to the 8-byte value `value`; returns the previous value
@@ -1076,7 +1080,7 @@ impl KvSession {
     fn get_many_inner(&mut self, keys: &[u64]) -> Result<Vec<Option<SlotValue>>, KvError> {
         let mut g = GetMany::new(keys);
         while let Some(batch) = self.plan_get_batch(&mut g)? {
-            let landed = self.post_get_batch(&batch).map(|f| f.wait().to_vec());
+            let landed = self.post_get_batch(&batch).map(|f| first_error(f.wait()));
             self.landed_get_batch(&mut g, batch, landed)?;
         }
         Ok(g.out)
@@ -1131,6 +1135,7 @@ impl KvSession {
                     continue;
                 };
                 let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+                let landed = landed.map(|r| first_error(&r));
                 if let Err(e) = s.landed_get_batch(state, batch, landed) {
                     *g = Err(e);
                 }
@@ -1155,16 +1160,7 @@ impl KvSession {
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
     ) -> Vec<Result<Vec<Option<u64>>, KvError>> {
-        Self::get_many_with(sessions, keys, |s, keys, found| {
-            let mut out = Vec::with_capacity(found.len());
-            for (&key, v) in keys.iter().zip(found) {
-                if let Some(v) = v {
-                    s.io.cur.value_bytes += v.len() as u64;
-                }
-                out.push(v.map(|v| as_u64(key, v)).transpose()?);
-            }
-            Ok(out)
-        })
+        Self::get_many_with(sessions, keys, Self::u64_answers)
     }
 
     /// [`Self::get_many_values`] on several sessions at once (see
@@ -1174,23 +1170,47 @@ impl KvSession {
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
     ) -> Vec<Result<Vec<Option<Vec<u8>>>, KvError>> {
-        Self::get_many_with(sessions, keys, |s, keys, found| {
-            let pairs: Vec<(usize, SlotValue)> = found
-                .iter()
-                .enumerate()
-                .filter_map(|(i, v)| v.map(|v| (i, v)))
-                .collect();
-            let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
-            let mut out = vec![None; keys.len()];
-            // `resolve` keeps the order and drops keys removed meanwhile.
-            let mut resolved = s.resolve(present)?.into_iter().peekable();
-            for (i, _) in pairs {
-                if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
-                    out[i] = resolved.next().map(|(_, v)| v);
-                }
+        Self::get_many_with(sessions, keys, Self::value_answers)
+    }
+
+    /// [`Self::get_many`]'s answers from the slot values found.
+    fn u64_answers(
+        &mut self,
+        keys: &[u64],
+        found: Vec<Option<SlotValue>>,
+    ) -> Result<Vec<Option<u64>>, KvError> {
+        let mut out = Vec::with_capacity(found.len());
+        for (&key, v) in keys.iter().zip(found) {
+            if let Some(v) = v {
+                self.io.cur.value_bytes += v.len() as u64;
             }
-            Ok(out)
-        })
+            out.push(v.map(|v| as_u64(key, v)).transpose()?);
+        }
+        Ok(out)
+    }
+
+    /// [`Self::get_many_values`]' answers from the slot values found: the
+    /// out-of-line values read in one more batch.
+    fn value_answers(
+        &mut self,
+        keys: &[u64],
+        found: Vec<Option<SlotValue>>,
+    ) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let pairs: Vec<(usize, SlotValue)> = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i, v)))
+            .collect();
+        let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
+        let mut out = vec![None; keys.len()];
+        // `resolve` keeps the order and drops keys removed meanwhile.
+        let mut resolved = self.resolve(present)?.into_iter().peekable();
+        for (i, _) in pairs {
+            if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
+                out[i] = resolved.next().map(|(_, v)| v);
+            }
+        }
+        Ok(out)
     }
 
     /// The next batch of `g` planned: one check per model, then each
@@ -1248,17 +1268,18 @@ impl KvSession {
         self.io.post_each(&self.shared.pool, &b.ops, "get_many")
     }
 
-    /// A batch of `g` as it landed (its ops' outcomes; an op's error is
-    /// the call's, as [`Io::run`] reports it): each key whose model was
-    /// current and whose chase ended at its owner answered, the others
-    /// pending again once their models were refreshed.
+    /// A batch of `g` as it landed (`landed`: its first op error, which
+    /// is the call's, as [`Io::run`] reports it; `Err`: not posted): each
+    /// key whose model was current and whose chase ended at its owner
+    /// answered, the others pending again once their models were
+    /// refreshed.
     fn landed_get_batch(
         &mut self,
         g: &mut GetMany<'_>,
         b: GetBatch,
-        landed: Result<Vec<Result<u64, TransferError>>, KvError>,
+        landed: Result<Option<TransferError>, KvError>,
     ) -> Result<(), KvError> {
-        if let Some(error) = first_error(&landed?) {
+        if let Some(error) = landed? {
             return Err(KvError::Transfer {
                 during: "get_many",
                 error,
