@@ -59,7 +59,11 @@
 //! [`ClusterClient::stats`] adds them up and counts an operation that
 //! visited several nodes (a scan across a boundary) once, with the round
 //! trips of all its visits. [`ClusterClient::node_stats`] gives one
-//! node's counters (its visits).
+//! node's counters (its visits). A call that reads or writes on several
+//! nodes at once ([`ClusterSession::get_many`], [`ClusterSession::run_many`])
+//! posts each round on every node before it waits on any: it takes the
+//! round trips of its busiest node, while each node counts its own (so
+//! the summed count is the round trips posted, not those waited for).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -449,6 +453,10 @@ impl ClusterClient {
     }
 }
 
+/// Several sessions' gets at once, `keys[i]` on `sessions[i]`
+/// ([`KvSession::get_many`]'s, across nodes): one result per session.
+type ManyGets<T> = fn(&mut [&mut KvSession], &[&[u64]]) -> Vec<Result<Vec<Option<T>>, KvError>>;
+
 /// Whether `e` says the node's peer failed or vanished (not a problem of
 /// the operation or of this client).
 fn peer_gone(e: &KvError) -> bool {
@@ -575,8 +583,13 @@ impl ClusterSession {
 
     /// Each node's share of `items` (by `key`): the indexes of its items
     /// and the items, for every node that serves some.
-    fn shares<T: Copy>(&self, items: &[T], key: impl Fn(&T) -> u64) -> Vec<(usize, Vec<usize>, Vec<T>)> {
-        let mut per: Vec<(Vec<usize>, Vec<T>)> = vec![(Vec::new(), Vec::new()); self.sessions.len()];
+    fn shares<T: Copy>(
+        &self,
+        items: &[T],
+        key: impl Fn(&T) -> u64,
+    ) -> Vec<(usize, Vec<usize>, Vec<T>)> {
+        let mut per: Vec<(Vec<usize>, Vec<T>)> =
+            vec![(Vec::new(), Vec::new()); self.sessions.len()];
         for (i, item) in items.iter().enumerate() {
             if let Some((idx, mine)) = per.get_mut(self.node_of(key(item))) {
                 idx.push(i);
@@ -655,11 +668,7 @@ impl ClusterSession {
     /// `f` on each node's share of `keys`, all nodes' batches together,
     /// the answers put back in order; the first error in node order is
     /// the call's.
-    fn many<T: Clone>(
-        &mut self,
-        keys: &[u64],
-        f: fn(&mut [&mut KvSession], &[&[u64]]) -> Vec<Result<Vec<Option<T>>, KvError>>,
-    ) -> Result<Vec<Option<T>>, KvError> {
+    fn many<T: Clone>(&mut self, keys: &[u64], f: ManyGets<T>) -> Result<Vec<Option<T>>, KvError> {
         let shares = self.shares(keys, |&k| k);
         let got = self.on_each(&shares, f);
         let mut out: Vec<Option<T>> = vec![None; keys.len()];

@@ -243,6 +243,10 @@ struct HotBuffers {
     leaf: Vec<u8>,
 }
 
+/// Makes one session's answers of a `get_many` from the slot values its
+/// gets found (it may read more: out-of-line values).
+type GetAnswers<T> = fn(&mut KvSession, &[u64], Vec<Option<SlotValue>>) -> Result<T, KvError>;
+
 /// A [`KvSession::get_many`] as it goes: its keys, the slot values found
 /// so far, the keys still to read, and the batches tried.
 struct GetMany<'k> {
@@ -267,7 +271,6 @@ impl<'k> GetMany<'k> {
 /// it, its ops, the read buffer's bytes it uses, each model's check
 /// (model, view, where it lands) and each key's chain (index, model,
 /// view, chain, where its leaves land).
-#[allow(clippy::type_complexity)]
 struct GetBatch {
     posted: u64,
     ops: Vec<Op>,
@@ -1096,7 +1099,7 @@ impl KvSession {
     fn get_many_with<T>(
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
-        finish: fn(&mut KvSession, &[u64], Vec<Option<SlotValue>>) -> Result<T, KvError>,
+        finish: GetAnswers<T>,
     ) -> Vec<Result<T, KvError>> {
         let mut states: Vec<Result<GetMany<'_>, KvError>> = sessions
             .iter_mut()

@@ -64,8 +64,9 @@
 //! [`KvSession::lock_taken`] itself when the record was found stale or a
 //! READ of the batch failed (unchanged); by [`ChainLock::abort`] when its
 //! chain could not be read or edited (unchanged, at once); otherwise in
-//! round 2 ([`KvSession::release_many`]) — with its leaf write, or
-//! unchanged (a write that changed nothing, a `u64` request that met a
+//! round 2 ([`KvSession::plan_release_many`], whose guards are spent
+//! into a plan that [`KvSession::released_many`] settles whether or not
+//! the batch was posted) — with its leaf write, or unchanged (a write that changed nothing, a `u64` request that met a
 //! longer value, an insert that needs a split). A lock `CAS` that failed
 //! without saying whether it landed goes to the client's record of locks
 //! maybe held, as on the single path, and its request reports
@@ -74,6 +75,25 @@
 //! per request as the single path reports them: a request whose leaf
 //! write was posted and then failed, or whose unlock failed after it, is
 //! indeterminate ([`KvError::may_have_applied`]).
+//!
+//! # Several sessions (a cluster's memory nodes)
+//!
+//! Each round is four steps, whoever drives them: plan (cut the next
+//! batch, plan its ops, enter the locks' stripes), post
+//! ([`Io::post_each`](crate::io::Io::post_each)), wait, apply (read
+//! round 1 and plan round 2's releases; settle round 2's locks). One
+//! session's call ([`KvSession::run_many`]) and a cluster's call across
+//! its nodes (`ClusterSession::run_many`, one session per node) run the
+//! same steps (`run_many_on`): round 1 of every session's batch is
+//! posted before any is waited for, then each is read; round 2 likewise;
+//! then each session's fallbacks run, in turn; then every session's next
+//! batch. So a call across `N` nodes costs the round trips of its busiest
+//! node, not `N` times them. The sessions share nothing: each has its own
+//! queue pair, buffers, locks and pipe (its requests and answers), a
+//! batch that could not be posted on one node is settled there as above,
+//! and one node's errors are only its own requests' answers. The gets of
+//! [`KvSession::get_many`] go the same way across nodes
+//! (`get_many_on`).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -323,13 +343,16 @@ impl KvSession {
 
     /// Posts round 1 of a batch (its read buffer reserved first); `None`
     /// when it has nothing to post. On `Err` nothing was posted.
-    fn post_round1<'a>(&'a mut self, plan: &'a Round1) -> Option<Result<InFlight<'a>, KvError>> {
+    fn post_round1<'a>(&'a mut self, plan: &'a Round1) -> Option<Posting<'a>> {
         if plan.members.is_empty() {
             return None;
         }
         let writes = plan.members.iter().filter(|m| m.lock.is_some()).count() as u64;
         let step = self.leaf_size.next_multiple_of(8);
-        if let Err(e) = self.io.reserve(&self.shared.engine, plan.end, writes * step) {
+        if let Err(e) = self
+            .io
+            .reserve(&self.shared.engine, plan.end, writes * step)
+        {
             return Some(Err(e));
         }
         Some(
@@ -340,7 +363,7 @@ impl KvSession {
 
     /// Posts round 2 of a batch: its writes and unlocks; `None` when they
     /// could not be staged (nothing to post). On `Err` nothing was posted.
-    fn post_round2<'a>(&'a mut self, r2: &'a Round2) -> Option<Result<InFlight<'a>, KvError>> {
+    fn post_round2<'a>(&'a mut self, r2: &'a Round2) -> Option<Posting<'a>> {
         let ops = r2.releases.ops.as_ref().ok()?;
         Some(
             self.io
@@ -512,7 +535,7 @@ impl KvSession {
     fn read_round1(
         &mut self,
         plan: Round1,
-        landed: Option<Result<Vec<Result<u64, TransferError>>, KvError>>,
+        landed: Option<Landed>,
         out: &mut [Option<Answer>],
         redo: &mut Vec<usize>,
     ) -> Vec<Looked> {
@@ -681,7 +704,7 @@ impl KvSession {
         &mut self,
         reqs: &[Request],
         r2: Round2,
-        landed: Option<Result<Vec<Result<u64, TransferError>>, KvError>>,
+        landed: Option<Landed>,
         out: &mut [Option<Answer>],
         redo: &mut Vec<usize>,
     ) {
@@ -740,12 +763,11 @@ impl<'r> Pipe<'r> {
 /// turn: the batches' round trips overlap. One outcome per plan, in
 /// order: the batch's results, `Err` when it was not posted, `None`
 /// when there was nothing to post.
-#[allow(clippy::type_complexity)]
 pub(super) fn post_all<P>(
     sessions: &mut [&mut KvSession],
     plans: &[Option<P>],
-    post: for<'a> fn(&'a mut KvSession, &'a P) -> Option<Result<InFlight<'a>, KvError>>,
-) -> Vec<Option<Result<Vec<Result<u64, TransferError>>, KvError>>> {
+    post: for<'a> fn(&'a mut KvSession, &'a P) -> Option<Posting<'a>>,
+) -> Vec<Option<Landed>> {
     let mut flights = Vec::with_capacity(plans.len());
     for (s, plan) in sessions.iter_mut().zip(plans) {
         flights.push(plan.as_ref().and_then(|plan| post(s, plan)));
@@ -755,6 +777,12 @@ pub(super) fn post_all<P>(
         .map(|f| f.map(|f| f.map(|f| f.wait().to_vec())))
         .collect()
 }
+
+/// A batch being posted: the batch in flight, or why nothing was posted.
+pub(super) type Posting<'a> = Result<InFlight<'a>, KvError>;
+
+/// A batch as it landed: each op's outcome, or why nothing was posted.
+pub(super) type Landed = Result<Vec<Result<u64, TransferError>>, KvError>;
 
 /// Round 2 of a batch as planned: the releases, and what each released
 /// write answers.
