@@ -97,6 +97,10 @@ pub struct Channel {
     wrs: Vec<WorkRequest>,
     comps: Vec<Completion>,
     pending: Vec<bool>,
+    /// Operations of the last batch posted and not yet waited for: only
+    /// after a [`Posted`] was leaked (`mem::forget`), since waiting and
+    /// dropping both wait. The next post waits for them first.
+    unfinished: usize,
 }
 
 impl std::fmt::Debug for Channel {
@@ -207,6 +211,7 @@ impl Channel {
             wrs: Vec::new(),
             comps: Vec::new(),
             pending: Vec::new(),
+            unfinished: 0,
         })
     }
 
@@ -329,6 +334,9 @@ impl Channel {
         if self.engine.shutdown.load(SeqCst) {
             return Err(TransferError::EngineShutDown);
         }
+        if self.unfinished > 0 {
+            self.finish_leaked();
+        }
         let n = ops.len();
         results.clear();
         results.extend((0..n).map(|_| Ok(0)));
@@ -354,16 +362,33 @@ impl Channel {
             Counters::bump(&self.engine.counters.rtts, 1);
             self.endpoint.post(&mut self.wrs);
         }
+        self.unfinished = remaining;
         Ok(remaining)
+    }
+
+    /// Waits for the operations of a batch whose [`Posted`] was leaked,
+    /// their outcomes dropped, so that no completion of theirs is taken
+    /// for one of the next batch's.
+    #[cold]
+    fn finish_leaked(&mut self) {
+        let mut lost: Vec<Result<u64, TransferError>> = vec![Ok(0); self.pending.len()];
+        let remaining = self.unfinished;
+        self.wait(&mut lost, remaining);
     }
 
     /// Waits until the `remaining` pending operations of the batch posted
     /// last have completed, their outcomes put into `results`.
     #[inline]
-    fn wait(&mut self, results: &mut [Result<u64, TransferError>], mut remaining: usize) {
+    fn wait(&mut self, results: &mut [Result<u64, TransferError>], remaining: usize) {
         if remaining == 0 {
             return;
         }
+        self.wait_for(results, remaining);
+        self.unfinished = 0;
+    }
+
+    /// [`Self::wait`] for `remaining > 0` operations.
+    fn wait_for(&mut self, results: &mut [Result<u64, TransferError>], mut remaining: usize) {
         // One poll before any waiting machinery: a backend that ran the
         // batch as it was posted (loopback without modelled latency) has
         // every completion ready, and the group's driver, the clock and the
@@ -470,6 +495,9 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
+        if self.unfinished > 0 {
+            self.finish_leaked();
+        }
         // Nothing can be outstanding between runs; flush for backends that
         // hold resources per request anyway.
         let mut out = Vec::new();
