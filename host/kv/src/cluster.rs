@@ -573,12 +573,16 @@ impl ClusterSession {
     /// order is the call's (each node's is named by it, as a single
     /// operation's).
     pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
-        self.many(keys, KvSession::get_many_on)
+        self.many(keys, KvSession::get_many, KvSession::get_many_on)
     }
 
     /// As [`KvSession::get_many_values`], per node as [`Self::get_many`].
     pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        self.many(keys, KvSession::get_many_values_on)
+        self.many(
+            keys,
+            KvSession::get_many_values,
+            KvSession::get_many_values_on,
+        )
     }
 
     /// Each node's share of `items` (by `key`): the indexes of its items
@@ -667,9 +671,17 @@ impl ClusterSession {
 
     /// `f` on each node's share of `keys`, all nodes' batches together,
     /// the answers put back in order; the first error in node order is
-    /// the call's.
-    fn many<T: Clone>(&mut self, keys: &[u64], f: ManyGets<T>) -> Result<Vec<Option<T>>, KvError> {
+    /// the call's. Keys of one node only: `one` on its session.
+    fn many<T: Clone>(
+        &mut self,
+        keys: &[u64],
+        one: fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>,
+        f: ManyGets<T>,
+    ) -> Result<Vec<Option<T>>, KvError> {
         let shares = self.shares(keys, |&k| k);
+        if let [(node, _, mine)] = shares.as_slice() {
+            return self.on(*node, |s| one(s, mine));
+        }
         let got = self.on_each(&shares, f);
         let mut out: Vec<Option<T>> = vec![None; keys.len()];
         for ((_, idx, _), got) in shares.into_iter().zip(got) {
@@ -692,7 +704,10 @@ impl ClusterSession {
     /// errors never touch another node's requests or locks.
     pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Answer> {
         let shares = self.shares(reqs, |r| r.key());
-        let got = self.on_each(&shares, KvSession::run_many_on);
+        let got = match shares.as_slice() {
+            [(node, _, mine)] => vec![self.on(*node, |s| s.run_many(mine))],
+            _ => self.on_each(&shares, KvSession::run_many_on),
+        };
         let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
         for ((node, idx, _), got) in shares.into_iter().zip(got) {
             match got {
