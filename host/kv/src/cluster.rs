@@ -453,6 +453,9 @@ impl ClusterClient {
     }
 }
 
+/// One session's gets ([`KvSession::get_many`] or its values form).
+type OneGets<T> = fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>;
+
 /// Several sessions' gets at once, `keys[i]` on `sessions[i]`
 /// ([`KvSession::get_many`]'s, across nodes): one result per session.
 type ManyGets<T> = fn(&mut [&mut KvSession], &[&[u64]]) -> Vec<Result<Vec<Option<T>>, KvError>>;
@@ -675,7 +678,7 @@ impl ClusterSession {
     fn many<T: Clone>(
         &mut self,
         keys: &[u64],
-        one: fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>,
+        one: OneGets<T>,
         f: ManyGets<T>,
     ) -> Result<Vec<Option<T>>, KvError> {
         let shares = self.shares(keys, |&k| k);
