@@ -12,10 +12,11 @@
 //! it, an unordered fabric's unlock, goes through the engine and is counted
 //! as `posted`, not as a round trip). [`Io::post_each`] is `run`'s first
 //! half, for a thread that posts on several memory nodes' sessions before
-//! it waits on any (still one round trip per batch in each `Io`). The buffers are reused by every step:
-//! a READ lands at `local` in the read buffer (copied out with
-//! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
-//! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
+//! it waits on any (still one round trip per batch in each `Io`). The
+//! buffers are reused by every step: a READ lands at `local` in the read
+//! buffer (copied out with [`Io::local`]), a WRITE sends what
+//! [`Io::stage`] put at `local` in the write buffer; a step's caller keeps
+//! its ops' buffer ranges disjoint.
 //!
 //! With a lease ([`LeaseFence`]), a batch that writes anything (WRITE,
 //! `CAS`, FAA) is posted only while the lease is valid; otherwise `run`

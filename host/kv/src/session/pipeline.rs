@@ -66,8 +66,9 @@
 //! chain could not be read or edited (unchanged, at once); otherwise in
 //! round 2 ([`KvSession::plan_release_many`], whose guards are spent
 //! into a plan that [`KvSession::released_many`] settles whether or not
-//! the batch was posted) — with its leaf write, or unchanged (a write that changed nothing, a `u64` request that met a
-//! longer value, an insert that needs a split). A lock `CAS` that failed
+//! the batch was posted) — with its leaf write, or unchanged (a write
+//! that changed nothing, a `u64` request that met a longer value, an
+//! insert that needs a split). A lock `CAS` that failed
 //! without saying whether it landed goes to the client's record of locks
 //! maybe held, as on the single path, and its request reports
 //! [`KvError::LockMaybeHeld`]; a round 2 that could not be posted
