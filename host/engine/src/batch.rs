@@ -10,6 +10,14 @@
 //! yielding the CPU every few polls, the group's worker standing aside
 //! meanwhile), then sleeps until the backend's next due time or with a
 //! growing nap, never a long busy spin.
+//!
+//! A run is also two halves: [`Channel::post_iter`] posts the batch and
+//! returns a [`Posted`], whose [`Posted::wait`] waits for it. A thread
+//! with a channel on each of several engines (a compute node of several
+//! memory nodes) posts on every one before it waits on any, so their
+//! round trips overlap. The [`Posted`] borrows its channel and results
+//! until it was waited for (its drop waits), so a channel has at most one
+//! batch in flight and nothing outlives it.
 
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Weak};
@@ -89,6 +97,10 @@ pub struct Channel {
     wrs: Vec<WorkRequest>,
     comps: Vec<Completion>,
     pending: Vec<bool>,
+    /// Operations of the last batch posted and not yet waited for: only
+    /// after a [`Posted`] was leaked (`mem::forget`), since waiting and
+    /// dropping both wait. The next post waits for them first.
+    unfinished: usize,
 }
 
 impl std::fmt::Debug for Channel {
@@ -131,6 +143,59 @@ impl Drop for Spinning {
     }
 }
 
+/// A doorbell batch posted on a [`Channel`] and not yet waited for
+/// ([`Channel::post_iter`]). [`Posted::wait`] waits for every operation;
+/// dropping it waits too, so the batch never outlives the borrows of the
+/// channel and of its results (nor, through them, the buffers its
+/// operations use).
+#[must_use = "a posted batch is waited for by `wait` (or on drop)"]
+pub struct Posted<'c> {
+    ch: &'c mut Channel,
+    /// `Some` until [`Posted::wait`] hands it back.
+    results: Option<&'c mut Vec<Result<u64, TransferError>>>,
+    /// Operations posted and not completed yet.
+    remaining: usize,
+}
+
+impl std::fmt::Debug for Posted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Posted")
+            .field("remaining", &self.remaining)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'c> Posted<'c> {
+    /// Waits for every operation of the batch, as [`Channel::run`] does,
+    /// and returns the results: each operation's outcome, in order.
+    #[inline]
+    pub fn wait(mut self) -> &'c [Result<u64, TransferError>] {
+        self.finish();
+        match self.results.take() {
+            Some(results) => {
+                let results: &'c Vec<_> = results;
+                results
+            }
+            None => &[],
+        }
+    }
+
+    #[inline]
+    fn finish(&mut self) {
+        let remaining = std::mem::take(&mut self.remaining);
+        if let Some(results) = self.results.as_deref_mut() {
+            self.ch.wait(results, remaining);
+        }
+    }
+}
+
+impl Drop for Posted<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 impl Channel {
     pub(crate) fn new(
         engine: Arc<EngineShared>,
@@ -146,6 +211,7 @@ impl Channel {
             wrs: Vec::new(),
             comps: Vec::new(),
             pending: Vec::new(),
+            unfinished: 0,
         })
     }
 
@@ -229,8 +295,47 @@ impl Channel {
         ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
         results: &mut Vec<Result<u64, TransferError>>,
     ) -> Result<(), TransferError> {
+        let remaining = self.post_ops(ops, results)?;
+        self.wait(results, remaining);
+        Ok(())
+    }
+
+    /// The first half of [`Self::run_iter`]: posts `ops` as one doorbell
+    /// batch and returns without waiting. The batch is waited for by
+    /// [`Posted::wait`] (or when the [`Posted`] is dropped), which fills
+    /// `results` as [`Self::run`] does; until then the channel and
+    /// `results` stay borrowed, so nothing else is posted on the channel
+    /// and no buffer the batch uses is handed back early through it. A
+    /// caller with several channels (one per memory node) posts on each
+    /// before it waits on any: the batches' round trips overlap. Fails,
+    /// posting nothing, only when the engine is shut down.
+    pub fn post_iter<'c, 'a>(
+        &'c mut self,
+        ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
+        results: &'c mut Vec<Result<u64, TransferError>>,
+    ) -> Result<Posted<'c>, TransferError> {
+        let remaining = self.post_ops(ops, results)?;
+        Ok(Posted {
+            ch: self,
+            results: Some(results),
+            remaining,
+        })
+    }
+
+    /// Posts `ops` as one doorbell batch (the results of operations that
+    /// could not be built set, the others' left pending); returns how
+    /// many were posted.
+    #[inline]
+    fn post_ops<'a>(
+        &mut self,
+        ops: impl ExactSizeIterator<Item = BatchOp<'a>>,
+        results: &mut Vec<Result<u64, TransferError>>,
+    ) -> Result<usize, TransferError> {
         if self.engine.shutdown.load(SeqCst) {
             return Err(TransferError::EngineShutDown);
+        }
+        if self.unfinished > 0 {
+            self.finish_leaked();
         }
         let n = ops.len();
         results.clear();
@@ -252,12 +357,38 @@ impl Channel {
                 }
             }
         }
-        let mut remaining = self.wrs.len();
-        if remaining == 0 {
-            return Ok(());
+        let remaining = self.wrs.len();
+        if remaining > 0 {
+            Counters::bump(&self.engine.counters.rtts, 1);
+            self.endpoint.post(&mut self.wrs);
         }
-        Counters::bump(&self.engine.counters.rtts, 1);
-        self.endpoint.post(&mut self.wrs);
+        self.unfinished = remaining;
+        Ok(remaining)
+    }
+
+    /// Waits for the operations of a batch whose [`Posted`] was leaked,
+    /// their outcomes dropped, so that no completion of theirs is taken
+    /// for one of the next batch's.
+    #[cold]
+    fn finish_leaked(&mut self) {
+        let mut lost: Vec<Result<u64, TransferError>> = vec![Ok(0); self.pending.len()];
+        let remaining = self.unfinished;
+        self.wait(&mut lost, remaining);
+    }
+
+    /// Waits until the `remaining` pending operations of the batch posted
+    /// last have completed, their outcomes put into `results`.
+    #[inline]
+    fn wait(&mut self, results: &mut [Result<u64, TransferError>], remaining: usize) {
+        if remaining == 0 {
+            return;
+        }
+        self.wait_for(results, remaining);
+        self.unfinished = 0;
+    }
+
+    /// [`Self::wait`] for `remaining > 0` operations.
+    fn wait_for(&mut self, results: &mut [Result<u64, TransferError>], mut remaining: usize) {
         // One poll before any waiting machinery: a backend that ran the
         // batch as it was posted (loopback without modelled latency) has
         // every completion ready, and the group's driver, the clock and the
@@ -265,7 +396,7 @@ impl Channel {
         let mut progress = self.endpoint.poll(&mut self.comps);
         self.settle(results, &mut remaining);
         if remaining == 0 {
-            return Ok(());
+            return;
         }
         let driver = self.engine.groups[self.group]
             .flag_driver
@@ -289,7 +420,7 @@ impl Channel {
                 if sleeping {
                     self.endpoint.set_sleeper(None);
                 }
-                return Ok(());
+                return;
             }
             match progress {
                 Progress::Idle => {
@@ -300,10 +431,11 @@ impl Channel {
                             *r = Err(TransferError::LostCompletion);
                         }
                     }
+                    self.pending.iter_mut().for_each(|p| *p = false);
                     if sleeping {
                         self.endpoint.set_sleeper(None);
                     }
-                    return Ok(());
+                    return;
                 }
                 Progress::WaitUntil(t) if t > Instant::now() => {
                     // A modelled deadline. Closer than a timed sleep can
@@ -363,6 +495,9 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
+        if self.unfinished > 0 {
+            self.finish_leaked();
+        }
         // Nothing can be outstanding between runs; flush for backends that
         // hold resources per request anyway.
         let mut out = Vec::new();

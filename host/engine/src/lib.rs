@@ -45,7 +45,7 @@ pub mod topology;
 pub mod watcher;
 
 pub use atomics::{AtomicProfile, AtomicRoute, AtomicScope, ReplyOrder, SharedWords};
-pub use batch::{BatchOp, Channel};
+pub use batch::{BatchOp, Channel, Posted};
 pub use callback::{CompletionFlag, OnDone, OnValue};
 pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
 pub use domain::loopback::{Faults, LoopbackConfig, Unordered};

@@ -652,6 +652,50 @@ fn channel_batch_of_mixed_ops_is_one_doorbell() {
     });
 }
 
+/// `Channel::post_iter`: batches on the channels of two engines are both
+/// posted before either is waited for, each gets its own outcomes
+/// whichever is waited for first; a batch whose `Posted` was leaked is
+/// waited for by the channel's next post, so none of its completions is
+/// taken for one of the next batch's.
+#[test]
+fn channel_batches_post_before_waiting_and_a_leaked_batch_is_waited_for() {
+    bounded(|| {
+        let (a1, a2, b) = (engine(1), engine(1), engine(1));
+        let (remote, rd) = region(&b, 64);
+        remote.store_u64(0, 100).unwrap();
+        remote.store_u64(8, 200).unwrap();
+        let (mut c1, mut c2) = (a1.channel().unwrap(), a2.channel().unwrap());
+        let faa = |offset, add| BatchOp::Faa {
+            dst: &rd,
+            offset,
+            add,
+        };
+        let (mut r1, mut r2) = (Vec::new(), Vec::new());
+        let p1 = c1
+            .post_iter([faa(0, 1), faa(8, 2)].into_iter(), &mut r1)
+            .unwrap();
+        let p2 = c2.post_iter([faa(8, 3)].into_iter(), &mut r2).unwrap();
+        let got2 = p2.wait().to_vec();
+        let got1 = p1.wait().to_vec();
+        assert_eq!(got1[0], Ok(100));
+        assert_eq!(got2.len(), 1);
+        // The two FAAs on word 8 landed in some order.
+        let (x, y) = (got1[1].clone().unwrap(), got2[0].clone().unwrap());
+        assert!((x, y) == (200, 202) || (x, y) == (203, 200), "{x} {y}");
+        assert_eq!(remote.load_u64(0).unwrap(), 101);
+        assert_eq!(remote.load_u64(8).unwrap(), 205);
+        assert_eq!(a1.counters().total.rtts + a2.counters().total.rtts, 2);
+
+        // A leaked batch: the next run waits for it first.
+        std::mem::forget(c1.post_iter([faa(0, 10)].into_iter(), &mut r1).unwrap());
+        let mut res = Vec::new();
+        c1.run(&[faa(16, 5)], &mut res).unwrap();
+        assert_eq!(res, vec![Ok(0)], "its own outcome, not the leaked FAA's");
+        assert_eq!(remote.load_u64(0).unwrap(), 111);
+        assert_eq!(remote.load_u64(16).unwrap(), 5);
+    });
+}
+
 #[test]
 fn callbacks_fire_once_for_many_operations() {
     bounded(|| {

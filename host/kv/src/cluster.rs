@@ -59,7 +59,11 @@
 //! [`ClusterClient::stats`] adds them up and counts an operation that
 //! visited several nodes (a scan across a boundary) once, with the round
 //! trips of all its visits. [`ClusterClient::node_stats`] gives one
-//! node's counters (its visits).
+//! node's counters (its visits). A call that reads or writes on several
+//! nodes at once ([`ClusterSession::get_many`], [`ClusterSession::run_many`])
+//! posts each round on every node before it waits on any: it takes the
+//! round trips of its busiest node, while each node counts its own (so
+//! the summed count is the round trips posted, not those waited for).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -449,6 +453,13 @@ impl ClusterClient {
     }
 }
 
+/// One session's gets ([`KvSession::get_many`] or its values form).
+type OneGets<T> = fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>;
+
+/// Several sessions' gets at once, `keys[i]` on `sessions[i]`
+/// ([`KvSession::get_many`]'s, across nodes): one result per session.
+type ManyGets<T> = fn(&mut [&mut KvSession], &[&[u64]]) -> Vec<Result<Vec<Option<T>>, KvError>>;
+
 /// Whether `e` says the node's peer failed or vanished (not a problem of
 /// the operation or of this client).
 fn peer_gone(e: &KvError) -> bool {
@@ -559,58 +570,150 @@ impl ClusterSession {
     }
 
     /// As [`KvSession::get_many`]: the keys of each node read together
-    /// (one batch per node that holds some of them), answers in `keys`'
-    /// order.
+    /// (one batch per node that holds some of them, every node's batch
+    /// posted before any is waited for: the round trips of one node, not
+    /// their sum), answers in `keys`' order. The first error in node
+    /// order is the call's (each node's is named by it, as a single
+    /// operation's).
     pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
-        self.many(keys, KvSession::get_many)
+        self.many(keys, KvSession::get_many, KvSession::get_many_on)
     }
 
     /// As [`KvSession::get_many_values`], per node as [`Self::get_many`].
     pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        self.many(keys, KvSession::get_many_values)
+        self.many(
+            keys,
+            KvSession::get_many_values,
+            KvSession::get_many_values_on,
+        )
     }
 
-    /// `f` on each node's share of `keys`, the answers put back in order.
+    /// Each node's share of `items` (by `key`): the indexes of its items
+    /// and the items, for every node that serves some.
+    fn shares<T: Copy>(
+        &self,
+        items: &[T],
+        key: impl Fn(&T) -> u64,
+    ) -> Vec<(usize, Vec<usize>, Vec<T>)> {
+        let mut per: Vec<(Vec<usize>, Vec<T>)> =
+            vec![(Vec::new(), Vec::new()); self.sessions.len()];
+        for (i, item) in items.iter().enumerate() {
+            if let Some((idx, mine)) = per.get_mut(self.node_of(key(item))) {
+                idx.push(i);
+                mine.push(*item);
+            }
+        }
+        per.into_iter()
+            .enumerate()
+            .filter(|(_, (idx, _))| !idx.is_empty())
+            .map(|(node, (idx, mine))| (node, idx, mine))
+            .collect()
+    }
+
+    /// The error of a call on node `node` while it is down (`None`: it is
+    /// not known down).
+    fn down_error(&self, node: usize) -> Option<KvError> {
+        let state = self.shared.nodes.get(node)?;
+        let cause = state.down.get()?;
+        Some(KvError::MemoryNodeDown {
+            node,
+            name: state.name.clone(),
+            range: self.shared.map.range(node).unwrap_or((0, u64::MAX)),
+            cause: Box::new(cause.clone()),
+        })
+    }
+
+    /// Runs `f` on the sessions of the nodes in `shares` (node, item
+    /// indexes, items) that are not down, all in one call, and returns
+    /// each share's outcome, in `shares`' order: a node down refuses its
+    /// share at once, a node's error is named by it (marking it down if it
+    /// says the node is gone), as [`Self::on`] does.
+    fn on_each<T, A>(
+        &mut self,
+        shares: &[(usize, Vec<usize>, Vec<T>)],
+        f: impl FnOnce(&mut [&mut KvSession], &[&[T]]) -> Vec<Result<A, KvError>>,
+    ) -> Vec<Result<A, KvError>> {
+        let several = self.shared.nodes.len() > 1;
+        let down: Vec<Option<KvError>> = shares
+            .iter()
+            .map(|(node, ..)| several.then(|| self.down_error(*node)).flatten())
+            .collect();
+        let mut sessions: Vec<&mut KvSession> = Vec::with_capacity(shares.len());
+        let mut mine: Vec<&[T]> = Vec::with_capacity(shares.len());
+        let mut wanted = shares
+            .iter()
+            .zip(&down)
+            .filter(|(_, d)| d.is_none())
+            .map(|((node, _, items), _)| (*node, items.as_slice()))
+            .peekable();
+        for (node, s) in self.sessions.iter_mut().enumerate() {
+            if wanted.peek().is_some_and(|(n, _)| *n == node) {
+                if let Some((_, items)) = wanted.next() {
+                    sessions.push(s);
+                    mine.push(items);
+                }
+            }
+        }
+        let mut got = f(&mut sessions, &mine).into_iter();
+        drop(sessions);
+        shares
+            .iter()
+            .zip(down)
+            .map(|((node, ..), down)| match down {
+                Some(e) => Err(e),
+                None => got
+                    .next()
+                    .unwrap_or(Err(KvError::BadConfig {
+                        field: "node",
+                        reason: "routed to a node the cluster does not have",
+                    }))
+                    .map_err(|e| self.node_error(*node, e)),
+            })
+            .collect()
+    }
+
+    /// `f` on each node's share of `keys`, all nodes' batches together,
+    /// the answers put back in order; the first error in node order is
+    /// the call's. Keys of one node only: `one` on its session.
     fn many<T: Clone>(
         &mut self,
         keys: &[u64],
-        f: impl Fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>,
+        one: OneGets<T>,
+        f: ManyGets<T>,
     ) -> Result<Vec<Option<T>>, KvError> {
+        let shares = self.shares(keys, |&k| k);
+        if let [(node, _, mine)] = shares.as_slice() {
+            return self.on(*node, |s| one(s, mine));
+        }
+        let got = self.on_each(&shares, f);
         let mut out: Vec<Option<T>> = vec![None; keys.len()];
-        for node in 0..self.sessions.len() {
-            let idx: Vec<usize> = (0..keys.len())
-                .filter(|&i| self.node_of(keys[i]) == node)
-                .collect();
-            if idx.is_empty() {
-                continue;
-            }
-            let mine: Vec<u64> = idx.iter().map(|&i| keys[i]).collect();
-            let got = self.on(node, |s| f(s, &mine))?;
-            for (i, v) in idx.into_iter().zip(got) {
+        for ((_, idx, _), got) in shares.into_iter().zip(got) {
+            for (i, v) in idx.into_iter().zip(got?) {
                 out[i] = v;
             }
         }
         Ok(out)
     }
 
-    /// As [`KvSession::run_many`]: each node's requests run together (one
-    /// call per node that serves some of them, in node order; requests of
-    /// distinct nodes touch distinct keys), answers in `reqs`' order. Each
-    /// error is named by its node, as a single operation's (and a node
-    /// whose error says it is gone is marked down); a node's call that ran
-    /// nothing (the node is down, or its session's posted unlock failed)
-    /// answers each of its requests with that error.
+    /// As [`KvSession::run_many`]: each node's requests run together, and
+    /// every node's batches together (each round posted on every node
+    /// that serves some of the requests before any is waited for: the
+    /// round trips of the busiest node, not their sum; requests of
+    /// distinct nodes touch distinct keys), answers in `reqs`' order.
+    /// Each error is named by its node, as a single operation's (and a
+    /// node whose error says it is gone is marked down); a node's share
+    /// that ran nothing (the node is down, or its session's posted unlock
+    /// failed) answers each of its requests with that error. One node's
+    /// errors never touch another node's requests or locks.
     pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Answer> {
+        let shares = self.shares(reqs, |r| r.key());
+        let got = match shares.as_slice() {
+            [(node, _, mine)] => vec![self.on(*node, |s| s.run_many(mine))],
+            _ => self.on_each(&shares, KvSession::run_many_on),
+        };
         let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
-        for node in 0..self.sessions.len() {
-            let idx: Vec<usize> = (0..reqs.len())
-                .filter(|&i| self.node_of(reqs[i].key()) == node)
-                .collect();
-            if idx.is_empty() {
-                continue;
-            }
-            let mine: Vec<Request> = idx.iter().map(|&i| reqs[i]).collect();
-            match self.on(node, |s| s.run_many(&mine)) {
+        for ((node, idx, _), got) in shares.into_iter().zip(got) {
+            match got {
                 Ok(got) => {
                     for (i, a) in idx.into_iter().zip(got) {
                         out[i] = Some(a.map_err(|e| self.node_error(node, e)));

@@ -10,10 +10,13 @@
 //! `host/tests/kv_rtts.rs` asserts per operation, so `Io` posts nothing
 //! outside `run` (the one operation a session posts without waiting for
 //! it, an unordered fabric's unlock, goes through the engine and is counted
-//! as `posted`, not as a round trip). The buffers are reused by every step:
-//! a READ lands at `local` in the read buffer (copied out with
-//! [`Io::local`]), a WRITE sends what [`Io::stage`] put at `local` in the
-//! write buffer; a step's caller keeps its ops' buffer ranges disjoint.
+//! as `posted`, not as a round trip). [`Io::post_each`] is `run`'s first
+//! half, for a thread that posts on several memory nodes' sessions before
+//! it waits on any (still one round trip per batch in each `Io`). The
+//! buffers are reused by every step: a READ lands at `local` in the read
+//! buffer (copied out with [`Io::local`]), a WRITE sends what
+//! [`Io::stage`] put at `local` in the write buffer; a step's caller keeps
+//! its ops' buffer ranges disjoint.
 //!
 //! With a lease ([`LeaseFence`]), a batch that writes anything (WRITE,
 //! `CAS`, FAA) is posted only while the lease is valid; otherwise `run`
@@ -22,7 +25,7 @@
 //! that key when the lease ends there).
 
 use rolex_core::wire::{Access, MrDesc};
-use rolex_engine::batch::{BatchOp, Channel};
+use rolex_engine::batch::{BatchOp, Channel, Posted};
 use rolex_engine::engine::TransferEngine;
 use rolex_engine::{MrHandle, TransferError};
 
@@ -67,6 +70,43 @@ pub(crate) struct Io {
     wbuf_tainted: bool,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
+}
+
+/// A batch [`Io::post_each`] posted and nobody waited for yet: it holds
+/// the `Io` borrowed (its buffers may still be landing) until
+/// [`InFlight::wait`], or its drop, which waits too (and then trusts
+/// neither buffer in place: it did not look at the outcomes).
+#[must_use = "a posted batch is waited for by `wait`"]
+pub(crate) struct InFlight<'a> {
+    /// `Some` until waited for.
+    posted: Option<Posted<'a>>,
+    ops: &'a [Op],
+    rbuf_tainted: &'a mut bool,
+    wbuf_tainted: &'a mut bool,
+}
+
+impl<'a> InFlight<'a> {
+    /// Waits for the batch: each op's own outcome, in order, as
+    /// [`Io::run_each`] returns them.
+    pub(crate) fn wait(mut self) -> &'a [Result<u64, TransferError>] {
+        let Some(posted) = self.posted.take() else {
+            return &[];
+        };
+        let results = posted.wait();
+        taint(self.ops, results, self.rbuf_tainted, self.wbuf_tainted);
+        results
+    }
+}
+
+impl Drop for InFlight<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(posted) = self.posted.take() {
+            drop(posted);
+            *self.rbuf_tainted = true;
+            *self.wbuf_tainted = true;
+        }
+    }
 }
 
 impl Io {
@@ -169,76 +209,79 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
-        // A lease with a key of its own: that key is closed at the memory
-        // node when the lease ends there, so reads are refused here too.
+        self.check_lease_for(ops)?;
+        let batch = batch_ops(ops, pool, &self.rbuf, &self.wbuf, &mut self.cur);
+        let done = self.ch.run_iter(batch, &mut self.results);
+        self.cur.rtts += 1;
+        if done.is_err() {
+            // Nothing was posted; still, trust neither buffer in place.
+            self.rbuf_tainted = true;
+            self.wbuf_tainted = true;
+        } else {
+            taint(
+                ops,
+                &self.results,
+                &mut self.rbuf_tainted,
+                &mut self.wbuf_tainted,
+            );
+        }
+        done.map_err(transfer(during))
+    }
+
+    /// The first half of [`Io::run_each`]: checks the lease as `run` does
+    /// and posts `ops` as one doorbell batch (one round trip in [`Io::cur`])
+    /// without waiting. `Err` only when nothing was posted (the lease, or
+    /// the engine shut down). The returned [`InFlight`] borrows this `Io`
+    /// until [`InFlight::wait`] (or its drop, which waits too): nothing
+    /// else uses the buffers while the batch may land in them. Several
+    /// sessions' `Io`s (one per memory node) each post one batch before
+    /// any waits: their round trips overlap.
+    pub(crate) fn post_each<'a>(
+        &'a mut self,
+        pool: &MrDesc,
+        ops: &'a [Op],
+        during: &'static str,
+    ) -> Result<InFlight<'a>, KvError> {
+        self.check_lease_for(ops)?;
+        let Io {
+            ch,
+            rbuf,
+            wbuf,
+            results,
+            rbuf_tainted,
+            wbuf_tainted,
+            cur,
+            ..
+        } = self;
+        let batch = batch_ops(ops, pool, rbuf, wbuf, cur);
+        let posted = ch.post_iter(batch, results);
+        cur.rtts += 1;
+        match posted {
+            Ok(posted) => Ok(InFlight {
+                posted: Some(posted),
+                ops,
+                rbuf_tainted,
+                wbuf_tainted,
+            }),
+            Err(e) => {
+                // Nothing was posted; still, trust neither buffer in place.
+                *rbuf_tainted = true;
+                *wbuf_tainted = true;
+                Err(transfer(during)(e))
+            }
+        }
+    }
+
+    /// `Ok` unless `ops` need the lease and it is not valid now. A lease
+    /// with a key of its own: that key is closed at the memory node when
+    /// the lease ends there, so reads are refused here too.
+    #[inline]
+    fn check_lease_for(&self, ops: &[Op]) -> Result<(), KvError> {
         let own_key = self.fence.as_ref().is_some_and(|f| f.pool().is_some());
         if own_key || ops.iter().any(|op| !matches!(op, Op::Read { .. })) {
             self.check_lease()?;
         }
-        let (rbuf, wbuf, cur) = (&self.rbuf, &self.wbuf, &mut self.cur);
-        let batch = ops.iter().map(|op| match *op {
-            Op::Read { remote, local, len } => {
-                cur.bytes_read += len;
-                BatchOp::Read {
-                    dst: rbuf,
-                    dst_offset: local,
-                    src: pool,
-                    src_offset: remote,
-                    len,
-                }
-            }
-            Op::Write { remote, local, len } => {
-                cur.bytes_written += len;
-                BatchOp::Write {
-                    src: wbuf,
-                    src_offset: local,
-                    dst: pool,
-                    dst_offset: remote,
-                    len,
-                    imm: None,
-                }
-            }
-            Op::Cas {
-                remote,
-                expected,
-                new,
-            } => {
-                cur.atomics += 1;
-                BatchOp::Cas {
-                    dst: pool,
-                    offset: remote,
-                    expected,
-                    new,
-                }
-            }
-            Op::Faa { remote, add } => {
-                cur.atomics += 1;
-                BatchOp::Faa {
-                    dst: pool,
-                    offset: remote,
-                    add,
-                }
-            }
-        });
-        let done = self.ch.run_iter(batch, &mut self.results);
-        self.cur.rtts += 1;
-        // A failed READ may still land in the read buffer, a failed WRITE
-        // may still be read from the write buffer (see the fields). One
-        // pass, and only when something failed: this runs on every batch.
-        if done.is_err() {
-            self.rbuf_tainted = true;
-            self.wbuf_tainted = true;
-        } else if self.results.iter().any(Result::is_err) {
-            for (op, r) in ops.iter().zip(&self.results) {
-                if r.is_err() {
-                    match op {
-                        Op::Read { .. } => self.rbuf_tainted = true,
-                        _ => self.wbuf_tainted = true,
-                    }
-                }
-            }
-        }
-        done.map_err(transfer(during))
+        Ok(())
     }
 
     /// `Ok` unless this client has a lease and it is not valid now: then
@@ -286,7 +329,9 @@ impl Io {
         // write it), never cloned or handed out, and the only operations
         // that land in it are the READs of this `Io`'s own batches. Those
         // are posted by `run`/`run_each`, which return only once every op
-        // of their batch completed (`Channel::run_iter`), and which take
+        // of their batch completed (`Channel::run_iter`), or by
+        // `post_each`, whose `InFlight` holds `&mut self` until the batch
+        // completed (its `wait`, or its drop, waits); all take
         // `&mut self`, so none is in progress while `&self` is lent here.
         // A READ that completed with an error (a timeout above all) may
         // still land later: the buffer is then tainted and copied from
@@ -336,7 +381,8 @@ impl Io {
         // peer can read or write it), never cloned or handed out, and the
         // only operations that read it are the WRITEs of this `Io`'s own
         // batches, posted by `run`/`run_each`, which return only once every
-        // op of their batch completed and which take `&mut self` as this
+        // op of their batch completed, or by `post_each`, whose `InFlight`
+        // holds `&mut self` until they did; all take `&mut self` as this
         // does. A WRITE that completed with an error may still be read by
         // the provider later: the buffer is then tainted and filled aside
         // instead (above).
@@ -406,5 +452,84 @@ impl Io {
             during,
         )?;
         self.local_u64(0)
+    }
+}
+
+/// `ops` as the engine's batch operations on `pool` and the buffers,
+/// counting their bytes and atomics in `cur` as they are posted.
+#[inline]
+fn batch_ops<'a>(
+    ops: &'a [Op],
+    pool: &'a MrDesc,
+    rbuf: &'a MrHandle,
+    wbuf: &'a MrHandle,
+    cur: &'a mut OpStats,
+) -> impl ExactSizeIterator<Item = BatchOp<'a>> + 'a {
+    ops.iter().map(move |op| match *op {
+        Op::Read { remote, local, len } => {
+            cur.bytes_read += len;
+            BatchOp::Read {
+                dst: rbuf,
+                dst_offset: local,
+                src: pool,
+                src_offset: remote,
+                len,
+            }
+        }
+        Op::Write { remote, local, len } => {
+            cur.bytes_written += len;
+            BatchOp::Write {
+                src: wbuf,
+                src_offset: local,
+                dst: pool,
+                dst_offset: remote,
+                len,
+                imm: None,
+            }
+        }
+        Op::Cas {
+            remote,
+            expected,
+            new,
+        } => {
+            cur.atomics += 1;
+            BatchOp::Cas {
+                dst: pool,
+                offset: remote,
+                expected,
+                new,
+            }
+        }
+        Op::Faa { remote, add } => {
+            cur.atomics += 1;
+            BatchOp::Faa {
+                dst: pool,
+                offset: remote,
+                add,
+            }
+        }
+    })
+}
+
+/// After a batch of `ops` completed with `results`: a failed READ may
+/// still land in the read buffer, a failed WRITE may still be read from
+/// the write buffer (see [`Io`]'s fields), so each marks its buffer. One
+/// pass, and only when something failed: this runs on every batch.
+#[inline]
+fn taint(
+    ops: &[Op],
+    results: &[Result<u64, TransferError>],
+    rbuf_tainted: &mut bool,
+    wbuf_tainted: &mut bool,
+) {
+    if results.iter().any(Result::is_err) {
+        for (op, r) in ops.iter().zip(results) {
+            if r.is_err() {
+                match op {
+                    Op::Read { .. } => *rbuf_tainted = true,
+                    _ => *wbuf_tainted = true,
+                }
+            }
+        }
     }
 }

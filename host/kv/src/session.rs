@@ -184,7 +184,7 @@ use rolex_engine::TransferError;
 use crate::cache::{clock_ns, ModelView};
 use crate::client::{fetch_model, ClientShared};
 use crate::error::KvError;
-use crate::io::{Io, Op};
+use crate::io::{InFlight, Io, Op};
 use crate::stats::{KvOp, SessionCounters};
 use crate::values::{Block, ValueSpace};
 use lock::{ChainLock, PendingUnlock};
@@ -241,6 +241,42 @@ struct HotBuffers {
     reads: LeafReads,
     /// The last owner leaf's bytes (any contents; resized before use).
     leaf: Vec<u8>,
+}
+
+/// Makes one session's answers of a `get_many` from the slot values its
+/// gets found (it may read more: out-of-line values).
+type GetAnswers<T> = fn(&mut KvSession, &[u64], Vec<Option<SlotValue>>) -> Result<T, KvError>;
+
+/// A [`KvSession::get_many`] as it goes: its keys, the slot values found
+/// so far, the keys still to read, and the batches tried.
+struct GetMany<'k> {
+    keys: &'k [u64],
+    out: Vec<Option<SlotValue>>,
+    pending: Vec<usize>,
+    attempt: u64,
+}
+
+impl<'k> GetMany<'k> {
+    fn new(keys: &'k [u64]) -> Self {
+        Self {
+            keys,
+            out: vec![None; keys.len()],
+            pending: (0..keys.len()).collect(),
+            attempt: 0,
+        }
+    }
+}
+
+/// One batch of a [`KvSession::get_many`] as planned: the clock before
+/// it, its ops, the read buffer's bytes it uses, each model's check
+/// (model, view, where it lands) and each key's chain (index, model,
+/// view, chain, where its leaves land).
+struct GetBatch {
+    posted: u64,
+    ops: Vec<Op>,
+    end: u64,
+    checks: Vec<(usize, Arc<ModelView>, u64)>,
+    plans: Vec<(usize, usize, Arc<ModelView>, u64, LeafReads)>,
 }
 
 /// What a get's batch, looked at where it landed, says
@@ -429,14 +465,7 @@ impl KvSession {
     pub fn get_many(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, KvError> {
         self.counted_n(KvOp::Get, keys.len(), |s| {
             let found = s.get_many_inner(keys)?;
-            let mut out = Vec::with_capacity(found.len());
-            for (&key, v) in keys.iter().zip(found) {
-                if let Some(v) = v {
-                    s.io.cur.value_bytes += v.len() as u64;
-                }
-                out.push(v.map(|v| as_u64(key, v)).transpose()?);
-            }
-            Ok(out)
+            s.u64_answers(keys, found)
         })
     }
 
@@ -445,21 +474,7 @@ impl KvSession {
     pub fn get_many_values(&mut self, keys: &[u64]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         self.counted_n(KvOp::Get, keys.len(), |s| {
             let found = s.get_many_inner(keys)?;
-            let pairs: Vec<(usize, SlotValue)> = found
-                .iter()
-                .enumerate()
-                .filter_map(|(i, v)| v.map(|v| (i, v)))
-                .collect();
-            let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
-            let mut out = vec![None; keys.len()];
-            // `resolve` keeps the order and drops keys removed meanwhile.
-            let mut resolved = s.resolve(present)?.into_iter().peekable();
-            for (i, _) in pairs {
-                if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
-                    out[i] = resolved.next().map(|(_, v)| v);
-                }
-            }
-            Ok(out)
+            s.value_answers(keys, found)
         })
     }
 
@@ -1066,80 +1081,253 @@ impl KvSession {
     /// reads it there); keys whose model was stale, or whose chase says so,
     /// go again in the next batch, after a refresh.
     fn get_many_inner(&mut self, keys: &[u64]) -> Result<Vec<Option<SlotValue>>, KvError> {
-        let mut out = vec![None; keys.len()];
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
-        let mut attempt = 0;
-        while !pending.is_empty() {
-            if attempt >= self.shared.cfg.max_attempts {
-                return Err(KvError::TooManyRetries {
-                    op: "get_many",
-                    attempts: attempt,
-                });
+        let mut g = GetMany::new(keys);
+        while let Some(batch) = self.plan_get_batch(&mut g)? {
+            let landed = self.post_get_batch(&batch).map(|f| first_error(f.wait()));
+            self.landed_get_batch(&mut g, batch, landed)?;
+        }
+        Ok(g.out)
+    }
+
+    /// [`Self::get_many_inner`] on several sessions at once — one per
+    /// memory node of a cluster, `keys[i]` on `sessions[i]`: each round's
+    /// batch is posted on every session before any is waited for, so the
+    /// call costs the round trips of one session, not their sum. Then
+    /// `finish` makes each session's answers (it may read more), and the
+    /// call counts as `keys[i].len()` gets on each session (as
+    /// [`Self::get_many`]).
+    fn get_many_with<T>(
+        sessions: &mut [&mut KvSession],
+        keys: &[&[u64]],
+        finish: GetAnswers<T>,
+    ) -> Vec<Result<T, KvError>> {
+        let mut states: Vec<Result<GetMany<'_>, KvError>> = sessions
+            .iter_mut()
+            .zip(keys)
+            .map(|(s, &mine)| {
+                s.io.cur = Default::default();
+                s.settle().map(|()| {
+                    s.resolve_held();
+                    GetMany::new(mine)
+                })
+            })
+            .collect();
+        loop {
+            let mut batches = Vec::with_capacity(states.len());
+            for (s, g) in sessions.iter_mut().zip(states.iter_mut()) {
+                let planned = match g {
+                    Ok(g) => s.plan_get_batch(g),
+                    Err(_) => Ok(None),
+                };
+                batches.push(planned.unwrap_or_else(|e| {
+                    *g = Err(e);
+                    None
+                }));
             }
-            attempt += 1;
-            // One check per model, then each key's chain.
-            let posted = clock_ns();
-            let mut ops = Vec::new();
-            let mut at = self.leaf_size.next_multiple_of(8);
-            let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
-            let mut plans = Vec::with_capacity(pending.len());
-            for &i in &pending {
-                let ChainAt { m, view, j, .. } = self.chain_at(keys[i])?;
-                if !checks.iter().any(|c| c.0 == m) {
-                    let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
-                    checks.push((m, view.clone(), at));
-                    at = next;
-                }
-                let mut reads = Vec::with_capacity(self.chain.len());
-                for &addr in &self.chain {
-                    ops.push(Op::Read {
-                        remote: self.shared.region.leaf_offset(addr)?,
-                        local: at,
-                        len: self.leaf_size,
-                    });
-                    reads.push((addr, at));
-                    at += self.leaf_size.next_multiple_of(8);
-                }
-                self.io.cur.leaves_read += reads.len() as u64;
-                plans.push((i, m, view, j, reads));
+            if batches.iter().all(Option::is_none) {
+                break;
             }
-            self.io.reserve(&self.shared.engine, at, 0)?;
-            self.io.run(&self.shared.pool, &ops, "get_many")?;
-            let mut stale: Vec<usize> = Vec::new();
-            for (m, view, at) in &checks {
-                if !self.still_current_at(view, posted, *at)? {
-                    stale.push(*m);
-                }
-            }
-            let mut again = Vec::new();
-            for (i, m, view, j, reads) in plans {
-                if stale.contains(&m) {
-                    again.push(i);
+            let landed = pipeline::post_all(sessions, &batches, |s, b| Some(s.post_get_batch(b)));
+            for (((s, g), batch), landed) in sessions
+                .iter_mut()
+                .zip(states.iter_mut())
+                .zip(batches)
+                .zip(landed)
+            {
+                let (Ok(state), Some(batch)) = (g.as_mut(), batch) else {
                     continue;
-                }
-                let start = reads[0].0;
-                self.chain.clear();
-                self.chain.extend(reads.iter().map(|r| r.0));
-                match self.chase(m as u64, keys[i], start, 0, &reads)? {
-                    Chase::Owner(owner) => {
-                        self.learn(&view, j, &owner.path, owner.addr);
-                        out[i] = lookup(&owner.bytes, keys[i]);
-                    }
-                    Chase::Stale => {
-                        if !stale.contains(&m) {
-                            stale.push(m);
-                        }
-                        again.push(i);
-                    }
+                };
+                let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+                let landed = landed.map(|r| first_error(&r));
+                if let Err(e) = s.landed_get_batch(state, batch, landed) {
+                    *g = Err(e);
                 }
             }
-            for m in stale {
-                self.io.cur.retries += 1;
-                self.refresh(m)?;
+        }
+        sessions
+            .iter_mut()
+            .zip(keys)
+            .zip(states)
+            .map(|((s, &mine), g)| {
+                let r = g.and_then(|g| finish(s, mine, g.out));
+                s.io.cur.ops = mine.len() as u64;
+                s.counters.per_op[KvOp::Get.index()].add(&s.io.cur);
+                r
+            })
+            .collect()
+    }
+
+    /// [`Self::get_many`] on several sessions at once (see
+    /// `get_many_with`): `keys[i]` on `sessions[i]`, one result each.
+    pub(crate) fn get_many_on(
+        sessions: &mut [&mut KvSession],
+        keys: &[&[u64]],
+    ) -> Vec<Result<Vec<Option<u64>>, KvError>> {
+        Self::get_many_with(sessions, keys, Self::u64_answers)
+    }
+
+    /// [`Self::get_many_values`] on several sessions at once (see
+    /// `get_many_with`; the out-of-line values are read per session,
+    /// after every session's leaves).
+    pub(crate) fn get_many_values_on(
+        sessions: &mut [&mut KvSession],
+        keys: &[&[u64]],
+    ) -> Vec<Result<Vec<Option<Vec<u8>>>, KvError>> {
+        Self::get_many_with(sessions, keys, Self::value_answers)
+    }
+
+    /// [`Self::get_many`]'s answers from the slot values found.
+    fn u64_answers(
+        &mut self,
+        keys: &[u64],
+        found: Vec<Option<SlotValue>>,
+    ) -> Result<Vec<Option<u64>>, KvError> {
+        let mut out = Vec::with_capacity(found.len());
+        for (&key, v) in keys.iter().zip(found) {
+            if let Some(v) = v {
+                self.io.cur.value_bytes += v.len() as u64;
             }
-            pending = again;
+            out.push(v.map(|v| as_u64(key, v)).transpose()?);
         }
         Ok(out)
+    }
+
+    /// [`Self::get_many_values`]' answers from the slot values found: the
+    /// out-of-line values read in one more batch.
+    fn value_answers(
+        &mut self,
+        keys: &[u64],
+        found: Vec<Option<SlotValue>>,
+    ) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let pairs: Vec<(usize, SlotValue)> = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i, v)))
+            .collect();
+        let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
+        let mut out = vec![None; keys.len()];
+        // `resolve` keeps the order and drops keys removed meanwhile.
+        let mut resolved = self.resolve(present)?.into_iter().peekable();
+        for (i, _) in pairs {
+            if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
+                out[i] = resolved.next().map(|(_, v)| v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The next batch of `g` planned: one check per model, then each
+    /// pending key's chain; `None` when no key is pending.
+    fn plan_get_batch(&mut self, g: &mut GetMany<'_>) -> Result<Option<GetBatch>, KvError> {
+        if g.pending.is_empty() {
+            return Ok(None);
+        }
+        if g.attempt >= self.shared.cfg.max_attempts {
+            return Err(KvError::TooManyRetries {
+                op: "get_many",
+                attempts: g.attempt,
+            });
+        }
+        g.attempt += 1;
+        // One check per model, then each key's chain.
+        let posted = clock_ns();
+        let mut ops = Vec::new();
+        let mut at = self.leaf_size.next_multiple_of(8);
+        let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
+        let mut plans = Vec::with_capacity(g.pending.len());
+        for &i in &g.pending {
+            let ChainAt { m, view, j, .. } = self.chain_at(g.keys[i])?;
+            if !checks.iter().any(|c| c.0 == m) {
+                let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
+                checks.push((m, view.clone(), at));
+                at = next;
+            }
+            let mut reads = Vec::with_capacity(self.chain.len());
+            for &addr in &self.chain {
+                ops.push(Op::Read {
+                    remote: self.shared.region.leaf_offset(addr)?,
+                    local: at,
+                    len: self.leaf_size,
+                });
+                reads.push((addr, at));
+                at += self.leaf_size.next_multiple_of(8);
+            }
+            self.io.cur.leaves_read += reads.len() as u64;
+            plans.push((i, m, view, j, reads));
+        }
+        Ok(Some(GetBatch {
+            posted,
+            ops,
+            end: at,
+            checks,
+            plans,
+        }))
+    }
+
+    /// Posts a batch [`Self::plan_get_batch`] planned (its read buffer
+    /// reserved first). On `Err` nothing was posted.
+    fn post_get_batch<'a>(&'a mut self, b: &'a GetBatch) -> Result<InFlight<'a>, KvError> {
+        self.io.reserve(&self.shared.engine, b.end, 0)?;
+        self.io.post_each(&self.shared.pool, &b.ops, "get_many")
+    }
+
+    /// A batch of `g` as it landed (`landed`: its first op error, which
+    /// is the call's, as [`Io::run`] reports it; `Err`: not posted): each
+    /// key whose model was current and whose chase ended at its owner
+    /// answered, the others pending again once their models were
+    /// refreshed.
+    fn landed_get_batch(
+        &mut self,
+        g: &mut GetMany<'_>,
+        b: GetBatch,
+        landed: Result<Option<TransferError>, KvError>,
+    ) -> Result<(), KvError> {
+        if let Some(error) = landed? {
+            return Err(KvError::Transfer {
+                during: "get_many",
+                error,
+            });
+        }
+        let GetBatch {
+            posted,
+            checks,
+            plans,
+            ..
+        } = b;
+        let mut stale: Vec<usize> = Vec::new();
+        for (m, view, at) in &checks {
+            if !self.still_current_at(view, posted, *at)? {
+                stale.push(*m);
+            }
+        }
+        let mut again = Vec::new();
+        for (i, m, view, j, reads) in plans {
+            if stale.contains(&m) {
+                again.push(i);
+                continue;
+            }
+            let start = reads[0].0;
+            self.chain.clear();
+            self.chain.extend(reads.iter().map(|r| r.0));
+            match self.chase(m as u64, g.keys[i], start, 0, &reads)? {
+                Chase::Owner(owner) => {
+                    self.learn(&view, j, &owner.path, owner.addr);
+                    g.out[i] = lookup(&owner.bytes, g.keys[i]);
+                }
+                Chase::Stale => {
+                    if !stale.contains(&m) {
+                        stale.push(m);
+                    }
+                    again.push(i);
+                }
+            }
+        }
+        for m in stale {
+            self.io.cur.retries += 1;
+            self.refresh(m)?;
+        }
+        g.pending = again;
+        Ok(())
     }
 
     /// [`Self::get_inner`], then the value's bytes into `out`: read from

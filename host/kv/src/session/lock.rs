@@ -67,8 +67,8 @@ impl LockWord {
 ///   unordered one the `CAS` is posted once the writes completed);
 /// - a split whose leaves are written: [`ChainLock::post_release`];
 /// - the locks of a pipelined batch (module `pipeline`):
-///   [`KvSession::release_many`], each with its leaf write or unchanged,
-///   all in one batch;
+///   [`KvSession::plan_release_many`] then [`KvSession::released_many`],
+///   each with its leaf write or unchanged, all in one batch;
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -108,6 +108,18 @@ pub(super) struct PlannedLock {
 /// A leaf write a release posts before its unlock: the leaf's pool
 /// offset and its bytes.
 pub(super) type LeafWrite = (u64, Vec<u8>);
+
+/// The release of a pipelined batch's locks, planned and not settled
+/// yet ([`KvSession::plan_release_many`]): the guards are spent, so
+/// [`KvSession::released_many`] must settle it, posted or not.
+#[must_use = "planned releases are settled by `released_many`"]
+pub(super) struct Releases {
+    /// Each lock's words, and whether it writes its leaf.
+    words: Vec<(LockWord, bool)>,
+    /// The batch: each lock's leaf write (if any) then its unlock; `Err`
+    /// when its writes could not be staged (nothing to post).
+    pub(super) ops: Result<Vec<Op>, KvError>,
+}
 
 /// What a lock's batch said ([`KvSession::lock_reply`]).
 pub(super) struct LockReply {
@@ -612,20 +624,19 @@ impl KvSession {
         }
     }
 
-    /// Releases the locks of a pipelined batch together, on an ordered
-    /// fabric: one doorbell batch with, for each lock in order, its leaf
-    /// WRITE if it has one (pool offset, bytes), then its unlocking `CAS`
-    /// back to the word it held before the lock (the fabric applies them
-    /// in posting order, so each unlock lands after its own data). Returns
-    /// each lock's outcome, as [`ChainLock::release`] (with a write) or
-    /// [`ChainLock::release_unchanged`] (without) would report it: an
-    /// error of a lock whose write was posted is indeterminate; a batch
-    /// that could not be staged or posted releases each lock unchanged
-    /// ([`Self::unlock_after`]: nothing was written).
-    pub(super) fn release_many(
+    /// Plans the release of a pipelined batch's locks together, on an
+    /// ordered fabric: one doorbell batch with, for each lock in order,
+    /// its leaf WRITE if it has one (pool offset, bytes, staged in the
+    /// write buffer here), then its unlocking `CAS` back to the word it
+    /// held before the lock (the fabric applies them in posting order, so
+    /// each unlock lands after its own data). The guards are spent: from
+    /// here on [`Self::released_many`] settles every lock, whether the
+    /// batch was posted or not (the caller posts [`Releases::ops`], then
+    /// hands it the outcome).
+    pub(super) fn plan_release_many(
         &mut self,
         locks: Vec<(ChainLock, Option<LeafWrite>)>,
-    ) -> Vec<Result<(), KvError>> {
+    ) -> Releases {
         debug_assert!(self.shared.ordered, "release_many needs an ordered fabric");
         let words: Vec<(LockWord, bool)> =
             locks.iter().map(|(l, w)| (l.word, w.is_some())).collect();
@@ -638,9 +649,41 @@ impl KvSession {
         for (lock, _) in locks {
             lock.spend();
         }
+        let ops = staged.map(|data| {
+            let mut ops = Vec::with_capacity(data.len() + words.len());
+            let mut data = data.into_iter();
+            for &(w, wrote) in &words {
+                if wrote {
+                    ops.extend(data.next());
+                }
+                ops.push(Op::Cas {
+                    remote: w.lt_off,
+                    expected: w.locked,
+                    new: w.unlocked.raw(),
+                });
+            }
+            ops
+        });
+        Releases { words, ops }
+    }
+
+    /// Settles the locks of `releases` ([`Self::plan_release_many`])
+    /// from its batch's outcome (`Err`: not posted). Returns each lock's
+    /// outcome, as [`ChainLock::release`] (with a write) or
+    /// [`ChainLock::release_unchanged`] (without) would report it: an
+    /// error of a lock whose write was posted is indeterminate; a batch
+    /// that could not be staged or posted releases each lock unchanged
+    /// ([`Self::unlock_after`]: nothing was written).
+    pub(super) fn released_many(
+        &mut self,
+        releases: Releases,
+        posted: Result<&[Result<u64, TransferError>], KvError>,
+    ) -> Vec<Result<(), KvError>> {
         let during = "writing and unlocking";
-        let data = match staged {
-            Ok(data) => data,
+        let Releases { words, ops } = releases;
+        let results = match ops.and(posted) {
+            Ok(r) => r,
+            // Nothing posted, nothing written: release each unchanged.
             Err(e) => {
                 return words
                     .into_iter()
@@ -648,30 +691,7 @@ impl KvSession {
                     .collect()
             }
         };
-        let mut ops = Vec::with_capacity(data.len() + words.len());
-        let mut data = data.into_iter();
-        for &(w, wrote) in &words {
-            if wrote {
-                ops.extend(data.next());
-            }
-            ops.push(Op::Cas {
-                remote: w.lt_off,
-                expected: w.locked,
-                new: w.unlocked.raw(),
-            });
-        }
-        let results: Vec<Result<u64, TransferError>> =
-            match self.io.run_each(&self.shared.pool, &ops, during) {
-                Ok(r) => r.to_vec(),
-                // Nothing posted, nothing written: release each unchanged.
-                Err(e) => {
-                    return words
-                        .into_iter()
-                        .map(|(w, _)| Err(self.unlock_after(w, e.clone())))
-                        .collect()
-                }
-            };
-        let mut results = results.into_iter();
+        let mut results = results.iter().cloned();
         let mut out = Vec::with_capacity(words.len());
         for (w, wrote) in words {
             let write_err = if wrote {

@@ -64,9 +64,11 @@
 //! [`KvSession::lock_taken`] itself when the record was found stale or a
 //! READ of the batch failed (unchanged); by [`ChainLock::abort`] when its
 //! chain could not be read or edited (unchanged, at once); otherwise in
-//! round 2 ([`KvSession::release_many`]) — with its leaf write, or
-//! unchanged (a write that changed nothing, a `u64` request that met a
-//! longer value, an insert that needs a split). A lock `CAS` that failed
+//! round 2 ([`KvSession::plan_release_many`], whose guards are spent
+//! into a plan that [`KvSession::released_many`] settles whether or not
+//! the batch was posted) — with its leaf write, or unchanged (a write
+//! that changed nothing, a `u64` request that met a longer value, an
+//! insert that needs a split). A lock `CAS` that failed
 //! without saying whether it landed goes to the client's record of locks
 //! maybe held, as on the single path, and its request reports
 //! [`KvError::LockMaybeHeld`]; a round 2 that could not be posted
@@ -74,17 +76,38 @@
 //! per request as the single path reports them: a request whose leaf
 //! write was posted and then failed, or whose unlock failed after it, is
 //! indeterminate ([`KvError::may_have_applied`]).
+//!
+//! # Several sessions (a cluster's memory nodes)
+//!
+//! Each round is four steps, whoever drives them: plan (cut the next
+//! batch, plan its ops, enter the locks' stripes), post
+//! ([`Io::post_each`](crate::io::Io::post_each)), wait, apply (read
+//! round 1 and plan round 2's releases; settle round 2's locks). One
+//! session's call ([`KvSession::run_many`]) and a cluster's call across
+//! its nodes (`ClusterSession::run_many`, one session per node) run the
+//! same steps (`run_many_on`): round 1 of every session's batch is
+//! posted before any is waited for, then each is read; round 2 likewise;
+//! then each session's fallbacks run, in turn; then every session's next
+//! batch. So a call across `N` nodes costs the round trips of its busiest
+//! node, not `N` times them. The sessions share nothing: each has its own
+//! queue pair, buffers, locks and pipe (its requests and answers), a
+//! batch that could not be posted on one node is settled there as above,
+//! and one node's errors are only its own requests' answers. The gets of
+//! [`KvSession::get_many`] go the same way across nodes
+//! (`get_many_on`).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use rolex_core::layout::SlotValue;
 
-use super::lock::{ChainLock, LeafWrite, LockReply, PlannedLock, IDENTITY_LEN};
+use rolex_engine::TransferError;
+
+use super::lock::{ChainLock, LeafWrite, LockReply, PlannedLock, Releases, IDENTITY_LEN};
 use super::{as_u64, lookup, ChainAt, Chase, Edit, Kind, KvSession, LeafReads, WriteOp};
 use crate::cache::{clock_ns, ModelView};
 use crate::error::KvError;
-use crate::io::Op;
+use crate::io::{InFlight, Op};
 use crate::stats::KvOp;
 
 /// One request of a pipelined call ([`KvSession::run_many`]): the `u64`
@@ -165,15 +188,61 @@ impl KvSession {
     /// them. `Err` only when no request ran: the previous operation's
     /// posted unlock failed (see [`Self::flush`]).
     pub fn run_many(&mut self, reqs: &[Request]) -> Result<Vec<Answer>, KvError> {
+        let mut answers = Self::run_many_on(&mut [self], &[reqs]);
+        answers.pop().unwrap_or_else(|| Ok(Vec::new()))
+    }
+
+    /// [`Self::run_many`] on several sessions at once — one per memory
+    /// node of a cluster, `reqs[i]` on `sessions[i]` (module docs,
+    /// "Several sessions"): each batch's round 1 is posted on every
+    /// session before any is waited for, then its round 2 likewise, so a
+    /// call costs the round trips of its busiest session, not their sum.
+    /// Each session's answers, errors and counters are what its own
+    /// `run_many` would give for its requests.
+    pub(crate) fn run_many_on(
+        sessions: &mut [&mut KvSession],
+        reqs: &[&[Request]],
+    ) -> Vec<Result<Vec<Answer>, KvError>> {
+        let alone = sessions.len() == 1;
+        let mut pipes: Vec<Option<Pipe<'_>>> = Vec::with_capacity(reqs.len());
+        let mut results: Vec<Result<Vec<Answer>, KvError>> = Vec::with_capacity(reqs.len());
+        for (s, &mine) in sessions.iter_mut().zip(reqs) {
+            s.io.cur = Default::default();
+            let mut pipe = None;
+            results.push(s.settle().map(|()| {
+                s.resolve_held();
+                if !s.shared.ordered {
+                    s.run_unordered(mine)
+                } else if alone && mine.len() < 2 {
+                    mine.iter().map(|&r| s.run_one(r)).collect()
+                } else {
+                    pipe = Some(Pipe::new(mine));
+                    Vec::new()
+                }
+            }));
+            pipes.push(pipe);
+        }
+        Self::drive(sessions, &mut pipes);
+        for ((s, &mine), (r, pipe)) in sessions
+            .iter_mut()
+            .zip(reqs)
+            .zip(results.iter_mut().zip(pipes))
+        {
+            if let (Ok(answers), Some(pipe)) = (r.as_mut(), pipe) {
+                *answers = pipe.answers();
+            }
+            s.count_call(mine);
+        }
+        results
+    }
+
+    /// Counts a pipelined call of `reqs`: each request one operation of
+    /// its kind, the call's cost shared out among them.
+    fn count_call(&mut self, reqs: &[Request]) {
         let mut counts = [0u64; 5];
         for r in reqs {
             counts[r.kind().index()] += 1;
         }
-        self.io.cur = Default::default();
-        let r = self.settle().map(|()| {
-            self.resolve_held();
-            self.run_many_inner(reqs)
-        });
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
@@ -182,32 +251,75 @@ impl KvSession {
                 self.counters.per_op[k].add(share);
             }
         }
-        r
     }
 
-    fn run_many_inner(&mut self, reqs: &[Request]) -> Vec<Answer> {
-        if !self.shared.ordered {
-            return self.run_unordered(reqs);
+    /// Runs every session's pipe to its end, batch by batch: each round
+    /// posted on every session that has one before any is waited for,
+    /// then each session's fallbacks (module docs).
+    fn drive(sessions: &mut [&mut KvSession], pipes: &mut [Option<Pipe<'_>>]) {
+        loop {
+            let round1: Vec<Option<Round1>> = sessions
+                .iter_mut()
+                .zip(pipes.iter_mut())
+                .map(|(s, p)| p.as_mut().and_then(|p| s.next_batch(p)))
+                .collect();
+            if round1.iter().all(Option::is_none) {
+                return;
+            }
+            let landed = post_all(sessions, &round1, KvSession::post_round1);
+            let mut round2 = Vec::with_capacity(round1.len());
+            for (((s, p), plan), landed) in sessions
+                .iter_mut()
+                .zip(pipes.iter_mut())
+                .zip(round1)
+                .zip(landed)
+            {
+                let (Some(p), Some(plan)) = (p.as_mut(), plan) else {
+                    round2.push(None);
+                    continue;
+                };
+                let looked = s.read_round1(plan, landed, &mut p.out, &mut p.redo);
+                round2.push(s.plan_round2(looked, &mut p.out, &mut p.redo));
+            }
+            let released = post_all(sessions, &round2, KvSession::post_round2);
+            for (((s, p), r2), released) in sessions
+                .iter_mut()
+                .zip(pipes.iter_mut())
+                .zip(round2)
+                .zip(released)
+            {
+                let Some(p) = p.as_mut() else {
+                    continue;
+                };
+                if let Some(r2) = r2 {
+                    s.finish_round2(p.reqs, r2, released, &mut p.out, &mut p.redo);
+                }
+                p.redo.sort_unstable();
+                for i in std::mem::take(&mut p.redo) {
+                    p.out[i] = Some(s.run_one(p.reqs[i]));
+                }
+            }
         }
-        if reqs.len() < 2 {
-            return reqs.iter().map(|&r| self.run_one(r)).collect();
-        }
-        let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
-        let mut next = 0;
-        while next < reqs.len() {
+    }
+
+    /// The next batch of `p` (module docs), its round 1 planned; `None`
+    /// when every request of `p` was answered or redone.
+    fn next_batch(&mut self, p: &mut Pipe<'_>) -> Option<Round1> {
+        let reqs = p.reqs;
+        while p.next < reqs.len() {
             // A split's unlock is posted: it lands before the batch.
             if let Err(e) = self.settle() {
-                out[next] = Some(Err(e));
-                next += 1;
+                p.out[p.next] = Some(Err(e));
+                p.next += 1;
                 continue;
             }
             let mut batch: Vec<(usize, ChainAt)> = Vec::new();
-            while let Some(&req) = reqs.get(next) {
+            while let Some(&req) = reqs.get(p.next) {
                 let at = match self.chain_at(req.key()) {
                     Ok(at) => at,
                     Err(e) => {
-                        out[next] = Some(Err(e));
-                        next += 1;
+                        p.out[p.next] = Some(Err(e));
+                        p.next += 1;
                         continue;
                     }
                 };
@@ -222,15 +334,42 @@ impl KvSession {
                     self.keep_view(at.m, (at.version, at.view));
                     break;
                 }
-                batch.push((next, at));
-                next += 1;
+                batch.push((p.next, at));
+                p.next += 1;
             }
-            for i in self.run_batch(reqs, batch, &mut out) {
-                out[i] = Some(self.run_one(reqs[i]));
-            }
+            return Some(self.plan_round1(reqs, batch, &mut p.out, &mut p.redo));
         }
-        debug_assert!(out.iter().all(Option::is_some), "a request got no answer");
-        out.into_iter().flatten().collect()
+        None
+    }
+
+    /// Posts round 1 of a batch (its read buffer reserved first); `None`
+    /// when it has nothing to post. On `Err` nothing was posted.
+    fn post_round1<'a>(&'a mut self, plan: &'a Round1) -> Option<Posting<'a>> {
+        if plan.members.is_empty() {
+            return None;
+        }
+        let writes = plan.members.iter().filter(|m| m.lock.is_some()).count() as u64;
+        let step = self.leaf_size.next_multiple_of(8);
+        if let Err(e) = self
+            .io
+            .reserve(&self.shared.engine, plan.end, writes * step)
+        {
+            return Some(Err(e));
+        }
+        Some(
+            self.io
+                .post_each(&self.shared.pool, &plan.ops, "running a pipelined batch"),
+        )
+    }
+
+    /// Posts round 2 of a batch: its writes and unlocks; `None` when they
+    /// could not be staged (nothing to post). On `Err` nothing was posted.
+    fn post_round2<'a>(&'a mut self, r2: &'a Round2) -> Option<Posting<'a>> {
+        let ops = r2.releases.ops.as_ref().ok()?;
+        Some(
+            self.io
+                .post_each(&self.shared.pool, ops, "writing and unlocking"),
+        )
     }
 
     /// `reqs` on an unordered fabric: each run of consecutive gets read
@@ -283,22 +422,6 @@ impl KvSession {
         let bytes = value.as_ref().map_or(&[][..], |b| &b[..]);
         self.write_value(key, op, bytes, true)
             .map(|old| old.and_then(|o| o.as_u64()))
-    }
-
-    /// One batch (module docs): answers what it can into `out`, returns
-    /// the requests to redo through the single path, in order.
-    fn run_batch(
-        &mut self,
-        reqs: &[Request],
-        batch: Vec<(usize, ChainAt)>,
-        out: &mut [Option<Answer>],
-    ) -> Vec<usize> {
-        let mut redo = Vec::new();
-        let round1 = self.plan_round1(reqs, batch, out, &mut redo);
-        let locked = self.read_round1(round1, out, &mut redo);
-        self.round2(reqs, locked, out, &mut redo);
-        redo.sort_unstable();
-        redo
     }
 
     /// Round 1's plan: each request's ops at its own offsets of the read
@@ -405,37 +528,28 @@ impl KvSession {
         plan
     }
 
-    /// Posts round 1 and takes everything out of the read buffer before
+    /// Round 1 as it landed (`landed`: its ops' outcomes; `Err`: nothing
+    /// was posted): takes everything out of the read buffer before
     /// anything else may use it (a model refresh reads into it): each
     /// get's answer, each write's lock reply and, where the lock landed
     /// on a live record, its edit. Returns the writes.
     fn read_round1(
         &mut self,
         plan: Round1,
+        landed: Option<Landed>,
         out: &mut [Option<Answer>],
         redo: &mut Vec<usize>,
     ) -> Vec<Looked> {
         let Round1 {
             members,
-            ops,
             checks,
             posted,
-            end,
+            ..
         } = plan;
         if members.is_empty() {
             return Vec::new();
         }
-        let writes = members.iter().filter(|m| m.lock.is_some()).count() as u64;
-        let step = self.leaf_size.next_multiple_of(8);
-        let results = self
-            .io
-            .reserve(&self.shared.engine, end, writes * step)
-            .and_then(|()| {
-                self.io
-                    .run_each(&self.shared.pool, &ops, "running a pipelined batch")
-                    .map(<[_]>::to_vec)
-            });
-        let results = match results {
+        let results = match landed.unwrap_or_else(|| Ok(Vec::new())) {
             Ok(r) => r,
             Err(e) => {
                 // Nothing posted: no lock was taken.
@@ -527,15 +641,16 @@ impl KvSession {
         }
     }
 
-    /// Round 2: each write's lock judged ([`Self::lock_taken`]) and
-    /// released — with its leaf write, or unchanged — all in one batch.
-    fn round2(
+    /// Round 2's plan: each write's lock judged ([`Self::lock_taken`]),
+    /// and its release — with its leaf write, or unchanged — planned into
+    /// one batch ([`Self::plan_release_many`]); `None` when no lock is
+    /// to be released.
+    fn plan_round2(
         &mut self,
-        reqs: &[Request],
         looked: Vec<Looked>,
         out: &mut [Option<Answer>],
         redo: &mut Vec<usize>,
-    ) {
+    ) -> Option<Round2> {
         let mut releases: Vec<(ChainLock, Option<LeafWrite>)> = Vec::new();
         let mut then: Vec<(usize, Then)> = Vec::new();
         for l in looked {
@@ -575,9 +690,28 @@ impl KvSession {
             then.push((l.i, next));
         }
         if releases.is_empty() {
-            return;
+            return None;
         }
-        let released = self.release_many(releases);
+        Some(Round2 {
+            releases: self.plan_release_many(releases),
+            then,
+        })
+    }
+
+    /// Round 2 as it landed (`landed`: the batch's outcomes; `Err`:
+    /// nothing posted; `None`: nothing to post): every lock settled
+    /// ([`Self::released_many`]), each write answered or sent to `redo`.
+    fn finish_round2(
+        &mut self,
+        reqs: &[Request],
+        r2: Round2,
+        landed: Option<Landed>,
+        out: &mut [Option<Answer>],
+        redo: &mut Vec<usize>,
+    ) {
+        let Round2 { releases, then } = r2;
+        let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+        let released = self.released_many(releases, landed.as_deref().map_err(Clone::clone));
         for ((i, next), r) in then.into_iter().zip(released) {
             out[i] = match (r, next) {
                 (Err(e), _) => Some(Err(e)),
@@ -593,6 +727,69 @@ impl KvSession {
             };
         }
     }
+}
+
+/// One session's share of a pipelined call as it goes: its requests,
+/// their answers so far, the next request a batch starts at, and the
+/// current batch's requests to redo through the single path.
+struct Pipe<'r> {
+    reqs: &'r [Request],
+    out: Vec<Option<Answer>>,
+    next: usize,
+    redo: Vec<usize>,
+}
+
+impl<'r> Pipe<'r> {
+    fn new(reqs: &'r [Request]) -> Self {
+        Self {
+            reqs,
+            out: vec![None; reqs.len()],
+            next: 0,
+            redo: Vec::new(),
+        }
+    }
+
+    /// The answers, in request order.
+    fn answers(self) -> Vec<Answer> {
+        debug_assert!(
+            self.out.iter().all(Option::is_some),
+            "a request got no answer"
+        );
+        self.out.into_iter().flatten().collect()
+    }
+}
+
+/// Posts each session's planned batch (`post`: `None` when a plan has
+/// nothing to post) before it waits for any, then waits for each in
+/// turn: the batches' round trips overlap. One outcome per plan, in
+/// order: the batch's results, `Err` when it was not posted, `None`
+/// when there was nothing to post.
+pub(super) fn post_all<P>(
+    sessions: &mut [&mut KvSession],
+    plans: &[Option<P>],
+    post: for<'a> fn(&'a mut KvSession, &'a P) -> Option<Posting<'a>>,
+) -> Vec<Option<Landed>> {
+    let mut flights = Vec::with_capacity(plans.len());
+    for (s, plan) in sessions.iter_mut().zip(plans) {
+        flights.push(plan.as_ref().and_then(|plan| post(s, plan)));
+    }
+    flights
+        .into_iter()
+        .map(|f| f.map(|f| f.map(|f| f.wait().to_vec())))
+        .collect()
+}
+
+/// A batch being posted: the batch in flight, or why nothing was posted.
+pub(super) type Posting<'a> = Result<InFlight<'a>, KvError>;
+
+/// A batch as it landed: each op's outcome, or why nothing was posted.
+pub(super) type Landed = Result<Vec<Result<u64, TransferError>>, KvError>;
+
+/// Round 2 of a batch as planned: the releases, and what each released
+/// write answers.
+struct Round2 {
+    releases: Releases,
+    then: Vec<(usize, Then)>,
 }
 
 /// Round 1 of a batch as planned.
