@@ -54,13 +54,16 @@
 //!    uncarved rest of their chunks, freed blocks they kept or were
 //!    waiting out the grace on, bundles on the free stack — is all the
 //!    block area below `alloc` that no leaf slot names. Step 4's walk
-//!    notes every block a slot names (its offset, and the size class its
-//!    length gives); every gap between them is cut into large blocks
-//!    (classes up to 1 MiB, no byte wasted) and the free stack is rebuilt
-//!    of them: the old one discarded, the new bundles written, the head
-//!    set last. Skipped, the stack left as it is, when a leaf is damaged
-//!    or a model's chains do not tile its range: what such a leaf names
-//!    is not known.
+//!    marks every block a slot names (its offset, and the size class its
+//!    length gives) in a [`ValueMap`], one bit per 16 bytes of what was
+//!    handed out (1/128 of it in memory, whatever the number of values);
+//!    every gap between them is cut into large blocks (classes up to
+//!    1 MiB, no byte wasted) and the free stack is rebuilt of them: the
+//!    old one discarded, the new bundles written as the gaps are cut
+//!    (each linked to the one written before it, so a few thousand
+//!    blocks are held at a time), the head set last. Skipped, the stack
+//!    left as it is, when a leaf is damaged or a model's chains do not
+//!    tile its range: what such a leaf names is not known.
 //!
 //! Every step is idempotent: a restart that dies during recovery is
 //! recovered by the next one (step 6 empties the stack before it writes a
@@ -74,7 +77,8 @@ use rolex_core::layout::free::{bundles, position_of};
 use rolex_core::layout::topology;
 use rolex_core::layout::{
     block_class, cut_class, FreeBlock, FreeBundle, FreeHead, Leaf, LeafError, LeafRegion,
-    ModelRecord, ModelState, Slot, SlotValue, Superblock, ValueRegionHeader, MIN_BLOCK,
+    ModelRecord, ModelState, Slot, SlotValue, Superblock, ValueRegion, ValueRegionHeader,
+    MIN_BLOCK,
 };
 
 use crate::agent::{Agent, AgentConfig};
@@ -556,19 +560,106 @@ pub struct LeafCheck {
     pub damaged: Vec<DamagedLeaf>,
     /// Models whose chains (all valid) do not tile their key range.
     pub untiled: Vec<u64>,
-    /// The value blocks the valid leaves' slots name, `(start, end)` pool
-    /// offsets (the end from the size class of the value's length), in
-    /// walk order.
-    pub values: Vec<(u64, u64)>,
+}
+
+/// Which bytes of the value region's handed-out block area the leaves'
+/// slots name (step 4 marks them, step 6 gives back the rest): one bit
+/// per 16-byte granule (blocks start at 16-byte boundaries and their size
+/// classes are multiples of 16), so a map of `n` bytes of block area
+/// takes `n / 128` bytes of memory, however many values there are.
+#[derive(Clone, Debug, Default)]
+pub struct ValueMap {
+    /// Pool offset of the block area's first byte.
+    start: u64,
+    /// Pool offset past the last byte handed out.
+    end: u64,
+    /// Bit `i`: granule `[start + 16 i, start + 16 i + 16)` is named.
+    bits: Vec<u64>,
+}
+
+/// The granule of a [`ValueMap`].
+const GRANULE: u64 = 16;
+
+impl ValueMap {
+    /// A map of the pool offsets `[start, end)`, nothing marked.
+    pub fn new(start: u64, end: u64) -> Self {
+        let granules = end.saturating_sub(start).div_ceil(GRANULE);
+        ValueMap {
+            start,
+            end: end.max(start),
+            bits: alloc::vec![0; granules.div_ceil(64) as usize],
+        }
+    }
+
+    /// Marks pool offsets `[s, e)` named (clamped to the map; every
+    /// granule the range touches).
+    pub fn mark(&mut self, s: u64, e: u64) {
+        let (s, e) = (s.clamp(self.start, self.end), e.clamp(self.start, self.end));
+        if s >= e {
+            return;
+        }
+        let (from, to) = (
+            (s - self.start) / GRANULE,
+            (e - self.start).div_ceil(GRANULE),
+        );
+        for g in from..to {
+            self.bits[(g / 64) as usize] |= 1 << (g % 64);
+        }
+    }
+
+    fn marked(&self, g: u64) -> bool {
+        self.bits[(g / 64) as usize] & (1 << (g % 64)) != 0
+    }
+
+    /// Bytes marked (whole granules, within the map).
+    pub fn marked_bytes(&self) -> u64 {
+        let granules: u64 = self.bits.iter().map(|w| u64::from(w.count_ones())).sum();
+        (granules * GRANULE).min(self.end - self.start)
+    }
+
+    /// Each maximal run of unmarked bytes, `(from, to)` pool offsets, in
+    /// order (the last one ends at the map's end).
+    pub fn gaps(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let n = (self.end - self.start).div_ceil(GRANULE);
+        let mut g = 0;
+        core::iter::from_fn(move || {
+            while g < n && self.marked(g) {
+                // A whole word named: skip it.
+                if g % 64 == 0 && self.bits[(g / 64) as usize] == u64::MAX {
+                    g += 64;
+                } else {
+                    g += 1;
+                }
+            }
+            if g >= n {
+                return None;
+            }
+            let from = g;
+            while g < n && !self.marked(g) {
+                if g % 64 == 0 && self.bits[(g / 64) as usize] == 0 {
+                    g += 64;
+                } else {
+                    g += 1;
+                }
+            }
+            let to = g.min(n);
+            Some((
+                self.start + from * GRANULE,
+                (self.start + to * GRANULE).min(self.end),
+            ))
+        })
+    }
 }
 
 /// Step 4: walks every chain of every directory record with one read per
 /// leaf (no writer runs during recovery, so a leaf that does not validate
 /// is damaged, not being written); a chain stops at a damaged leaf.
+/// The blocks its slots name are marked in `values`.
 pub fn check_leaves<M: PoolMemory>(
     mem: &M,
     region: &LeafRegion,
     records: &[LiveRecord],
+    values: &mut ValueMap,
 ) -> Result<LeafCheck, AgentError> {
     let mut out = LeafCheck::default();
     let mut buf = leaf_buffer(region);
@@ -605,7 +696,7 @@ pub fn check_leaves<M: PoolMemory>(
                 for slot in valid.entries() {
                     if let Some(SlotValue::Block(b)) = slot.value() {
                         let class = block_class(b.len as usize).unwrap_or(MIN_BLOCK);
-                        out.values.push((b.offset, b.offset.saturating_add(class)));
+                        values.mark(b.offset, b.offset.saturating_add(class));
                     }
                 }
                 walked.push(LeafInfo {
@@ -702,41 +793,78 @@ pub const RECLAIM_BLOCK_MAX: u64 = 1 << 20;
 /// pop hands one client.
 pub const RECLAIM_BUNDLE_MAX: u64 = FreeBundle::HELD_MAX;
 
+/// Blocks step 6 holds before it writes them as bundles.
+const RECLAIM_CHUNK: usize = 4096;
+
+impl ValueMap {
+    /// A map of `sb`'s value region as handed out (`alloc`, at most the
+    /// capacity), nothing marked.
+    pub fn of_pool<M: PoolMemory>(mem: &M, sb: &Superblock) -> Result<Self, AgentError> {
+        let region = sb.value_region()?;
+        let mut hb = [0u8; ValueRegionHeader::SIZE as usize];
+        mem.read(region.offset(), &mut hb)?;
+        let handed_out = ValueRegionHeader::read(&hb)?.alloc().min(region.capacity());
+        Ok(ValueMap::new(
+            region.area_offset(0),
+            region.area_offset(handed_out),
+        ))
+    }
+}
+
 /// Step 6: rebuilds the value region's free stack of every byte of the
-/// block area below `alloc` that no block in `referenced` (`(start,
-/// end)` pool offsets: step 4's [`LeafCheck::values`]) covers (see the
-/// module docs). `seed` varies the generations the blocks are given
-/// (the resume's clock): the generation a block of the stack names is a
-/// mix of the seed and its offset, so a pointer from before the restart
-/// (none should be followed: every compute node bootstraps again) would
-/// match the generation of a block carved there with probability about
-/// 2^-32.
+/// block area handed out (the map's extent, [`ValueMap::of_pool`]) that
+/// no block `named` marks (step 4's walk; see the module docs). `seed`
+/// varies the generations the blocks are given (the resume's clock): the
+/// generation a block of the stack names is a mix of the seed and its
+/// offset, so a pointer from before the restart (none should be
+/// followed: every compute node bootstraps again) would match the
+/// generation of a block carved there with probability about 2^-32.
 pub fn reclaim_values<M: PoolMemory>(
     mem: &M,
     sb: &Superblock,
-    referenced: &mut [(u64, u64)],
+    named: &ValueMap,
     seed: u64,
 ) -> Result<ValueReclaim, AgentError> {
+    reclaim_values_in_chunks(mem, sb, named, seed, RECLAIM_CHUNK)
+}
+
+/// [`reclaim_values`], writing bundles each time `chunk` blocks are cut.
+fn reclaim_values_in_chunks<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    named: &ValueMap,
+    seed: u64,
+    chunk: usize,
+) -> Result<ValueReclaim, AgentError> {
     let region = sb.value_region()?;
-    let mut hb = [0u8; ValueRegionHeader::SIZE as usize];
-    mem.read(region.offset(), &mut hb)?;
-    let header = ValueRegionHeader::read(&hb)?;
-    let handed_out = header.alloc().min(region.capacity());
     let start = region.area_offset(0);
-    let end = region.area_offset(handed_out);
-    referenced.sort_unstable();
+    if named.start != start {
+        return Err(AgentError::BadConfig {
+            field: "value map (not of this pool's value region)",
+            value: named.start,
+        });
+    }
     let mut out = ValueReclaim {
         rebuilt: true,
-        handed_out,
+        handed_out: named.end - named.start,
+        referenced: named.marked_bytes(),
         ..ValueReclaim::default()
     };
-    let mut free: Vec<FreeBlock> = Vec::new();
-    let mut cut = |from: u64, to: u64, out: &mut ValueReclaim| {
+    // Emptied first: a death below leaves an empty stack, not one naming
+    // a bundle half written over (the next resume rebuilds it).
+    let head = FreeHead::from_word(mem.load(region.free_offset())?).then(0);
+    mem.store(region.free_offset(), head.word())?;
+    // Each bundle written names the one written before it (`top`): the
+    // stack is built bottom up, and the head names the last one.
+    let mut top = 0;
+    let mut pending: Vec<FreeBlock> = Vec::with_capacity(chunk.min(RECLAIM_CHUNK));
+    let mut buf = Vec::new();
+    for (from, to) in named.gaps() {
         // Blocks start at 16-byte boundaries of the area (free positions).
         let mut at = start + (from - start).div_ceil(16) * 16;
         let to = start + (to - start) / 16 * 16;
         while let Some(class) = cut_class(to.saturating_sub(at), RECLAIM_BLOCK_MAX) {
-            free.push(FreeBlock {
+            pending.push(FreeBlock {
                 offset: at,
                 class,
                 gen: generation(seed, at),
@@ -744,51 +872,47 @@ pub fn reclaim_values<M: PoolMemory>(
             out.bytes += class;
             out.blocks += 1;
             at += class;
+            if pending.len() >= chunk {
+                let blocks = core::mem::take(&mut pending);
+                top = write_bundles(mem, &region, blocks, top, &mut buf, &mut out)?;
+            }
         }
-    };
-    let mut at = start;
-    for &(s, e) in referenced.iter() {
-        let (s, e) = (s.clamp(start, end), e.clamp(start, end));
-        if e <= at {
-            continue;
-        }
-        if s > at {
-            cut(at, s, &mut out);
-        }
-        out.referenced += e - s.max(at);
-        at = e;
     }
-    if end > at {
-        cut(at, end, &mut out);
+    if !pending.is_empty() {
+        top = write_bundles(mem, &region, pending, top, &mut buf, &mut out)?;
     }
-    let groups = bundles(free, RECLAIM_BUNDLE_MAX);
-    out.bundles = groups.len() as u64;
-    let positions = groups
-        .iter()
-        .map(|(own, _)| position_of(&region, own.offset))
-        .collect::<Option<Vec<u64>>>()
-        .ok_or(AgentError::BadConfig {
+    if top != 0 {
+        mem.store(region.free_offset(), head.then(top).word())?;
+    }
+    Ok(out)
+}
+
+/// Writes `blocks` as bundles, the first linked to the bundle at position
+/// `top` (0: none) and each next one to the one before it; returns the
+/// position of the last.
+fn write_bundles<M: PoolMemory>(
+    mem: &M,
+    region: &ValueRegion,
+    blocks: Vec<FreeBlock>,
+    mut top: u64,
+    buf: &mut Vec<u8>,
+    out: &mut ValueReclaim,
+) -> Result<u64, AgentError> {
+    for (own, listed) in bundles(blocks, RECLAIM_BUNDLE_MAX) {
+        let at = position_of(region, own.offset).ok_or(AgentError::BadConfig {
             field: "value region (a block cut from it has no free position)",
             value: region.capacity(),
         })?;
-    // Emptied first: a death below leaves an empty stack, not one naming
-    // a bundle half written over (the next resume rebuilds it).
-    let head = FreeHead::from_word(mem.load(region.free_offset())?).then(0);
-    mem.store(region.free_offset(), head.word())?;
-    let mut buf = Vec::new();
-    for (i, (own, listed)) in groups.iter().enumerate() {
-        let next = positions.get(i + 1).copied().unwrap_or(0);
         buf.resize(FreeBundle::len(listed.len()) as usize, 0);
-        FreeBundle::write(&mut buf, *own, next, listed).ok_or(AgentError::BadConfig {
+        FreeBundle::write(buf, own, top, &listed).ok_or(AgentError::BadConfig {
             field: "value region (a free bundle does not fit its block)",
             value: own.class,
         })?;
-        mem.write(own.offset, &buf)?;
+        mem.write(own.offset, buf)?;
+        out.bundles += 1;
+        top = at;
     }
-    if let Some(&first) = positions.first() {
-        mem.store(region.free_offset(), head.then(first).word())?;
-    }
-    Ok(out)
+    Ok(top)
 }
 
 /// The generation step 6 gives the block at `offset` (see
@@ -824,10 +948,11 @@ impl<M: PoolMemory> Agent<M> {
         let finished = finish_retrainings(&mem, &region, &mut records)?;
         let entries = topology_of(&records)?;
         let released = release_compute_locks(&mem, &records)?;
-        let mut leaves = check_leaves(&mem, &region, &records)?;
+        let mut named = ValueMap::of_pool(&mem, &sb)?;
+        let leaves = check_leaves(&mem, &region, &records, &mut named)?;
         let values = if leaves.damaged_count == 0 && leaves.untiled.is_empty() {
             let seed = mem.now_ns() ^ sb.pool_size().rotate_left(32);
-            reclaim_values(&mem, &sb, &mut leaves.values, seed)?
+            reclaim_values(&mem, &sb, &named, seed)?
         } else {
             ValueReclaim::default()
         };
@@ -1186,6 +1311,79 @@ mod tests {
         assert_eq!(damaged.damaged_count, 1);
         assert!(!damaged.values.rebuilt);
         assert_eq!(mem.load(values.free_offset()).unwrap(), before);
+    }
+
+    /// Step 6 writing its bundles every few blocks (3 here, 4096 in a
+    /// resume), each linked to the one written before: the stack is the
+    /// same space, whole, however it was cut into chunks.
+    #[test]
+    fn value_bundles_written_chunk_by_chunk_make_one_whole_stack() {
+        let (mem, _, named, alloc, _) = value_pool();
+        let sb = superblock(&mem);
+        let mut map = ValueMap::of_pool(&mem, &sb).unwrap();
+        for &(s, e) in &named {
+            map.mark(s, e);
+        }
+        for chunk in [1, 3, 64] {
+            let v = reclaim_values_in_chunks(&mem, &sb, &map, 9, chunk).unwrap();
+            assert_eq!(
+                assert_stack_is_the_unnamed_space(&mem, &named, alloc),
+                (v.blocks, v.bundles),
+                "chunks of {chunk}"
+            );
+            assert!(v.bundles > 1, "chunks of {chunk}: {v:?}");
+        }
+    }
+
+    /// A [`ValueMap`] against a byte-by-byte reference: what is marked,
+    /// the gaps between, and the bytes named, for random ranges (some
+    /// overlapping, some outside the map, some unaligned).
+    #[test]
+    fn a_value_map_marks_and_lists_gaps_as_a_byte_map_does() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for round in 0..200 {
+            let start = 4096 + 16 * rnd(8);
+            let len = 16 * rnd(300);
+            let end = start + len;
+            let mut map = ValueMap::new(start, end);
+            let mut bytes = alloc::vec![false; len as usize];
+            for _ in 0..rnd(12) {
+                let s = start - 64 + rnd(len + 128);
+                let e = s + rnd(400);
+                map.mark(s, e);
+                // The reference marks whole granules the range touches.
+                let (cs, ce) = (s.clamp(start, end), e.clamp(start, end));
+                if cs < ce {
+                    let g0 = (cs - start) / 16 * 16;
+                    let g1 = ((ce - start).div_ceil(16) * 16).min(len);
+                    bytes[g0 as usize..g1 as usize]
+                        .iter_mut()
+                        .for_each(|b| *b = true);
+                }
+            }
+            let mut gaps = Vec::new();
+            let mut i = 0usize;
+            while i < bytes.len() {
+                if bytes[i] {
+                    i += 1;
+                    continue;
+                }
+                let from = i;
+                while i < bytes.len() && !bytes[i] {
+                    i += 1;
+                }
+                gaps.push((start + from as u64, start + i as u64));
+            }
+            assert_eq!(map.gaps().collect::<Vec<_>>(), gaps, "round {round}");
+            let named = bytes.iter().filter(|&&b| b).count() as u64;
+            assert_eq!(map.marked_bytes(), named, "round {round}");
+        }
     }
 
     /// A resume killed after each of its mutations in turn (step 6's
