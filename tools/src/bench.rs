@@ -104,10 +104,10 @@ use rolex_host::{
     Access, BatchOp, EngineConfig, Fabric, Faults, LoopbackConfig, TransferEngine, TransferError,
     Unordered,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::values::{IdSession, Prior, Read, ValueSize};
@@ -196,6 +196,16 @@ pub struct BenchArgs {
     /// and the run goes on; its key's outcome is unknown to the checks.
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     inject_failures: Option<f64>,
+    /// With several memory nodes: go on past operations that fail because
+    /// a memory node is lost — down (its peer failed or vanished, as the
+    /// cluster client judges: `ClusterClient::is_down`), or its lease
+    /// expired (its lease server unreachable). Each is counted
+    /// (`failed_ops`), its key's outcome unknown to the checks; the nodes
+    /// lost are named (`nodes_lost`), the keys written there that cannot
+    /// be read back counted (`keys_unverified`), and every other key is
+    /// verified as usual. Without it the first such error stops the run.
+    #[arg(long)]
+    keep_going: bool,
     /// Before the measured run, grow the store by appending this many keys
     /// above the loaded range (spaced by the loaded keys' mean gap, each
     /// with its load value; untimed, retraining as it goes): the run then
@@ -290,6 +300,17 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
     }
     if args.clients == 0 {
         return Err("--clients must be at least 1".into());
+    }
+    let nodes = args
+        .memnode
+        .as_deref()
+        .map_or(args.memnodes, |m| m.split(',').count());
+    if args.keep_going && nodes < 2 {
+        return Err(
+            "--keep-going needs several memory nodes (--memnodes N, or --memnode A,B,…): \
+             with one, every operation fails once it is down"
+                .into(),
+        );
     }
     if args.clients > args.threads {
         return Err(format!(
@@ -888,6 +909,11 @@ struct RunCtx {
     /// Whether faults are injected: an operation that fails is counted
     /// and the run goes on.
     faults: bool,
+    /// `--keep-going`: an operation that failed on a memory node lost
+    /// ([`node_lost`]) is counted and the run goes on.
+    keep_going: bool,
+    /// The memory nodes operations were found lost on (`--keep-going`).
+    lost: Mutex<BTreeSet<usize>>,
     /// The run's value sizes.
     value_size: ValueSize,
     /// Gets a thread reads together (`--depth`).
@@ -895,6 +921,25 @@ struct RunCtx {
 }
 
 impl RunCtx {
+    /// Whether the run goes on past the failed operation `f` of a thread
+    /// of `client`: under injected faults, or with `--keep-going` when
+    /// its memory node is lost (noted in `lost`).
+    fn tolerates(&self, f: &Failed, client: &ClusterClient) -> bool {
+        if self.faults {
+            return true;
+        }
+        let Some(node) = f.node.filter(|&n| f.lease_lost || client.is_down(n)) else {
+            return false;
+        };
+        if self.keep_going {
+            self.lost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(node);
+        }
+        self.keep_going
+    }
+
     /// Whether `value` can ever have been `key`'s: its load value, or the
     /// value of a write of this run to this key. Values name their writer
     /// (`ycsb::write_value`), so this is one lookup.
@@ -941,6 +986,10 @@ struct Failed {
     message: String,
     /// The write it attempted, which may or may not have taken effect.
     write: Option<Write>,
+    /// The memory node its error names, if it names one.
+    node: Option<usize>,
+    /// Whether the error is that node's lease having expired.
+    lease_lost: bool,
 }
 
 impl Failed {
@@ -949,8 +998,30 @@ impl Failed {
         Failed {
             message: format!("{call}: {error}"),
             write,
+            node: node_named(&error),
+            lease_lost: lease_expired(&error),
         }
     }
+}
+
+/// The memory node a cluster client's error names, if it names one.
+fn node_named(e: &KvError) -> Option<usize> {
+    match e {
+        KvError::MemoryNode { node, .. } | KvError::MemoryNodeDown { node, .. } => Some(*node),
+        _ => None,
+    }
+}
+
+/// Whether `e` is a memory node's lease having expired (this process can
+/// post nothing more there: its lease server was unreachable).
+fn lease_expired(e: &KvError) -> bool {
+    matches!(e.on_node(), KvError::LeaseExpired { .. })
+}
+
+/// The memory node `client` lost, if `e` says it lost one: a node it
+/// found down, or one whose lease expired.
+fn node_lost(e: &KvError, client: &ClusterClient) -> Option<usize> {
+    node_named(e).filter(|&n| lease_expired(e) || client.is_down(n))
 }
 
 /// One thread running its stream: its session, and what it saw.
@@ -1275,7 +1346,7 @@ fn run_thread(
             for (op, r) in ops.iter().zip(answers) {
                 let write = match r {
                     Ok(write) => write,
-                    Err(f) if ctx.faults => {
+                    Err(f) if ctx.tolerates(&f, client) => {
                         run.out.failed += 1;
                         f.write
                     }
@@ -1302,7 +1373,7 @@ fn run_thread(
                 .collect();
             match run.get_many(&keys) {
                 Ok(()) => {}
-                Err(_) if ctx.faults => run.out.failed += gets as u64,
+                Err(f) if ctx.tolerates(&f, client) => run.out.failed += gets as u64,
                 Err(f) => return Err(f.message),
             }
             let ret = run.now();
@@ -1322,7 +1393,7 @@ fn run_thread(
         at += 1;
         let write = match run.execute(*op) {
             Ok(write) => write,
-            Err(f) if ctx.faults => {
+            Err(f) if ctx.tolerates(&f, client) => {
                 run.out.failed += 1;
                 f.write
             }
@@ -1340,7 +1411,8 @@ fn run_thread(
     // The unordered fabric's last unlock may still be in flight. With
     // injected faults it may fail: the locks counted at the end show it.
     if let Err(e) = run.session.session.flush() {
-        if !ctx.faults {
+        let lost = ctx.keep_going && node_lost(&e, client).is_some();
+        if !ctx.faults && !lost {
             return Err(format!("thread {t}: {e}"));
         }
     }
@@ -1424,6 +1496,9 @@ struct RawSpec {
     /// Whether faults are injected: a read that failed still made its
     /// round trip, and counts.
     faults: bool,
+    /// `--keep-going`: keys of memory nodes found down are left out of
+    /// the plan.
+    keep_going: bool,
 }
 
 /// One thread's replay of its gets' doorbell batches: per batch, the node
@@ -1448,7 +1523,11 @@ fn raw_reads(
     spec: RawSpec,
     quiet: bool,
 ) -> Result<f64, BenchError> {
-    let RawSpec { batches, faults } = spec;
+    let RawSpec {
+        batches,
+        faults,
+        keep_going,
+    } = spec;
     let threads = streams.len();
     let start = Barrier::new(threads);
     let t0 = std::sync::Mutex::new(None::<Instant>);
@@ -1475,8 +1554,8 @@ fn raw_reads(
                     plan.reads.extend(reads);
                     plan.batches.push((node, from..plan.reads.len()));
                 }
-                Err(e) if !faults => return Err(format!("raw reads: planning key {key}: {e}")),
-                Err(_) => {}
+                Err(e) if faults || (keep_going && node_lost(&e, client).is_some()) => {}
+                Err(e) => return Err(format!("raw reads: planning key {key}: {e}")),
             }
         }
         drop(session);
@@ -1563,31 +1642,38 @@ fn raw_reads(
 }
 
 /// Reads every written key back and checks it ([`final_possible`]);
-/// returns the problems.
+/// returns the problems, and the keys that could not be read back because
+/// their memory node is down (`--keep-going`; none otherwise: such a read
+/// is an error).
 fn verify(
     clients: &[ClusterClient],
     loaded: &[u64],
     writes: HashMap<u64, Vec<KeyWrites>>,
     (args, value_size): (&BenchArgs, ValueSize),
     by_others: &(dyn Fn(u64, Option<u64>) -> bool + Sync),
-) -> Result<Problems, BenchError> {
+) -> Result<(Problems, u64), BenchError> {
     let keys: Vec<(u64, Vec<KeyWrites>)> = writes.into_iter().collect();
     let n = keys.len() as u64;
     let per = keys.len().div_ceil(args.threads.max(1)).max(1);
     let chunks: Vec<&[(u64, Vec<KeyWrites>)]> = keys.chunks(per).collect();
     let found = with_progress(chunks.len(), n, "verify", args.json, |t, done, abort| {
-        let s = clients[t % clients.len()]
-            .session()
-            .map_err(|e| format!("verify: {e}"))?;
+        let client = &clients[t % clients.len()];
+        let s = client.session().map_err(|e| format!("verify: {e}"))?;
         let mut s = IdSession::new(s, value_size);
         let mut problems = Problems::default();
+        let mut unverified = 0u64;
         for (i, (key, w)) in chunks[t].iter().enumerate() {
             if abort.load(Ordering::Relaxed) {
                 break;
             }
-            let got = match retry_injected(|| s.get(*key))
-                .map_err(|e| format!("verify: get {key}: {e}"))?
-            {
+            let read = match retry_injected(|| s.get(*key)) {
+                Err(e) if args.keep_going && node_lost(&e, client).is_some() => {
+                    unverified += 1;
+                    continue;
+                }
+                r => r.map_err(|e| format!("verify: get {key}: {e}"))?,
+            };
+            let got = match read {
                 None => None,
                 Some(Read::Id(v)) => Some(v),
                 Some(Read::Foreign(len)) => {
@@ -1608,11 +1694,15 @@ fn verify(
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
             }
         }
-        Ok(problems)
+        Ok((problems, unverified))
     })?;
     let mut all = Problems::default();
-    found.into_iter().for_each(|p| all.merge(p));
-    Ok(all)
+    let mut unverified = 0;
+    for (p, u) in found {
+        all.merge(p);
+        unverified += u;
+    }
+    Ok((all, unverified))
 }
 
 /// What a key read back as `got` should have held, given the writes `w`.
@@ -1711,6 +1801,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         start: Barrier::new(args.threads),
         activity: store.nodes.iter().map(MemoryNode::activity).collect(),
         faults: args.inject_failures.is_some(),
+        keep_going: args.keep_going,
+        lost: Mutex::default(),
         value_size: setup.value_size,
         depth: args.depth,
     };
@@ -1722,9 +1814,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     let figures = Figures::measure(&args, &setup, &store, &ctx, (&before, &after), &merged)?;
     let written = merged.writes.len();
     let writes = std::mem::take(&mut merged.writes);
-    merged
-        .problems
-        .merge(verify_final(&args, &setup, &store, &ctx, writes)?);
+    let (problems, keys_unverified) = verify_final(&args, &setup, &store, &ctx, writes)?;
+    merged.problems.merge(problems);
     let report = Report {
         args: &args,
         setup: &setup,
@@ -1734,6 +1825,8 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         figures: &figures,
         verified: merged.problems.count == 0,
         written,
+        keys_unverified,
+        lost: &ctx.lost,
         locks_held_end,
         space,
     };
@@ -2365,6 +2458,7 @@ impl Figures {
             RawSpec {
                 batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
                 faults: args.inject_failures.is_some(),
+                keep_going: args.keep_going,
             },
             args.json,
         )? / 1e6;
@@ -2405,7 +2499,7 @@ fn verify_final(
     store: &Store,
     ctx: &RunCtx,
     writes: HashMap<u64, Vec<KeyWrites>>,
-) -> Result<Problems, BenchError> {
+) -> Result<(Problems, u64), BenchError> {
     // A final value another process wrote to the key (checked against its
     // stream) stands: this process cannot know when that write landed.
     let shared = args.compute_count > 1;
@@ -2437,6 +2531,11 @@ struct Report<'a> {
     verified: bool,
     /// Keys read back by the final check.
     written: usize,
+    /// Keys of them that could not be read back, their memory node lost
+    /// (`--keep-going`).
+    keys_unverified: u64,
+    /// The memory nodes operations were found lost on during the run.
+    lost: &'a Mutex<BTreeSet<usize>>,
     /// Chains locked once the run settled (`None`: the memory node is
     /// remote).
     locks_held_end: Option<u64>,
@@ -2461,6 +2560,22 @@ impl Report<'_> {
         let plan = &self.setup.plan;
         (self.setup.sets.loaded.len() as u64 + plan.total_inserts())
             .saturating_sub(plan.total_deletes())
+    }
+
+    /// The names of the memory nodes lost: found down by a compute node,
+    /// or lost by an operation of the run.
+    fn nodes_lost(&self) -> Vec<String> {
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        (0..self.setup.map.nodes())
+            .filter(|&n| lost.contains(&n) || self.store.clients.iter().any(|c| c.is_down(n)))
+            .map(|n| {
+                self.store
+                    .clients
+                    .first()
+                    .and_then(|c| c.node_name(n))
+                    .map_or_else(|| format!("node {n}"), str::to_string)
+            })
+            .collect()
     }
 
     /// Loaded keys each memory node holds (its range of the key set).
@@ -2512,6 +2627,8 @@ impl Report<'_> {
             ("memnodes", v(self.setup.map.nodes().into())),
             ("per_memnode_keys", v(self.per_node_keys().into())),
             ("per_memnode_ops", v(f.per_node_ops.clone().into())),
+            ("nodes_lost", v(self.nodes_lost().into())),
+            ("keys_unverified", v(self.keys_unverified.into())),
             ("verified", v(self.verified.into())),
         ]);
         println!("{line}");
@@ -2700,6 +2817,14 @@ impl Report<'_> {
                 "failed ops      {} (no failures injected)",
                 self.merged.failed
             ),
+        }
+        let lost = self.nodes_lost();
+        if !lost.is_empty() {
+            println!(
+                "nodes lost      {} ({} keys written there not read back)",
+                lost.join(", "),
+                self.keys_unverified
+            );
         }
         match self.locks_held_end {
             Some(n) => println!("locks held end  {n} chains locked once the run settled"),
@@ -2902,6 +3027,8 @@ mod tests {
             start: Barrier::new(1),
             activity: Vec::new(),
             faults: false,
+            keep_going: false,
+            lost: Mutex::default(),
             value_size: ValueSize::default(),
             depth: 1,
         };

@@ -28,7 +28,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     j
 }
 
-const FIELDS: [&str; 26] = [
+const FIELDS: [&str; 28] = [
     "workload",
     "keys",
     "ops",
@@ -54,6 +54,8 @@ const FIELDS: [&str; 26] = [
     "memnodes",
     "per_memnode_keys",
     "per_memnode_ops",
+    "nodes_lost",
+    "keys_unverified",
     "verified",
 ];
 

@@ -685,6 +685,50 @@ fn a_memory_node_of_three_killed_mid_run_is_named_in_the_error() {
     }
 }
 
+/// With `--keep-going`, a compute process goes on past a memory node of
+/// three killed mid-run: the dead node's operations are counted as
+/// failed, the node is named in `nodes_lost`, the keys written there are
+/// counted as not read back, and every other node's answers and final
+/// values verify.
+#[test]
+fn with_keep_going_a_run_outlives_a_memory_node_of_three() {
+    let mut nodes = cluster_nodes(&[], "127.0.0.1", None, [&[], &[], &[]]);
+    let list = addrs(&nodes);
+    let mut a = bench_args("ycsb-a", "60000", &["--keep-going"]);
+    a.extend(remote(&list, "s3cret"));
+    let run = spawn(&a);
+    let deadline = Instant::now() + LIMIT;
+    while !nodes.iter().all(|n| n.stderr().contains("with a lease: 1")) && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let dead = nodes[1].addr.clone();
+    let _ = nodes[1].guard.0.kill();
+    let _ = nodes[1].guard.0.wait();
+    let v = json(&run.finish(), "a run that lost node 1");
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["nodes_lost"], serde_json::json!([dead]), "{v}");
+    assert!(v["failed_ops"].as_u64() > Some(0), "{v}");
+    assert!(v["keys_unverified"].as_u64() > Some(0), "{v}");
+    let ops = v["per_memnode_ops"].as_array().expect("per node");
+    assert!(
+        ops[0].as_u64() > Some(0) && ops[2].as_u64() > Some(0),
+        "the other nodes served: {v}"
+    );
+}
+
+#[test]
+fn keep_going_with_one_memory_node_is_refused() {
+    let out = spawn(&bench_args("ycsb-c", "10", &["--keep-going"])).finish();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--keep-going needs several memory nodes"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn nodes_out_of_order_or_of_another_data_set_are_refused() {
     let nodes = cluster_nodes(&[], "127.0.0.1", None, [&[], &[], &["--seed", "9"]]);

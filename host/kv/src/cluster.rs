@@ -461,7 +461,10 @@ type OneGets<T> = fn(&mut KvSession, &[u64]) -> Result<Vec<Option<T>>, KvError>;
 type ManyGets<T> = fn(&mut [&mut KvSession], &[&[u64]]) -> Vec<Result<Vec<Option<T>>, KvError>>;
 
 /// Whether `e` says the node's peer failed or vanished (not a problem of
-/// the operation or of this client).
+/// the operation or of this client). A peer that refused every post for
+/// the whole operation timeout (`PeerNotReady`) counts as gone as one
+/// that never completed an operation (`Timeout`) does: over
+/// `tcp;ofi_rxm` that is what a memory node killed mid-run looks like.
 fn peer_gone(e: &KvError) -> bool {
     match e {
         KvError::Transfer { error, .. } => matches!(
@@ -470,6 +473,7 @@ fn peer_gone(e: &KvError) -> bool {
                 | TransferError::UnknownPeer { .. }
                 | TransferError::FabricCompletion { .. }
                 | TransferError::Timeout { .. }
+                | TransferError::PeerNotReady { .. }
                 | TransferError::LostCompletion
         ),
         KvError::Indeterminate(e) => peer_gone(e),
