@@ -1496,8 +1496,9 @@ struct RawSpec {
     /// Whether faults are injected: a read that failed still made its
     /// round trip, and counts.
     faults: bool,
-    /// `--keep-going`: keys of memory nodes found down are left out of
-    /// the plan.
+    /// `--keep-going`: keys of memory nodes found down in the run are
+    /// left out of the plan, and a node whose batch fails in the raw
+    /// phase is left out from then on (its batches not counted).
     keep_going: bool,
 }
 
@@ -1512,8 +1513,8 @@ struct RawPlan {
 /// The raw fabric baseline: each thread replays, as plain one-sided
 /// doorbell batches, the reads a get of its operations' keys posts (the
 /// model's directory word and the key's chain as the cached model has it:
-/// [`rolex_host::kv::ClusterSession::get_reads`], taken before the clock starts), `batches`
-/// batches in all; returns batches per second. The baseline so reads the
+/// [`rolex_host::kv::ClusterSession::get_reads`], taken before the clock
+/// starts), `batches` batches in all; returns the batches made per second. The baseline so reads the
 /// very bytes, positions and counts of the workload's gets — their skew and
 /// cache behaviour — without any of their CPU.
 fn raw_reads(
@@ -1549,6 +1550,9 @@ fn raw_reads(
                 | Op::Scan { from: key, .. } => key,
             };
             match retry_injected(|| session.get_reads(key)) {
+                // Planned from the cached model without a round trip: a
+                // node found down in the run is left out here too.
+                Ok((node, _)) if keep_going && client.is_down(node) => {}
                 Ok((node, reads)) => {
                     let from = plan.reads.len();
                     plan.reads.extend(reads);
@@ -1590,6 +1594,10 @@ fn raw_reads(
         }
         let mut ops = Vec::new();
         let mut results = Vec::new();
+        // `--keep-going`: nodes whose batch failed here (lost during the
+        // raw phase); their batches are skipped, and not counted.
+        let mut lost = vec![false; pools.len()];
+        let mut made = 0u64;
         start.wait();
         {
             let mut g = t0.lock().unwrap_or_else(|e| e.into_inner());
@@ -1606,6 +1614,9 @@ fn raw_reads(
             else {
                 return Err("raw reads: no key's reads could be planned".into());
             };
+            if lost[node] {
+                continue;
+            }
             let (pool, dst) = (&pools[node].desc, &dsts[node]);
             ops.clear();
             let mut at = 0;
@@ -1619,26 +1630,45 @@ fn raw_reads(
                 });
                 at += len;
             }
-            chans[node]
-                .run(&ops, &mut results)
-                .map_err(|e| format!("raw reads: {e}"))?;
-            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                if !faults {
+            let failed = match chans[node].run(&ops, &mut results) {
+                Err(e) => Some(e.to_string()),
+                Ok(_) if faults => None,
+                Ok(_) => results
+                    .iter()
+                    .find_map(|r| r.as_ref().err())
+                    .map(|e| e.to_string()),
+            };
+            if let Some(e) = failed {
+                if !keep_going {
                     return Err(format!("raw reads: {e}"));
                 }
+                if !quiet {
+                    eprintln!(
+                        "rolex bench: raw reads: memory node {node} failed ({e}); \
+                         its batches are left out of raw_read_mops"
+                    );
+                }
+                lost[node] = true;
+                continue;
             }
+            made += 1;
             if (i + 1) % PROGRESS_EVERY == 0 {
                 done.fetch_add(PROGRESS_EVERY, Ordering::Relaxed);
             }
         }
-        Ok(Instant::now())
+        Ok((Instant::now(), made))
     })?;
     let t0 = t0
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .ok_or("raw reads never started")?;
-    let end = ends.into_iter().max().ok_or("raw reads: no thread")?;
-    Ok(batches as f64 / (end - t0).as_secs_f64().max(1e-9))
+    let made: u64 = ends.iter().map(|&(_, made)| made).sum();
+    let end = ends
+        .into_iter()
+        .map(|(end, _)| end)
+        .max()
+        .ok_or("raw reads: no thread")?;
+    Ok(made as f64 / (end - t0).as_secs_f64().max(1e-9))
 }
 
 /// Reads every written key back and checks it ([`final_possible`]);
@@ -2287,6 +2317,14 @@ fn run_workload(
     quiet: bool,
 ) -> Result<Vec<ThreadOut>, BenchError> {
     let clients = &store.clients;
+    if quiet {
+        // No progress bar under --json: one line says the clock started
+        // (a script may time what it does to the run from it).
+        eprintln!(
+            "rolex bench: running {} operations on {} threads",
+            args.ops, args.threads
+        );
+    }
     with_progress(args.threads, args.ops, "run", quiet, |t, done, abort| {
         run_thread(&clients[t % clients.len()], ctx, base + t, done, abort)
     })

@@ -26,6 +26,7 @@
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -95,6 +96,8 @@ struct Running {
     guard: Guard,
     out: std::thread::JoinHandle<Vec<u8>>,
     err: std::thread::JoinHandle<Vec<u8>>,
+    /// The stderr read so far (emptied into `err`'s result at its end).
+    seen: Arc<Mutex<Vec<u8>>>,
     start: Instant,
 }
 
@@ -121,20 +124,48 @@ fn spawn_in(prefix: &[&str], args: &[&str]) -> Running {
         let _ = o.read_to_end(&mut v);
         v
     });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
     let err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = e.read_to_end(&mut v);
-        v
+        let mut buf = [0; 4096];
+        while let Ok(n @ 1..) = e.read(&mut buf) {
+            keep.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&buf[..n]);
+        }
+        std::mem::take(&mut *keep.lock().unwrap_or_else(|e| e.into_inner()))
     });
     Running {
         guard: Guard(child),
         out,
         err,
+        seen,
         start: Instant::now(),
     }
 }
 
 impl Running {
+    /// Waits until the child's stderr so far contains `what`; panics at
+    /// [`LIMIT`] or if the child exits first.
+    fn wait_for_stderr(&mut self, what: &str) {
+        loop {
+            let text =
+                String::from_utf8_lossy(&self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+                    .into_owned();
+            if text.contains(what) {
+                return;
+            }
+            if let Ok(Some(s)) = self.guard.0.try_wait() {
+                panic!("rolex exited ({s}) before printing {what:?}: {text}");
+            }
+            assert!(
+                self.start.elapsed() < LIMIT,
+                "no {what:?} within {LIMIT:?}: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits for the child (killing it at [`LIMIT`]); panics on a hang.
     fn finish(mut self) -> Output {
         let status = loop {
@@ -696,13 +727,11 @@ fn with_keep_going_a_run_outlives_a_memory_node_of_three() {
     let list = addrs(&nodes);
     let mut a = bench_args("ycsb-a", "60000", &["--keep-going"]);
     a.extend(remote(&list, "s3cret"));
-    let run = spawn(&a);
-    let deadline = Instant::now() + LIMIT;
-    while !nodes.iter().all(|n| n.stderr().contains("with a lease: 1")) && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let mut run = spawn(&a);
+    // Killed once the run's threads start (a node killed while the bench
+    // connects is an error, not a node lost mid-run).
+    run.wait_for_stderr("rolex bench: running");
+    std::thread::sleep(Duration::from_millis(200));
     let dead = nodes[1].addr.clone();
     let _ = nodes[1].guard.0.kill();
     let _ = nodes[1].guard.0.wait();
