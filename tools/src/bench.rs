@@ -84,7 +84,7 @@ use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
 use crate::fabric::{
     libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs, NO_VERBS,
 };
-use crate::memnode::{key_hash, DataSetDesc};
+use crate::data_set_desc::{key_hash, DataSetDesc};
 use crate::plot::{self, Bucket, Cdf};
 use crate::ycsb::{self, KeySets, Op, Plan, Start, Workload};
 use clap::{Args, ValueEnum};
