@@ -86,11 +86,10 @@ fuzz_target!(|data: &[u8]| {
         p.key_hi,
         p.first_key + (p.key_hi - p.first_key) / 2,
     ];
-    if bytes.len() == total {
-        let leaves = rolex_kv::fuzzing::model_view(at, &bytes, &sb, &keys)
-            .expect("a well-formed header with tables of its length parses");
+    // Garbage tables may be refused (a segment is checked as it is read);
+    // what parses is the record that was built.
+    if let Ok(leaves) = rolex_kv::fuzzing::model_view(at, &bytes, &sb, &keys) {
         assert_eq!(leaves, p.leaf_count);
-    } else {
-        let _ = rolex_kv::fuzzing::model_view(at, &bytes, &sb, &keys);
+        assert_eq!(bytes.len(), total, "parsed only with all its tables");
     }
 });

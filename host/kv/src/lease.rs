@@ -672,7 +672,10 @@ mod tests {
 
     #[test]
     fn whole_messages_decode_to_what_was_sent_or_name_what_is_wrong() {
-        assert_eq!(wire::decode_request(&wire::request(b"tok")), Ok(b"tok".to_vec()));
+        assert_eq!(
+            wire::decode_request(&wire::request(b"tok")),
+            Ok(b"tok".to_vec())
+        );
         assert_eq!(
             wire::decode_request(&wire::request(b"tok")[..12]),
             Err("request cut short")

@@ -740,10 +740,7 @@ mod tests {
         assert_eq!(malformed(decode_request(&long)), "token too long");
 
         let reply = encode_offer(&offer(), b"meta").unwrap();
-        assert_eq!(
-            decode_offer(&reply, true),
-            Ok((offer(), b"meta".to_vec()))
-        );
+        assert_eq!(decode_offer(&reply, true), Ok((offer(), b"meta".to_vec())));
         // `fetch` stops after the descriptors.
         let cut = &reply[..reply.len() - 8];
         assert_eq!(decode_offer(cut, false), Ok((offer(), Vec::new())));
