@@ -80,11 +80,11 @@
 //! each 10 ms of the run, from the clock read the latency needs anyway:
 //! per operation, an index and an increment more than the latency alone.
 
+use crate::data_set_desc::{key_hash, DataSetDesc};
 use crate::dataset::{self, spinner, DataSetArgs, Dist, EmptyFile};
 use crate::fabric::{
     libfabric_engine, parse_fabric, verbs_kv_engine, FabricArg, VerbsArgs, NO_VERBS,
 };
-use crate::memnode::{key_hash, DataSetDesc};
 use crate::plot::{self, Bucket, Cdf};
 use crate::ycsb::{self, KeySets, Op, Plan, Start, Workload};
 use clap::{Args, ValueEnum};

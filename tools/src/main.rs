@@ -5,6 +5,7 @@
 mod bench;
 mod bluefield_emu;
 mod cpu;
+mod data_set_desc;
 mod dataset;
 mod fabric;
 mod inspect;

@@ -42,7 +42,10 @@
 //! holder's word.
 //!
 //! Wire format (integers little-endian), every read bounded in time and
-//! length; [`wire`] encodes and decodes it for both sides:
+//! length; [`wire`] encodes and decodes it for both sides (each message
+//! read by one function generic over [`Read`], run on the socket and, by
+//! [`wire::decode_request`] and [`wire::decode_reply`], on bytes: the fuzz
+//! targets `lease_request` and `lease_reply`):
 //!
 //! ```text
 //! request:  "RLXLEAS2" | token_len u16 | token
@@ -60,9 +63,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
-use rolex_core::wire::{MrDesc, Wire};
+use rolex_core::wire::MrDesc;
 
-use wire::{reply, Reply, GRANT_TAIL, MAX_TOKEN, REPLY_HEAD};
+use wire::{Grant, MAX_TOKEN};
 
 /// Why a lease could not be served or acquired.
 #[derive(Debug)]
@@ -109,9 +112,11 @@ pub fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> LeaseError {
 /// The lease protocol's bytes, shared by the client here and the memory
 /// node's server. Decoders of peer bytes never panic.
 pub mod wire {
+    use std::io::{self, Read};
     use std::time::Duration;
 
     use rolex_core::entry::LockOwner;
+    use rolex_core::wire::{MrDesc, Wire};
 
     use super::LeaseError;
 
@@ -216,6 +221,93 @@ pub mod wire {
             }),
             _ => Err(LeaseError::Protocol("unknown reply status")),
         }
+    }
+
+    /// Reads a request from `r`: the token it presents, or why the
+    /// server refuses it (the refusal's message).
+    pub fn read_request(r: &mut impl Read) -> Result<Vec<u8>, &'static str> {
+        let mut head = [0u8; REQUEST_HEAD];
+        r.read_exact(&mut head).map_err(|_| "not a lease request")?;
+        let mut token = vec![0u8; request_token_len(&head)?];
+        r.read_exact(&mut token).map_err(|_| "request cut short")?;
+        Ok(token)
+    }
+
+    /// Decodes a whole request as the server reads it off its socket.
+    pub fn decode_request(mut bytes: &[u8]) -> Result<Vec<u8>, &'static str> {
+        let token = read_request(&mut bytes)?;
+        if !bytes.is_empty() {
+            return Err("bytes after the request");
+        }
+        Ok(token)
+    }
+
+    /// A lease as the client reads its grant.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct Grant {
+        /// The lease's id, which the holder's chain locks carry.
+        pub owner: LockOwner,
+        /// The server ends the lease this long after the last renewal.
+        pub duration: Duration,
+        /// A key to the pool for this lease alone, if the memory node
+        /// grants one.
+        pub pool: Option<MrDesc>,
+    }
+
+    /// Reads the server's reply from `r`: the grant, or its refusal
+    /// ([`LeaseError::Refused`]); a failing read is a [`LeaseError::Io`]
+    /// saying it happened while `what`.
+    pub fn read_reply(r: &mut impl Read, what: &str) -> Result<Grant, LeaseError> {
+        let mut read = |buf: &mut [u8]| {
+            r.read_exact(buf).map_err(|source| LeaseError::Io {
+                what: what.to_string(),
+                source,
+            })
+        };
+        let mut head = [0u8; REPLY_HEAD];
+        read(&mut head)?;
+        match reply(&head)? {
+            Reply::Granted(owner) => {
+                let mut tail = [0u8; GRANT_TAIL];
+                read(&mut tail)?;
+                let (duration, desc_len) = grant_tail(&tail)?;
+                let pool = if desc_len == 0 {
+                    None
+                } else {
+                    let mut desc = vec![0u8; desc_len];
+                    read(&mut desc)?;
+                    Some(MrDesc::decode(&desc).map_err(|_| {
+                        LeaseError::Protocol("granted a pool descriptor that does not decode")
+                    })?)
+                };
+                Ok(Grant {
+                    owner,
+                    duration,
+                    pool,
+                })
+            }
+            Reply::Refused { len } => {
+                let mut msg = vec![0u8; len];
+                read(&mut msg)?;
+                Err(LeaseError::Refused(
+                    String::from_utf8_lossy(&msg).into_owned(),
+                ))
+            }
+        }
+    }
+
+    /// Decodes a whole reply as the client reads it off its socket.
+    pub fn decode_reply(mut bytes: &[u8]) -> Result<Grant, LeaseError> {
+        let grant = read_reply(&mut bytes, "decoding a lease reply").map_err(|e| match e {
+            LeaseError::Io { source, .. } if source.kind() == io::ErrorKind::UnexpectedEof => {
+                LeaseError::Protocol("reply cut short")
+            }
+            e => e,
+        })?;
+        if !bytes.is_empty() {
+            return Err(LeaseError::Protocol("bytes after the reply"));
+        }
+        Ok(grant)
     }
 }
 
@@ -383,46 +475,12 @@ impl LeaseClient {
             .write_all(&req)
             .map_err(io_err(format!("sending the lease request to {server}")))?;
         let what = format!("reading the lease reply from {server}");
-        let mut status = [0u8; REPLY_HEAD];
-        stream
-            .read_exact(&mut status)
-            .map_err(io_err(what.clone()))?;
-        match reply(&status)? {
-            Reply::Granted(owner) => {
-                let mut tail = [0u8; GRANT_TAIL];
-                stream.read_exact(&mut tail).map_err(io_err(what.clone()))?;
-                let (duration, desc_len) = wire::grant_tail(&tail)?;
-                let pool = if desc_len == 0 {
-                    None
-                } else {
-                    let mut desc = vec![0u8; desc_len];
-                    stream.read_exact(&mut desc).map_err(io_err(what))?;
-                    Some(MrDesc::decode(&desc).map_err(|_| {
-                        LeaseError::Protocol("granted a pool descriptor that does not decode")
-                    })?)
-                };
-                Self::start(
-                    stream,
-                    Granted {
-                        owner,
-                        duration,
-                        pool,
-                    },
-                    sent,
-                )
-            }
-            Reply::Refused { len } => {
-                let mut msg = vec![0u8; len];
-                stream.read_exact(&mut msg).map_err(io_err(what))?;
-                Err(LeaseError::Refused(
-                    String::from_utf8_lossy(&msg).into_owned(),
-                ))
-            }
-        }
+        let grant = wire::read_reply(&mut stream, &what)?;
+        Self::start(stream, grant, sent)
     }
 
-    fn start(stream: TcpStream, g: Granted, sent: u64) -> Result<Self, LeaseError> {
-        let Granted {
+    fn start(stream: TcpStream, g: Grant, sent: u64) -> Result<Self, LeaseError> {
+        let Grant {
             owner,
             duration,
             pool,
@@ -489,13 +547,6 @@ impl LeaseClient {
     }
 }
 
-/// What a grant said.
-struct Granted {
-    owner: LockOwner,
-    duration: Duration,
-    pool: Option<MrDesc>,
-}
-
 /// The client's margin for a lease of `duration`: a quarter of it.
 fn margin_of(duration: Duration) -> Duration {
     duration / 4
@@ -553,8 +604,9 @@ fn renew(mut stream: TcpStream, fence: &LeaseFence, d: Duration, stop: &(Mutex<b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rolex_core::wire::Wire;
     use std::net::TcpListener;
-    use wire::MAGIC;
+    use wire::{reply, Reply, GRANT_TAIL, MAGIC, REPLY_HEAD};
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
@@ -616,6 +668,55 @@ mod tests {
         let addr = silent.local_addr().unwrap().to_string();
         let e = LeaseClient::acquire(&addr, "t", Duration::from_millis(200)).unwrap_err();
         assert!(e.to_string().contains("reading the lease reply"), "{e}");
+    }
+
+    #[test]
+    fn whole_messages_decode_to_what_was_sent_or_name_what_is_wrong() {
+        assert_eq!(
+            wire::decode_request(&wire::request(b"tok")),
+            Ok(b"tok".to_vec())
+        );
+        assert_eq!(
+            wire::decode_request(&wire::request(b"tok")[..12]),
+            Err("request cut short")
+        );
+        assert_eq!(wire::decode_request(b"RLXLEAS"), Err("not a lease request"));
+        assert_eq!(
+            wire::decode_request(&[&wire::request(b"")[..], b"x"].concat()),
+            Err("bytes after the request")
+        );
+        let desc = MrDesc::new(
+            0x1000,
+            4096,
+            rolex_core::wire::Access::all(),
+            &[(rolex_core::wire::NetAddr::new(b"n").unwrap(), 7)],
+        )
+        .unwrap();
+        let bytes = wire::granted(7, 2500, &desc.to_vec().unwrap());
+        assert_eq!(
+            wire::decode_reply(&bytes).unwrap(),
+            Grant {
+                owner: LockOwner(7),
+                duration: Duration::from_millis(2500),
+                pool: Some(desc),
+            }
+        );
+        let protocol = |r: Result<Grant, LeaseError>| match r {
+            Err(LeaseError::Protocol(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            protocol(wire::decode_reply(&bytes[..bytes.len() - 1])),
+            "reply cut short"
+        );
+        assert_eq!(
+            protocol(wire::decode_reply(&[&bytes[..], b"x"].concat())),
+            "bytes after the reply"
+        );
+        match wire::decode_reply(&wire::refused("no")) {
+            Err(LeaseError::Refused(why)) => assert_eq!(why, "no"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -56,6 +56,40 @@ pub mod stats;
 mod values;
 
 pub use client::{KvClient, KvClientConfig};
+
+/// The fuzz targets' way into decoders this crate keeps private; built
+/// only by `cargo fuzz`, which compiles every crate with `--cfg fuzzing`.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    use rolex_core::entry::LeafAddr;
+    use rolex_core::layout::{LayoutError, Superblock};
+
+    /// Parses the model record at pool offset `offset` from `bytes` (a
+    /// READ of its record and tables) as a compute node caches it, then
+    /// asks the view what a session asks it: the owning training leaf of
+    /// each of `keys`, that leaf's cached chain, every SLT slot's stash,
+    /// the bytes cached. Returns how many leaves the model has.
+    pub fn model_view(
+        offset: u64,
+        bytes: &[u8],
+        sb: &Superblock,
+        keys: &[u64],
+    ) -> Result<u64, LayoutError> {
+        let v = crate::cache::ModelView::parse(offset, bytes, sb)?;
+        let mut chain: Vec<LeafAddr> = Vec::new();
+        for &key in keys {
+            let (leaf, _) = v.owner(key);
+            chain.clear();
+            v.chain(leaf, &mut chain);
+        }
+        for slot in 0..=u8::MAX {
+            let _ = v.stash_leaf(slot);
+        }
+        let _ = (v.has_stash(), v.bytes());
+        Ok(v.record.leaf_count())
+    }
+}
 pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
 use rolex_core::wire::{MrDesc, Wire};
-use rolex_kv::lease::wire::{self, REQUEST_HEAD};
+use rolex_kv::lease::wire;
 use rolex_kv::lease::{io_err, LeaseError};
 
 /// Options of a [`LeaseServer`].
@@ -327,22 +327,13 @@ fn refuse(stream: &mut TcpStream, why: &str) {
 fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     let _ = stream.set_read_timeout(Some(s.cfg.handshake_timeout));
     let _ = stream.set_write_timeout(Some(s.cfg.handshake_timeout));
-    let mut head = [0u8; REQUEST_HEAD];
-    if stream.read_exact(&mut head).is_err() {
-        refuse(&mut stream, "not a lease request");
-        return;
-    }
-    let len = match wire::request_token_len(&head) {
-        Ok(len) => len,
+    let token = match wire::read_request(&mut stream) {
+        Ok(token) => token,
         Err(why) => {
             refuse(&mut stream, why);
             return;
         }
     };
-    let mut token = vec![0u8; len];
-    if stream.read_exact(&mut token).is_err() {
-        return;
-    }
     if token != s.cfg.token.as_bytes() {
         refuse(&mut stream, "wrong token");
         return;

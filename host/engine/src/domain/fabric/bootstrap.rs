@@ -29,6 +29,11 @@
 //! `meta` is an opaque description the server attaches to its offer (a
 //! memory node names its data set there); [`Bootstrap::fetch`] ignores it,
 //! [`Bootstrap::fetch_with_meta`] returns it.
+//!
+//! Each message is read by one function generic over [`Read`]: the
+//! server and the client run it on their socket, and [`decode_request`]
+//! and [`decode_offer`] run the same code on bytes (the fuzz targets
+//! `bootstrap_request` and `bootstrap_offer`).
 
 use std::fmt;
 use std::io::{Read, Write};
@@ -202,7 +207,32 @@ impl Bootstrap {
             .map_err(io("setting timeouts"))?;
         s.set_write_timeout(Some(self.timeout))
             .map_err(io("setting timeouts"))?;
-        let token = self.token.as_bytes();
+        let req = Request {
+            token: self.token.as_bytes().to_vec(),
+            layout_version,
+            rxm_buffer: self.rxm_buffer.unwrap_or(0),
+        }
+        .encode()?;
+        s.write_all(&req).map_err(io("sending the request"))?;
+        read_offer(&mut s, want_meta)
+    }
+}
+
+/// A client's request, as the server reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The token the client presents (at most 1024 bytes).
+    pub token: Vec<u8>,
+    /// The pool layout version the client expects.
+    pub layout_version: u32,
+    /// The client's rxm buffer size ([`Bootstrap::rxm_buffer`]; 0: none).
+    pub rxm_buffer: u32,
+}
+
+impl Request {
+    /// The request's bytes; errors if the token is longer than 1024 bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, BootstrapError> {
+        let token = &self.token;
         if token.len() > MAX_TOKEN {
             return Err(BootstrapError::Malformed {
                 what: "token longer than 1024 bytes",
@@ -212,83 +242,166 @@ impl Bootstrap {
         req.extend_from_slice(MAGIC);
         req.extend_from_slice(&(token.len() as u16).to_le_bytes());
         req.extend_from_slice(token);
-        req.extend_from_slice(&layout_version.to_le_bytes());
-        req.extend_from_slice(&self.rxm_buffer.unwrap_or(0).to_le_bytes());
-        s.write_all(&req).map_err(io("sending the request"))?;
-        let status = read_u8(&mut s, "reading the reply")?;
-        if status != 0 {
-            let n = read_u16(&mut s, "reading the refusal")? as usize;
-            let msg = read_vec(&mut s, n, "reading the refusal")?;
-            return Err(BootstrapError::Refused {
-                reason: String::from_utf8_lossy(&msg).into_owned(),
-            });
-        }
-        let layout = read_u32(&mut s, "reading the offer")?;
-        let n = read_u8(&mut s, "reading the offer")? as usize;
-        let addr = NetAddr::new(&read_vec(&mut s, n, "reading the offer")?).map_err(|_| {
-            BootstrapError::Malformed {
-                what: "server address",
-            }
-        })?;
-        let count = read_u16(&mut s, "reading the offer")? as usize;
-        if count > MAX_DESCS {
-            return Err(BootstrapError::Malformed {
-                what: "too many descriptors",
-            });
-        }
-        let mut descs = Vec::with_capacity(count);
-        for _ in 0..count {
-            let n = read_u16(&mut s, "reading a descriptor")? as usize;
-            if n > MAX_DESC_LEN {
-                return Err(BootstrapError::Malformed {
-                    what: "descriptor too long",
-                });
-            }
-            let b = read_vec(&mut s, n, "reading a descriptor")?;
-            descs.push(MrDesc::decode(&b).map_err(|_| BootstrapError::Malformed {
-                what: "memory descriptor",
-            })?);
-        }
-        let meta = if want_meta {
-            let n = read_u32(&mut s, "reading the offer's description")? as usize;
-            if n > MAX_META {
-                return Err(BootstrapError::Malformed {
-                    what: "description longer than 64 KiB",
-                });
-            }
-            read_vec(&mut s, n, "reading the offer's description")?
-        } else {
-            Vec::new()
-        };
-        Ok((
-            Offer {
-                addr,
-                descs,
-                layout_version: layout,
-            },
-            meta,
-        ))
+        req.extend_from_slice(&self.layout_version.to_le_bytes());
+        req.extend_from_slice(&self.rxm_buffer.to_le_bytes());
+        Ok(req)
     }
 }
 
-fn read_vec(s: &mut TcpStream, n: usize, step: &'static str) -> Result<Vec<u8>, BootstrapError> {
+/// Why the server refuses a client of the first protocol.
+const OLDER_PROTOCOL: &str = "the client speaks an older bootstrap protocol (1, this server 2): \
+                              run the same rolex version on both ends";
+
+/// Reads a request from `r`. A request the server must refuse is a
+/// [`BootstrapError::Malformed`] whose `what` is the refusal's message;
+/// anything else is the connection's failure.
+fn read_request(r: &mut impl Read) -> Result<Request, BootstrapError> {
+    let refuse = |what| Err(BootstrapError::Malformed { what });
+    let magic = read_vec(r, 8, "reading the request")?;
+    if magic == MAGIC_V1 {
+        // Read the rest of its request first (token and layout): closing
+        // with unread bytes would reset the connection, and the client
+        // would not see why.
+        let n = read_u16(r, "reading the request")? as usize;
+        if n <= MAX_TOKEN {
+            read_vec(r, n + 4, "reading the request")?;
+        }
+        return refuse(OLDER_PROTOCOL);
+    }
+    if magic != MAGIC {
+        return refuse("not a rolex bootstrap request");
+    }
+    let n = read_u16(r, "reading the request")? as usize;
+    if n > MAX_TOKEN {
+        return refuse("token too long");
+    }
+    Ok(Request {
+        token: read_vec(r, n, "reading the request")?,
+        layout_version: read_u32(r, "reading the request")?,
+        rxm_buffer: read_u32(r, "reading the request")?,
+    })
+}
+
+/// Reads the server's reply from `r`: its offer, and the description
+/// attached if `want_meta` (else the reply is read no further than the
+/// descriptors).
+fn read_offer(r: &mut impl Read, want_meta: bool) -> Result<(Offer, Vec<u8>), BootstrapError> {
+    let status = read_u8(r, "reading the reply")?;
+    if status != 0 {
+        let n = read_u16(r, "reading the refusal")? as usize;
+        let msg = read_vec(r, n, "reading the refusal")?;
+        return Err(BootstrapError::Refused {
+            reason: String::from_utf8_lossy(&msg).into_owned(),
+        });
+    }
+    let layout = read_u32(r, "reading the offer")?;
+    let n = read_u8(r, "reading the offer")? as usize;
+    let addr = NetAddr::new(&read_vec(r, n, "reading the offer")?).map_err(|_| {
+        BootstrapError::Malformed {
+            what: "server address",
+        }
+    })?;
+    let count = read_u16(r, "reading the offer")? as usize;
+    if count > MAX_DESCS {
+        return Err(BootstrapError::Malformed {
+            what: "too many descriptors",
+        });
+    }
+    let mut descs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let n = read_u16(r, "reading a descriptor")? as usize;
+        if n > MAX_DESC_LEN {
+            return Err(BootstrapError::Malformed {
+                what: "descriptor too long",
+            });
+        }
+        let b = read_vec(r, n, "reading a descriptor")?;
+        descs.push(MrDesc::decode(&b).map_err(|_| BootstrapError::Malformed {
+            what: "memory descriptor",
+        })?);
+    }
+    let meta = if want_meta {
+        let n = read_u32(r, "reading the offer's description")? as usize;
+        if n > MAX_META {
+            return Err(BootstrapError::Malformed {
+                what: "description longer than 64 KiB",
+            });
+        }
+        read_vec(r, n, "reading the offer's description")?
+    } else {
+        Vec::new()
+    };
+    Ok((
+        Offer {
+            addr,
+            descs,
+            layout_version: layout,
+        },
+        meta,
+    ))
+}
+
+/// Decodes a whole request as the server reads it off its socket; a
+/// request it would refuse is a [`BootstrapError::Malformed`] naming why.
+pub fn decode_request(bytes: &[u8]) -> Result<Request, BootstrapError> {
+    decode_whole(bytes, true, |r| read_request(r))
+}
+
+/// Decodes a whole reply as [`Bootstrap::fetch_with_meta`] (`want_meta`)
+/// or [`Bootstrap::fetch`] reads it off its socket: the offer and its
+/// description, or the server's refusal ([`BootstrapError::Refused`]).
+/// Without `want_meta` the bytes after the descriptors are not looked at.
+pub fn decode_offer(bytes: &[u8], want_meta: bool) -> Result<(Offer, Vec<u8>), BootstrapError> {
+    decode_whole(bytes, want_meta, |r| read_offer(r, want_meta))
+}
+
+/// Runs `read` on `bytes`: running out of them is a message cut short,
+/// and bytes left over (if `whole`) are trailing garbage.
+fn decode_whole<T>(
+    mut bytes: &[u8],
+    whole: bool,
+    read: impl FnOnce(&mut &[u8]) -> Result<T, BootstrapError>,
+) -> Result<T, BootstrapError> {
+    let v = read(&mut bytes).map_err(|e| match e {
+        BootstrapError::Io { .. } => BootstrapError::Malformed {
+            what: "message cut short",
+        },
+        e => e,
+    })?;
+    if whole && !bytes.is_empty() {
+        return Err(BootstrapError::Malformed {
+            what: "bytes after the message",
+        });
+    }
+    Ok(v)
+}
+
+/// Reads `n` bytes; callers bound `n` before calling.
+fn read_vec(s: &mut impl Read, n: usize, step: &'static str) -> Result<Vec<u8>, BootstrapError> {
     let mut v = vec![0; n];
     s.read_exact(&mut v).map_err(io(step))?;
     Ok(v)
 }
 
-fn read_u8(s: &mut TcpStream, step: &'static str) -> Result<u8, BootstrapError> {
-    Ok(read_vec(s, 1, step)?[0])
+fn read_array<const N: usize>(
+    s: &mut impl Read,
+    step: &'static str,
+) -> Result<[u8; N], BootstrapError> {
+    let mut b = [0; N];
+    s.read_exact(&mut b).map_err(io(step))?;
+    Ok(b)
 }
 
-fn read_u16(s: &mut TcpStream, step: &'static str) -> Result<u16, BootstrapError> {
-    let b = read_vec(s, 2, step)?;
-    Ok(u16::from_le_bytes([b[0], b[1]]))
+fn read_u8(s: &mut impl Read, step: &'static str) -> Result<u8, BootstrapError> {
+    Ok(u8::from_le_bytes(read_array(s, step)?))
 }
 
-fn read_u32(s: &mut TcpStream, step: &'static str) -> Result<u32, BootstrapError> {
-    let b = read_vec(s, 4, step)?;
-    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+fn read_u16(s: &mut impl Read, step: &'static str) -> Result<u16, BootstrapError> {
+    Ok(u16::from_le_bytes(read_array(s, step)?))
+}
+
+fn read_u32(s: &mut impl Read, step: &'static str) -> Result<u32, BootstrapError> {
+    Ok(u32::from_le_bytes(read_array(s, step)?))
 }
 
 /// Longest the server's thread blocks waiting for a client before it
@@ -404,7 +517,9 @@ impl Drop for BootstrapServer {
     }
 }
 
-fn encode_offer(offer: &Offer, meta: &[u8]) -> Result<Vec<u8>, BootstrapError> {
+/// The reply offering `offer` with the description `meta` attached (at
+/// most 64 KiB), as the server sends it.
+pub fn encode_offer(offer: &Offer, meta: &[u8]) -> Result<Vec<u8>, BootstrapError> {
     if meta.len() > MAX_META {
         return Err(BootstrapError::Malformed {
             what: "description to offer longer than 64 KiB",
@@ -445,34 +560,15 @@ fn serve(
         .map_err(io("setting timeouts"))?;
     s.set_write_timeout(Some(cfg.timeout))
         .map_err(io("setting timeouts"))?;
-    let magic = read_vec(&mut s, 8, "reading the request")?;
-    if magic == MAGIC_V1 {
-        // Read the rest of its request first (token and layout): closing
-        // with unread bytes would reset the connection, and the client
-        // would not see why.
-        let n = read_u16(&mut s, "reading the request")? as usize;
-        if n <= MAX_TOKEN {
-            read_vec(&mut s, n + 4, "reading the request")?;
-        }
-        return refuse(
-            &mut s,
-            "the client speaks an older bootstrap protocol (1, this server 2): \
-             run the same rolex version on both ends",
-        );
-    }
-    if magic != MAGIC {
-        return refuse(&mut s, "not a rolex bootstrap request");
-    }
-    let n = read_u16(&mut s, "reading the request")? as usize;
-    if n > MAX_TOKEN {
-        return refuse(&mut s, "token too long");
-    }
-    let token = read_vec(&mut s, n, "reading the request")?;
-    let want = read_u32(&mut s, "reading the request")?;
-    let rxm = read_u32(&mut s, "reading the request")?;
-    if token != cfg.token.as_bytes() {
+    let req = match read_request(&mut s) {
+        Ok(req) => req,
+        Err(BootstrapError::Malformed { what }) => return refuse(&mut s, what),
+        Err(e) => return Err(e),
+    };
+    if req.token != cfg.token.as_bytes() {
         return refuse(&mut s, "wrong token");
     }
+    let want = req.layout_version;
     if want != layout {
         return refuse(
             &mut s,
@@ -481,7 +577,7 @@ fn serve(
             ),
         );
     }
-    if let Some(msg) = rxm_mismatch(cfg.rxm_buffer, rxm) {
+    if let Some(msg) = rxm_mismatch(cfg.rxm_buffer, req.rxm_buffer) {
         return refuse(&mut s, &msg);
     }
     s.write_all(reply).map_err(io("sending the offer"))
@@ -612,6 +708,63 @@ mod tests {
         assert_eq!(reply[0], 1, "refused");
         let msg = String::from_utf8_lossy(&reply[3..]);
         assert!(msg.contains("same rolex version"), "{msg}");
+    }
+
+    #[test]
+    fn the_decoders_read_what_the_ends_send_and_name_what_is_wrong() {
+        let req = Request {
+            token: b"t".to_vec(),
+            layout_version: 3,
+            rxm_buffer: 16384,
+        };
+        let bytes = req.encode().unwrap();
+        assert_eq!(decode_request(&bytes), Ok(req));
+        let malformed = |r: Result<Request, BootstrapError>| match r {
+            Err(BootstrapError::Malformed { what }) => what,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            malformed(decode_request(&bytes[..bytes.len() - 1])),
+            "message cut short"
+        );
+        assert_eq!(
+            malformed(decode_request(&[&bytes[..], &[0]].concat())),
+            "bytes after the message"
+        );
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&1u16.to_le_bytes());
+        v1.extend_from_slice(b"t\x03\0\0\0");
+        assert_eq!(malformed(decode_request(&v1)), OLDER_PROTOCOL);
+        let mut long = MAGIC.to_vec();
+        long.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(malformed(decode_request(&long)), "token too long");
+
+        let reply = encode_offer(&offer(), b"meta").unwrap();
+        assert_eq!(decode_offer(&reply, true), Ok((offer(), b"meta".to_vec())));
+        // `fetch` stops after the descriptors.
+        let cut = &reply[..reply.len() - 8];
+        assert_eq!(decode_offer(cut, false), Ok((offer(), Vec::new())));
+        assert!(matches!(
+            decode_offer(cut, true),
+            Err(BootstrapError::Malformed { .. })
+        ));
+        // A declared count above the bound is refused before anything is
+        // read or allocated for it.
+        let mut many = reply[..reply.len() - 8].to_vec();
+        let at = 1 + 4 + 1 + offer().addr.as_bytes().len();
+        many[at..at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(
+            decode_offer(&many, false),
+            Err(BootstrapError::Malformed {
+                what: "too many descriptors"
+            })
+        );
+        assert_eq!(
+            decode_offer(b"\x01\x02\0no", true),
+            Err(BootstrapError::Refused {
+                reason: "no".into()
+            })
+        );
     }
 
     #[test]
