@@ -167,6 +167,63 @@ proptest! {
     }
 }
 
+/// `get_many_values` over several nodes answers as the reference map,
+/// values of every length (out-of-line ones read from each node's value
+/// area after its leaves, every node's value batch posted before any is
+/// waited for): one leaf round and one value round per node.
+#[test]
+fn get_many_values_across_nodes_answer_as_a_reference_map() {
+    let pairs = loaded(3000, 4);
+    let max = 12_100;
+    let (_mns, c) = cluster(&pairs, 3);
+    let mut s = c.session().unwrap();
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs
+        .iter()
+        .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(23);
+    for round in 0..60 {
+        for _ in 0..30 {
+            let k = rng.gen_range(0..max);
+            if rng.gen_bool(0.15) {
+                assert_eq!(s.remove(k).unwrap(), model.remove(&k).is_some());
+            } else {
+                let v = bytes(k, rng.gen_range(0..120));
+                assert_eq!(s.put(k, &v).unwrap(), model.insert(k, v).is_some());
+            }
+        }
+        let keys: Vec<u64> = (0..rng.gen_range(1..=40))
+            .map(|_| rng.gen_range(0..max))
+            .collect();
+        let want: Vec<Option<Vec<u8>>> = keys.iter().map(|k| model.get(k).cloned()).collect();
+        assert_eq!(
+            s.get_many_values(&keys).unwrap(),
+            want,
+            "round {round}: {keys:?}"
+        );
+    }
+    // One key with an out-of-line value on each node, caches warm.
+    let keys: Vec<u64> = (0..3)
+        .map(|i| {
+            let (lo, _) = c.map().range(i).unwrap();
+            s.put(lo, &bytes(lo, 100)).unwrap();
+            lo
+        })
+        .collect();
+    s.get_many_values(&keys).unwrap();
+    let before = c.stats().op(KvOp::Get);
+    let got = s.get_many_values(&keys).unwrap();
+    let after = c.stats().op(KvOp::Get);
+    for (k, v) in keys.iter().zip(got) {
+        assert_eq!(v, Some(bytes(*k, 100)));
+    }
+    assert_eq!(
+        (after.ops - before.ops, after.rtts - before.rtts),
+        (3, 6),
+        "a leaf batch and a value batch on each of 3 nodes"
+    );
+}
+
 #[test]
 fn a_get_is_one_round_trip_on_any_node_and_a_crossing_scan_counts_once() {
     let pairs = loaded(3000, 4);

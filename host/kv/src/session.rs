@@ -170,6 +170,7 @@ mod split;
 
 pub use pipeline::{Answer, Request};
 
+use std::ops::Range;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -243,9 +244,60 @@ struct HotBuffers {
     leaf: Vec<u8>,
 }
 
-/// Makes one session's answers of a `get_many` from the slot values its
-/// gets found (it may read more: out-of-line values).
-type GetAnswers<T> = fn(&mut KvSession, &[u64], Vec<Option<SlotValue>>) -> Result<T, KvError>;
+/// Makes each session's answers of a `get_many` over several sessions
+/// (`keys[i]` on `sessions[i]`) from the slot values its gets found or
+/// its error (it may read more: out-of-line values).
+type GetAnswers<T> = fn(
+    &mut [&mut KvSession],
+    &[&[u64]],
+    Vec<Result<Vec<Option<SlotValue>>, KvError>>,
+) -> Vec<Result<T, KvError>>;
+
+/// A [`KvSession::resolve`] as it goes: the answers (inline values
+/// already in), the out-of-line blocks (the answer they belong to, the
+/// block), how many of them were read and the answers whose block no
+/// longer held their value.
+#[derive(Default)]
+struct Resolving {
+    out: Vec<(u64, Vec<u8>)>,
+    blocks: Vec<(usize, BlockRef)>,
+    next: usize,
+    stale: Vec<usize>,
+}
+
+/// One batch of value-block READs: the ops, which of
+/// [`Resolving::blocks`] they read, the read buffer's bytes they use.
+struct ValueBatch {
+    ops: Vec<Op>,
+    blocks: Range<usize>,
+    end: u64,
+}
+
+impl Resolving {
+    /// The next batch of blocks to read, at most [`SCAN_VALUE_BATCH`]
+    /// bytes (or one block); `None` when every block was read.
+    fn plan(&mut self) -> Option<ValueBatch> {
+        let from = self.next;
+        let (mut ops, mut local) = (Vec::new(), 0u64);
+        while let Some(&(_, at)) = self.blocks.get(self.next) {
+            if !ops.is_empty() && local + at.read_len() > SCAN_VALUE_BATCH {
+                break;
+            }
+            ops.push(Op::Read {
+                remote: at.offset,
+                local,
+                len: at.read_len(),
+            });
+            local += at.read_len().next_multiple_of(8);
+            self.next += 1;
+        }
+        (!ops.is_empty()).then_some(ValueBatch {
+            ops,
+            blocks: from..self.next,
+            end: local,
+        })
+    }
+}
 
 /// A [`KvSession::get_many`] as it goes: its keys, the slot values found
 /// so far, the keys still to read, and the batches tried.
@@ -1093,8 +1145,8 @@ impl KvSession {
     /// memory node of a cluster, `keys[i]` on `sessions[i]`: each round's
     /// batch is posted on every session before any is waited for, so the
     /// call costs the round trips of one session, not their sum. Then
-    /// `finish` makes each session's answers (it may read more), and the
-    /// call counts as `keys[i].len()` gets on each session (as
+    /// `finish` makes every session's answers (it may read more, on all
+    /// sessions together), and the call counts as `keys[i].len()` gets on each session (as
     /// [`Self::get_many`]).
     fn get_many_with<T>(
         sessions: &mut [&mut KvSession],
@@ -1144,17 +1196,13 @@ impl KvSession {
                 }
             }
         }
-        sessions
-            .iter_mut()
-            .zip(keys)
-            .zip(states)
-            .map(|((s, &mine), g)| {
-                let r = g.and_then(|g| finish(s, mine, g.out));
-                s.io.cur.ops = mine.len() as u64;
-                s.counters.per_op[KvOp::Get.index()].add(&s.io.cur);
-                r
-            })
-            .collect()
+        let found = states.into_iter().map(|g| g.map(|g| g.out)).collect();
+        let answers = finish(sessions, keys, found);
+        for (s, mine) in sessions.iter_mut().zip(keys) {
+            s.io.cur.ops = mine.len() as u64;
+            s.counters.per_op[KvOp::Get.index()].add(&s.io.cur);
+        }
+        answers
     }
 
     /// [`Self::get_many`] on several sessions at once (see
@@ -1163,17 +1211,85 @@ impl KvSession {
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
     ) -> Vec<Result<Vec<Option<u64>>, KvError>> {
-        Self::get_many_with(sessions, keys, Self::u64_answers)
+        Self::get_many_with(sessions, keys, |sessions, keys, found| {
+            sessions
+                .iter_mut()
+                .zip(keys)
+                .zip(found)
+                .map(|((s, mine), f)| f.and_then(|f| s.u64_answers(mine, f)))
+                .collect()
+        })
     }
 
     /// [`Self::get_many_values`] on several sessions at once (see
-    /// `get_many_with`; the out-of-line values are read per session,
-    /// after every session's leaves).
+    /// `get_many_with`): after every session's leaves, the out-of-line
+    /// values too are read in batches posted on every session before any
+    /// is waited for.
     pub(crate) fn get_many_values_on(
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
     ) -> Vec<Result<Vec<Option<Vec<u8>>>, KvError>> {
-        Self::get_many_with(sessions, keys, Self::value_answers)
+        Self::get_many_with(sessions, keys, Self::values_on)
+    }
+
+    /// Each session's [`Self::value_answers`] from what its gets found,
+    /// its value blocks read in rounds of one batch per session, all
+    /// posted before any is waited for.
+    fn values_on(
+        sessions: &mut [&mut KvSession],
+        keys: &[&[u64]],
+        found: Vec<Result<Vec<Option<SlotValue>>, KvError>>,
+    ) -> Vec<Result<Vec<Option<Vec<u8>>>, KvError>> {
+        let mut states: Vec<Result<(Vec<usize>, Resolving), KvError>> = sessions
+            .iter()
+            .zip(keys)
+            .zip(found)
+            .map(|((s, mine), f)| {
+                let (present, pairs) = present_values(mine, f?);
+                Ok((present, s.resolving(pairs)?))
+            })
+            .collect();
+        loop {
+            let batches: Vec<Option<ValueBatch>> = states
+                .iter_mut()
+                .map(|st| st.as_mut().ok().and_then(|(_, r)| r.plan()))
+                .collect();
+            if batches.iter().all(Option::is_none) {
+                break;
+            }
+            let landed = pipeline::post_all(sessions, &batches, |s, b| Some(s.post_values(b)));
+            for (((s, st), batch), landed) in sessions
+                .iter_mut()
+                .zip(states.iter_mut())
+                .zip(batches)
+                .zip(landed)
+            {
+                let (Ok((_, r)), Some(batch)) = (st.as_mut(), batch) else {
+                    continue;
+                };
+                let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+                let done = match landed.map(|r| first_error(&r)) {
+                    Ok(None) => s.values_landed(r, &batch),
+                    Ok(Some(error)) => Err(KvError::Transfer {
+                        during: "reading values",
+                        error,
+                    }),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = done {
+                    *st = Err(e);
+                }
+            }
+        }
+        sessions
+            .iter_mut()
+            .zip(keys)
+            .zip(states)
+            .map(|((s, mine), st)| {
+                let (present, r) = st?;
+                Ok(place_values(mine, &present, s.resolved(r)?))
+            })
+            .collect()
     }
 
     /// [`Self::get_many`]'s answers from the slot values found.
@@ -1199,21 +1315,8 @@ impl KvSession {
         keys: &[u64],
         found: Vec<Option<SlotValue>>,
     ) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        let pairs: Vec<(usize, SlotValue)> = found
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| v.map(|v| (i, v)))
-            .collect();
-        let present: Vec<(u64, SlotValue)> = pairs.iter().map(|&(i, v)| (keys[i], v)).collect();
-        let mut out = vec![None; keys.len()];
-        // `resolve` keeps the order and drops keys removed meanwhile.
-        let mut resolved = self.resolve(present)?.into_iter().peekable();
-        for (i, _) in pairs {
-            if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
-                out[i] = resolved.next().map(|(_, v)| v);
-            }
-        }
-        Ok(out)
+        let (present, pairs) = present_values(keys, found);
+        Ok(place_values(keys, &present, self.resolve(pairs)?))
     }
 
     /// The next batch of `g` planned: one check per model, then each
@@ -1822,47 +1925,63 @@ impl KvSession {
     /// again by a get of its key, and the pair dropped if the key was
     /// removed meanwhile (a scan is not atomic).
     fn resolve(&mut self, found: Vec<(u64, SlotValue)>) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
-        let mut out: Vec<(u64, Vec<u8>)> = Vec::with_capacity(found.len());
-        let mut blocks: Vec<(usize, BlockRef)> = Vec::new();
+        let mut r = self.resolving(found)?;
+        while let Some(b) = r.plan() {
+            self.io.reserve(&self.shared.engine, b.end, 0)?;
+            self.io.run(&self.shared.pool, &b.ops, "reading values")?;
+            self.values_landed(&mut r, &b)?;
+        }
+        self.resolved(r)
+    }
+
+    /// [`Self::resolve`] begun: the inline values taken, each block
+    /// pointer checked (a pointer out of the value area is an error).
+    fn resolving(&self, found: Vec<(u64, SlotValue)>) -> Result<Resolving, KvError> {
+        let mut r = Resolving {
+            out: Vec::with_capacity(found.len()),
+            ..Resolving::default()
+        };
         for (k, v) in found {
             if let Some(at) = v.block() {
                 self.check_pointer(k, at)?;
-                blocks.push((out.len(), at));
+                r.blocks.push((r.out.len(), at));
             }
-            out.push((k, v.inline_bytes().unwrap_or(&[]).to_vec()));
+            r.out.push((k, v.inline_bytes().unwrap_or(&[]).to_vec()));
         }
-        let mut stale = Vec::new();
-        let mut i = 0;
-        while i < blocks.len() {
-            let (start, mut ops, mut local) = (i, Vec::new(), 0u64);
-            while i < blocks.len()
-                && (ops.is_empty() || local + blocks[i].1.read_len() <= SCAN_VALUE_BATCH)
-            {
-                let at = blocks[i].1;
-                ops.push(Op::Read {
-                    remote: at.offset,
-                    local,
-                    len: at.read_len(),
-                });
-                local += at.read_len().next_multiple_of(8);
-                i += 1;
-            }
-            self.io.reserve(&self.shared.engine, local, 0)?;
-            self.io
-                .run(&self.shared.pool, &ops, "reading scanned values")?;
-            for (&(idx, at), op) in blocks[start..i].iter().zip(&ops) {
-                let Op::Read { local, len, .. } = *op else {
-                    continue;
-                };
-                let key = out[idx].0;
-                match self.io.with_local(local, len, |b| {
-                    ValueBlock::check(b, key, at).map(<[u8]>::to_vec)
-                })? {
-                    Ok(v) => out[idx].1 = v,
-                    Err(_) => stale.push(idx),
-                }
+        Ok(r)
+    }
+
+    /// Posts a batch of value blocks [`Resolving::plan`] made.
+    fn post_values<'a>(&'a mut self, b: &'a ValueBatch) -> Result<InFlight<'a>, KvError> {
+        self.io.reserve(&self.shared.engine, b.end, 0)?;
+        self.io
+            .post_each(&self.shared.pool, &b.ops, "reading values")
+    }
+
+    /// A batch of value blocks as it landed: each block still holding
+    /// its key's value is the answer, the others are read again by
+    /// [`Self::resolved`].
+    fn values_landed(&mut self, r: &mut Resolving, b: &ValueBatch) -> Result<(), KvError> {
+        for (&(idx, at), op) in r.blocks[b.blocks.clone()].iter().zip(&b.ops) {
+            let Op::Read { local, len, .. } = *op else {
+                continue;
+            };
+            let key = r.out[idx].0;
+            match self.io.with_local(local, len, |b| {
+                ValueBlock::check(b, key, at).map(<[u8]>::to_vec)
+            })? {
+                Ok(v) => r.out[idx].1 = v,
+                Err(_) => r.stale.push(idx),
             }
         }
+        Ok(())
+    }
+
+    /// [`Self::resolve`] ended: the values whose block was rewritten
+    /// since its leaf was read are read again by a get of their key (the
+    /// pair dropped if the key is gone).
+    fn resolved(&mut self, r: Resolving) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        let Resolving { mut out, stale, .. } = r;
         let mut gone = Vec::new();
         for idx in stale {
             self.io.cur.retries += 1;
@@ -1999,6 +2118,37 @@ impl KvSession {
 }
 
 /// The first error among a batch's `results`.
+/// The keys of `keys` whose get found a slot value: their indexes, and
+/// each key with its slot value (in `keys`' order).
+fn present_values(
+    keys: &[u64],
+    found: Vec<Option<SlotValue>>,
+) -> (Vec<usize>, Vec<(u64, SlotValue)>) {
+    found
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.map(|v| (i, (keys[i], v))))
+        .unzip()
+}
+
+/// The answers to `keys`: the values `resolved` (in the order of the
+/// present keys, indexes `present`; a key removed meanwhile left out by
+/// `resolve`) at their keys' places, `None` elsewhere.
+fn place_values(
+    keys: &[u64],
+    present: &[usize],
+    resolved: Vec<(u64, Vec<u8>)>,
+) -> Vec<Option<Vec<u8>>> {
+    let mut out = vec![None; keys.len()];
+    let mut resolved = resolved.into_iter().peekable();
+    for &i in present {
+        if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
+            out[i] = resolved.next().map(|(_, v)| v);
+        }
+    }
+    out
+}
+
 fn first_error(results: &[Result<u64, TransferError>]) -> Option<TransferError> {
     results.iter().find_map(|r| r.as_ref().err().cloned())
 }
