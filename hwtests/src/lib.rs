@@ -394,25 +394,10 @@ pub fn fabrics() -> Vec<Candidate> {
                 name: f.name(),
                 reason: e.to_string(),
             }),
-            // Known gap: on libfabric 1.17's `sockets` writes with
-            // immediates across several NICs per engine do not complete
-            // (session 9: 4 of 10 cases time out at 20 s — the 64 small
-            // writes with immediates over 2 NICs, a 256 KiB write with an
-            // immediate from 4 NICs to 2, the paged barrier, one write
-            // per device; plain writes, reads and atomics over 2 NICs
-            // pass). The cases fail and the run goes on (an engine whose
-            // operations never completed used to hang in its drop). Opt
-            // in with ROLEX_HWTESTS_SOCKETS=1 while that is investigated.
-            Ok(())
-                if provider == "sockets" && std::env::var_os("ROLEX_HWTESTS_SOCKETS").is_none() =>
-            {
-                v.push(Candidate::Skipped {
-                    name: f.name(),
-                    reason: "writes with immediates stall under load on sockets (1.17); \
-                             set ROLEX_HWTESTS_SOCKETS=1 to run it"
-                        .into(),
-                })
-            }
+            // `sockets` runs like the others: its initiator's completion
+            // of a write with an immediate carries FI_REMOTE_CQ_DATA too,
+            // which the domain tells from a peer's immediate by the
+            // context and FI_REMOTE_WRITE (`fabric::ffi::entry_kind`).
             Ok(()) => {
                 v.push(Candidate::Available(Box::new(f)));
                 // The paths hardware takes, on tcp, where no device
@@ -571,6 +556,13 @@ fn imm_counts_whatever_the_order(f: &dyn FabricUnderTest) -> CaseResult {
     ensure!(
         b.imm_count(1) == 0 && b.imm_count(2) == 0,
         "surplus arrivals"
+    );
+    // The sender's own completions are no arrivals.
+    ensure!(
+        a.imm_count(1) == 0 && a.imm_count(2) == 0,
+        "the sender counted {} and {} of its own immediates",
+        a.imm_count(1),
+        a.imm_count(2)
     );
     Ok(())
 }

@@ -1327,7 +1327,7 @@ impl Cq {
                 check("fi_cq_readerr", r)?;
                 let err = &buf.value;
                 let errno = if err.err == 0 { libc::EIO } else { err.err };
-                if !err.op_context.is_null() && err.flags & sys::FI_REMOTE_CQ_DATA == 0 {
+                if entry_kind(err.flags, err.op_context.is_null()) == EntryKind::Ours {
                     // SAFETY: a non-null context in an error entry of a
                     // local operation is one of ours (from `Ep::post`), and
                     // its completion has now been read.
@@ -1354,6 +1354,41 @@ impl Cq {
     }
 }
 
+/// What a completion entry is, from its flags and whether its context is
+/// null.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EntryKind {
+    /// A peer's write carrying remote CQ data (the immediate).
+    PeerData,
+    /// One of our operations or posted receives (its context is ours).
+    Ours,
+    /// Neither: nothing to hand on.
+    Other,
+}
+
+/// Classifies a completion entry. A peer's write with data is known by
+/// `FI_REMOTE_CQ_DATA` on an entry that is not a receive and has no
+/// context or says `FI_REMOTE_WRITE` (fi_cq(3): such target entries carry
+/// a null context, as the domain never asks for `FI_RX_CQ_DATA`).
+/// `FI_REMOTE_CQ_DATA` alone does not tell it: `sockets` echoes a write's
+/// own flags on its initiator's completion (`FI_RMA | FI_WRITE |
+/// FI_REMOTE_CQ_DATA`, with the context; prov/sockets `sock_cq.c`
+/// `sock_cq_sanitize_flags` keeps the bit), and taking that for a peer's
+/// immediate left the write without completion and counted the
+/// immediate at its sender.
+fn entry_kind(flags: u64, context_null: bool) -> EntryKind {
+    let data = flags & sys::FI_REMOTE_CQ_DATA != 0;
+    let recv = flags & sys::FI_RECV != 0;
+    let remote_write = flags & sys::FI_REMOTE_WRITE != 0;
+    if data && !recv && (context_null || remote_write) {
+        EntryKind::PeerData
+    } else if !context_null {
+        EntryKind::Ours
+    } else {
+        EntryKind::Other
+    }
+}
+
 /// The events of completion entries just read from a queue.
 ///
 /// # Safety
@@ -1361,20 +1396,21 @@ impl Cq {
 /// non-null contexts are ours) and be converted once.
 unsafe fn events_of(entries: &[sys::fi_cq_data_entry], out: &mut Vec<CqEvent>) {
     for e in entries {
-        let remote_data = e.flags & sys::FI_REMOTE_CQ_DATA != 0;
-        let recv = e.flags & sys::FI_RECV != 0;
-        if remote_data && !recv {
-            out.push(CqEvent::RemoteData(e.data));
-        } else if !e.op_context.is_null() {
-            // SAFETY: a non-null context of a local operation or posted
-            // receive is ours (from `Ep::post`), and its completion has
-            // now been read, once (the caller's contract).
-            let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
-            out.push(CqEvent::Done {
-                ctx,
-                len: e.len,
-                result: Ok(()),
-            });
+        match entry_kind(e.flags, e.op_context.is_null()) {
+            EntryKind::PeerData => out.push(CqEvent::RemoteData(e.data)),
+            EntryKind::Ours => {
+                // SAFETY: a non-null context of a local operation or
+                // posted receive is ours (from `Ep::post`), and its
+                // completion has now been read, once (the caller's
+                // contract).
+                let ctx = unsafe { Box::from_raw(e.op_context as *mut OpCtx) };
+                out.push(CqEvent::Done {
+                    ctx,
+                    len: e.len,
+                    result: Ok(()),
+                });
+            }
+            EntryKind::Other => {}
         }
     }
 }
@@ -1386,4 +1422,55 @@ pub(crate) fn short_timer_slack() {
     // SAFETY: `PR_SET_TIMERSLACK` takes one integer argument and affects
     // only the calling thread.
     let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The entries each provider writes, as observed on libfabric 1.17
+    /// (flags of a 64-byte write with CQ data 1, both ends).
+    #[test]
+    fn entries_are_told_apart_by_flags_and_context() {
+        let local_write = sys::FI_RMA | sys::FI_WRITE;
+        let target = sys::FI_RMA | sys::FI_REMOTE_WRITE | sys::FI_REMOTE_CQ_DATA;
+        // tcp;ofi_rxm and shm: the initiator's entry has no data flag.
+        assert_eq!(entry_kind(local_write, false), EntryKind::Ours);
+        assert_eq!(entry_kind(target, true), EntryKind::PeerData);
+        assert_eq!(
+            entry_kind(sys::FI_REMOTE_WRITE | sys::FI_REMOTE_CQ_DATA, true),
+            EntryKind::PeerData
+        );
+        // sockets: the initiator's entry echoes FI_REMOTE_CQ_DATA.
+        assert_eq!(
+            entry_kind(local_write | sys::FI_REMOTE_CQ_DATA, false),
+            EntryKind::Ours
+        );
+        assert_eq!(entry_kind(sys::FI_REMOTE_CQ_DATA, false), EntryKind::Ours);
+        // A data flag with no context is a peer's, whatever else is set.
+        assert_eq!(
+            entry_kind(sys::FI_REMOTE_CQ_DATA, true),
+            EntryKind::PeerData
+        );
+        // A target entry that names FI_REMOTE_WRITE is never taken for
+        // one of ours, even with a context.
+        assert_eq!(entry_kind(target, false), EntryKind::PeerData);
+        // Receives are ours, with data or without; a receive entry
+        // without a context is nothing to us.
+        let recv = sys::FI_MSG | sys::FI_RECV;
+        assert_eq!(
+            entry_kind(recv | sys::FI_REMOTE_CQ_DATA, false),
+            EntryKind::Ours
+        );
+        assert_eq!(entry_kind(recv, false), EntryKind::Ours);
+        assert_eq!(
+            entry_kind(recv | sys::FI_REMOTE_CQ_DATA, true),
+            EntryKind::Other
+        );
+        // No context and no data: nothing to hand on.
+        assert_eq!(
+            entry_kind(sys::FI_RMA | sys::FI_REMOTE_WRITE, true),
+            EntryKind::Other
+        );
+    }
 }
