@@ -110,7 +110,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::values::{IdSession, Prior, Read, ValueSize};
+use crate::values::{Found, IdSession, Prior, Read, ValueSize};
 
 /// Arguments of `rolex bench`.
 #[derive(Debug, Args)]
@@ -1078,17 +1078,24 @@ impl StreamRun<'_> {
     }
 
     /// The requests of `ops` (each [`request`]) in one pipelined call
-    /// (values must be `u64`s), each answer checked as its single call's
-    /// would be; inserts are timed by the whole call.
+    /// (`IdSession::run_many`: `u64` requests or byte values), each
+    /// answer checked as its single call's would be; inserts are timed by
+    /// the whole call.
     fn run_many(&mut self, ops: &[Op]) -> Vec<Result<Option<Write>, Failed>> {
         let reqs: Vec<Request> = ops.iter().filter_map(request).collect();
         let busy = |ctx: &RunCtx| ctx.activity.iter().any(AgentActivity::busy);
         let before = busy(self.ctx);
         let start = self.now();
-        let answers = self.session.session.run_many(&reqs);
+        let answers = self.session.run_many(&reqs);
         let took = self.now() - start;
         let retraining = before || busy(self.ctx);
-        let prior = |a: Result<Option<u64>, KvError>| a.map(|v| v.map_or(Prior::Absent, Prior::Id));
+        let prior = |a: Result<Found, KvError>| {
+            a.map(|f| match f {
+                Found::Wrote(p) => p,
+                // A write is never answered with a read.
+                Found::Read(_) => Prior::Present,
+            })
+        };
         reqs.iter()
             .zip(answers)
             .map(|(&r, a)| match r {
@@ -1096,7 +1103,11 @@ impl StreamRun<'_> {
                     let got =
                         a.map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
                     self.out.gets += 1;
-                    self.check_read("get", key, got.map(Read::Id));
+                    let got = match got {
+                        Found::Read(v) => v,
+                        Found::Wrote(_) => None,
+                    };
+                    self.check_read("get", key, got);
                     Ok(None)
                 }
                 Request::Update(key, value) => self.update_answer("update", key, value, prior(a)),
@@ -1330,15 +1341,11 @@ fn run_thread(
             .take(ctx.depth)
             .take_while(|op| matches!(op, Op::Read(_)))
             .count();
-        let mixed = if ctx.value_size.is_u64() {
-            stream[at..]
-                .iter()
-                .take(ctx.depth)
-                .take_while(|op| request(op).is_some())
-                .count()
-        } else {
-            0
-        };
+        let mixed = stream[at..]
+            .iter()
+            .take(ctx.depth)
+            .take_while(|op| request(op).is_some())
+            .count();
         if mixed > 1 && mixed > gets {
             let ops = &stream[at..at + mixed];
             let answers = run.run_many(ops);

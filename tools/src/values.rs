@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use rolex_host::kv::{ClusterSession, KvError};
+use rolex_host::kv::{ClusterSession, KvError, Reply, Request, ValueRequest};
 
 /// The value sizes of a run: `min..=max` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +164,15 @@ impl Prior {
     }
 }
 
+/// What a request of a pipelined call ([`IdSession::run_many`]) found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// A get's value (`None`: absent).
+    Read(Option<Read>),
+    /// What a write found before it.
+    Wrote(Prior),
+}
+
 /// A session that speaks ids: the `u64` methods for 8-byte values, the
 /// byte methods otherwise.
 pub struct IdSession {
@@ -264,6 +273,61 @@ impl IdSession {
             true => Prior::Present,
             false => Prior::Absent,
         })
+    }
+
+    /// `reqs` in one pipelined call, their values ids (`Request`'s
+    /// `u64`s): the `u64` requests for 8-byte values
+    /// (`ClusterSession::run_many`), byte requests otherwise
+    /// (`ClusterSession::run_many_values`). One answer per request, in
+    /// order.
+    pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Result<Found, KvError>> {
+        let wrote = |v: Option<u64>| Found::Wrote(v.map_or(Prior::Absent, Prior::Id));
+        if self.size.is_u64() {
+            return reqs
+                .iter()
+                .zip(self.session.run_many(reqs))
+                .map(|(r, a)| {
+                    a.map(|v| match r {
+                        Request::Get(_) => Found::Read(v.map(Read::Id)),
+                        _ => wrote(v),
+                    })
+                })
+                .collect();
+        }
+        let values: Vec<Vec<u8>> = reqs
+            .iter()
+            .map(|r| {
+                let mut out = Vec::new();
+                if let Request::Insert(key, id) | Request::Update(key, id) = *r {
+                    self.size.fill(key, id, &mut out);
+                }
+                out
+            })
+            .collect();
+        let vreqs: Vec<ValueRequest<'_>> = reqs
+            .iter()
+            .zip(&values)
+            .map(|(r, v)| match *r {
+                Request::Get(key) => ValueRequest::Get(key),
+                Request::Insert(key, _) => ValueRequest::Put(key, v),
+                Request::Update(key, _) => ValueRequest::Update(key, v),
+                Request::Delete(key) => ValueRequest::Remove(key),
+            })
+            .collect();
+        let size = self.size;
+        reqs.iter()
+            .zip(self.session.run_many_values(&vreqs))
+            .map(|(r, a)| {
+                a.map(|reply| match reply {
+                    Reply::Value(v) => Found::Read(v.map(|v| match size.decode(r.key(), &v) {
+                        Some(id) => Read::Id(id),
+                        None => Read::Foreign(v.len()),
+                    })),
+                    Reply::Present(true) => Found::Wrote(Prior::Present),
+                    Reply::Present(false) => Found::Wrote(Prior::Absent),
+                })
+            })
+            .collect()
     }
 
     /// Up to `n` pairs from `from`, with what each value reads as.

@@ -73,7 +73,7 @@ use rolex_engine::TransferError;
 
 use crate::client::KvClient;
 use crate::error::KvError;
-use crate::session::{Answer, KvSession, Request};
+use crate::session::{Answer, KvSession, Request, ValueAnswer, ValueRequest};
 use crate::stats::{KvOp, KvStats, ModelBytes};
 
 /// Which memory node serves which key range (see the module docs).
@@ -710,12 +710,47 @@ impl ClusterSession {
     /// failed) answers each of its requests with that error. One node's
     /// errors never touch another node's requests or locks.
     pub fn run_many(&mut self, reqs: &[Request]) -> Vec<Answer> {
-        let shares = self.shares(reqs, |r| r.key());
+        self.spread(
+            reqs,
+            |r| r.key(),
+            KvSession::run_many,
+            KvSession::run_many_on,
+        )
+    }
+
+    /// As [`KvSession::run_many_values`], across nodes as
+    /// [`Self::run_many`]: each round (and the round of the gets'
+    /// out-of-line values) posted on every node that serves some of the
+    /// requests before any is waited for.
+    pub fn run_many_values(&mut self, reqs: &[ValueRequest<'_>]) -> Vec<ValueAnswer> {
+        self.spread(
+            reqs,
+            |r| r.key(),
+            KvSession::run_many_values,
+            KvSession::run_many_values_on,
+        )
+    }
+
+    /// A pipelined call of `reqs` cut into each node's share: `one` on
+    /// the node's session when a single node serves them all, else
+    /// `many` on every node's session at once; answers in `reqs`' order,
+    /// each error named by its node (see [`Self::run_many`]).
+    fn spread<T: Copy, A: Clone>(
+        &mut self,
+        reqs: &[T],
+        key: impl Fn(&T) -> u64,
+        one: impl FnOnce(&mut KvSession, &[T]) -> Result<Vec<Result<A, KvError>>, KvError>,
+        many: impl FnOnce(
+            &mut [&mut KvSession],
+            &[&[T]],
+        ) -> Vec<Result<Vec<Result<A, KvError>>, KvError>>,
+    ) -> Vec<Result<A, KvError>> {
+        let shares = self.shares(reqs, key);
         let got = match shares.as_slice() {
-            [(node, _, mine)] => vec![self.on(*node, |s| s.run_many(mine))],
-            _ => self.on_each(&shares, KvSession::run_many_on),
+            [(node, _, mine)] => vec![self.on(*node, |s| one(s, mine))],
+            _ => self.on_each(&shares, many),
         };
-        let mut out: Vec<Option<Answer>> = vec![None; reqs.len()];
+        let mut out: Vec<Option<Result<A, KvError>>> = vec![None; reqs.len()];
         for ((node, idx, _), got) in shares.into_iter().zip(got) {
             match got {
                 Ok(got) => {

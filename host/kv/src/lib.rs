@@ -26,7 +26,8 @@
 //! - [`session`]: [`KvSession`] and the protocol (chains, locks, chase);
 //!   its private `lock` takes and releases chain locks, `split` splits a
 //!   full leaf, `pipeline` runs several requests ([`Request`]) in the
-//!   round trips of one ([`KvSession::run_many`]).
+//!   round trips of one ([`KvSession::run_many`]; for byte values,
+//!   [`ValueRequest`] and [`KvSession::run_many_values`]).
 //! - `cache` (private): what a compute node caches.
 //! - `io` (private): a session's queue pair and buffers, one doorbell batch
 //!   per round trip.
@@ -93,5 +94,5 @@ pub mod fuzzing {
 pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;
-pub use session::{Answer, KvSession, Request};
+pub use session::{Answer, KvSession, Reply, Request, ValueAnswer, ValueRequest};
 pub use stats::{KvOp, KvStats, ModelBytes, OpStats};

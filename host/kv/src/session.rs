@@ -80,6 +80,9 @@
 //! that way (a busy or stale lock, a split, an unordered fabric) is
 //! released unchanged and redone through the single path above; module
 //! `pipeline` says how requests are ordered and who releases what.
+//! [`KvSession::run_many_values`] does the same for byte values
+//! ([`ValueRequest`]): a long value's block is written in round 1, beside
+//! its chain's lock, as a single write writes it in its lock's batch.
 //!
 //! # Splits: the new leaf is complete before the old one shrinks
 //!
@@ -168,7 +171,7 @@ mod lock;
 mod pipeline;
 mod split;
 
-pub use pipeline::{Answer, Request};
+pub use pipeline::{Answer, Reply, Request, ValueAnswer, ValueRequest};
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};

@@ -1,6 +1,9 @@
 //! Pipelined calls: [`KvSession::run_many`] keeps several `u64`
 //! operations of one thread in flight — gets and writes mixed — in the
-//! round trips of one.
+//! round trips of one; [`KvSession::run_many_values`] does the same for
+//! values of any length ([`ValueRequest`]: gets, puts, updates, removes).
+//! Both run the same rounds; a call of value requests differs only
+//! where its values do (see "Values").
 //!
 //! # The API
 //!
@@ -45,6 +48,30 @@
 //! (each run of consecutive gets is read together, as
 //! [`KvSession::get_many`] reads), and so does a call of one request.
 //!
+//! # Values
+//!
+//! A write of a value longer than 8 bytes takes a block from the
+//! client's value space when its batch is planned
+//! (`ValueSpace::take`: no round trip), builds it at its own offset of
+//! the write buffer (past what round 2's leaf writes use; the buffer is
+//! reserved once for all of the batch's blocks before any is built) and
+//! posts its WRITE in round 1, after its chain's READs — nothing names
+//! the block yet, so it may land whether or not the lock does. Round 2's
+//! leaf write, which names it, is planned only if that WRITE completed
+//! without error; otherwise the lock is released unchanged and the write
+//! redone. A write whose value's class has no block ready (a chunk claim
+//! or a pop of the pool's free stack would cost a round trip) or whose
+//! block could not be staged goes through the single path, which takes
+//! its own. So `n` puts of long values on distinct chains cost 2 round
+//! trips, as `n` `u64` writes do. A get answers from its leaf read as a
+//! `u64` get does; the blocks of the values found out of line are read
+//! after the call's last batch, in one round (of batches of up to a MiB)
+//! for all of them, posted on every session before any is waited for
+//! (`values_on`, as [`KvSession::get_many_values`]); a block found
+//! rewritten since its leaf was read sends that get back to the single
+//! path. A get of a long value so costs one more round trip than a
+//! `u64` get — once per call, not per get.
+//!
 //! # Linearizability
 //!
 //! The requests of one call are concurrent operations of one client: each
@@ -77,6 +104,19 @@
 //! write was posted and then failed, or whose unlock failed after it, is
 //! indeterminate ([`KvError::may_have_applied`]).
 //!
+//! Value blocks, as [`KvSession::put`] settles them (module `values`):
+//! a block taken for a request is the pipe's until its batch is over.
+//! Once round 2 landed, a write that published it (an insert, an update
+//! of a present key) leaves it to the slot that names it, and frees the
+//! block of the value it replaced (or removed) with `ValueSpace::free`;
+//! a write whose round 2 was posted and then failed (indeterminate) keeps
+//! its block out of use for good, and frees nothing, since a slot may
+//! name either. Every other block of the batch — an update of an absent
+//! key, a lock not taken or released unchanged, an error before round 2
+//! was posted, a request sent to the single path — was never named by a
+//! slot and is given back (`ValueSpace::give_back`) before the batch's
+//! redone requests run, which take their own.
+//!
 //! # Several sessions (a cluster's memory nodes)
 //!
 //! Each round is four steps, whoever drives them: plan (cut the next
@@ -99,7 +139,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use rolex_core::layout::SlotValue;
+use rolex_core::layout::{BlockRef, SlotValue, ValueBlock};
 
 use rolex_engine::TransferError;
 
@@ -109,6 +149,7 @@ use crate::cache::{clock_ns, ModelView};
 use crate::error::KvError;
 use crate::io::{InFlight, Op};
 use crate::stats::KvOp;
+use crate::values::Block;
 
 /// One request of a pipelined call ([`KvSession::run_many`]): the `u64`
 /// operations. Each answers as its single method does: the value read,
@@ -145,28 +186,168 @@ impl Request {
             Request::Delete(_) => KvOp::Delete,
         }
     }
-
-    /// Whether it locks its chain.
-    fn writes(self) -> bool {
-        !matches!(self, Request::Get(_))
-    }
 }
 
 /// A request's answer: the value read or replaced.
 pub type Answer = Result<Option<u64>, KvError>;
 
+/// One request of a pipelined call of byte values
+/// ([`KvSession::run_many_values`]). Each answers as its single method
+/// does ([`Reply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueRequest<'v> {
+    /// [`KvSession::get_value`] of the key.
+    Get(u64),
+    /// [`KvSession::put`] of the key and value.
+    Put(u64, &'v [u8]),
+    /// [`KvSession::update_value`] of the key and value.
+    Update(u64, &'v [u8]),
+    /// [`KvSession::remove`] of the key.
+    Remove(u64),
+}
+
+impl ValueRequest<'_> {
+    /// The key it reads or writes.
+    pub fn key(self) -> u64 {
+        match self {
+            ValueRequest::Get(k)
+            | ValueRequest::Put(k, _)
+            | ValueRequest::Update(k, _)
+            | ValueRequest::Remove(k) => k,
+        }
+    }
+
+    /// The kind it is counted as.
+    pub fn kind(self) -> KvOp {
+        match self {
+            ValueRequest::Get(_) => KvOp::Get,
+            ValueRequest::Put(..) => KvOp::Insert,
+            ValueRequest::Update(..) => KvOp::Update,
+            ValueRequest::Remove(_) => KvOp::Delete,
+        }
+    }
+}
+
+/// What a [`ValueRequest`] answers when it succeeds: what its single
+/// method returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// A get's value (`None`: absent), as [`KvSession::get_value`].
+    Value(Option<Vec<u8>>),
+    /// Whether a put, update or remove found the key present, as
+    /// [`KvSession::put`], [`KvSession::update_value`] and
+    /// [`KvSession::remove`] say.
+    Present(bool),
+}
+
+/// A [`ValueRequest`]'s answer.
+pub type ValueAnswer = Result<Reply, KvError>;
+
+/// A request of either call as the pipeline runs it.
+#[derive(Clone, Copy, Debug)]
+enum Req<'v> {
+    Get(u64),
+    /// `value` is unused by a delete.
+    Write {
+        key: u64,
+        op: WriteOp,
+        value: Val<'v>,
+    },
+}
+
+/// A write's value: a `u64` request's word or a value request's bytes.
+#[derive(Clone, Copy, Debug)]
+enum Val<'v> {
+    Word(u64),
+    Bytes(&'v [u8]),
+}
+
+impl Val<'_> {
+    /// Its bytes.
+    fn len(self) -> u64 {
+        match self {
+            Val::Word(_) => 8,
+            Val::Bytes(b) => b.len() as u64,
+        }
+    }
+
+    /// The slot value that holds it in the leaf; `None` when it goes out
+    /// of line.
+    fn inline(self) -> Option<SlotValue> {
+        match self {
+            Val::Word(v) => Some(SlotValue::from_u64(v)),
+            Val::Bytes(b) => SlotValue::inline(b),
+        }
+    }
+}
+
+impl From<Request> for Req<'_> {
+    fn from(r: Request) -> Self {
+        let write = |key, op, v| Req::Write {
+            key,
+            op,
+            value: Val::Word(v),
+        };
+        match r {
+            Request::Get(k) => Req::Get(k),
+            Request::Insert(k, v) => write(k, WriteOp::Insert, v),
+            Request::Update(k, v) => write(k, WriteOp::Update, v),
+            Request::Delete(k) => write(k, WriteOp::Delete, 0),
+        }
+    }
+}
+
+impl<'v> From<ValueRequest<'v>> for Req<'v> {
+    fn from(r: ValueRequest<'v>) -> Self {
+        let write = |key, op, b| Req::Write {
+            key,
+            op,
+            value: Val::Bytes(b),
+        };
+        match r {
+            ValueRequest::Get(k) => Req::Get(k),
+            ValueRequest::Put(k, b) => write(k, WriteOp::Insert, b),
+            ValueRequest::Update(k, b) => write(k, WriteOp::Update, b),
+            ValueRequest::Remove(k) => write(k, WriteOp::Delete, &[]),
+        }
+    }
+}
+
+impl Req<'_> {
+    fn key(self) -> u64 {
+        match self {
+            Req::Get(key) | Req::Write { key, .. } => key,
+        }
+    }
+
+    /// Whether it locks its chain.
+    fn writes(self) -> bool {
+        !matches!(self, Req::Get(_))
+    }
+}
+
+/// A request's outcome inside the pipeline: the slot value a get found,
+/// or the one a write replaced (`None`: absent). Each call makes its
+/// answers from it.
+type Got = Result<Option<SlotValue>, KvError>;
+
 /// A request as round 1 planned it.
 struct Member {
     /// Its index in the call.
     i: usize,
-    req: Request,
+    key: u64,
     at: ChainAt,
     /// Where its chain's leaves land in the read buffer.
     reads: LeafReads,
     /// Its ops in round 1 (past its model check, for a get).
     ops: Range<usize>,
-    /// A write's lock, and round 1's ops from its `CAS` on.
+    /// A write's lock, and round 1's ops from its `CAS` to its chain's
+    /// last READ.
     lock: Option<(PlannedLock, Range<usize>)>,
+    /// What a write does to its key.
+    kind: Kind,
+    /// The WRITE of its value's block in round 1, if it has one.
+    value_write: Option<usize>,
 }
 
 /// What a locked write does once round 2 released its lock.
@@ -192,6 +373,23 @@ impl KvSession {
         answers.pop().unwrap_or_else(|| Ok(Vec::new()))
     }
 
+    /// [`Self::run_many`] for byte values: gets, puts, updates and
+    /// removes of values of any length ([`ValueRequest`]), each answered
+    /// as its single method would ([`Reply`]). A long value's block is
+    /// written in round 1, beside its chain's lock, so writes keep their
+    /// 2 round trips; the gets' out-of-line values are read after the
+    /// last batch, in one more round trip for all of them (module docs,
+    /// "Values"). A write that would need a round trip to find a block
+    /// for its value (a chunk claim, a pop of the pool's free stack) runs
+    /// through the single path.
+    pub fn run_many_values(
+        &mut self,
+        reqs: &[ValueRequest<'_>],
+    ) -> Result<Vec<ValueAnswer>, KvError> {
+        let mut answers = Self::run_many_values_on(&mut [self], &[reqs]);
+        answers.pop().unwrap_or_else(|| Ok(Vec::new()))
+    }
+
     /// [`Self::run_many`] on several sessions at once — one per memory
     /// node of a cluster, `reqs[i]` on `sessions[i]` (module docs,
     /// "Several sessions"): each batch's round 1 is posted on every
@@ -203,45 +401,167 @@ impl KvSession {
         sessions: &mut [&mut KvSession],
         reqs: &[&[Request]],
     ) -> Vec<Result<Vec<Answer>, KvError>> {
+        let inner: Vec<Vec<Req<'_>>> = reqs
+            .iter()
+            .map(|r| r.iter().map(|&r| Req::from(r)).collect())
+            .collect();
+        let got = Self::run_pipes(sessions, &inner, true);
+        sessions
+            .iter_mut()
+            .zip(reqs)
+            .zip(got)
+            .map(|((s, &mine), got)| {
+                let answers = got.map(|got| {
+                    mine.iter()
+                        .zip(got)
+                        .map(|(&r, g)| s.u64_answer(r, g))
+                        .collect()
+                });
+                s.count_call(mine.iter().map(|r| r.kind()));
+                answers
+            })
+            .collect()
+    }
+
+    /// [`Self::run_many_values`] on several sessions at once, as
+    /// [`Self::run_many_on`]; the gets' out-of-line values are read in
+    /// rounds of one batch per session, each posted on every session
+    /// before any is waited for.
+    pub(crate) fn run_many_values_on(
+        sessions: &mut [&mut KvSession],
+        reqs: &[&[ValueRequest<'_>]],
+    ) -> Vec<Result<Vec<ValueAnswer>, KvError>> {
+        let inner: Vec<Vec<Req<'_>>> = reqs
+            .iter()
+            .map(|r| r.iter().map(|&r| Req::from(r)).collect())
+            .collect();
+        let got = Self::run_pipes(sessions, &inner, false);
+        // The gets whose value is out of line: (request, key, slot value).
+        let mut blocks: Vec<(Vec<usize>, Vec<u64>)> = Vec::with_capacity(reqs.len());
+        let mut found = Vec::with_capacity(reqs.len());
+        for (&mine, got) in reqs.iter().zip(&got) {
+            let (mut idx, mut keys, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+            if let Ok(got) = got {
+                for (i, (r, g)) in mine.iter().zip(got).enumerate() {
+                    if let (ValueRequest::Get(key), Ok(Some(v @ SlotValue::Block(_)))) = (r, g) {
+                        idx.push(i);
+                        keys.push(*key);
+                        vals.push(Some(*v));
+                    }
+                }
+            }
+            blocks.push((idx, keys));
+            found.push(Ok(vals));
+        }
+        let keys: Vec<&[u64]> = blocks.iter().map(|(_, k)| k.as_slice()).collect();
+        let read = Self::values_on(sessions, &keys, found);
+        let mut out = Vec::with_capacity(reqs.len());
+        for ((((s, &mine), got), (idx, _)), read) in sessions
+            .iter_mut()
+            .zip(reqs)
+            .zip(got)
+            .zip(&blocks)
+            .zip(read)
+        {
+            let answers = got.map(|got| {
+                let mut read = match read {
+                    Ok(values) => idx
+                        .iter()
+                        .copied()
+                        .zip(values.into_iter().map(Ok))
+                        .collect(),
+                    Err(e) => idx.iter().map(|&i| (i, Err(e.clone()))).collect(),
+                };
+                mine.iter()
+                    .zip(got)
+                    .enumerate()
+                    .map(|(i, (&r, g))| s.value_answer(r, g, take_read(&mut read, i)))
+                    .collect()
+            });
+            s.count_call(mine.iter().map(|r| r.kind()));
+            out.push(answers);
+        }
+        out
+    }
+
+    /// A `u64` request's answer from its outcome.
+    fn u64_answer(&mut self, req: Request, got: Got) -> Answer {
+        let v = got?;
+        match req {
+            Request::Get(key) => {
+                if let Some(v) = v {
+                    self.io.cur.value_bytes += v.len() as u64;
+                }
+                v.map(|v| as_u64(key, v)).transpose()
+            }
+            _ => Ok(v.and_then(|o| o.as_u64())),
+        }
+    }
+
+    /// A value request's answer from its outcome (`read`: its
+    /// out-of-line value, read after the call's batches).
+    fn value_answer(
+        &mut self,
+        req: ValueRequest<'_>,
+        got: Got,
+        read: Option<Result<Option<Vec<u8>>, KvError>>,
+    ) -> ValueAnswer {
+        let v = got?;
+        if !matches!(req, ValueRequest::Get(_)) {
+            return Ok(Reply::Present(v.is_some()));
+        }
+        if let Some(read) = read {
+            return read.map(Reply::Value);
+        }
+        let bytes = v.and_then(|v| v.inline_bytes().map(<[u8]>::to_vec));
+        if let Some(b) = &bytes {
+            self.io.cur.value_bytes += b.len() as u64;
+        }
+        Ok(Reply::Value(bytes))
+    }
+
+    /// Runs each session's requests (`reqs[i]` on `sessions[i]`) to
+    /// their outcomes; `strict`: a `u64` call's (its writes refuse a
+    /// value that is not 8 bytes long).
+    fn run_pipes<'r>(
+        sessions: &mut [&mut KvSession],
+        reqs: &'r [Vec<Req<'r>>],
+        strict: bool,
+    ) -> Vec<Result<Vec<Got>, KvError>> {
         let alone = sessions.len() == 1;
-        let mut pipes: Vec<Option<Pipe<'_>>> = Vec::with_capacity(reqs.len());
-        let mut results: Vec<Result<Vec<Answer>, KvError>> = Vec::with_capacity(reqs.len());
-        for (s, &mine) in sessions.iter_mut().zip(reqs) {
+        let mut pipes: Vec<Option<Pipe<'r>>> = Vec::with_capacity(reqs.len());
+        let mut results: Vec<Result<Vec<Got>, KvError>> = Vec::with_capacity(reqs.len());
+        for (s, mine) in sessions.iter_mut().zip(reqs) {
             s.io.cur = Default::default();
             let mut pipe = None;
             results.push(s.settle().map(|()| {
                 s.resolve_held();
                 if !s.shared.ordered {
-                    s.run_unordered(mine)
+                    s.run_unordered(mine, strict)
                 } else if alone && mine.len() < 2 {
-                    mine.iter().map(|&r| s.run_one(r)).collect()
+                    mine.iter().map(|&r| s.run_one(r, strict)).collect()
                 } else {
-                    pipe = Some(Pipe::new(mine));
+                    pipe = Some(Pipe::new(mine, strict));
                     Vec::new()
                 }
             }));
             pipes.push(pipe);
         }
         Self::drive(sessions, &mut pipes);
-        for ((s, &mine), (r, pipe)) in sessions
-            .iter_mut()
-            .zip(reqs)
-            .zip(results.iter_mut().zip(pipes))
-        {
+        for (r, pipe) in results.iter_mut().zip(pipes) {
             if let (Ok(answers), Some(pipe)) = (r.as_mut(), pipe) {
                 *answers = pipe.answers();
             }
-            s.count_call(mine);
         }
         results
     }
 
-    /// Counts a pipelined call of `reqs`: each request one operation of
-    /// its kind, the call's cost shared out among them.
-    fn count_call(&mut self, reqs: &[Request]) {
+    /// Counts a pipelined call of requests of `kinds`: each request one
+    /// operation of its kind, the call's cost shared out among them.
+    fn count_call(&mut self, kinds: impl Iterator<Item = KvOp>) {
         let mut counts = [0u64; 5];
-        for r in reqs {
-            counts[r.kind().index()] += 1;
+        for k in kinds {
+            counts[k.index()] += 1;
         }
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
@@ -278,8 +598,8 @@ impl KvSession {
                     round2.push(None);
                     continue;
                 };
-                let looked = s.read_round1(plan, landed, &mut p.out, &mut p.redo);
-                round2.push(s.plan_round2(looked, &mut p.out, &mut p.redo));
+                let looked = s.read_round1(plan, landed, p);
+                round2.push(s.plan_round2(looked, p));
             }
             let released = post_all(sessions, &round2, KvSession::post_round2);
             for (((s, p), r2), released) in sessions
@@ -292,11 +612,16 @@ impl KvSession {
                     continue;
                 };
                 if let Some(r2) = r2 {
-                    s.finish_round2(p.reqs, r2, released, &mut p.out, &mut p.redo);
+                    s.finish_round2(r2, released, p);
+                }
+                // Every block the batch did not publish (or keep out of
+                // use): given back before the redos take their own.
+                for b in p.blocks.iter_mut().filter_map(Option::take) {
+                    s.shared.values.give_back(b);
                 }
                 p.redo.sort_unstable();
                 for i in std::mem::take(&mut p.redo) {
-                    p.out[i] = Some(s.run_one(p.reqs[i]));
+                    p.out[i] = Some(s.run_one(p.reqs[i], p.strict));
                 }
             }
         }
@@ -305,8 +630,7 @@ impl KvSession {
     /// The next batch of `p` (module docs), its round 1 planned; `None`
     /// when every request of `p` was answered or redone.
     fn next_batch(&mut self, p: &mut Pipe<'_>) -> Option<Round1> {
-        let reqs = p.reqs;
-        while p.next < reqs.len() {
+        while p.next < p.reqs.len() {
             // A split's unlock is posted: it lands before the batch.
             if let Err(e) = self.settle() {
                 p.out[p.next] = Some(Err(e));
@@ -314,7 +638,7 @@ impl KvSession {
                 continue;
             }
             let mut batch: Vec<(usize, ChainAt)> = Vec::new();
-            while let Some(&req) = reqs.get(p.next) {
+            while let Some(&req) = p.reqs.get(p.next) {
                 let at = match self.chain_at(req.key()) {
                     Ok(at) => at,
                     Err(e) => {
@@ -327,8 +651,8 @@ impl KvSession {
                 // installed a newer one meanwhile) may name two chains
                 // for one key.
                 let clash = batch.iter().any(|(k, b)| {
-                    let same = (b.m == at.m && b.j == at.j) || reqs[*k].key() == req.key();
-                    same && (reqs[*k].writes() || req.writes())
+                    let same = (b.m == at.m && b.j == at.j) || p.reqs[*k].key() == req.key();
+                    same && (p.reqs[*k].writes() || req.writes())
                 });
                 if clash {
                     self.keep_view(at.m, (at.version, at.view));
@@ -337,23 +661,25 @@ impl KvSession {
                 batch.push((p.next, at));
                 p.next += 1;
             }
-            return Some(self.plan_round1(reqs, batch, &mut p.out, &mut p.redo));
+            return Some(self.plan_round1(batch, p));
         }
         None
     }
 
-    /// Posts round 1 of a batch (its read buffer reserved first); `None`
-    /// when it has nothing to post. On `Err` nothing was posted.
+    /// Posts round 1 of a batch (its read buffer reserved first; its
+    /// write buffer was, when its blocks were staged); `None` when it has
+    /// nothing to post. On `Err` nothing was posted.
     fn post_round1<'a>(&'a mut self, plan: &'a Round1) -> Option<Posting<'a>> {
         if plan.members.is_empty() {
             return None;
         }
         let writes = plan.members.iter().filter(|m| m.lock.is_some()).count() as u64;
         let step = self.leaf_size.next_multiple_of(8);
-        if let Err(e) = self
-            .io
-            .reserve(&self.shared.engine, plan.end, writes * step)
-        {
+        if let Err(e) = self.io.reserve(
+            &self.shared.engine,
+            plan.end,
+            (writes * step).max(plan.write_end),
+        ) {
             return Some(Err(e));
         }
         Some(
@@ -374,29 +700,22 @@ impl KvSession {
 
     /// `reqs` on an unordered fabric: each run of consecutive gets read
     /// together ([`KvSession::get_many`]'s path), each write alone.
-    fn run_unordered(&mut self, reqs: &[Request]) -> Vec<Answer> {
+    fn run_unordered(&mut self, reqs: &[Req<'_>], strict: bool) -> Vec<Got> {
         let mut out = Vec::with_capacity(reqs.len());
         let mut i = 0;
         while i < reqs.len() {
             let gets = reqs[i..]
                 .iter()
-                .take_while(|r| matches!(r, Request::Get(_)))
+                .take_while(|r| matches!(r, Req::Get(_)))
                 .count();
             if gets < 2 {
-                out.push(self.run_one(reqs[i]));
+                out.push(self.run_one(reqs[i], strict));
                 i += 1;
                 continue;
             }
             let keys: Vec<u64> = reqs[i..i + gets].iter().map(|r| r.key()).collect();
             match self.settle().and_then(|()| self.get_many_inner(&keys)) {
-                Ok(found) => {
-                    for (&key, v) in keys.iter().zip(found) {
-                        if let Some(v) = v {
-                            self.io.cur.value_bytes += v.len() as u64;
-                        }
-                        out.push(v.map(|v| as_u64(key, v)).transpose());
-                    }
-                }
+                Ok(found) => out.extend(found.into_iter().map(Ok)),
                 Err(e) => out.extend(keys.iter().map(|_| Err(e.clone()))),
             }
             i += gets;
@@ -405,46 +724,156 @@ impl KvSession {
     }
 
     /// `req` through the single-operation path.
-    fn run_one(&mut self, req: Request) -> Answer {
+    fn run_one(&mut self, req: Req<'_>, strict: bool) -> Got {
         self.settle()?;
-        let (key, op, value) = match req {
-            Request::Get(key) => {
-                let v = self.get_inner(key)?;
-                if let Some(v) = v {
-                    self.io.cur.value_bytes += v.len() as u64;
-                }
-                return v.map(|v| as_u64(key, v)).transpose();
+        match req {
+            Req::Get(key) => self.get_inner(key),
+            Req::Write { key, op, value } => {
+                let word;
+                let bytes = match (op, value) {
+                    (WriteOp::Delete, _) => &[][..],
+                    (_, Val::Word(v)) => {
+                        word = v.to_le_bytes();
+                        &word[..]
+                    }
+                    (_, Val::Bytes(b)) => b,
+                };
+                self.write_value(key, op, bytes, strict)
             }
-            Request::Insert(k, v) => (k, WriteOp::Insert, Some(v.to_le_bytes())),
-            Request::Update(k, v) => (k, WriteOp::Update, Some(v.to_le_bytes())),
-            Request::Delete(k) => (k, WriteOp::Delete, None),
-        };
-        let bytes = value.as_ref().map_or(&[][..], |b| &b[..]);
-        self.write_value(key, op, bytes, true)
-            .map(|old| old.and_then(|o| o.as_u64()))
+        }
+    }
+
+    /// Takes and stages the blocks of the batch's long values (module
+    /// docs, "Values"): each taken without a round trip, built at its own
+    /// offset of the write buffer past what round 2's leaf writes use
+    /// (the buffer reserved once, before any is built: a buffer that
+    /// grows keeps nothing); its block in `p.blocks`. A write whose block
+    /// would need a round trip (or could not be staged) leaves the batch
+    /// for the single path. Returns each staged value's WRITE and slot
+    /// value, and the write buffer's bytes they use.
+    fn stage_blocks(
+        &mut self,
+        batch: &mut Vec<(usize, ChainAt)>,
+        p: &mut Pipe<'_>,
+    ) -> (Vec<(usize, Op, SlotValue)>, u64) {
+        let step = self.leaf_size.next_multiple_of(8);
+        let base = self.value_local.max(batch.len() as u64 * step);
+        let mut end = base;
+        let mut staged: Vec<(usize, Op, SlotValue)> = Vec::new();
+        let mut dropped: Vec<usize> = Vec::new();
+        for &(i, _) in batch.iter() {
+            let Req::Write {
+                op: WriteOp::Insert | WriteOp::Update,
+                value: Val::Bytes(value),
+                ..
+            } = p.reqs[i]
+            else {
+                continue;
+            };
+            if SlotValue::inline(value).is_some() {
+                continue;
+            }
+            let Some(Ok(block)) = self.shared.values.take(value.len()) else {
+                dropped.push(i);
+                continue;
+            };
+            let n = rolex_core::layout::ValueBlockHeader::SIZE + value.len() as u64;
+            let op = Op::Write {
+                remote: block.offset,
+                local: end,
+                len: n,
+            };
+            let at = BlockRef {
+                offset: block.offset,
+                len: value.len() as u32,
+                gen: block.gen,
+            };
+            p.blocks[i] = Some(block);
+            staged.push((i, op, SlotValue::Block(at)));
+            end += n.next_multiple_of(8);
+        }
+        if !staged.is_empty() {
+            let reserved = self.io.reserve(&self.shared.engine, 0, end);
+            staged.retain(|&(i, op, _)| {
+                let (Req::Write { key, value, .. }, Op::Write { local, len, .. }, Some(block)) =
+                    (p.reqs[i], op, p.blocks[i])
+                else {
+                    return false;
+                };
+                let Val::Bytes(value) = value else {
+                    return false;
+                };
+                let built = reserved.is_ok()
+                    && self
+                        .io
+                        .fill(local, len, |out| {
+                            ValueBlock::write(out, key, block.gen, block.class, value)
+                        })
+                        .is_ok_and(|b| b.is_some());
+                if !built {
+                    dropped.push(i);
+                }
+                built
+            });
+        }
+        if !dropped.is_empty() {
+            // Their blocks are given back after the batch; the single
+            // path takes its own.
+            let mut kept = Vec::with_capacity(batch.len());
+            for (i, at) in batch.drain(..) {
+                if dropped.contains(&i) {
+                    self.keep_view(at.m, (at.version, at.view));
+                    p.redo.push(i);
+                } else {
+                    kept.push((i, at));
+                }
+            }
+            *batch = kept;
+        }
+        // A batch without blocks asks nothing more of the write buffer.
+        let end = if staged.is_empty() { 0 } else { end };
+        (staged, end)
     }
 
     /// Round 1's plan: each request's ops at its own offsets of the read
     /// buffer (past the first leaf: a chase that reads a leaf alone reads
-    /// it there), each write's lock planned (its stripe entered).
-    fn plan_round1(
-        &mut self,
-        reqs: &[Request],
-        batch: Vec<(usize, ChainAt)>,
-        out: &mut [Option<Answer>],
-        redo: &mut Vec<usize>,
-    ) -> Round1 {
+    /// it there), each write's lock planned (its stripe entered), each
+    /// long value's block staged and its WRITE after its chain's READs.
+    fn plan_round1(&mut self, mut batch: Vec<(usize, ChainAt)>, p: &mut Pipe<'_>) -> Round1 {
         let step = self.leaf_size.next_multiple_of(8);
+        let (staged, write_end) = self.stage_blocks(&mut batch, p);
         let mut plan = Round1 {
             members: Vec::with_capacity(batch.len()),
             ops: Vec::new(),
             checks: Vec::new(),
             posted: clock_ns(),
             end: step,
+            write_end,
         };
         let mut chain = Vec::new();
         for (i, at) in batch {
-            let req = reqs[i];
+            let req = p.reqs[i];
+            let block = staged.iter().find(|s| s.0 == i);
+            let kind =
+                match req {
+                    Req::Get(_)
+                    | Req::Write {
+                        op: WriteOp::Delete,
+                        ..
+                    } => Some(Kind::Delete),
+                    Req::Write { op, value, .. } => block
+                        .map(|s| s.2)
+                        .or_else(|| value.inline())
+                        .map(|v| match op {
+                            WriteOp::Insert => Kind::Insert(v),
+                            _ => Kind::Update(v),
+                        }),
+                };
+            let Some(kind) = kind else {
+                p.redo.push(i);
+                self.keep_view(at.m, (at.version, at.view));
+                continue;
+            };
             chain.clear();
             at.view.chain(at.j, &mut chain);
             let region = self.shared.region;
@@ -455,12 +884,12 @@ impl KvSession {
             let remotes = match remotes {
                 Ok(r) if !r.is_empty() => r,
                 Ok(_) => {
-                    redo.push(i);
+                    p.redo.push(i);
                     self.keep_view(at.m, (at.version, at.view));
                     continue;
                 }
                 Err(e) => {
-                    out[i] = Some(Err(e));
+                    p.out[i] = Some(Err(e));
                     self.keep_view(at.m, (at.version, at.view));
                     continue;
                 }
@@ -473,12 +902,12 @@ impl KvSession {
                         Some(p)
                     }
                     Ok(None) => {
-                        redo.push(i);
+                        p.redo.push(i);
                         self.keep_view(at.m, (at.version, at.view));
                         continue;
                     }
                     Err(e) => {
-                        out[i] = Some(Err(e));
+                        p.out[i] = Some(Err(e));
                         self.keep_view(at.m, (at.version, at.view));
                         continue;
                     }
@@ -495,7 +924,7 @@ impl KvSession {
                             plan.end = next;
                         }
                         Err(e) => {
-                            out[i] = Some(Err(e));
+                            p.out[i] = Some(Err(e));
                             self.keep_view(at.m, (at.version, at.view));
                             continue;
                         }
@@ -516,13 +945,21 @@ impl KvSession {
             self.io.cur.leaves_read += reads.len() as u64;
             let ops = start..plan.ops.len();
             let lock = lock.map(|p| (p, ops.clone()));
+            // After its chain's READs, outside its lock's range: a failed
+            // block WRITE is no failed READ of the lock's batch.
+            let value_write = block.map(|&(_, op, _)| {
+                plan.ops.push(op);
+                plan.ops.len() - 1
+            });
             plan.members.push(Member {
                 i,
-                req,
+                key: req.key(),
                 at,
                 reads,
                 ops,
                 lock,
+                kind,
+                value_write,
             });
         }
         plan
@@ -532,13 +969,13 @@ impl KvSession {
     /// was posted): takes everything out of the read buffer before
     /// anything else may use it (a model refresh reads into it): each
     /// get's answer, each write's lock reply and, where the lock landed
-    /// on a live record, its edit. Returns the writes.
+    /// on a live record and its value's block was written, its edit.
+    /// Returns the writes.
     fn read_round1(
         &mut self,
         plan: Round1,
         landed: Option<Landed>,
-        out: &mut [Option<Answer>],
-        redo: &mut Vec<usize>,
+        p: &mut Pipe<'_>,
     ) -> Vec<Looked> {
         let Round1 {
             members,
@@ -554,10 +991,10 @@ impl KvSession {
             Err(e) => {
                 // Nothing posted: no lock was taken.
                 for m in members {
-                    if let Some((p, _)) = m.lock {
-                        p.not_posted();
+                    if let Some((planned, _)) = m.lock {
+                        planned.not_posted();
                     }
-                    out[m.i] = Some(Err(e.clone()));
+                    p.out[m.i] = Some(Err(e.clone()));
                     self.keep_view(m.at.m, (m.at.version, m.at.view));
                 }
                 return Vec::new();
@@ -583,31 +1020,30 @@ impl KvSession {
         for m in members {
             self.chain.clear();
             self.chain.extend(m.reads.iter().map(|r| r.0));
-            let key = m.req.key();
+            let key = m.key;
             let Some((planned, range)) = m.lock else {
                 // A get whose READs failed is redone alone (a READ has no
                 // effect), which reports the error if it fails again.
                 if failed(&m.ops) || stale.iter().any(|v| Arc::ptr_eq(v, &m.at.view)) {
-                    redo.push(m.i);
+                    p.redo.push(m.i);
                 } else {
                     match self.get_answer(key, &m.at, &m.reads) {
-                        Ok(Some(answer)) => out[m.i] = Some(answer),
-                        Ok(None) => redo.push(m.i),
-                        Err(e) => out[m.i] = Some(Err(e)),
+                        Ok(Some(got)) => p.out[m.i] = Some(Ok(got)),
+                        Ok(None) => p.redo.push(m.i),
+                        Err(e) => p.out[m.i] = Some(Err(e)),
                     }
                 }
                 self.keep_view(m.at.m, (m.at.version, m.at.view));
                 continue;
             };
             let reply = self.lock_reply(&planned, results.get(range).unwrap_or(&[]));
-            let edit = reply.landed(&planned, &m.at).then(|| {
-                let kind = match m.req {
-                    Request::Insert(_, v) => Kind::Insert(SlotValue::from_u64(v)),
-                    Request::Update(_, v) => Kind::Update(SlotValue::from_u64(v)),
-                    Request::Get(_) | Request::Delete(_) => Kind::Delete,
-                };
-                self.edit_owner(key, kind, true, &m.at, &m.reads)
-            });
+            // A block that may not have landed is never published: the
+            // lock is released unchanged and the write redone.
+            let written = m
+                .value_write
+                .map_or(true, |w| results.get(w).is_some_and(Result::is_ok));
+            let edit = (written && reply.landed(&planned, &m.at))
+                .then(|| self.edit_owner(key, m.kind, p.strict, &m.at, &m.reads));
             looked.push(Looked {
                 i: m.i,
                 at: m.at,
@@ -619,23 +1055,19 @@ impl KvSession {
         looked
     }
 
-    /// A get's answer from round 1's reads of its chain; `None` when the
-    /// chase says the model is stale (redo it).
+    /// A get's slot value from round 1's reads of its chain; `None` when
+    /// the chase says the model is stale (redo it).
     fn get_answer(
         &mut self,
         key: u64,
         at: &ChainAt,
         reads: &LeafReads,
-    ) -> Result<Option<Answer>, KvError> {
+    ) -> Result<Option<Option<SlotValue>>, KvError> {
         let start = self.chain[0];
         match self.chase(at.m as u64, key, start, 0, reads)? {
             Chase::Owner(owner) => {
                 self.learn(&at.view, at.j, &owner.path, owner.addr);
-                let v = lookup(&owner.bytes, key);
-                if let Some(v) = v {
-                    self.io.cur.value_bytes += v.len() as u64;
-                }
-                Ok(Some(v.map(|v| as_u64(key, v)).transpose()))
+                Ok(Some(lookup(&owner.bytes, key)))
             }
             Chase::Stale => Ok(None),
         }
@@ -645,33 +1077,29 @@ impl KvSession {
     /// and its release — with its leaf write, or unchanged — planned into
     /// one batch ([`Self::plan_release_many`]); `None` when no lock is
     /// to be released.
-    fn plan_round2(
-        &mut self,
-        looked: Vec<Looked>,
-        out: &mut [Option<Answer>],
-        redo: &mut Vec<usize>,
-    ) -> Option<Round2> {
+    fn plan_round2(&mut self, looked: Vec<Looked>, p: &mut Pipe<'_>) -> Option<Round2> {
         let mut releases: Vec<(ChainLock, Option<LeafWrite>)> = Vec::new();
-        let mut then: Vec<(usize, Then)> = Vec::new();
+        let mut then: Vec<(usize, Then, bool)> = Vec::new();
         for l in looked {
             let taken = self.lock_taken(&l.at, l.planned, 0, l.reply);
             self.keep_view(l.at.m, (l.at.version, l.at.view));
             let lock = match taken {
                 Ok(Some(lock)) => lock,
                 Ok(None) => {
-                    redo.push(l.i);
+                    p.redo.push(l.i);
                     continue;
                 }
                 Err(e) => {
-                    out[l.i] = Some(Err(e));
+                    p.out[l.i] = Some(Err(e));
                     continue;
                 }
             };
             let (write, next) = match l.edit {
-                // A lock taken on a live record always has its edit.
+                // A lock taken on a live record has its edit, unless its
+                // value's block was not written.
                 None => (None, Then::Redo),
                 Some(Err(e)) => {
-                    out[l.i] = Some(Err(lock.abort(self, e)));
+                    p.out[l.i] = Some(Err(lock.abort(self, e)));
                     continue;
                 }
                 Some(Ok(Edit::Write {
@@ -684,10 +1112,12 @@ impl KvSession {
                 Some(Ok(Edit::Full { .. })) => (None, Then::Redo),
             };
             if write.is_some() {
-                self.io.cur.value_bytes += 8;
+                if let Req::Write { value, .. } = p.reqs[l.i] {
+                    self.io.cur.value_bytes += value.len();
+                }
             }
+            then.push((l.i, next, write.is_some()));
             releases.push((lock, write));
-            then.push((l.i, next));
         }
         if releases.is_empty() {
             return None;
@@ -700,63 +1130,115 @@ impl KvSession {
 
     /// Round 2 as it landed (`landed`: the batch's outcomes; `Err`:
     /// nothing posted; `None`: nothing to post): every lock settled
-    /// ([`Self::released_many`]), each write answered or sent to `redo`.
-    fn finish_round2(
-        &mut self,
-        reqs: &[Request],
-        r2: Round2,
-        landed: Option<Landed>,
-        out: &mut [Option<Answer>],
-        redo: &mut Vec<usize>,
-    ) {
+    /// ([`Self::released_many`]), each write answered or sent to `redo`,
+    /// and its blocks settled ([`Self::settle_blocks`]).
+    fn finish_round2(&mut self, r2: Round2, landed: Option<Landed>, p: &mut Pipe<'_>) {
         let Round2 { releases, then } = r2;
+        // Whether the leaf writes went out: from then on a slot may name
+        // their blocks.
+        let posted = releases.ops.is_ok() && matches!(landed, Some(Ok(_)));
         let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
         let released = self.released_many(releases, landed.as_deref().map_err(Clone::clone));
-        for ((i, next), r) in then.into_iter().zip(released) {
-            out[i] = match (r, next) {
-                (Err(e), _) => Some(Err(e)),
-                (Ok(()), Then::Old(old)) => Some(Ok(old.and_then(|o| o.as_u64()))),
+        for ((i, next, wrote), r) in then.into_iter().zip(released) {
+            p.out[i] = match (r, next) {
+                (Err(e), _) => {
+                    if wrote && posted {
+                        // Its outcome unknown: its block is never handed
+                        // out again (nor the one it may have replaced
+                        // freed).
+                        p.blocks[i] = None;
+                    }
+                    Some(Err(e))
+                }
+                (Ok(()), Then::Old(old)) => {
+                    self.settle_blocks(p, i, old);
+                    Some(Ok(old))
+                }
                 (Ok(()), Then::NotU64(len)) => Some(Err(KvError::ValueNotU64 {
-                    key: reqs[i].key(),
+                    key: p.reqs[i].key(),
                     len,
                 })),
                 (Ok(()), Then::Redo) => {
-                    redo.push(i);
+                    p.redo.push(i);
                     None
                 }
             };
         }
     }
+
+    /// The blocks of request `i`, whose write landed and replaced `old`,
+    /// as [`Self::write_value`] settles them: its own block kept when the
+    /// write published it (else given back after the batch), the
+    /// replaced value's block freed.
+    fn settle_blocks(&mut self, p: &mut Pipe<'_>, i: usize, old: Option<SlotValue>) {
+        let Req::Write { op, .. } = p.reqs[i] else {
+            return;
+        };
+        let published = match op {
+            WriteOp::Insert => true,
+            WriteOp::Update => old.is_some(),
+            WriteOp::Delete => false,
+        };
+        if published {
+            p.blocks[i] = None;
+        }
+        let replaced = published || op == WriteOp::Delete;
+        let Some(o) = old.and_then(|o| o.block()).filter(|_| replaced) else {
+            return;
+        };
+        if let Some(class) = rolex_core::layout::block_class(o.len as usize) {
+            if self.shared.values.free(o.offset, class, o.gen) {
+                self.shed_values();
+            }
+        }
+    }
 }
 
 /// One session's share of a pipelined call as it goes: its requests,
-/// their answers so far, the next request a batch starts at, and the
-/// current batch's requests to redo through the single path.
+/// their outcomes so far, the next request a batch starts at, the
+/// current batch's requests to redo through the single path and the
+/// blocks its long values took (until published or given back).
 struct Pipe<'r> {
-    reqs: &'r [Request],
-    out: Vec<Option<Answer>>,
+    reqs: &'r [Req<'r>],
+    /// A `u64` call's: writes refuse a value not 8 bytes long.
+    strict: bool,
+    out: Vec<Option<Got>>,
     next: usize,
     redo: Vec<usize>,
+    blocks: Vec<Option<Block>>,
 }
 
 impl<'r> Pipe<'r> {
-    fn new(reqs: &'r [Request]) -> Self {
+    fn new(reqs: &'r [Req<'r>], strict: bool) -> Self {
         Self {
             reqs,
+            strict,
             out: vec![None; reqs.len()],
             next: 0,
             redo: Vec::new(),
+            blocks: vec![None; reqs.len()],
         }
     }
 
-    /// The answers, in request order.
-    fn answers(self) -> Vec<Answer> {
+    /// The outcomes, in request order.
+    fn answers(self) -> Vec<Got> {
         debug_assert!(
             self.out.iter().all(Option::is_some),
             "a request got no answer"
         );
+        debug_assert!(
+            self.blocks.iter().all(Option::is_none),
+            "a block was neither published nor given back"
+        );
         self.out.into_iter().flatten().collect()
     }
+}
+
+/// Takes request `i`'s entry out of `read` (request, value read), if it
+/// has one.
+fn take_read<T>(read: &mut Vec<(usize, T)>, i: usize) -> Option<T> {
+    let at = read.iter().position(|(k, _)| *k == i)?;
+    Some(read.swap_remove(at).1)
 }
 
 /// Posts each session's planned batch (`post`: `None` when a plan has
@@ -786,10 +1268,10 @@ pub(super) type Posting<'a> = Result<InFlight<'a>, KvError>;
 pub(super) type Landed = Result<Vec<Result<u64, TransferError>>, KvError>;
 
 /// Round 2 of a batch as planned: the releases, and what each released
-/// write answers.
+/// write answers (and whether it writes its leaf).
 struct Round2 {
     releases: Releases,
-    then: Vec<(usize, Then)>,
+    then: Vec<(usize, Then, bool)>,
 }
 
 /// Round 1 of a batch as planned.
@@ -803,6 +1285,8 @@ struct Round1 {
     posted: u64,
     /// The read buffer's bytes the batch uses.
     end: u64,
+    /// The write buffer's bytes its staged blocks use.
+    write_end: u64,
 }
 
 /// A write after round 1: its lock's reply and, where the lock landed on

@@ -1,0 +1,399 @@
+//! Pipelined calls of byte values (`KvSession::run_many_values`,
+//! `ClusterSession::run_many_values`): answers against a sequential
+//! `BTreeMap` on one session and across three memory nodes (values of 0
+//! to 200 bytes, inline and out of line), the value space accounted to
+//! the byte (what the client claimed and holds free against the blocks
+//! the store's slots name), round trips (long-value puts on distinct
+//! chains: 2 for the call), and calls under injected faults: no lock left
+//! held, no block handed out twice, and no block lost but those an
+//! indeterminate write may have published.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rolex_core::entry::LockOwner;
+use rolex_core::layout::{block_class, SlotValue};
+use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
+use rolex_host::kv::{KvClient, KvClientConfig, KvOp, Reply, ValueRequest};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
+
+/// Value `id` of `key`, `len` bytes: the id, then a pattern of both (a
+/// value shorter than 8 bytes is a prefix of that).
+fn val(key: u64, id: u64, len: usize) -> Vec<u8> {
+    let mut out = id.to_le_bytes().to_vec();
+    let mut x = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Requests of one random call: up to `depth` of them over keys
+/// `0..max`, values of 0 to 200 bytes (`store` keeps their bytes alive).
+fn random_call(rng: &mut StdRng, max: u64, depth: usize, n: &mut u64) -> Vec<(u8, u64, Vec<u8>)> {
+    (0..rng.gen_range(1..=depth))
+        .map(|_| {
+            let key = rng.gen_range(0..max);
+            *n += 1;
+            let kind = rng.gen_range(0..10u8);
+            (kind, key, val(key, *n, rng.gen_range(0..=200)))
+        })
+        .collect()
+}
+
+/// The request of `(kind, key, bytes)`.
+fn request((kind, key, v): &(u8, u64, Vec<u8>)) -> ValueRequest<'_> {
+    match kind {
+        0..=2 => ValueRequest::Get(*key),
+        3..=5 => ValueRequest::Put(*key, v),
+        6..=7 => ValueRequest::Update(*key, v),
+        _ => ValueRequest::Remove(*key),
+    }
+}
+
+/// What `r` answers applied to `model`, and applies it.
+fn apply(model: &mut BTreeMap<u64, Vec<u8>>, r: ValueRequest<'_>) -> Reply {
+    match r {
+        ValueRequest::Get(k) => Reply::Value(model.get(&k).cloned()),
+        ValueRequest::Put(k, v) => Reply::Present(model.insert(k, v.to_vec()).is_some()),
+        ValueRequest::Update(k, v) => Reply::Present(match model.get_mut(&k) {
+            Some(old) => {
+                *old = v.to_vec();
+                true
+            }
+            None => false,
+        }),
+        ValueRequest::Remove(k) => Reply::Present(model.remove(&k).is_some()),
+    }
+}
+
+/// Bytes of the blocks that hold `values`' out-of-line ones.
+fn block_bytes<'a>(values: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
+    values
+        .into_iter()
+        .filter(|v| SlotValue::inline(v).is_none())
+        .map(|v| block_class(v.len()).unwrap())
+        .sum()
+}
+
+fn node(pairs: &[(u64, u64)]) -> MemoryNode {
+    MemoryNode::start(
+        MemoryNodeConfig {
+            leaf_slots: 8,
+            max_model_leaves: 32,
+            ..MemoryNodeConfig::default()
+        },
+        pairs,
+    )
+    .unwrap()
+}
+
+fn loaded(n: u64, gap: u64) -> Vec<(u64, u64)> {
+    (0..n).map(|i| (i * gap + 1, i)).collect()
+}
+
+/// The value space one client's writes hold: what it claimed less what
+/// it holds free.
+fn held(c: &KvClient) -> u64 {
+    let (claimed, free) = c.stats().value_space;
+    claimed - free
+}
+
+#[test]
+fn value_calls_answer_as_a_reference_map_and_account_every_block() {
+    let pairs = loaded(2000, 4);
+    let max = 8_100;
+    let node = node(&pairs);
+    let c = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = c.session().unwrap();
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs
+        .iter()
+        .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut n = 1 << 40;
+    for call in 0..300 {
+        let call_data = random_call(&mut rng, max, 24, &mut n);
+        let reqs: Vec<ValueRequest<'_>> = call_data.iter().map(request).collect();
+        let got = s.run_many_values(&reqs).unwrap();
+        assert_eq!(got.len(), reqs.len());
+        for (&r, a) in reqs.iter().zip(got) {
+            assert_eq!(a.unwrap(), apply(&mut model, r), "call {call}: {r:?}");
+        }
+        // Every block this client holds out of its free lists is one a
+        // slot names: none lost, none freed twice.
+        assert_eq!(held(&c), block_bytes(model.values()), "call {call}");
+    }
+    assert_eq!(c.locks_maybe_held(), 0);
+    // Pipelined, not one by one: a put alone costs 2 round trips.
+    let puts = c.stats().op(KvOp::Insert);
+    assert!(
+        puts.rtts < puts.ops,
+        "{} round trips for {} puts",
+        puts.rtts,
+        puts.ops
+    );
+    let all: Vec<(u64, Vec<u8>)> = model.clone().into_iter().collect();
+    assert_eq!(s.scan_values(0, all.len() + 1).unwrap(), all);
+    // Closed, it holds nothing free, and still every named block.
+    c.close().unwrap();
+    assert_eq!(c.stats().value_space.1, 0);
+    assert_eq!(held(&c), block_bytes(model.values()));
+}
+
+#[test]
+fn value_calls_across_nodes_answer_as_a_reference_map() {
+    let pairs = loaded(3000, 4);
+    let max = 12_100;
+    let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+    let map = PartitionMap::balanced(&keys, 3).unwrap();
+    let mut mns = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        let (lo, hi) = map.range(i).unwrap();
+        let mine: Vec<(u64, u64)> = pairs
+            .iter()
+            .copied()
+            .filter(|&(k, _)| lo <= k && k <= hi)
+            .collect();
+        let mn = node(&mine);
+        let client = KvClient::connect(KvClientConfig::default(), &mn.pool()).unwrap();
+        clients.push(ClusterNode {
+            name: format!("node-{i}"),
+            client,
+        });
+        mns.push(mn);
+    }
+    let c = ClusterClient::new(map, clients).unwrap();
+    let mut s = c.session().unwrap();
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs
+        .iter()
+        .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(29);
+    let mut n = 1 << 40;
+    let mut spanning = 0;
+    for call in 0..300 {
+        let call_data = random_call(&mut rng, max, 24, &mut n);
+        let reqs: Vec<ValueRequest<'_>> = call_data.iter().map(request).collect();
+        let nodes: std::collections::BTreeSet<usize> =
+            reqs.iter().map(|r| s.node_of(r.key())).collect();
+        spanning += usize::from(nodes.len() > 1);
+        let got = s.run_many_values(&reqs);
+        assert_eq!(got.len(), reqs.len());
+        for (&r, a) in reqs.iter().zip(got) {
+            assert_eq!(a.unwrap(), apply(&mut model, r), "call {call}: {r:?}");
+        }
+    }
+    assert!(spanning > 250, "most calls span several nodes: {spanning}");
+    assert_eq!(c.locks_maybe_held(), 0);
+    let all: Vec<(u64, Vec<u8>)> = model.clone().into_iter().collect();
+    assert_eq!(s.scan_values(0, all.len() + 1).unwrap(), all);
+    // Each node's client holds exactly the blocks its range's slots name.
+    for i in 0..3 {
+        let (lo, hi) = c.map().range(i).unwrap();
+        let mine = model.range(lo..=hi).map(|(_, v)| v);
+        assert_eq!(held(c.node(i).unwrap()), block_bytes(mine), "node {i}");
+    }
+}
+
+#[test]
+fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
+    // 1,000 keys (0, 10, …) in half-full leaves: keys 160 apart are in
+    // distinct leaves, and no put splits.
+    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    let node = MemoryNode::start(
+        MemoryNodeConfig {
+            fill: 0.5,
+            retraining_thread: false,
+            ..MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    let c = KvClient::connect(
+        KvClientConfig {
+            // Nothing retrains: no age refresh to blur the counts.
+            model_max_age: std::time::Duration::from_secs(3600),
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap();
+    let mut s = c.session().unwrap();
+    let spread: Vec<u64> = pairs.iter().step_by(16).map(|p| p.0).collect();
+    // A first long value claims a chunk of 16 blocks of its class (one
+    // FAA): the call's blocks are taken from it without a round trip.
+    assert!(s.put(spread[40], &val(spread[40], 1, 100)).unwrap());
+    let vals: Vec<Vec<u8>> = spread[..8].iter().map(|&k| val(k, 2, 100)).collect();
+    let reqs: Vec<ValueRequest<'_>> = spread[..8]
+        .iter()
+        .zip(&vals)
+        .map(|(&k, v)| ValueRequest::Put(k, v))
+        .collect();
+    let e0 = c.stats().engine.rtts;
+    let before = c.stats().op(KvOp::Insert);
+    let got = s.run_many_values(&reqs).unwrap();
+    assert!(got.into_iter().all(|a| a.unwrap() == Reply::Present(true)));
+    let after = c.stats().op(KvOp::Insert);
+    assert_eq!(
+        (after.ops - before.ops, after.rtts - before.rtts),
+        (8, 2),
+        "8 long-value puts in 2 round trips"
+    );
+    assert_eq!(c.stats().engine.rtts - e0, 2);
+    assert_eq!(
+        after.value_bytes - before.value_bytes,
+        8 * 100,
+        "each value's bytes counted"
+    );
+    // Their gets: the leaves in one round trip, the blocks in another.
+    let gets: Vec<ValueRequest<'_>> = spread[..8].iter().map(|&k| ValueRequest::Get(k)).collect();
+    let e0 = c.stats().engine.rtts;
+    let got = s.run_many_values(&gets).unwrap();
+    for (a, v) in got.into_iter().zip(&vals) {
+        assert_eq!(a.unwrap(), Reply::Value(Some(v.clone())));
+    }
+    assert_eq!(c.stats().engine.rtts - e0, 2);
+    // Updates that replace long values with long values (of another
+    // class, primed as above), and removes: still 2 round trips, the
+    // replaced blocks freed.
+    assert!(s.put(spread[41], &val(spread[41], 1, 150)).unwrap());
+    let vals3: Vec<Vec<u8>> = spread[..6].iter().map(|&k| val(k, 3, 150)).collect();
+    let mut reqs: Vec<ValueRequest<'_>> = spread[..6]
+        .iter()
+        .zip(&vals3)
+        .map(|(&k, v)| ValueRequest::Update(k, v))
+        .collect();
+    reqs.push(ValueRequest::Remove(spread[6]));
+    reqs.push(ValueRequest::Remove(spread[7]));
+    let e0 = c.stats().engine.rtts;
+    let held_before = held(&c);
+    let got = s.run_many_values(&reqs).unwrap();
+    assert!(got.into_iter().all(|a| a.unwrap() == Reply::Present(true)));
+    assert_eq!(c.stats().engine.rtts - e0, 2);
+    let class = |len| block_class(len).unwrap();
+    assert_eq!(
+        held(&c),
+        held_before + 6 * class(150) - 8 * class(100),
+        "the replaced and removed values' blocks freed"
+    );
+    assert_eq!(c.locks_maybe_held(), 0);
+}
+
+/// One compute node whose NIC fails a share of its operations (some
+/// after they took effect) runs pipelined value calls, closing its value
+/// space now and then. Then: no chain lock is left held; a client without
+/// faults reads every key back as a value some request wrote to it (no
+/// block handed out twice); and the blocks the client holds out of its
+/// free lists are those the store's slots name, plus at most two per
+/// indeterminate failed write (its new block, and the one it may have
+/// replaced: kept out of use for good).
+#[test]
+fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
+    const OWNER: LockOwner = LockOwner(13);
+    let pairs = loaded(600, 8);
+    let max = 4_900;
+    for seed in 1..=3u64 {
+        let node = node(&pairs);
+        let c = (0..1000u64)
+            .find_map(|attempt| {
+                let cfg = KvClientConfig {
+                    engine: EngineConfig {
+                        fabric: Fabric::Loopback(LoopbackConfig {
+                            faults: Some(Faults {
+                                probability: 0.02,
+                                seed: seed * 1_000_003 + attempt,
+                            }),
+                            ..LoopbackConfig::default()
+                        }),
+                        ..EngineConfig::default()
+                    },
+                    lock_owner: OWNER,
+                    max_attempts: 200,
+                    ..KvClientConfig::default()
+                };
+                KvClient::connect(cfg, &node.pool()).ok()
+            })
+            .expect("connecting under injected faults");
+        let mut s = loop {
+            if let Ok(s) = c.session() {
+                break s;
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut n = 1 << 40;
+        let (mut failed, mut unknown) = (0u64, 0u64);
+        for call in 0..200 {
+            let call_data = random_call(&mut rng, max, 16, &mut n);
+            let reqs: Vec<ValueRequest<'_>> = call_data.iter().map(request).collect();
+            match s.run_many_values(&reqs) {
+                Ok(got) => {
+                    for (r, a) in reqs.iter().zip(got) {
+                        if let Err(e) = a {
+                            failed += 1;
+                            if e.may_have_applied() && !matches!(r, ValueRequest::Get(_)) {
+                                unknown += 1;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    failed += reqs.len() as u64;
+                    assert!(!e.may_have_applied(), "nothing ran: {e}");
+                }
+            }
+            if call % 25 == 24 {
+                // An error here may lose blocks of the give-back, never
+                // hand one out twice.
+                let _ = c.close();
+            }
+        }
+        assert!(failed > 0, "seed {seed}: faults were injected");
+        for _ in 0..100 {
+            let _ = s.flush();
+            if c.locks_maybe_held() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
+        assert_eq!(node.release_locks_of(OWNER).unwrap(), 0, "seed {seed}");
+        // What the store holds, read by a client without faults: every
+        // value one a request wrote to its key (or its load value).
+        let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        let all = reader
+            .session()
+            .unwrap()
+            .scan_values(0, max as usize + 1)
+            .unwrap();
+        for (k, v) in &all {
+            let id = u64::from_le_bytes(v[..8.min(v.len())].try_into().unwrap_or([0; 8]));
+            let ok = v.len() < 8 || *v == val(*k, id, v.len());
+            assert!(
+                ok,
+                "seed {seed}: key {k}: {} bytes no request wrote",
+                v.len()
+            );
+        }
+        let named = block_bytes(all.iter().map(|(_, v)| v));
+        let held = held(&c);
+        let biggest = block_class(200).unwrap();
+        assert!(
+            held >= named && held - named <= 2 * unknown * biggest,
+            "seed {seed}: client holds {held} bytes out of its free lists, slots name {named}, \
+             {unknown} writes indeterminate"
+        );
+        println!(
+            "seed {seed}: {failed} requests failed ({unknown} writes indeterminate); \
+             {} bytes kept out of use",
+            held - named
+        );
+    }
+}
