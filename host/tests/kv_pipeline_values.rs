@@ -253,7 +253,7 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
         8 * 100,
         "each value's bytes counted"
     );
-    // Their gets: the leaves in one round trip, the blocks in another.
+    // Their gets: the leaves in one round trip, the blocks in a second.
     let gets: Vec<ValueRequest<'_>> = spread[..8].iter().map(|&k| ValueRequest::Get(k)).collect();
     let e0 = c.stats().engine.rtts;
     let got = s.run_many_values(&gets).unwrap();
@@ -284,6 +284,21 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
         held_before + 6 * class(150) - 8 * class(100),
         "the replaced and removed values' blocks freed"
     );
+    // Gets of long values and puts of long values together: each get's
+    // block is read in the round of the puts' leaf writes.
+    let vals4: Vec<Vec<u8>> = spread[8..12].iter().map(|&k| val(k, 4, 100)).collect();
+    let mut reqs: Vec<ValueRequest<'_>> = spread[8..12]
+        .iter()
+        .zip(&vals4)
+        .map(|(&k, v)| ValueRequest::Put(k, v))
+        .collect();
+    reqs.extend(spread[..6].iter().map(|&k| ValueRequest::Get(k)));
+    let e0 = c.stats().engine.rtts;
+    let got = s.run_many_values(&reqs).unwrap();
+    assert_eq!(c.stats().engine.rtts - e0, 2, "4 puts and 6 gets, all long");
+    for (a, v) in got[4..].iter().zip(&vals3) {
+        assert_eq!(a.as_ref().unwrap(), &Reply::Value(Some(v.clone())));
+    }
     assert_eq!(c.locks_maybe_held(), 0);
 }
 

@@ -29,7 +29,8 @@
 //!    buffer (the reads of one write run after its `CAS`: the fabric
 //!    applies a batch in posting order);
 //! 2. for each write that took its lock, its leaf's WRITE (if it changed
-//!    it) then its unlocking `CAS`.
+//!    it) then its unlocking `CAS`; then, in a call of values, the READs
+//!    of the value blocks its gets found (see "Values").
 //!
 //! So `n` requests on distinct chains cost 2 round trips, not 2 per write
 //! and 1 per get.
@@ -64,13 +65,16 @@
 //! block could not be staged goes through the single path, which takes
 //! its own. So `n` puts of long values on distinct chains cost 2 round
 //! trips, as `n` `u64` writes do. A get answers from its leaf read as a
-//! `u64` get does; the blocks of the values found out of line are read
-//! after the call's last batch, in one round (of batches of up to a MiB)
-//! for all of them, posted on every session before any is waited for
-//! (`values_on`, as [`KvSession::get_many_values`]); a block found
-//! rewritten since its leaf was read sends that get back to the single
-//! path. A get of a long value so costs one more round trip than a
-//! `u64` get — once per call, not per get.
+//! `u64` get does; the blocks of the values its batch's gets found out of
+//! line are READ in round 2, after its leaf writes and unlocks (up to a
+//! MiB of them; the read buffer is free once round 1 was taken out of
+//! it), so a batch of long-value gets and writes costs 2 round trips
+//! too, and one of gets alone 2 instead of 1. A block that is more, whose
+//! READ failed, or that was rewritten since its leaf was read is read
+//! after the call's last batch, in one round for all of them posted on
+//! every session before any is waited for (`values_on`, as
+//! [`KvSession::get_many_values`]), where one still rewritten sends its
+//! get back to the single path.
 //!
 //! # Linearizability
 //!
@@ -331,6 +335,10 @@ impl Req<'_> {
 /// answers from it.
 type Got = Result<Option<SlotValue>, KvError>;
 
+/// One session's outcomes of a call, and the out-of-line values its gets
+/// read in the call's rounds (the others are read after them).
+type Outcomes = (Vec<Got>, Vec<Option<Vec<u8>>>);
+
 /// A request as round 1 planned it.
 struct Member {
     /// Its index in the call.
@@ -377,9 +385,8 @@ impl KvSession {
     /// removes of values of any length ([`ValueRequest`]), each answered
     /// as its single method would ([`Reply`]). A long value's block is
     /// written in round 1, beside its chain's lock, so writes keep their
-    /// 2 round trips; the gets' out-of-line values are read after the
-    /// last batch, in one more round trip for all of them (module docs,
-    /// "Values"). A write that would need a round trip to find a block
+    /// 2 round trips; the gets' out-of-line values are read in round 2
+    /// (module docs, "Values"). A write that would need a round trip to find a block
     /// for its value (a chunk claim, a pop of the pool's free stack) runs
     /// through the single path.
     pub fn run_many_values(
@@ -411,7 +418,7 @@ impl KvSession {
             .zip(reqs)
             .zip(got)
             .map(|((s, &mine), got)| {
-                let answers = got.map(|got| {
+                let answers = got.map(|(got, _)| {
                     mine.iter()
                         .zip(got)
                         .map(|(&r, g)| s.u64_answer(r, g))
@@ -424,9 +431,9 @@ impl KvSession {
     }
 
     /// [`Self::run_many_values`] on several sessions at once, as
-    /// [`Self::run_many_on`]; the gets' out-of-line values are read in
-    /// rounds of one batch per session, each posted on every session
-    /// before any is waited for.
+    /// [`Self::run_many_on`]; the gets' out-of-line values not read in
+    /// round 2 are read after the last batch in rounds of one batch per
+    /// session, each posted on every session before any is waited for.
     pub(crate) fn run_many_values_on(
         sessions: &mut [&mut KvSession],
         reqs: &[&[ValueRequest<'_>]],
@@ -436,13 +443,17 @@ impl KvSession {
             .map(|r| r.iter().map(|&r| Req::from(r)).collect())
             .collect();
         let got = Self::run_pipes(sessions, &inner, false);
-        // The gets whose value is out of line: (request, key, slot value).
+        // The gets whose value is out of line and was not read in the
+        // call's rounds: (request, key, slot value).
         let mut blocks: Vec<(Vec<usize>, Vec<u64>)> = Vec::with_capacity(reqs.len());
         let mut found = Vec::with_capacity(reqs.len());
         for (&mine, got) in reqs.iter().zip(&got) {
             let (mut idx, mut keys, mut vals) = (Vec::new(), Vec::new(), Vec::new());
-            if let Ok(got) = got {
-                for (i, (r, g)) in mine.iter().zip(got).enumerate() {
+            if let Ok((got, values)) = got {
+                for (i, ((r, g), read)) in mine.iter().zip(got).zip(values).enumerate() {
+                    if read.is_some() {
+                        continue;
+                    }
                     if let (ValueRequest::Get(key), Ok(Some(v @ SlotValue::Block(_)))) = (r, g) {
                         idx.push(i);
                         keys.push(*key);
@@ -463,7 +474,7 @@ impl KvSession {
             .zip(&blocks)
             .zip(read)
         {
-            let answers = got.map(|got| {
+            let answers = got.map(|(got, mut values)| {
                 let mut read = match read {
                     Ok(values) => idx
                         .iter()
@@ -475,7 +486,14 @@ impl KvSession {
                 mine.iter()
                     .zip(got)
                     .enumerate()
-                    .map(|(i, (&r, g))| s.value_answer(r, g, take_read(&mut read, i)))
+                    .map(|(i, (&r, g))| {
+                        let read = take_read(&mut read, i).or_else(|| {
+                            let v = values[i].take()?;
+                            s.io.cur.value_bytes += v.len() as u64;
+                            Some(Ok(Some(v)))
+                        });
+                        s.value_answer(r, g, read)
+                    })
                     .collect()
             });
             s.count_call(mine.iter().map(|r| r.kind()));
@@ -527,23 +545,24 @@ impl KvSession {
         sessions: &mut [&mut KvSession],
         reqs: &'r [Vec<Req<'r>>],
         strict: bool,
-    ) -> Vec<Result<Vec<Got>, KvError>> {
+    ) -> Vec<Result<Outcomes, KvError>> {
         let alone = sessions.len() == 1;
         let mut pipes: Vec<Option<Pipe<'r>>> = Vec::with_capacity(reqs.len());
-        let mut results: Vec<Result<Vec<Got>, KvError>> = Vec::with_capacity(reqs.len());
+        let mut results: Vec<Result<Outcomes, KvError>> = Vec::with_capacity(reqs.len());
         for (s, mine) in sessions.iter_mut().zip(reqs) {
             s.io.cur = Default::default();
             let mut pipe = None;
             results.push(s.settle().map(|()| {
                 s.resolve_held();
-                if !s.shared.ordered {
+                let got = if !s.shared.ordered {
                     s.run_unordered(mine, strict)
                 } else if alone && mine.len() < 2 {
                     mine.iter().map(|&r| s.run_one(r, strict)).collect()
                 } else {
                     pipe = Some(Pipe::new(mine, strict));
                     Vec::new()
-                }
+                };
+                (got, vec![None; mine.len()])
             }));
             pipes.push(pipe);
         }
@@ -688,10 +707,19 @@ impl KvSession {
         )
     }
 
-    /// Posts round 2 of a batch: its writes and unlocks; `None` when they
-    /// could not be staged (nothing to post). On `Err` nothing was posted.
+    /// Posts round 2 of a batch: its writes and unlocks, and its gets'
+    /// block READs (the read buffer reserved first); `None` when there is
+    /// nothing to post (the releases could not be staged). On `Err`
+    /// nothing was posted.
     fn post_round2<'a>(&'a mut self, r2: &'a Round2) -> Option<Posting<'a>> {
-        let ops = r2.releases.ops.as_ref().ok()?;
+        let ops: &[Op] = if r2.reads.is_empty() {
+            r2.releases.as_ref()?.ops.as_ref().ok()?
+        } else {
+            if let Err(e) = self.io.reserve(&self.shared.engine, r2.read_end, 0) {
+                return Some(Err(e));
+            }
+            &r2.ops
+        };
         Some(
             self.io
                 .post_each(&self.shared.pool, ops, "writing and unlocking"),
@@ -1028,7 +1056,12 @@ impl KvSession {
                     p.redo.push(m.i);
                 } else {
                     match self.get_answer(key, &m.at, &m.reads) {
-                        Ok(Some(got)) => p.out[m.i] = Some(Ok(got)),
+                        Ok(Some(got)) => {
+                            if let (false, Some(at)) = (p.strict, got.and_then(|v| v.block())) {
+                                p.fresh.push((m.i, at));
+                            }
+                            p.out[m.i] = Some(Ok(got));
+                        }
                         Ok(None) => p.redo.push(m.i),
                         Err(e) => p.out[m.i] = Some(Err(e)),
                     }
@@ -1119,12 +1152,40 @@ impl KvSession {
             then.push((l.i, next, write.is_some()));
             releases.push((lock, write));
         }
-        if releases.is_empty() {
+        // The gets' value blocks, up to a MiB of them (the rest are read
+        // after the call's last batch).
+        let mut reads = Vec::new();
+        let mut read_end = 0u64;
+        for (i, at) in p.fresh.drain(..) {
+            let len = at.read_len();
+            let fits = reads.is_empty() || read_end + len <= super::SCAN_VALUE_BATCH;
+            if fits && self.check_pointer(p.reqs[i].key(), at).is_ok() {
+                reads.push((i, at, read_end));
+                read_end += len.next_multiple_of(8);
+            }
+        }
+        if releases.is_empty() && reads.is_empty() {
             return None;
         }
+        let releases = (!releases.is_empty()).then(|| self.plan_release_many(releases));
+        // Without READs the releases' ops are posted as they are.
+        let mut ops = Vec::new();
+        if !reads.is_empty() {
+            if let Some(Ok(r)) = releases.as_ref().map(|r| r.ops.as_ref()) {
+                ops.extend_from_slice(r);
+            }
+            ops.extend(reads.iter().map(|&(_, at, local)| Op::Read {
+                remote: at.offset,
+                local,
+                len: at.read_len(),
+            }));
+        }
         Some(Round2 {
-            releases: self.plan_release_many(releases),
+            releases,
             then,
+            reads,
+            ops,
+            read_end,
         })
     }
 
@@ -1133,12 +1194,44 @@ impl KvSession {
     /// ([`Self::released_many`]), each write answered or sent to `redo`,
     /// and its blocks settled ([`Self::settle_blocks`]).
     fn finish_round2(&mut self, r2: Round2, landed: Option<Landed>, p: &mut Pipe<'_>) {
-        let Round2 { releases, then } = r2;
+        let Round2 {
+            releases,
+            then,
+            reads,
+            ..
+        } = r2;
+        let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+        // The READs' outcomes follow the releases'.
+        let split = releases
+            .as_ref()
+            .and_then(|r| r.ops.as_ref().ok())
+            .map_or(0, Vec::len);
+        if let Ok(results) = &landed {
+            for (k, (i, at, local)) in reads.into_iter().enumerate() {
+                if !results.get(split + k).is_some_and(Result::is_ok) {
+                    continue;
+                }
+                let key = p.reqs[i].key();
+                // A block rewritten since its leaf was read (or a READ
+                // that failed) is read again after the call's batches.
+                if let Ok(Ok(v)) = self.io.with_local(local, at.read_len(), |b| {
+                    ValueBlock::check(b, key, at).map(<[u8]>::to_vec)
+                }) {
+                    p.values[i] = Some(v);
+                }
+            }
+        }
+        let Some(releases) = releases else {
+            return;
+        };
         // Whether the leaf writes went out: from then on a slot may name
         // their blocks.
-        let posted = releases.ops.is_ok() && matches!(landed, Some(Ok(_)));
-        let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
-        let released = self.released_many(releases, landed.as_deref().map_err(Clone::clone));
+        let posted = releases.ops.is_ok() && landed.is_ok();
+        let posting = landed
+            .as_deref()
+            .map(|r| r.get(..split).unwrap_or(r))
+            .map_err(Clone::clone);
+        let released = self.released_many(releases, posting);
         for ((i, next, wrote), r) in then.into_iter().zip(released) {
             p.out[i] = match (r, next) {
                 (Err(e), _) => {
@@ -1206,6 +1299,10 @@ struct Pipe<'r> {
     next: usize,
     redo: Vec<usize>,
     blocks: Vec<Option<Block>>,
+    /// The current batch's gets that found a value out of line.
+    fresh: Vec<(usize, BlockRef)>,
+    /// The out-of-line values read in round 2, by request.
+    values: Vec<Option<Vec<u8>>>,
 }
 
 impl<'r> Pipe<'r> {
@@ -1217,11 +1314,13 @@ impl<'r> Pipe<'r> {
             next: 0,
             redo: Vec::new(),
             blocks: vec![None; reqs.len()],
+            fresh: Vec::new(),
+            values: vec![None; reqs.len()],
         }
     }
 
-    /// The outcomes, in request order.
-    fn answers(self) -> Vec<Got> {
+    /// The outcomes, in request order, and the out-of-line values read.
+    fn answers(self) -> (Vec<Got>, Vec<Option<Vec<u8>>>) {
         debug_assert!(
             self.out.iter().all(Option::is_some),
             "a request got no answer"
@@ -1230,7 +1329,7 @@ impl<'r> Pipe<'r> {
             self.blocks.iter().all(Option::is_none),
             "a block was neither published nor given back"
         );
-        self.out.into_iter().flatten().collect()
+        (self.out.into_iter().flatten().collect(), self.values)
     }
 }
 
@@ -1267,11 +1366,20 @@ pub(super) type Posting<'a> = Result<InFlight<'a>, KvError>;
 /// A batch as it landed: each op's outcome, or why nothing was posted.
 pub(super) type Landed = Result<Vec<Result<u64, TransferError>>, KvError>;
 
-/// Round 2 of a batch as planned: the releases, and what each released
-/// write answers (and whether it writes its leaf).
+/// Round 2 of a batch as planned: the releases, what each released
+/// write answers (and whether it writes its leaf), and the READs of the
+/// value blocks of the batch's gets.
 struct Round2 {
-    releases: Releases,
+    /// `None` when no lock is to be released.
+    releases: Option<Releases>,
     then: Vec<(usize, Then, bool)>,
+    /// Each get's block READ: (request, its block, where it lands).
+    reads: Vec<(usize, BlockRef, u64)>,
+    /// The batch when it has READs: the releases' ops (if they could be
+    /// staged), then the READs; empty without READs.
+    ops: Vec<Op>,
+    /// The read buffer's bytes the READs use.
+    read_end: u64,
 }
 
 /// Round 1 of a batch as planned.
