@@ -223,10 +223,10 @@ pub struct BenchArgs {
     value_size: Option<ValueSize>,
     /// Operations a thread keeps in flight: runs of up to D consecutive
     /// gets, updates, inserts and deletes of its stream go out together
-    /// (`run_many`: on an ordered fabric 2 round trips per memory node for
-    /// requests on distinct chains; `get_many` for a run of gets only);
-    /// scans and read-modify-writes, and writes of values longer than 8
-    /// bytes, go one at a time.
+    /// (`run_many`, or `run_many_values` for values other than 8 bytes: on
+    /// an ordered fabric 2 round trips per memory node for requests on
+    /// distinct chains; `get_many` for a run of gets only); scans and
+    /// read-modify-writes go one at a time.
     #[arg(long, default_value_t = 1, value_name = "D")]
     depth: usize,
     /// Print one JSON line instead of the table.
