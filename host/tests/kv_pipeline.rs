@@ -16,7 +16,6 @@ use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Clock, History, Recorder, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvSession, Request};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
 
 fn engine(unordered: bool, faults: Option<Faults>, seed: u64) -> EngineConfig {
@@ -60,18 +59,7 @@ fn call(r: Request) -> Call {
 
 #[test]
 fn a_batch_of_writes_on_distinct_chains_costs_two_round_trips() {
-    // 1,000 keys (0, 10, …) in half-full leaves: keys 160 apart are in
-    // distinct leaves, and no insert splits.
-    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            fill: 0.5,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let (node, pairs) = common::half_full_node();
     let cfg = |unordered| KvClientConfig {
         engine: engine(unordered, None, 3),
         // Nothing retrains: no age refresh to blur the counts.

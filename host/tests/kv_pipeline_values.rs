@@ -8,6 +8,8 @@
 //! held, no block handed out twice, and no block lost but those an
 //! indeterminate write may have published.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use rand::rngs::StdRng;
@@ -205,18 +207,7 @@ fn value_calls_across_nodes_answer_as_a_reference_map() {
 
 #[test]
 fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
-    // 1,000 keys (0, 10, …) in half-full leaves: keys 160 apart are in
-    // distinct leaves, and no put splits.
-    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            fill: 0.5,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
+    let (node, pairs) = common::half_full_node();
     let c = KvClient::connect(
         KvClientConfig {
             // Nothing retrains: no age refresh to blur the counts.

@@ -5,8 +5,11 @@
 //! ordered fabric, 5 + 1 on an unordered one (the new leaf is written and
 //! confirmed before the shrunk leaf that links to it).
 
+mod common;
+
+use common::half_full_node;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::MemoryNode;
 
 fn client(node: &MemoryNode, unordered: bool) -> KvClient {
     let mut engine = rolex_host::EngineConfig::default();
@@ -29,21 +32,6 @@ fn client(node: &MemoryNode, unordered: bool) -> KvClient {
         &node.pool(),
     )
     .unwrap()
-}
-
-/// 1,000 keys (0, 10, 20, …) in half-full leaves, no retraining thread.
-fn half_full_node() -> (MemoryNode, Vec<(u64, u64)>) {
-    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
-    let node = MemoryNode::start(
-        MemoryNodeConfig {
-            fill: 0.5,
-            retraining_thread: false,
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
-    (node, pairs)
 }
 
 #[test]

@@ -9,6 +9,23 @@ mod engine;
 #[allow(unused_imports)]
 pub use engine::*;
 
+/// 1,000 keys (0, 10, 20, …) in half-full leaves, no retraining thread:
+/// keys 160 apart are in distinct leaves, and no write of a new key
+/// splits.
+pub fn half_full_node() -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
+    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    let node = rolex_host::memnode::MemoryNode::start(
+        rolex_host::memnode::MemoryNodeConfig {
+            fill: 0.5,
+            retraining_thread: false,
+            ..rolex_host::memnode::MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    (node, pairs)
+}
+
 /// A memory node with small leaves (4 slots, 3 keys each at load), ε = 4
 /// and at most 8 leaves per model, so a few hundred keys make many models
 /// and inserts split early; no retraining thread (tests retrain by hand).
