@@ -9,15 +9,18 @@
 //! under injected faults: the other node's answers are right and none of
 //! its locks is left held.
 
+mod common;
+
 use std::collections::BTreeMap;
 
+use common::{cluster_with, loaded};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
-use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
+use rolex_host::kv::cluster::ClusterClient;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError, KvOp, Request};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::MemoryNode;
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 /// `nodes` memory nodes holding `pairs` (sorted by key) by quantile
@@ -26,46 +29,6 @@ fn cluster(pairs: &[(u64, u64)], nodes: usize) -> (Vec<MemoryNode>, ClusterClien
     cluster_with(pairs, nodes, |_, node| {
         KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap()
     })
-}
-
-/// [`cluster`] with node `i`'s client made by `connect(i, node)`.
-fn cluster_with(
-    pairs: &[(u64, u64)],
-    nodes: usize,
-    connect: impl Fn(usize, &MemoryNode) -> KvClient,
-) -> (Vec<MemoryNode>, ClusterClient) {
-    let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-    let map = PartitionMap::balanced(&keys, nodes).unwrap();
-    let mut mns = Vec::new();
-    let mut clients = Vec::new();
-    for i in 0..nodes {
-        let (lo, hi) = map.range(i).unwrap();
-        let mine: Vec<(u64, u64)> = pairs
-            .iter()
-            .copied()
-            .filter(|&(k, _)| lo <= k && k <= hi)
-            .collect();
-        let node = MemoryNode::start(
-            MemoryNodeConfig {
-                leaf_slots: 8,
-                max_model_leaves: 32,
-                ..MemoryNodeConfig::default()
-            },
-            &mine,
-        )
-        .unwrap();
-        let client = connect(i, &node);
-        clients.push(ClusterNode {
-            name: format!("node-{i}"),
-            client,
-        });
-        mns.push(node);
-    }
-    (mns, ClusterClient::new(map, clients).unwrap())
-}
-
-fn loaded(n: u64, gap: u64) -> Vec<(u64, u64)> {
-    (0..n).map(|i| (i * gap + 1, i)).collect()
 }
 
 #[derive(Clone, Debug)]

@@ -12,13 +12,13 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::{cluster_with, eight_slot_node, loaded};
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::{block_class, SlotValue};
-use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, Reply, ValueRequest};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 /// Value `id` of `key`, `len` bytes: the id, then a pattern of both (a
@@ -84,22 +84,6 @@ fn block_bytes<'a>(values: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
         .sum()
 }
 
-fn node(pairs: &[(u64, u64)]) -> MemoryNode {
-    MemoryNode::start(
-        MemoryNodeConfig {
-            leaf_slots: 8,
-            max_model_leaves: 32,
-            ..MemoryNodeConfig::default()
-        },
-        pairs,
-    )
-    .unwrap()
-}
-
-fn loaded(n: u64, gap: u64) -> Vec<(u64, u64)> {
-    (0..n).map(|i| (i * gap + 1, i)).collect()
-}
-
 /// The value space one client's writes hold: what it claimed less what
 /// it holds free.
 fn held(c: &KvClient) -> u64 {
@@ -111,7 +95,7 @@ fn held(c: &KvClient) -> u64 {
 fn value_calls_answer_as_a_reference_map_and_account_every_block() {
     let pairs = loaded(2000, 4);
     let max = 8_100;
-    let node = node(&pairs);
+    let node = eight_slot_node(&pairs);
     let c = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, Vec<u8>> = pairs
@@ -153,26 +137,9 @@ fn value_calls_answer_as_a_reference_map_and_account_every_block() {
 fn value_calls_across_nodes_answer_as_a_reference_map() {
     let pairs = loaded(3000, 4);
     let max = 12_100;
-    let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-    let map = PartitionMap::balanced(&keys, 3).unwrap();
-    let mut mns = Vec::new();
-    let mut clients = Vec::new();
-    for i in 0..3 {
-        let (lo, hi) = map.range(i).unwrap();
-        let mine: Vec<(u64, u64)> = pairs
-            .iter()
-            .copied()
-            .filter(|&(k, _)| lo <= k && k <= hi)
-            .collect();
-        let mn = node(&mine);
-        let client = KvClient::connect(KvClientConfig::default(), &mn.pool()).unwrap();
-        clients.push(ClusterNode {
-            name: format!("node-{i}"),
-            client,
-        });
-        mns.push(mn);
-    }
-    let c = ClusterClient::new(map, clients).unwrap();
+    let (_mns, c) = cluster_with(&pairs, 3, |_, mn| {
+        KvClient::connect(KvClientConfig::default(), &mn.pool()).unwrap()
+    });
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, Vec<u8>> = pairs
         .iter()
@@ -307,7 +274,7 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
     let pairs = loaded(600, 8);
     let max = 4_900;
     for seed in 1..=3u64 {
-        let node = node(&pairs);
+        let node = eight_slot_node(&pairs);
         let c = (0..1000u64)
             .find_map(|attempt| {
                 let cfg = KvClientConfig {

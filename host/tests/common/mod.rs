@@ -26,6 +26,58 @@ pub fn half_full_node() -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
     (node, pairs)
 }
 
+/// `n` pairs `(i * gap + 1, i)`.
+pub fn loaded(n: u64, gap: u64) -> Vec<(u64, u64)> {
+    (0..n).map(|i| (i * gap + 1, i)).collect()
+}
+
+/// A memory node of 8-slot leaves and at most 32 leaves per model
+/// holding `pairs`: a few thousand keys make several models.
+pub fn eight_slot_node(pairs: &[(u64, u64)]) -> rolex_host::memnode::MemoryNode {
+    rolex_host::memnode::MemoryNode::start(
+        rolex_host::memnode::MemoryNodeConfig {
+            leaf_slots: 8,
+            max_model_leaves: 32,
+            ..rolex_host::memnode::MemoryNodeConfig::default()
+        },
+        pairs,
+    )
+    .unwrap()
+}
+
+/// A cluster of `nodes` [`eight_slot_node`]s holding `pairs` in balanced
+/// key ranges, node `i`'s client made by `connect(i, node)`.
+pub fn cluster_with(
+    pairs: &[(u64, u64)],
+    nodes: usize,
+    connect: impl Fn(usize, &rolex_host::memnode::MemoryNode) -> rolex_host::kv::KvClient,
+) -> (
+    Vec<rolex_host::memnode::MemoryNode>,
+    rolex_host::kv::cluster::ClusterClient,
+) {
+    use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
+    let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+    let map = PartitionMap::balanced(&keys, nodes).unwrap();
+    let mut mns = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..nodes {
+        let (lo, hi) = map.range(i).unwrap();
+        let mine: Vec<(u64, u64)> = pairs
+            .iter()
+            .copied()
+            .filter(|&(k, _)| lo <= k && k <= hi)
+            .collect();
+        let node = eight_slot_node(&mine);
+        let client = connect(i, &node);
+        clients.push(ClusterNode {
+            name: format!("node-{i}"),
+            client,
+        });
+        mns.push(node);
+    }
+    (mns, ClusterClient::new(map, clients).unwrap())
+}
+
 /// A memory node with small leaves (4 slots, 3 keys each at load), ε = 4
 /// and at most 8 leaves per model, so a few hundred keys make many models
 /// and inserts split early; no retraining thread (tests retrain by hand).
