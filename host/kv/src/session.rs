@@ -1149,8 +1149,8 @@ impl KvSession {
     /// batch is posted on every session before any is waited for, so the
     /// call costs the round trips of one session, not their sum. Then
     /// `finish` makes every session's answers (it may read more, on all
-    /// sessions together), and the call counts as `keys[i].len()` gets on each session (as
-    /// [`Self::get_many`]).
+    /// sessions together), and the call counts as `keys[i].len()` gets
+    /// on each session (as [`Self::get_many`]).
     fn get_many_with<T>(
         sessions: &mut [&mut KvSession],
         keys: &[&[u64]],
@@ -1167,38 +1167,13 @@ impl KvSession {
                 })
             })
             .collect();
-        loop {
-            let mut batches = Vec::with_capacity(states.len());
-            for (s, g) in sessions.iter_mut().zip(states.iter_mut()) {
-                let planned = match g {
-                    Ok(g) => s.plan_get_batch(g),
-                    Err(_) => Ok(None),
-                };
-                batches.push(planned.unwrap_or_else(|e| {
-                    *g = Err(e);
-                    None
-                }));
-            }
-            if batches.iter().all(Option::is_none) {
-                break;
-            }
-            let landed = pipeline::post_all(sessions, &batches, |s, b| Some(s.post_get_batch(b)));
-            for (((s, g), batch), landed) in sessions
-                .iter_mut()
-                .zip(states.iter_mut())
-                .zip(batches)
-                .zip(landed)
-            {
-                let (Ok(state), Some(batch)) = (g.as_mut(), batch) else {
-                    continue;
-                };
-                let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
-                let landed = landed.map(|r| first_error(&r));
-                if let Err(e) = s.landed_get_batch(state, batch, landed) {
-                    *g = Err(e);
-                }
-            }
-        }
+        Self::rounds(
+            sessions,
+            &mut states,
+            |s, g| s.plan_get_batch(g),
+            |s, b| Some(s.post_get_batch(b)),
+            |s, g, b, landed| s.landed_get_batch(g, b, landed),
+        );
         let found = states.into_iter().map(|g| g.map(|g| g.out)).collect();
         let answers = finish(sessions, keys, found);
         for (s, mine) in sessions.iter_mut().zip(keys) {
@@ -1206,6 +1181,57 @@ impl KvSession {
             s.counters.per_op[KvOp::Get.index()].add(&s.io.cur);
         }
         answers
+    }
+
+    /// Runs rounds over several sessions (`states[i]` on `sessions[i]`)
+    /// until none plans a batch: each session's next batch planned from
+    /// its state (`plan`), every batch posted (`post`) before any is
+    /// waited for, then each handed to its state as it landed (`land`:
+    /// its first op error, or why nothing was posted). A state that
+    /// failed stays failed, and its session plans nothing more.
+    fn rounds<S, P>(
+        sessions: &mut [&mut KvSession],
+        states: &mut [Result<S, KvError>],
+        plan: impl Fn(&mut KvSession, &mut S) -> Result<Option<P>, KvError>,
+        post: for<'a> fn(&'a mut KvSession, &'a P) -> Option<pipeline::Posting<'a>>,
+        land: impl Fn(
+            &mut KvSession,
+            &mut S,
+            P,
+            Result<Option<TransferError>, KvError>,
+        ) -> Result<(), KvError>,
+    ) {
+        loop {
+            let mut batches = Vec::with_capacity(states.len());
+            for (s, st) in sessions.iter_mut().zip(states.iter_mut()) {
+                let planned = match st {
+                    Ok(state) => plan(s, state),
+                    Err(_) => Ok(None),
+                };
+                batches.push(planned.unwrap_or_else(|e| {
+                    *st = Err(e);
+                    None
+                }));
+            }
+            if batches.iter().all(Option::is_none) {
+                return;
+            }
+            let landed = pipeline::post_all(sessions, &batches, post);
+            for (((s, st), batch), landed) in sessions
+                .iter_mut()
+                .zip(states.iter_mut())
+                .zip(batches)
+                .zip(landed)
+            {
+                let (Ok(state), Some(batch)) = (st.as_mut(), batch) else {
+                    continue;
+                };
+                let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+                if let Err(e) = land(s, state, batch, landed.map(|r| first_error(&r))) {
+                    *st = Err(e);
+                }
+            }
+        }
     }
 
     /// [`Self::get_many`] on several sessions at once (see
@@ -1252,38 +1278,19 @@ impl KvSession {
                 Ok((present, s.resolving(pairs)?))
             })
             .collect();
-        loop {
-            let batches: Vec<Option<ValueBatch>> = states
-                .iter_mut()
-                .map(|st| st.as_mut().ok().and_then(|(_, r)| r.plan()))
-                .collect();
-            if batches.iter().all(Option::is_none) {
-                break;
-            }
-            let landed = pipeline::post_all(sessions, &batches, |s, b| Some(s.post_values(b)));
-            for (((s, st), batch), landed) in sessions
-                .iter_mut()
-                .zip(states.iter_mut())
-                .zip(batches)
-                .zip(landed)
-            {
-                let (Ok((_, r)), Some(batch)) = (st.as_mut(), batch) else {
-                    continue;
-                };
-                let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
-                let done = match landed.map(|r| first_error(&r)) {
-                    Ok(None) => s.values_landed(r, &batch),
-                    Ok(Some(error)) => Err(KvError::Transfer {
-                        during: "reading values",
-                        error,
-                    }),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = done {
-                    *st = Err(e);
-                }
-            }
-        }
+        Self::rounds(
+            sessions,
+            &mut states,
+            |_, (_, r)| Ok(r.plan()),
+            |s, b| Some(s.post_values(b)),
+            |s, (_, r), b, landed| match landed? {
+                None => s.values_landed(r, &b),
+                Some(error) => Err(KvError::Transfer {
+                    during: "reading values",
+                    error,
+                }),
+            },
+        );
         sessions
             .iter_mut()
             .zip(keys)
