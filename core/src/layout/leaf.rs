@@ -481,8 +481,12 @@ impl Leaf {
 
     /// Links this leaf to its next synonym: `next` must be unlocked, and
     /// either name a leaf with a nonzero pointer (its SLT slot) or be
-    /// [`LtEntry::EMPTY`].
+    /// [`LtEntry::EMPTY`]; a freed leaf links to nothing (as
+    /// [`Self::upsert`]).
     pub fn set_next(&mut self, next: LtEntry) -> Result<(), EditError> {
+        if next.raw() != LtEntry::EMPTY.raw() {
+            self.refuse_if_freed()?;
+        }
         if next.is_locked()
             || next.owner() != LockOwner::ANONYMOUS
             || (next.pointer() == 0 && next.raw() != 0)
@@ -501,8 +505,12 @@ impl Leaf {
 
     /// Inserts `key` → `value`, or replaces the value of `key` and returns
     /// the old one. Assumes a valid structure (as after [`init`](Self::init)
-    /// or [`validate`](Self::validate)); never panics on any leaf.
+    /// or [`validate`](Self::validate)); never panics on any leaf. A freed
+    /// leaf ([`Self::is_freed`]) holds no key: it is refused
+    /// ([`EditError::Invalid`], as [`Self::validate`] would name the
+    /// result), and [`init`](Self::init) makes it a leaf again.
     pub fn upsert(&mut self, key: u64, value: SlotValue) -> Result<Option<SlotValue>, EditError> {
+        self.refuse_if_freed()?;
         if key < self.fence_lo() || key > self.fence_hi() {
             return Err(EditError::OutsideFences { key });
         }
@@ -543,8 +551,12 @@ impl Leaf {
     }
 
     /// Replaces the contents with `entries` (sorted, inside the fences, at
-    /// most `L`), zeroing the rest: how a writer redistributes a chain.
+    /// most `L`), zeroing the rest: how a writer redistributes a chain. A
+    /// freed leaf takes none (as [`Self::upsert`]).
     pub fn set_entries(&mut self, entries: &[Slot]) -> Result<(), EditError> {
+        if !entries.is_empty() {
+            self.refuse_if_freed()?;
+        }
         if entries.len() > self.slots.len() {
             return Err(EditError::Invalid(LeafError::CountExceedsCapacity {
                 count: u32::try_from(entries.len()).unwrap_or(u32::MAX),
@@ -570,6 +582,17 @@ impl Leaf {
         self.header
             .count
             .set(u32::try_from(entries.len()).unwrap_or(u32::MAX));
+        Ok(())
+    }
+
+    /// The error of an edit that would give a freed leaf keys or a link
+    /// (what [`Self::check_structure`] says of such a leaf).
+    fn refuse_if_freed(&self) -> Result<(), EditError> {
+        if self.is_freed() {
+            return Err(EditError::Invalid(LeafError::UnknownFlags {
+                flags: self.flags(),
+            }));
+        }
         Ok(())
     }
 
@@ -801,6 +824,37 @@ mod tests {
         leaf.header.next.set(LtEntry::new(3, 0, 42).unwrap().raw());
         leaf.seal();
         assert!(matches!(leaf.validate(), Err(LeafError::BadLink { .. })));
+    }
+
+    /// A freed leaf holds no key and no link: edits that would give it
+    /// either are refused and it stays valid (found by the fuzz target
+    /// `leaf_validate`: an upsert made a valid freed leaf invalid); `init`
+    /// makes it a leaf again.
+    #[test]
+    fn a_freed_leaf_refuses_keys_and_links_and_stays_valid() {
+        let mut bytes = sealed(4, 10, 20, &[(11, 1), (12, 2)]);
+        let leaf = Leaf::from_bytes_mut(&mut bytes).unwrap();
+        leaf.mark_freed();
+        leaf.seal();
+        assert!(leaf.validate().is_ok());
+        let refused = EditError::Invalid(LeafError::UnknownFlags { flags: Leaf::FREED });
+        assert_eq!(leaf.upsert(15, SlotValue::from_u64(1)), Err(refused));
+        let slot = Slot::new(15, SlotValue::from_u64(1));
+        assert_eq!(leaf.set_entries(&[slot]), Err(refused));
+        let link = LtEntry::new(3, 0, 1).unwrap();
+        assert_eq!(leaf.set_next(link), Err(refused));
+        assert_eq!(leaf.set_entries(&[]), Ok(()));
+        assert_eq!(leaf.set_next(LtEntry::EMPTY), Ok(()));
+        assert_eq!(leaf.remove(11), None);
+        leaf.seal();
+        assert!(leaf.validate().is_ok() && leaf.is_freed());
+        leaf.init(10, 20).unwrap();
+        assert_eq!(leaf.upsert(15, SlotValue::from_u64(1)), Ok(None));
+        leaf.seal();
+        assert_eq!(
+            leaf.validate().unwrap().get(15),
+            Some(SlotValue::from_u64(1))
+        );
     }
 
     #[test]
