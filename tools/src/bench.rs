@@ -225,7 +225,8 @@ pub struct BenchArgs {
     /// gets, updates, inserts and deletes of its stream go out together
     /// (`run_many`, or `run_many_values` for values other than 8 bytes: on
     /// an ordered fabric 2 round trips per memory node for requests on
-    /// distinct chains; `get_many` for a run of gets only); scans and
+    /// distinct chains; `get_many` for a run of gets only; `scan_many` for
+    /// a run of scans: their leaves in shared round trips);
     /// read-modify-writes go one at a time.
     #[arg(long, default_value_t = 1, value_name = "D")]
     depth: usize,
@@ -1242,10 +1243,30 @@ impl StreamRun<'_> {
     }
 
     fn scan(&mut self, from: u64, len: usize) -> Result<(), Failed> {
-        let entries = self
-            .session
-            .scan(from, len)
-            .map_err(|error| Failed::new(format_args!("scan {from} {len}"), error, None))?;
+        self.scan_many(&[(from, len)])
+    }
+
+    /// The scans `(from, len)` of `scans`, read together
+    /// ([`IdSession::scan_many`]), each checked as a single scan.
+    fn scan_many(&mut self, scans: &[(u64, usize)]) -> Result<(), Failed> {
+        let found = self.session.scan_many(scans).map_err(|error| match scans {
+            [(from, len)] => Failed::new(format_args!("scan {from} {len}"), error, None),
+            _ => Failed::new(
+                format_args!("scan_many of {} scans", scans.len()),
+                error,
+                None,
+            ),
+        })?;
+        for (&(from, len), entries) in scans.iter().zip(found) {
+            self.check_scan(from, len, &entries);
+        }
+        Ok(())
+    }
+
+    /// Checks what a scan of `len` pairs from `from` (a present key)
+    /// returned: sorted, from `from` (unless its insert failed), values
+    /// written to their keys.
+    fn check_scan(&mut self, from: u64, len: usize, entries: &[(u64, Read)]) {
         let sorted = entries.windows(2).all(|w| w[0].0 < w[1].0);
         let at_from = entries.first().is_some_and(|e| e.0 == from);
         // A key whose insert failed may be absent: the scan starts later.
@@ -1263,7 +1284,7 @@ impl StreamRun<'_> {
                 )
             });
         }
-        for &(k, r) in &entries {
+        for &(k, r) in entries {
             match r {
                 Read::Id(v) if !self.ctx.value_ok(k, v) => {
                     p.push(|| format!("scan returned key {k} with {v}, never written to it"))
@@ -1276,7 +1297,6 @@ impl StreamRun<'_> {
                 Read::Id(_) => {}
             }
         }
-        Ok(())
     }
 
     /// Checks `got`, what `what` saw of `key` (present when issued) —
@@ -1390,6 +1410,33 @@ fn run_thread(
             inv = ret;
             at += gets;
             since += gets as u64;
+            if since >= PROGRESS_EVERY {
+                done.fetch_add(since, Ordering::Relaxed);
+                since = 0;
+            }
+            continue;
+        }
+        let scans: Vec<(u64, usize)> = stream[at..]
+            .iter()
+            .take(ctx.depth)
+            .map_while(|op| match *op {
+                Op::Scan { from, len } => Some((from, len)),
+                _ => None,
+            })
+            .collect();
+        if scans.len() > 1 {
+            match run.scan_many(&scans) {
+                Ok(()) => {}
+                Err(f) if ctx.tolerates(&f, client) => run.out.failed += scans.len() as u64,
+                Err(f) => return Err(f.message),
+            }
+            let ret = run.now();
+            for op in &stream[at..at + scans.len()] {
+                run.out.record(op, (inv, ret), None);
+            }
+            inv = ret;
+            at += scans.len();
+            since += scans.len() as u64;
             if since >= PROGRESS_EVERY {
                 done.fetch_add(since, Ordering::Relaxed);
                 since = 0;

@@ -330,21 +330,38 @@ impl IdSession {
             .collect()
     }
 
-    /// Up to `n` pairs from `from`, with what each value reads as.
-    pub fn scan(&mut self, from: u64, n: usize) -> Result<Vec<(u64, Read)>, KvError> {
+    /// Up to `n` pairs from `from` for each scan `(from, n)`, with what
+    /// each value reads as: the scans read together
+    /// (`ClusterSession::scan_many`; one alone is a plain scan).
+    pub fn scan_many(&mut self, scans: &[(u64, usize)]) -> Result<Vec<Vec<(u64, Read)>>, KvError> {
         if self.size.is_u64() {
-            let found = self.session.scan(from, n)?;
-            return Ok(found.into_iter().map(|(k, v)| (k, Read::Id(v))).collect());
+            let found = match scans {
+                [(from, n)] => vec![self.session.scan(*from, *n)?],
+                _ => self.session.scan_many(scans)?,
+            };
+            return Ok(found
+                .into_iter()
+                .map(|pairs| pairs.into_iter().map(|(k, v)| (k, Read::Id(v))).collect())
+                .collect());
         }
-        let found = self.session.scan_values(from, n)?;
+        let found = match scans {
+            [(from, n)] => vec![self.session.scan_values(*from, *n)?],
+            _ => self.session.scan_many_values(scans)?,
+        };
+        let size = self.size;
         Ok(found
             .into_iter()
-            .map(|(k, v)| {
-                let r = match self.size.decode(k, &v) {
-                    Some(id) => Read::Id(id),
-                    None => Read::Foreign(v.len()),
-                };
-                (k, r)
+            .map(|pairs| {
+                pairs
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let r = match size.decode(k, &v) {
+                            Some(id) => Read::Id(id),
+                            None => Read::Foreign(v.len()),
+                        };
+                        (k, r)
+                    })
+                    .collect()
             })
             .collect())
     }

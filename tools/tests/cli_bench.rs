@@ -156,12 +156,14 @@ fn every_workload_runs_and_verifies_with_values_out_of_line() {
 }
 
 #[test]
-fn gets_in_flight_together_verify_and_share_round_trips() {
+fn operations_in_flight_together_verify_and_share_round_trips() {
     for (w, extra) in [
         ("ycsb-c", vec![]),
         ("ycsb-a", vec![]),
         ("ycsb-b", vec!["--value-size", "9..2000"]),
         ("ycsb-a", vec!["--value-size", "64"]),
+        ("ycsb-e", vec![]),
+        ("ycsb-e", vec!["--value-size", "9..200", "--memnodes", "3"]),
     ] {
         let mut a = vec![
             "--workload",
@@ -175,9 +177,15 @@ fn gets_in_flight_together_verify_and_share_round_trips() {
             "--depth",
             "8",
         ];
-        a.extend(extra);
+        a.extend(extra.iter().copied());
         let j = bench_json(&a);
         assert_eq!(j["verified"], true, "{w}: {j}");
+        if w == "ycsb-e" {
+            // Scans share rounds (`scan_many`), as gets share batches.
+            let scan = j["rtt_per_op"]["scan"].as_f64().unwrap();
+            assert!(scan < 1.0, "{w} {extra:?}: scans share rounds: {j}");
+            continue;
+        }
         let get = j["rtt_per_op"]["get"].as_f64().unwrap();
         assert!(get < 1.0, "{w}: gets share batches: {j}");
         if w == "ycsb-a" {

@@ -73,8 +73,12 @@ use rolex_engine::TransferError;
 
 use crate::client::KvClient;
 use crate::error::KvError;
-use crate::session::{Answer, KvSession, Request, ValueAnswer, ValueRequest};
+use crate::session::{Answer, KvSession, Request, ScanSpec, Scanned, ValueAnswer, ValueRequest};
 use crate::stats::{KvOp, KvStats, ModelBytes};
+
+/// A call of scans on several nodes' sessions at once
+/// ([`KvSession::scan_many_on`]).
+type ScansOn<V> = fn(&mut [&mut KvSession], &[&[ScanSpec]]) -> Vec<Result<Scanned<V>, KvError>>;
 
 /// Which memory node serves which key range (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -819,6 +823,26 @@ impl ClusterSession {
         self.scan_with(from, n, KvSession::scan_values)
     }
 
+    /// As [`KvSession::scan_many`], across the nodes' ranges in key order:
+    /// each scan starts on the node of its `from` and goes on from the
+    /// next nodes' range starts while it has fewer than its `n` pairs (as
+    /// [`Self::scan`]). The scans of every node are read together, each
+    /// round posted on every node before any is waited for: `D` short
+    /// scans cost the round trips of one, wherever they start. The first
+    /// error in node order is the call's (named by its node).
+    pub fn scan_many(&mut self, scans: &[(u64, usize)]) -> Result<Scanned<u64>, KvError> {
+        self.scans(scans, KvSession::scan_many_on)
+    }
+
+    /// As [`KvSession::scan_many_values`], across the nodes' ranges as
+    /// [`Self::scan_many`].
+    pub fn scan_many_values(
+        &mut self,
+        scans: &[(u64, usize)],
+    ) -> Result<Scanned<Vec<u8>>, KvError> {
+        self.scans(scans, KvSession::scan_many_values_on)
+    }
+
     /// As [`KvSession::range`], across the nodes' ranges in key order.
     pub fn range(&mut self, lo: u64, hi: u64) -> Result<Vec<(u64, u64)>, KvError> {
         self.range_with(lo, hi, KvSession::range)
@@ -875,6 +899,60 @@ impl ClusterSession {
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// The scans `(from, n)` of a [`Self::scan_many`] call: in steps, each
+    /// running every scan still short of its `n` pairs on one node (`on`:
+    /// every node's share together), cut at the node's range end; a scan
+    /// still short then goes on from the next node's range start.
+    fn scans<V: Clone>(
+        &mut self,
+        scans: &[(u64, usize)],
+        on: ScansOn<V>,
+    ) -> Result<Scanned<V>, KvError> {
+        if scans.iter().any(|&(_, n)| n == 0) {
+            return Err(KvError::ScanCountZero);
+        }
+        let mut out: Scanned<V> = vec![Vec::new(); scans.len()];
+        // The scans still short: each one's index and where it goes on.
+        let mut going: Vec<(usize, u64)> = scans
+            .iter()
+            .enumerate()
+            .map(|(i, &(from, _))| (i, from))
+            .collect();
+        while !going.is_empty() {
+            let shares: Vec<(usize, Vec<usize>, Vec<ScanSpec>)> = self
+                .shares(&going, |&(_, at)| at)
+                .into_iter()
+                .map(|(node, idx, mine)| {
+                    let hi = self.shared.map.range(node).map_or(u64::MAX, |(_, hi)| hi);
+                    let specs = mine
+                        .iter()
+                        .map(|&(i, from)| ScanSpec {
+                            from,
+                            hi,
+                            n: scans[i].1 - out[i].len(),
+                        })
+                        .collect();
+                    (node, idx, specs)
+                })
+                .collect();
+            let got = self.on_each(&shares, on);
+            let mut next = Vec::new();
+            for ((node, idx, _), got) in shares.iter().zip(got) {
+                for (&g, found) in idx.iter().zip(got?) {
+                    let i = going[g].0;
+                    out[i].extend(found);
+                    let next_range = self.shared.map.range(node + 1);
+                    if let Some((lo, _)) = next_range.filter(|_| out[i].len() < scans[i].1) {
+                        self.extra_visit(KvOp::Scan);
+                        next.push((i, lo));
+                    }
+                }
+            }
+            going = next;
+        }
+        Ok(out)
     }
 
     /// Every pair in `[lo, hi]`: each node's share of it, in node order.

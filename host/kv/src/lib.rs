@@ -94,5 +94,5 @@ pub mod fuzzing {
 pub use cluster::{ClusterClient, ClusterNode, ClusterSession, PartitionMap};
 pub use error::KvError;
 pub use pool_info::PoolInfo;
-pub use session::{Answer, KvSession, Reply, Request, ValueAnswer, ValueRequest};
+pub use session::{Answer, KvSession, Reply, Request, Scanned, ValueAnswer, ValueRequest};
 pub use stats::{KvOp, KvStats, ModelBytes, OpStats};

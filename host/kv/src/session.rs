@@ -169,9 +169,12 @@
 mod free;
 mod lock;
 mod pipeline;
+mod scan;
 mod split;
 
 pub use pipeline::{Answer, Reply, Request, ValueAnswer, ValueRequest};
+pub(crate) use scan::ScanSpec;
+pub use scan::Scanned;
 
 use std::ops::Range;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -203,6 +206,10 @@ const SCAN_CHAINS: u64 = 32;
 /// Where the leaves of one batch land in the read buffer: (address, local
 /// offset) of each READ planned.
 type LeafReads = Vec<(LeafAddr, u64)>;
+
+/// Pairs with the values read for them, in their order (`None`: the key
+/// was removed before its value could be read).
+type ValuesRead = Vec<(u64, Option<Vec<u8>>)>;
 
 /// Value bytes a scan reads per batch of value blocks (at least one
 /// block per batch, whatever its size).
@@ -800,23 +807,14 @@ impl KvSession {
     }
 
     /// The READs a read's batch starts with to tell whether `view` (of
-    /// model `m`) is still the model's record: the directory word (at
-    /// local 0), and, when the view was not seen live within
-    /// `KvClientConfig::model_max_age`, the record's state and model id
-    /// (at local 8): its space may have been reused since — even by this
-    /// model's next record, the directory word naming the same offset
-    /// again — and the leaves it names freed and reused. Returns the ops,
-    /// where the leaves may go in the read buffer, and the clock before
-    /// the batch.
-    fn model_check(&self, m: usize, view: &ModelView) -> Result<(Vec<Op>, u64, u64), KvError> {
-        let mut ops = Vec::new();
-        let posted = clock_ns();
-        let end = self.model_check_at(m, view, 0, posted, &mut ops)?;
-        Ok((ops, end, posted))
-    }
-
-    /// [`Self::model_check`]'s READs into `ops`, landing at `at` in the
-    /// read buffer; returns where the next free byte is.
+    /// model `m`) is still the model's record, into `ops`, landing at `at`
+    /// in the read buffer: the directory word (at `at`), and, when the
+    /// view was not seen live within `KvClientConfig::model_max_age`
+    /// before `posted` (the clock before the batch), the record's state
+    /// and model id (at `at + 8`): its space may have been reused since —
+    /// even by this model's next record, the directory word naming the
+    /// same offset again — and the leaves it names freed and reused.
+    /// Returns where the next free byte is.
     fn model_check_at(
         &self,
         m: usize,
@@ -842,16 +840,11 @@ impl KvSession {
         Ok(at + 24)
     }
 
-    /// After a batch [`Self::model_check`] started: whether `view` is
-    /// still its model's record, the directory naming it (and, for a view
-    /// not seen live lately, its state word saying live, its generation
-    /// and model id the view's). Then the view counts as seen live at
-    /// `posted`.
-    fn still_current(&self, view: &ModelView, posted: u64) -> Result<bool, KvError> {
-        self.still_current_at(view, posted, 0)
-    }
-
-    /// [`Self::still_current`] for a check that landed at `at`.
+    /// After a batch [`Self::model_check_at`] started (its check landed
+    /// at `at`): whether `view` is still its model's record, the directory
+    /// naming it (and, for a view not seen live lately, its state word
+    /// saying live, its generation and model id the view's). Then the view
+    /// counts as seen live at `posted`.
     fn still_current_at(&self, view: &ModelView, posted: u64, at: u64) -> Result<bool, KvError> {
         let with_state = view.age_ns(posted) > self.max_age_ns();
         if !words_current(view, with_state, |off| self.io.local_u64(at + off))? {
@@ -1269,21 +1262,46 @@ impl KvSession {
         keys: &[&[u64]],
         found: Vec<Result<Vec<Option<SlotValue>>, KvError>>,
     ) -> Vec<Result<Vec<Option<Vec<u8>>>, KvError>> {
-        let mut states: Vec<Result<(Vec<usize>, Resolving), KvError>> = sessions
+        let mut present: Vec<Vec<usize>> = Vec::with_capacity(keys.len());
+        let pairs = keys
             .iter()
-            .zip(keys)
             .zip(found)
-            .map(|((s, mine), f)| {
-                let (present, pairs) = present_values(mine, f?);
-                Ok((present, s.resolving(pairs)?))
+            .map(|(mine, f)| {
+                let (idx, pairs) =
+                    present_values(mine, f.inspect_err(|_| present.push(Vec::new()))?);
+                present.push(idx);
+                Ok(pairs)
             })
+            .collect();
+        Self::values_rounds(sessions, pairs)
+            .into_iter()
+            .zip(keys)
+            .zip(present)
+            .map(|((values, mine), idx)| Ok(place_values(mine.len(), &idx, values?)))
+            .collect()
+    }
+
+    /// Each session's `pairs` (`pairs[i]` on `sessions[i]`) with their
+    /// values, in the same order: inline ones as they are, the blocks read
+    /// in rounds of one batch per session, all posted before any is
+    /// waited for; a value whose block was rewritten since its leaf was
+    /// read is read again by a get of its key (`None`: the key was
+    /// removed meanwhile).
+    pub(super) fn values_rounds(
+        sessions: &mut [&mut KvSession],
+        pairs: Vec<Result<Vec<(u64, SlotValue)>, KvError>>,
+    ) -> Vec<Result<ValuesRead, KvError>> {
+        let mut states: Vec<Result<Resolving, KvError>> = sessions
+            .iter()
+            .zip(pairs)
+            .map(|(s, p)| s.resolving(p?))
             .collect();
         Self::rounds(
             sessions,
             &mut states,
-            |_, (_, r)| Ok(r.plan()),
+            |_, r| Ok(r.plan()),
             |s, b| Some(s.post_values(b)),
-            |s, (_, r), b, landed| match landed? {
+            |s, r, b, landed| match landed? {
                 None => s.values_landed(r, &b),
                 Some(error) => Err(KvError::Transfer {
                     during: "reading values",
@@ -1293,12 +1311,8 @@ impl KvSession {
         );
         sessions
             .iter_mut()
-            .zip(keys)
             .zip(states)
-            .map(|((s, mine), st)| {
-                let (present, r) = st?;
-                Ok(place_values(mine, &present, s.resolved(r)?))
-            })
+            .map(|(s, r)| s.resolved_each(r?))
             .collect()
     }
 
@@ -1326,7 +1340,11 @@ impl KvSession {
         found: Vec<Option<SlotValue>>,
     ) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let (present, pairs) = present_values(keys, found);
-        Ok(place_values(keys, &present, self.resolve(pairs)?))
+        Ok(place_values(
+            keys.len(),
+            &present,
+            self.resolve_each(pairs)?,
+        ))
     }
 
     /// The next batch of `g` planned: one check per model, then each
@@ -1935,13 +1953,23 @@ impl KvSession {
     /// again by a get of its key, and the pair dropped if the key was
     /// removed meanwhile (a scan is not atomic).
     fn resolve(&mut self, found: Vec<(u64, SlotValue)>) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        let each = self.resolve_each(found)?;
+        Ok(each
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect())
+    }
+
+    /// [`Self::resolve`] with every pair kept in its place: `None` for a
+    /// key removed before its value could be read.
+    fn resolve_each(&mut self, found: Vec<(u64, SlotValue)>) -> Result<ValuesRead, KvError> {
         let mut r = self.resolving(found)?;
         while let Some(b) = r.plan() {
             self.io.reserve(&self.shared.engine, b.end, 0)?;
             self.io.run(&self.shared.pool, &b.ops, "reading values")?;
             self.values_landed(&mut r, &b)?;
         }
-        self.resolved(r)
+        self.resolved_each(r)
     }
 
     /// [`Self::resolve`] begun: the inline values taken, each block
@@ -1987,143 +2015,24 @@ impl KvSession {
         Ok(())
     }
 
-    /// [`Self::resolve`] ended: the values whose block was rewritten
-    /// since its leaf was read are read again by a get of their key (the
-    /// pair dropped if the key is gone).
-    fn resolved(&mut self, r: Resolving) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
-        let Resolving { mut out, stale, .. } = r;
-        let mut gone = Vec::new();
+    /// [`Self::resolve`] ended: each value whose block was rewritten
+    /// since its leaf was read is read again by a get of its key (`None`:
+    /// the key is gone), every pair kept in its place.
+    fn resolved_each(&mut self, r: Resolving) -> Result<ValuesRead, KvError> {
+        let Resolving { out, stale, .. } = r;
+        let mut out: Vec<(u64, Option<Vec<u8>>)> =
+            out.into_iter().map(|(k, v)| (k, Some(v))).collect();
         for idx in stale {
             self.io.cur.retries += 1;
             let mut v = Vec::new();
-            if self.get_bytes(out[idx].0, &mut v)? {
-                out[idx].1 = v;
-            } else {
-                gone.push(idx);
-            }
+            out[idx].1 = self.get_bytes(out[idx].0, &mut v)?.then_some(v);
         }
-        if !gone.is_empty() {
-            let mut idx = 0;
-            out.retain(|_| {
-                idx += 1;
-                !gone.contains(&(idx - 1))
-            });
-        }
-        self.io.cur.value_bytes += out.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        self.io.cur.value_bytes += out
+            .iter()
+            .filter_map(|(_, v)| v.as_ref())
+            .map(|v| v.len() as u64)
+            .sum::<u64>();
         Ok(out)
-    }
-
-    fn scan_inner(
-        &mut self,
-        from: u64,
-        hi: u64,
-        n: usize,
-    ) -> Result<Vec<(u64, SlotValue)>, KvError> {
-        let per_chain = u64::from(self.shared.sb.keys_per_leaf()).max(1);
-        let mut out: Vec<(u64, SlotValue)> = Vec::new();
-        let mut cursor = from;
-        let mut attempt = 0u64;
-        'batch: loop {
-            if attempt >= self.shared.cfg.max_attempts {
-                return Err(KvError::TooManyRetries {
-                    op: "scan",
-                    attempts: attempt,
-                });
-            }
-            let (m, view, _) = self.view_for(cursor)?;
-            let j = self.owner(&view, cursor);
-            let leaves = view.fences.len() as u64;
-            let want = (n.saturating_sub(out.len()) as u64)
-                .div_ceil(per_chain)
-                .saturating_add(1);
-            let mut chains = want.clamp(1, SCAN_CHAINS).min(leaves - j);
-            if hi != u64::MAX {
-                // Only the chains up to the one holding `hi`.
-                let last = view.fences.partition_point(|&f| f <= hi) as u64;
-                chains = chains.min(last.saturating_sub(j).max(1));
-            }
-            self.chain.clear();
-            for jj in j..j + chains {
-                view.chain(jj, &mut self.chain);
-            }
-            let (mut ops, base, posted) = self.model_check(m, &view)?;
-            let batch = self.plan_reads(base, &mut ops)?;
-            self.io.run(&self.shared.pool, &ops, "scan")?;
-            if !self.still_current(&view, posted)? {
-                attempt += 1;
-                self.io.cur.retries += 1;
-                self.refresh(m)?;
-                continue;
-            }
-            let mut jj = j;
-            let mut start = view.training_leaf(jj);
-            loop {
-                let (addr, bytes, next) = match self.chase(m as u64, cursor, start, 0, &batch)? {
-                    Chase::Owner(Owner { addr, bytes, .. }) => {
-                        let next = Leaf::from_bytes(&bytes)
-                            .map(|l| l.next())
-                            .unwrap_or_default();
-                        (addr, bytes, next)
-                    }
-                    Chase::Stale => {
-                        attempt += 1;
-                        self.io.cur.retries += 1;
-                        self.refresh(m)?;
-                        self.backoff(attempt);
-                        continue 'batch;
-                    }
-                };
-                let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(m as u64, addr))?;
-                let fence_hi = leaf.fence_hi();
-                if let Ok(v) = leaf.validate() {
-                    for s in v.entries() {
-                        if s.key() < cursor {
-                            continue;
-                        }
-                        if s.key() > hi {
-                            self.io.cur.keys += out.len() as u64;
-                            return Ok(out);
-                        }
-                        // A validated leaf's used slots all hold values.
-                        let Some(value) = s.value() else { continue };
-                        out.push((s.key(), value));
-                        if out.len() >= n {
-                            self.io.cur.keys += out.len() as u64;
-                            return Ok(out);
-                        }
-                    }
-                }
-                if fence_hi >= hi {
-                    self.io.cur.keys += out.len() as u64;
-                    return Ok(out);
-                }
-                cursor = fence_hi + 1;
-                if next.pointer() != 0 {
-                    start = next.addr();
-                    continue;
-                }
-                // The chain ended: the next training leaf must start here.
-                jj += 1;
-                if jj == leaves {
-                    if cursor != view.record.key_hi().wrapping_add(1) {
-                        attempt += 1;
-                        self.io.cur.retries += 1;
-                        self.refresh(m)?;
-                    }
-                    continue 'batch;
-                }
-                if view.fences[jj as usize] != cursor {
-                    attempt += 1;
-                    self.io.cur.retries += 1;
-                    self.refresh(m)?;
-                    continue 'batch;
-                }
-                if jj >= j + chains {
-                    continue 'batch;
-                }
-                start = view.training_leaf(jj);
-            }
-        }
     }
 }
 
@@ -2141,20 +2050,17 @@ fn present_values(
         .unzip()
 }
 
-/// The answers to `keys`: the values `resolved` (in the order of the
-/// present keys, indexes `present`; a key removed meanwhile left out by
-/// `resolve`) at their keys' places, `None` elsewhere.
+/// The answers to `n` keys: the values `resolved` (those of the present
+/// keys, indexes `present`, in their order; `None`: removed meanwhile) at
+/// their keys' places, `None` elsewhere.
 fn place_values(
-    keys: &[u64],
+    n: usize,
     present: &[usize],
-    resolved: Vec<(u64, Vec<u8>)>,
+    resolved: Vec<(u64, Option<Vec<u8>>)>,
 ) -> Vec<Option<Vec<u8>>> {
-    let mut out = vec![None; keys.len()];
-    let mut resolved = resolved.into_iter().peekable();
-    for &i in present {
-        if resolved.peek().is_some_and(|(k, _)| *k == keys[i]) {
-            out[i] = resolved.next().map(|(_, v)| v);
-        }
+    let mut out = vec![None; n];
+    for (&i, (_, v)) in present.iter().zip(resolved) {
+        out[i] = v;
     }
     out
 }

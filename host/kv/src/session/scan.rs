@@ -1,0 +1,531 @@
+//! Scans: one, or several read together.
+//!
+//! A scan walks the chains of its models from the chain that owns its
+//! cursor (module docs of `session`: each leaf reached by the chase from
+//! a training leaf, the cursor moving on from `fence_hi + 1`). Its leaves
+//! are read in *rounds*: a round reads, for every scan of the call not
+//! done yet, the model's directory word (once per model, as
+//! [`KvSession::get_many`] reads it) and the next chains from its cursor
+//! — as many as its remaining count needs, at most [`SCAN_CHAINS`] — in
+//! one doorbell batch; then each scan walks what landed for it. So `D`
+//! scans of a few leaves each cost the round trips of one
+//! ([`KvSession::scan_many`]), and one long range costs one round trip per
+//! [`SCAN_CHAINS`] chains. Across memory nodes every node's round is
+//! posted before any is waited for (`KvSession::rounds`).
+//!
+//! A scan whose model was stale (the directory word says so, or its
+//! chase found a freed leaf or a chain that does not start where the last
+//! one ended) keeps what it found below its cursor and goes on in the next
+//! round, once the model was refreshed; each such retry counts against
+//! `KvClientConfig::max_attempts`, per scan. A leaf torn in the batch is
+//! read again alone (the chase's rule), at the start of the read buffer,
+//! which a round never uses for its batch.
+//!
+//! Not atomic, as [`KvSession::scan`]: a pair present for the whole call
+//! is returned; one written meanwhile may or may not be. The scans of one
+//! call only read, so they are concurrent with each other.
+
+use std::sync::Arc;
+
+use rolex_core::layout::{Leaf, SlotValue};
+use rolex_engine::TransferError;
+
+use super::{bad_leaf, first_error, Chase, KvSession, LeafReads, Owner, SCAN_CHAINS};
+use crate::cache::{clock_ns, ModelView};
+use crate::error::KvError;
+use crate::io::{InFlight, Op};
+use crate::stats::KvOp;
+
+/// Leaf bytes one round reads at most for all of its scans (a scan that
+/// would go past it waits for the next round; the first scan of a round
+/// always goes).
+const SCAN_ROUND_BYTES: u64 = 1 << 20;
+
+/// A scan as asked: the pairs with `from ≤ key ≤ hi`, at most `n`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScanSpec {
+    pub(crate) from: u64,
+    pub(crate) hi: u64,
+    pub(crate) n: usize,
+}
+
+/// What each scan of a call found, in the call's order: each scan's pairs
+/// in key order.
+pub type Scanned<V> = Vec<Vec<(u64, V)>>;
+
+/// What each scan of a call found, its values as the slots hold them.
+pub(crate) type ScanFound = Scanned<SlotValue>;
+
+/// One scan of a call as it goes: where it goes on from, what it found,
+/// its retries.
+struct ScanState {
+    cursor: u64,
+    hi: u64,
+    n: usize,
+    out: Vec<(u64, SlotValue)>,
+    attempt: u64,
+    done: bool,
+}
+
+/// One round of a call's scans as planned: the clock before it, its ops,
+/// the read buffer's bytes it uses, each model's check (model, view,
+/// where it lands) and each scan's chains.
+struct ScanRound {
+    posted: u64,
+    ops: Vec<Op>,
+    end: u64,
+    checks: Vec<(usize, Arc<ModelView>, u64)>,
+    plans: Vec<ScanPlan>,
+}
+
+/// One scan's share of a round: its model and view, the first training
+/// leaf `j` and the number of chains read from it, where they land.
+struct ScanPlan {
+    scan: usize,
+    m: usize,
+    view: Arc<ModelView>,
+    j: u64,
+    chains: u64,
+    reads: LeafReads,
+}
+
+/// Where a scan's walk through its round's leaves ended.
+enum Walked {
+    /// It has its pairs.
+    Done,
+    /// It goes on from its cursor in the next round.
+    More,
+    /// Its model view was stale: refresh it, then go on from the cursor.
+    Stale,
+}
+
+impl KvSession {
+    /// Several scans read together: for each `(from, n)`, up to `n` pairs
+    /// with key `≥ from`, in key order, as [`Self::scan`] answers it. The
+    /// scans' leaves are read in rounds shared by all of them (module
+    /// docs of `session::scan`): `D` short scans cost the round trips of
+    /// one. Counted as `scans.len()` scans. A scan with `n == 0` fails the
+    /// call ([`KvError::ScanCountZero`]) before anything is read; so does
+    /// any other error, for every scan of the call.
+    pub fn scan_many(&mut self, scans: &[(u64, usize)]) -> Result<Scanned<u64>, KvError> {
+        let specs = specs_of(scans)?;
+        one(Self::scan_many_with(&mut [self], &[&specs], u64_scans))
+    }
+
+    /// [`Self::scan_many`] with values of any length, as
+    /// [`Self::scan_values`] answers each scan: the out-of-line values of
+    /// all the scans are read together after their leaves.
+    pub fn scan_many_values(
+        &mut self,
+        scans: &[(u64, usize)],
+    ) -> Result<Scanned<Vec<u8>>, KvError> {
+        let specs = specs_of(scans)?;
+        one(Self::scan_many_with(&mut [self], &[&specs], value_scans))
+    }
+
+    /// [`Self::scan_many`] on several sessions at once (one per memory
+    /// node of a cluster; `specs[i]` on `sessions[i]`): each round posted
+    /// on every session before any is waited for.
+    pub(crate) fn scan_many_on(
+        sessions: &mut [&mut KvSession],
+        specs: &[&[ScanSpec]],
+    ) -> Vec<Result<Scanned<u64>, KvError>> {
+        Self::scan_many_with(sessions, specs, u64_scans)
+    }
+
+    /// [`Self::scan_many_values`] on several sessions at once, as
+    /// [`Self::scan_many_on`] (the value blocks too).
+    pub(crate) fn scan_many_values_on(
+        sessions: &mut [&mut KvSession],
+        specs: &[&[ScanSpec]],
+    ) -> Vec<Result<Scanned<Vec<u8>>, KvError>> {
+        Self::scan_many_with(sessions, specs, value_scans)
+    }
+
+    /// The scans `specs[i]` on `sessions[i]`, answered by `finish` from
+    /// what they found, each session's call counted as `specs[i].len()`
+    /// scans (its answers' reads included).
+    fn scan_many_with<T>(
+        sessions: &mut [&mut KvSession],
+        specs: &[&[ScanSpec]],
+        finish: ScanAnswers<T>,
+    ) -> Vec<Result<T, KvError>> {
+        for s in sessions.iter_mut() {
+            s.io.cur = Default::default();
+        }
+        let found = Self::scan_found(sessions, specs, true);
+        let answers = finish(sessions, found);
+        for (s, mine) in sessions.iter_mut().zip(specs) {
+            s.io.cur.ops = mine.len() as u64;
+            s.counters.per_op[KvOp::Scan.index()].add(&s.io.cur);
+        }
+        answers
+    }
+
+    /// One scan on this session, not counted (the caller is).
+    pub(super) fn scan_inner(
+        &mut self,
+        from: u64,
+        hi: u64,
+        n: usize,
+    ) -> Result<Vec<(u64, SlotValue)>, KvError> {
+        let mut found = self.scan_alone(&[ScanSpec { from, hi, n }], false)?;
+        Ok(found.pop().unwrap_or_default())
+    }
+
+    /// What the scans `specs[i]` on `sessions[i]` find, in rounds posted
+    /// on every session before any is waited for; `settle`: each session
+    /// first waits for its posted unlock and retries the locks it may
+    /// hold (as every counted call does first).
+    fn scan_found(
+        sessions: &mut [&mut KvSession],
+        specs: &[&[ScanSpec]],
+        settle: bool,
+    ) -> Vec<Result<ScanFound, KvError>> {
+        if let ([s], [mine]) = (&mut *sessions, specs) {
+            return vec![s.scan_alone(mine, settle)];
+        }
+        let mut states: Vec<Result<Vec<ScanState>, KvError>> = sessions
+            .iter_mut()
+            .zip(specs)
+            .map(|(s, mine)| {
+                if settle {
+                    s.settle()?;
+                    s.resolve_held();
+                }
+                Ok(mine.iter().map(ScanState::new).collect())
+            })
+            .collect();
+        Self::rounds(
+            sessions,
+            &mut states,
+            |s, st| s.plan_scan_round(st),
+            |s, r| Some(s.post_scan_round(r)),
+            |s, st, r, landed| s.landed_scan_round(st, r, landed),
+        );
+        states
+            .into_iter()
+            .map(|st| Ok(st?.into_iter().map(|sc| sc.out).collect()))
+            .collect()
+    }
+
+    /// [`Self::scan_found`] on this session alone: its rounds one after
+    /// the other, without the several sessions' bookkeeping.
+    fn scan_alone(&mut self, specs: &[ScanSpec], settle: bool) -> Result<ScanFound, KvError> {
+        if settle {
+            self.settle()?;
+            self.resolve_held();
+        }
+        let mut scans: Vec<ScanState> = specs.iter().map(ScanState::new).collect();
+        while let Some(r) = self.plan_scan_round(&mut scans)? {
+            let landed = self.post_scan_round(&r).map(|f| first_error(f.wait()));
+            self.landed_scan_round(&mut scans, r, landed)?;
+        }
+        Ok(scans.into_iter().map(|sc| sc.out).collect())
+    }
+
+    /// The next round of `scans`: each scan not done, in order, while the
+    /// round's leaves stay under [`SCAN_ROUND_BYTES`]. Leaves land past
+    /// the read buffer's first leaf (where a torn leaf is read again
+    /// alone). `None` when every scan is done.
+    fn plan_scan_round(&mut self, scans: &mut [ScanState]) -> Result<Option<ScanRound>, KvError> {
+        let per_chain = u64::from(self.shared.sb.keys_per_leaf()).max(1);
+        let step = self.leaf_size.next_multiple_of(8);
+        let posted = clock_ns();
+        let mut ops = Vec::new();
+        let mut at = step;
+        let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
+        let mut plans = Vec::new();
+        for (i, sc) in scans.iter_mut().enumerate().filter(|(_, sc)| !sc.done) {
+            if sc.attempt >= self.shared.cfg.max_attempts {
+                return Err(KvError::TooManyRetries {
+                    op: "scan",
+                    attempts: sc.attempt,
+                });
+            }
+            let (m, view, _) = self.view_for(sc.cursor)?;
+            let j = self.owner(&view, sc.cursor);
+            let leaves = view.fences.len() as u64;
+            let want = (sc.n.saturating_sub(sc.out.len()) as u64)
+                .div_ceil(per_chain)
+                .saturating_add(1);
+            let mut chains = want.clamp(1, SCAN_CHAINS).min(leaves - j);
+            if sc.hi != u64::MAX {
+                // Only the chains up to the one holding `hi`.
+                let last = view.fences.partition_point(|&f| f <= sc.hi) as u64;
+                chains = chains.min(last.saturating_sub(j).max(1));
+            }
+            self.chain.clear();
+            for jj in j..j + chains {
+                view.chain(jj, &mut self.chain);
+            }
+            if !plans.is_empty() && at + self.chain.len() as u64 * step > SCAN_ROUND_BYTES {
+                break;
+            }
+            if !checks.iter().any(|c| c.0 == m) {
+                let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
+                checks.push((m, view.clone(), at));
+                at = next;
+            }
+            let mut reads = Vec::with_capacity(self.chain.len());
+            for &addr in &self.chain {
+                ops.push(Op::Read {
+                    remote: self.shared.region.leaf_offset(addr)?,
+                    local: at,
+                    len: self.leaf_size,
+                });
+                reads.push((addr, at));
+                at += step;
+            }
+            self.io.cur.leaves_read += reads.len() as u64;
+            plans.push(ScanPlan {
+                scan: i,
+                m,
+                view,
+                j,
+                chains,
+                reads,
+            });
+        }
+        Ok((!plans.is_empty()).then_some(ScanRound {
+            posted,
+            ops,
+            end: at,
+            checks,
+            plans,
+        }))
+    }
+
+    /// Posts a round [`Self::plan_scan_round`] planned (its read buffer
+    /// reserved first). On `Err` nothing was posted.
+    fn post_scan_round<'a>(&'a mut self, r: &'a ScanRound) -> Result<InFlight<'a>, KvError> {
+        self.io.reserve(&self.shared.engine, r.end, 0)?;
+        self.io.post_each(&self.shared.pool, &r.ops, "scan")
+    }
+
+    /// A round of `scans` as it landed (`landed`: its first op error;
+    /// `Err`: not posted): each scan whose model was current walks its
+    /// leaves; the models found stale are refreshed, once each.
+    fn landed_scan_round(
+        &mut self,
+        scans: &mut [ScanState],
+        r: ScanRound,
+        landed: Result<Option<TransferError>, KvError>,
+    ) -> Result<(), KvError> {
+        if let Some(error) = landed? {
+            return Err(KvError::Transfer {
+                during: "scan",
+                error,
+            });
+        }
+        let mut stale: Vec<usize> = Vec::new();
+        for (m, view, at) in &r.checks {
+            if !self.still_current_at(view, r.posted, *at)? {
+                stale.push(*m);
+            }
+        }
+        let mut chased_stale = 0;
+        for p in &r.plans {
+            let sc = &mut scans[p.scan];
+            let walked = if stale.contains(&p.m) {
+                Walked::Stale
+            } else {
+                self.walk(sc, p)?
+            };
+            match walked {
+                Walked::Done => sc.done = true,
+                Walked::More => {}
+                Walked::Stale => {
+                    sc.attempt += 1;
+                    self.io.cur.retries += 1;
+                    if !stale.contains(&p.m) {
+                        chased_stale = chased_stale.max(sc.attempt);
+                        stale.push(p.m);
+                    }
+                }
+            }
+        }
+        for m in stale {
+            self.refresh(m)?;
+        }
+        if chased_stale > 0 {
+            // A freed leaf or a broken chain: retraining is under way.
+            self.backoff(chased_stale);
+        }
+        Ok(())
+    }
+
+    /// Walks `sc` through its share `p` of a round that landed, from its
+    /// cursor: the pairs in `[cursor, hi]` of each leaf the chase reaches,
+    /// chain after chain, until it has `n` of them, passes `hi`, or comes
+    /// to the end of what `p` read.
+    fn walk(&mut self, sc: &mut ScanState, p: &ScanPlan) -> Result<Walked, KvError> {
+        let (m, view) = (p.m, &p.view);
+        let leaves = view.fences.len() as u64;
+        let mut jj = p.j;
+        let mut start = view.training_leaf(jj);
+        loop {
+            let Owner { addr, bytes, .. } =
+                match self.chase(m as u64, sc.cursor, start, 0, &p.reads)? {
+                    Chase::Owner(owner) => owner,
+                    Chase::Stale => return Ok(Walked::Stale),
+                };
+            let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(m as u64, addr))?;
+            let (fence_hi, next) = (leaf.fence_hi(), leaf.next());
+            if let Ok(v) = leaf.validate() {
+                for s in v.entries() {
+                    if s.key() < sc.cursor {
+                        continue;
+                    }
+                    if s.key() > sc.hi {
+                        return Ok(self.scan_done(sc));
+                    }
+                    // A validated leaf's used slots all hold values.
+                    let Some(value) = s.value() else { continue };
+                    sc.out.push((s.key(), value));
+                    if sc.out.len() >= sc.n {
+                        return Ok(self.scan_done(sc));
+                    }
+                }
+            }
+            if fence_hi >= sc.hi {
+                return Ok(self.scan_done(sc));
+            }
+            sc.cursor = fence_hi + 1;
+            if next.pointer() != 0 {
+                start = next.addr();
+                continue;
+            }
+            // The chain ended: the next training leaf must start here.
+            jj += 1;
+            if jj == leaves {
+                // The model ended: the next one starts at its `key_hi + 1`.
+                let ended = sc.cursor == view.record.key_hi().wrapping_add(1);
+                return Ok(if ended { Walked::More } else { Walked::Stale });
+            }
+            if view.fences[jj as usize] != sc.cursor {
+                return Ok(Walked::Stale);
+            }
+            if jj >= p.j + p.chains {
+                return Ok(Walked::More);
+            }
+            start = view.training_leaf(jj);
+        }
+    }
+
+    /// A scan that has its pairs, its keys counted.
+    fn scan_done(&mut self, sc: &ScanState) -> Walked {
+        self.io.cur.keys += sc.out.len() as u64;
+        Walked::Done
+    }
+}
+
+impl ScanState {
+    fn new(spec: &ScanSpec) -> Self {
+        Self {
+            cursor: spec.from,
+            hi: spec.hi,
+            n: spec.n,
+            out: Vec::new(),
+            attempt: 0,
+            done: false,
+        }
+    }
+}
+
+/// How a call's scans are answered from what they found, on each session.
+type ScanAnswers<T> =
+    fn(&mut [&mut KvSession], Vec<Result<ScanFound, KvError>>) -> Vec<Result<T, KvError>>;
+
+/// The `(from, n)` scans of a public call as specs (`from` to the end),
+/// or [`KvError::ScanCountZero`] if one asks for no pair.
+fn specs_of(scans: &[(u64, usize)]) -> Result<Vec<ScanSpec>, KvError> {
+    scans
+        .iter()
+        .map(|&(from, n)| {
+            if n == 0 {
+                return Err(KvError::ScanCountZero);
+            }
+            Ok(ScanSpec {
+                from,
+                hi: u64::MAX,
+                n,
+            })
+        })
+        .collect()
+}
+
+/// The answer of a call on one session.
+fn one<T>(mut answers: Vec<Result<T, KvError>>) -> Result<T, KvError> {
+    answers.pop().unwrap_or(Err(KvError::BadConfig {
+        field: "sessions",
+        reason: "a call on one session answered nothing",
+    }))
+}
+
+/// Each session's scans with `u64` values ([`KvError::ValueNotU64`] for
+/// one that is not 8 bytes, as [`KvSession::scan`]).
+fn u64_scans(
+    sessions: &mut [&mut KvSession],
+    found: Vec<Result<ScanFound, KvError>>,
+) -> Vec<Result<Scanned<u64>, KvError>> {
+    sessions
+        .iter_mut()
+        .zip(found)
+        .map(|(s, f)| {
+            f?.into_iter()
+                .map(|pairs| {
+                    s.io.cur.value_bytes += pairs.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+                    pairs
+                        .into_iter()
+                        .map(|(k, v)| Ok((k, super::as_u64(k, v)?)))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Each session's scans with their values: every scan's out-of-line
+/// values of a session read together, in rounds posted on every session
+/// before any is waited for; a pair whose key was removed before its
+/// value could be read is left out (as [`KvSession::scan_values`]).
+fn value_scans(
+    sessions: &mut [&mut KvSession],
+    found: Vec<Result<ScanFound, KvError>>,
+) -> Vec<Result<Scanned<Vec<u8>>, KvError>> {
+    // Every session's pairs in one list, each with its scan.
+    let mut owners: Vec<Vec<usize>> = Vec::with_capacity(found.len());
+    let mut counts: Vec<usize> = Vec::with_capacity(found.len());
+    let pairs: Vec<Result<Vec<(u64, SlotValue)>, KvError>> = found
+        .into_iter()
+        .map(|f| {
+            let f = f.inspect_err(|_| {
+                owners.push(Vec::new());
+                counts.push(0);
+            })?;
+            owners.push(
+                f.iter()
+                    .enumerate()
+                    .flat_map(|(i, p)| std::iter::repeat(i).take(p.len()))
+                    .collect(),
+            );
+            counts.push(f.len());
+            Ok(f.into_iter().flatten().collect())
+        })
+        .collect();
+    KvSession::values_rounds(sessions, pairs)
+        .into_iter()
+        .zip(owners)
+        .zip(counts)
+        .map(|((values, owner), count)| {
+            let mut out: Scanned<Vec<u8>> = vec![Vec::new(); count];
+            for ((k, v), i) in values?.into_iter().zip(owner) {
+                if let Some(v) = v {
+                    out[i].push((k, v));
+                }
+            }
+            Ok(out)
+        })
+        .collect()
+}
