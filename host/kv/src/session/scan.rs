@@ -4,7 +4,7 @@
 //! cursor (module docs of `session`: each leaf reached by the chase from
 //! a training leaf, the cursor moving on from `fence_hi + 1`). Its leaves
 //! are read in *rounds*: a round reads, for every scan of the call not
-//! done yet, the model's directory word (once per model, as
+//! done yet, the model's directory word (once per model view, as
 //! [`KvSession::get_many`] reads it) and the next chains from its cursor
 //! — as many as its remaining count needs, at most [`SCAN_CHAINS`] — in
 //! one doorbell batch; then each scan walks what landed for it. So `D`
@@ -262,7 +262,10 @@ impl KvSession {
             if !plans.is_empty() && at + self.chain.len() as u64 * step > SCAN_ROUND_BYTES {
                 break;
             }
-            if !checks.iter().any(|c| c.0 == m) {
+            // One check per model view: two scans of one model may hold
+            // different views of it (one refreshed by another session
+            // in between), and each walk trusts only a checked view.
+            if !checks.iter().any(|c| c.0 == m && Arc::ptr_eq(&c.1, &view)) {
                 let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
                 checks.push((m, view.clone(), at));
                 at = next;
