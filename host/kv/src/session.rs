@@ -329,15 +329,22 @@ impl<'k> GetMany<'k> {
     }
 }
 
-/// One batch of a [`KvSession::get_many`] as planned: the clock before
-/// it, its ops, the read buffer's bytes it uses, each model's check
-/// (model, view, where it lands) and each key's chain (index, model,
-/// view, chain, where its leaves land).
-struct GetBatch {
+/// A doorbell batch of leaf READs under model checks, as a
+/// [`KvSession::get_many`] batch and a scan round plan it: the clock
+/// before it, its ops, the read buffer's bytes it uses (its leaves land
+/// past the buffer's first leaf, where a chase reads a torn leaf again
+/// alone), and each model view's check (model, view, where it lands).
+struct LeafBatch {
     posted: u64,
     ops: Vec<Op>,
     end: u64,
     checks: Vec<(usize, Arc<ModelView>, u64)>,
+}
+
+/// One batch of a [`KvSession::get_many`] as planned: its READs, and
+/// each key's chain (index, model, view, chain, where its leaves land).
+struct GetBatch {
+    batch: LeafBatch,
     plans: Vec<(usize, usize, Arc<ModelView>, u64, LeafReads)>,
 }
 
@@ -1131,7 +1138,9 @@ impl KvSession {
     fn get_many_inner(&mut self, keys: &[u64]) -> Result<Vec<Option<SlotValue>>, KvError> {
         let mut g = GetMany::new(keys);
         while let Some(batch) = self.plan_get_batch(&mut g)? {
-            let landed = self.post_get_batch(&batch).map(|f| first_error(f.wait()));
+            let landed = self
+                .post_leaf_batch(&batch.batch, "get_many")
+                .map(|f| first_error(f.wait()));
             self.landed_get_batch(&mut g, batch, landed)?;
         }
         Ok(g.out)
@@ -1164,7 +1173,7 @@ impl KvSession {
             sessions,
             &mut states,
             |s, g| s.plan_get_batch(g),
-            |s, b| Some(s.post_get_batch(b)),
+            |s, b| Some(s.post_leaf_batch(&b.batch, "get_many")),
             |s, g, b, landed| s.landed_get_batch(g, b, landed),
         );
         let found = states.into_iter().map(|g| g.map(|g| g.out)).collect();
@@ -1360,46 +1369,77 @@ impl KvSession {
             });
         }
         g.attempt += 1;
-        // One check per model, then each key's chain.
-        let posted = clock_ns();
-        let mut ops = Vec::new();
-        let mut at = self.leaf_size.next_multiple_of(8);
-        let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
+        let mut batch = self.leaf_batch();
         let mut plans = Vec::with_capacity(g.pending.len());
         for &i in &g.pending {
             let ChainAt { m, view, j, .. } = self.chain_at(g.keys[i])?;
-            if !checks.iter().any(|c| c.0 == m) {
-                let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
-                checks.push((m, view.clone(), at));
-                at = next;
-            }
-            let mut reads = Vec::with_capacity(self.chain.len());
-            for &addr in &self.chain {
-                ops.push(Op::Read {
-                    remote: self.shared.region.leaf_offset(addr)?,
-                    local: at,
-                    len: self.leaf_size,
-                });
-                reads.push((addr, at));
-                at += self.leaf_size.next_multiple_of(8);
-            }
-            self.io.cur.leaves_read += reads.len() as u64;
+            let reads = self.plan_chain(&mut batch, m, &view)?;
             plans.push((i, m, view, j, reads));
         }
-        Ok(Some(GetBatch {
-            posted,
-            ops,
-            end: at,
-            checks,
-            plans,
-        }))
+        Ok(Some(GetBatch { batch, plans }))
     }
 
-    /// Posts a batch [`Self::plan_get_batch`] planned (its read buffer
-    /// reserved first). On `Err` nothing was posted.
-    fn post_get_batch<'a>(&'a mut self, b: &'a GetBatch) -> Result<InFlight<'a>, KvError> {
+    /// An empty [`LeafBatch`], its clock read now.
+    fn leaf_batch(&self) -> LeafBatch {
+        LeafBatch {
+            posted: clock_ns(),
+            ops: Vec::new(),
+            end: self.leaf_size.next_multiple_of(8),
+            checks: Vec::new(),
+        }
+    }
+
+    /// Adds to `b` the check of model `m`'s `view` (unless it has it: one
+    /// per view, as two plans of one model may hold different views of it
+    /// and each trusts only a checked one), then the READs of the chain
+    /// in `self.chain`; returns where each of its leaves lands.
+    fn plan_chain(
+        &mut self,
+        b: &mut LeafBatch,
+        m: usize,
+        view: &Arc<ModelView>,
+    ) -> Result<LeafReads, KvError> {
+        if !b.checks.iter().any(|c| c.0 == m && Arc::ptr_eq(&c.1, view)) {
+            let next = self.model_check_at(m, view, b.end, b.posted, &mut b.ops)?;
+            b.checks.push((m, view.clone(), b.end));
+            b.end = next;
+        }
+        let step = self.leaf_size.next_multiple_of(8);
+        let mut reads = Vec::with_capacity(self.chain.len());
+        for &addr in &self.chain {
+            b.ops.push(Op::Read {
+                remote: self.shared.region.leaf_offset(addr)?,
+                local: b.end,
+                len: self.leaf_size,
+            });
+            reads.push((addr, b.end));
+            b.end += step;
+        }
+        self.io.cur.leaves_read += reads.len() as u64;
+        Ok(reads)
+    }
+
+    /// Posts `b` (its read buffer reserved first). On `Err` nothing was
+    /// posted.
+    fn post_leaf_batch<'a>(
+        &'a mut self,
+        b: &'a LeafBatch,
+        during: &'static str,
+    ) -> Result<InFlight<'a>, KvError> {
         self.io.reserve(&self.shared.engine, b.end, 0)?;
-        self.io.post_each(&self.shared.pool, &b.ops, "get_many")
+        self.io.post_each(&self.shared.pool, &b.ops, during)
+    }
+
+    /// The models of `b` whose check, as it landed, says a view is stale
+    /// (the views found current count as seen live when `b` was posted).
+    fn stale_models(&self, b: &LeafBatch) -> Result<Vec<usize>, KvError> {
+        let mut stale = Vec::new();
+        for (m, view, at) in &b.checks {
+            if !self.still_current_at(view, b.posted, *at)? && !stale.contains(m) {
+                stale.push(*m);
+            }
+        }
+        Ok(stale)
     }
 
     /// A batch of `g` as it landed (`landed`: its first op error, which
@@ -1419,18 +1459,8 @@ impl KvSession {
                 error,
             });
         }
-        let GetBatch {
-            posted,
-            checks,
-            plans,
-            ..
-        } = b;
-        let mut stale: Vec<usize> = Vec::new();
-        for (m, view, at) in &checks {
-            if !self.still_current_at(view, posted, *at)? {
-                stale.push(*m);
-            }
-        }
+        let mut stale = self.stale_models(&b.batch)?;
+        let plans = b.plans;
         let mut again = Vec::new();
         for (i, m, view, j, reads) in plans {
             if stale.contains(&m) {

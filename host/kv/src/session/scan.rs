@@ -30,10 +30,9 @@ use std::sync::Arc;
 use rolex_core::layout::{Leaf, SlotValue};
 use rolex_engine::TransferError;
 
-use super::{bad_leaf, first_error, Chase, KvSession, LeafReads, Owner, SCAN_CHAINS};
-use crate::cache::{clock_ns, ModelView};
+use super::{bad_leaf, first_error, Chase, KvSession, LeafBatch, LeafReads, Owner, SCAN_CHAINS};
+use crate::cache::ModelView;
 use crate::error::KvError;
-use crate::io::{InFlight, Op};
 use crate::stats::KvOp;
 
 /// Leaf bytes one round reads at most for all of its scans (a scan that
@@ -67,14 +66,10 @@ struct ScanState {
     done: bool,
 }
 
-/// One round of a call's scans as planned: the clock before it, its ops,
-/// the read buffer's bytes it uses, each model's check (model, view,
-/// where it lands) and each scan's chains.
+/// One round of a call's scans as planned: its READs, and each scan's
+/// chains.
 struct ScanRound {
-    posted: u64,
-    ops: Vec<Op>,
-    end: u64,
-    checks: Vec<(usize, Arc<ModelView>, u64)>,
+    batch: LeafBatch,
     plans: Vec<ScanPlan>,
 }
 
@@ -200,7 +195,7 @@ impl KvSession {
             sessions,
             &mut states,
             |s, st| s.plan_scan_round(st),
-            |s, r| Some(s.post_scan_round(r)),
+            |s, r| Some(s.post_leaf_batch(&r.batch, "scan")),
             |s, st, r, landed| s.landed_scan_round(st, r, landed),
         );
         states
@@ -218,7 +213,9 @@ impl KvSession {
         }
         let mut scans: Vec<ScanState> = specs.iter().map(ScanState::new).collect();
         while let Some(r) = self.plan_scan_round(&mut scans)? {
-            let landed = self.post_scan_round(&r).map(|f| first_error(f.wait()));
+            let landed = self
+                .post_leaf_batch(&r.batch, "scan")
+                .map(|f| first_error(f.wait()));
             self.landed_scan_round(&mut scans, r, landed)?;
         }
         Ok(scans.into_iter().map(|sc| sc.out).collect())
@@ -231,10 +228,7 @@ impl KvSession {
     fn plan_scan_round(&mut self, scans: &mut [ScanState]) -> Result<Option<ScanRound>, KvError> {
         let per_chain = u64::from(self.shared.sb.keys_per_leaf()).max(1);
         let step = self.leaf_size.next_multiple_of(8);
-        let posted = clock_ns();
-        let mut ops = Vec::new();
-        let mut at = step;
-        let mut checks: Vec<(usize, Arc<ModelView>, u64)> = Vec::new();
+        let mut batch = self.leaf_batch();
         let mut plans = Vec::new();
         for (i, sc) in scans.iter_mut().enumerate().filter(|(_, sc)| !sc.done) {
             if sc.attempt >= self.shared.cfg.max_attempts {
@@ -259,28 +253,10 @@ impl KvSession {
             for jj in j..j + chains {
                 view.chain(jj, &mut self.chain);
             }
-            if !plans.is_empty() && at + self.chain.len() as u64 * step > SCAN_ROUND_BYTES {
+            if !plans.is_empty() && batch.end + self.chain.len() as u64 * step > SCAN_ROUND_BYTES {
                 break;
             }
-            // One check per model view: two scans of one model may hold
-            // different views of it (one refreshed by another session
-            // in between), and each walk trusts only a checked view.
-            if !checks.iter().any(|c| c.0 == m && Arc::ptr_eq(&c.1, &view)) {
-                let next = self.model_check_at(m, &view, at, posted, &mut ops)?;
-                checks.push((m, view.clone(), at));
-                at = next;
-            }
-            let mut reads = Vec::with_capacity(self.chain.len());
-            for &addr in &self.chain {
-                ops.push(Op::Read {
-                    remote: self.shared.region.leaf_offset(addr)?,
-                    local: at,
-                    len: self.leaf_size,
-                });
-                reads.push((addr, at));
-                at += step;
-            }
-            self.io.cur.leaves_read += reads.len() as u64;
+            let reads = self.plan_chain(&mut batch, m, &view)?;
             plans.push(ScanPlan {
                 scan: i,
                 m,
@@ -290,20 +266,7 @@ impl KvSession {
                 reads,
             });
         }
-        Ok((!plans.is_empty()).then_some(ScanRound {
-            posted,
-            ops,
-            end: at,
-            checks,
-            plans,
-        }))
-    }
-
-    /// Posts a round [`Self::plan_scan_round`] planned (its read buffer
-    /// reserved first). On `Err` nothing was posted.
-    fn post_scan_round<'a>(&'a mut self, r: &'a ScanRound) -> Result<InFlight<'a>, KvError> {
-        self.io.reserve(&self.shared.engine, r.end, 0)?;
-        self.io.post_each(&self.shared.pool, &r.ops, "scan")
+        Ok((!plans.is_empty()).then_some(ScanRound { batch, plans }))
     }
 
     /// A round of `scans` as it landed (`landed`: its first op error;
@@ -321,12 +284,7 @@ impl KvSession {
                 error,
             });
         }
-        let mut stale: Vec<usize> = Vec::new();
-        for (m, view, at) in &r.checks {
-            if !self.still_current_at(view, r.posted, *at)? {
-                stale.push(*m);
-            }
-        }
+        let mut stale = self.stale_models(&r.batch)?;
         let mut chased_stale = 0;
         for p in &r.plans {
             let sc = &mut scans[p.scan];
