@@ -5,9 +5,9 @@
 //! boundary counts once; one node failed: its range fails fast with an
 //! error naming it, the other ranges go on. Pipelined calls across nodes
 //! (`run_many`, `get_many`: every node's batch posted before any is
-//! waited for) against a `BTreeMap`, and with one node's batches failing
-//! under injected faults: the other node's answers are right and none of
-//! its locks is left held.
+//! waited for) against a `BTreeMap`, on an ordered and an unordered
+//! fabric, and with one node's batches failing under injected faults: the
+//! other node's answers are right and none of its locks is left held.
 
 mod common;
 
@@ -21,7 +21,7 @@ use rolex_core::entry::LockOwner;
 use rolex_host::kv::cluster::ClusterClient;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError, KvOp, Request};
 use rolex_host::memnode::MemoryNode;
-use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
+use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
 
 /// `nodes` memory nodes holding `pairs` (sorted by key) by quantile
 /// ranges, and a cluster client over them.
@@ -339,14 +339,42 @@ fn apply(model: &mut BTreeMap<u64, u64>, r: Request) -> Option<u64> {
     }
 }
 
-#[test]
-fn pipelined_calls_across_nodes_answer_as_a_reference_map() {
+/// Random pipelined calls across three nodes (on an unordered fabric
+/// with that shuffle seed if `unordered` is `Some`) answer as the
+/// reference map; a call of updates on distinct leaves of every node
+/// first costs each node one batch's round trips (2 ordered, 3
+/// unordered), all nodes' rounds overlapping.
+fn pipelined_calls_across_nodes(unordered: Option<u64>) {
     let pairs = loaded(3000, 4);
     let max = 12_100;
-    let (mns, c) = cluster(&pairs, 3);
+    let (mns, c) = cluster_with(&pairs, 3, |_, node| {
+        let engine = EngineConfig {
+            fabric: Fabric::Loopback(LoopbackConfig {
+                unordered: unordered.map(|seed| Unordered { seed, window: 8 }),
+                ..LoopbackConfig::default()
+            }),
+            ..EngineConfig::default()
+        };
+        let cfg = KvClientConfig {
+            engine,
+            ..KvClientConfig::default()
+        };
+        KvClient::connect(cfg, &node.pool()).unwrap()
+    });
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
-    let mut rng = StdRng::seed_from_u64(17);
+    let spread: Vec<Request> = pairs
+        .iter()
+        .step_by(211)
+        .map(|&(k, v)| Request::Update(k, v + 1))
+        .collect();
+    let before = c.stats().total().rtts;
+    for (&r, a) in spread.iter().zip(s.run_many(&spread)) {
+        assert_eq!(a.unwrap(), apply(&mut model, r), "{r:?}");
+    }
+    let writes = if unordered.is_some() { 3 } else { 2 };
+    assert_eq!(c.stats().total().rtts - before, writes * 3, "per node");
+    let mut rng = StdRng::seed_from_u64(17 + unordered.unwrap_or(0));
     let mut n = 1 << 40;
     let mut spanning = 0;
     for call in 0..300 {
@@ -373,9 +401,10 @@ fn pipelined_calls_across_nodes_answer_as_a_reference_map() {
         assert_eq!(values, want, "call {call}: {keys:?}");
     }
     assert!(spanning > 250, "most calls span several nodes: {spanning}");
-    assert_eq!(c.locks_maybe_held(), 0);
     let all: Vec<(u64, u64)> = model.into_iter().collect();
     assert_eq!(s.scan(0, all.len() + 1).unwrap(), all);
+    s.flush().unwrap();
+    assert_eq!(c.locks_maybe_held(), 0);
     // Each node's pool holds its range's keys, and only those.
     for (i, node) in mns.iter().enumerate() {
         let (lo, hi) = c.map().range(i).unwrap();
@@ -383,6 +412,18 @@ fn pipelined_calls_across_nodes_answer_as_a_reference_map() {
         let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
         let held = client.session().unwrap().scan(0, all.len() + 1).unwrap();
         assert_eq!(held.len(), mine, "node {i}");
+    }
+}
+
+#[test]
+fn pipelined_calls_across_nodes_answer_as_a_reference_map() {
+    pipelined_calls_across_nodes(None);
+}
+
+#[test]
+fn pipelined_calls_across_nodes_answer_as_a_reference_map_on_an_unordered_fabric() {
+    for seed in 1..=3 {
+        pipelined_calls_across_nodes(Some(seed));
     }
 }
 

@@ -1,9 +1,10 @@
 //! Pipelined calls (`KvSession::run_many`): round trips (a batch of
-//! writes on distinct chains costs 2 on an ordered fabric), program order
-//! within a call against a sequential `BTreeMap` (one thread), histories
-//! of concurrent batches against the checker (`rolex_checker`, chains
-//! colliding, models retraining), and batches under injected faults: no
-//! lock left held, every acknowledged write readable.
+//! writes on distinct chains costs 2 on an ordered fabric, 3 on an
+//! unordered one; gets 1), program order within a call against a
+//! sequential `BTreeMap` (one thread, both fabrics), histories of
+//! concurrent batches against the checker (`rolex_checker`, chains
+//! colliding, models retraining), and batches under injected faults (both
+//! fabrics): no lock left held, every acknowledged write readable.
 
 mod common;
 
@@ -137,8 +138,7 @@ fn a_batch_of_writes_on_distinct_chains_costs_two_round_trips() {
     assert_eq!(got, vec![Some(spread[0].1 + 1), Some(5), Some(6)]);
     assert_eq!(c.stats().total().rtts - before, 2 + 2 + 1);
 
-    // Everything landed, and the unordered fabric answers the same
-    // (through the single path).
+    // Everything landed, and the unordered fabric answers the same.
     let u = KvClient::connect(cfg(true), &node.pool()).unwrap();
     let mut us = u.session().unwrap();
     let got: Vec<Option<u64>> = us
@@ -168,17 +168,97 @@ fn a_batch_of_writes_on_distinct_chains_costs_two_round_trips() {
     assert_eq!(c.locks_maybe_held(), 0);
 }
 
+/// On an unordered fabric a call of writes on distinct chains costs 3
+/// round trips (the locks; the records' and chains' READs; the leaf
+/// writes, each unlock then posted), whatever its depth, and a call of
+/// gets 1.
+#[test]
+fn a_batch_of_writes_on_distinct_chains_costs_three_round_trips_unordered() {
+    for seed in 1..=3 {
+        let (node, pairs) = common::half_full_node();
+        let c = KvClient::connect(
+            KvClientConfig {
+                engine: engine(true, None, seed),
+                // Nothing retrains: no age refresh to blur the counts.
+                model_max_age: std::time::Duration::from_secs(3600),
+                ..KvClientConfig::default()
+            },
+            &node.pool(),
+        )
+        .unwrap();
+        let mut s = c.session().unwrap();
+        let spread: Vec<(u64, u64)> = pairs.iter().step_by(16).copied().collect();
+        let cost = |s: &mut KvSession, reqs: &[Request], kind: KvOp| {
+            let before = c.stats().op(kind);
+            let got: Vec<Option<u64>> = s
+                .run_many(reqs)
+                .unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let after = c.stats().op(kind);
+            assert_eq!(after.ops - before.ops, reqs.len() as u64);
+            (got, after.rtts - before.rtts, after.posted - before.posted)
+        };
+        let value = |k: u64| k ^ seed << 40;
+
+        let reqs: Vec<Request> = spread[..8]
+            .iter()
+            .map(|&(k, _)| Request::Update(k, value(k)))
+            .collect();
+        let (got, rtts, posted) = cost(&mut s, &reqs, KvOp::Update);
+        let want: Vec<Option<u64>> = spread[..8].iter().map(|&(_, v)| Some(v)).collect();
+        assert_eq!(got, want, "seed {seed}");
+        assert_eq!((rtts, posted), (3, 8), "seed {seed}: 8 updates");
+
+        let reqs: Vec<Request> = spread[8..16]
+            .iter()
+            .map(|&(k, _)| Request::Insert(k + 1, value(k)))
+            .collect();
+        let (got, rtts, _) = cost(&mut s, &reqs, KvOp::Insert);
+        assert_eq!(got, vec![None; 8], "seed {seed}");
+        assert_eq!(rtts, 3, "seed {seed}: 8 inserts of new keys");
+
+        let reqs: Vec<Request> = spread[..8].iter().map(|&(k, _)| Request::Get(k)).collect();
+        let (got, rtts, _) = cost(&mut s, &reqs, KvOp::Get);
+        let want: Vec<Option<u64>> = spread[..8].iter().map(|&(k, _)| Some(value(k))).collect();
+        assert_eq!(got, want, "seed {seed}");
+        assert_eq!(rtts, 1, "seed {seed}: 8 gets");
+
+        let reqs: Vec<Request> = spread[8..16]
+            .iter()
+            .map(|&(k, _)| Request::Delete(k + 1))
+            .collect();
+        let (got, rtts, _) = cost(&mut s, &reqs, KvOp::Delete);
+        let want: Vec<Option<u64>> = spread[8..16].iter().map(|&(k, _)| Some(value(k))).collect();
+        assert_eq!(got, want, "seed {seed}");
+        assert_eq!(rtts, 3, "seed {seed}: 8 deletes");
+
+        // Gets and writes together: still 3.
+        let before = c.stats().total().rtts;
+        let mut reqs: Vec<Request> = spread[16..20]
+            .iter()
+            .map(|&(k, _)| Request::Get(k))
+            .collect();
+        reqs.extend(spread[20..24].iter().map(|&(k, v)| Request::Update(k, v)));
+        let got = s.run_many(&reqs).unwrap();
+        assert!(got.iter().all(Result::is_ok), "seed {seed}: {got:?}");
+        assert_eq!(c.stats().total().rtts - before, 3, "seed {seed}: mixed");
+        s.flush().unwrap();
+        assert_eq!(c.locks_maybe_held(), 0);
+    }
+}
+
 /// One thread, random batches (chains collide, inserts split, models
 /// retrain): every answer is what the requests applied one by one, in
 /// order, to a `BTreeMap` give.
-#[test]
-fn answers_follow_request_order_within_a_call() {
+fn answers_in_request_order(unordered: bool, seed: u64) {
     let keys = 40u64;
     let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node(&pairs);
     let c = KvClient::connect(
         KvClientConfig {
-            engine: engine(false, None, 0),
+            engine: engine(unordered, None, seed),
             ..KvClientConfig::default()
         },
         &node.pool(),
@@ -186,7 +266,7 @@ fn answers_follow_request_order_within_a_call() {
     .unwrap();
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
-    let mut rng = StdRng::seed_from_u64(5);
+    let mut rng = StdRng::seed_from_u64(5 + seed);
     let mut n = 0;
     for b in 0..400 {
         if b % 50 == 0 {
@@ -213,7 +293,22 @@ fn answers_follow_request_order_within_a_call() {
     for (&k, &v) in &model {
         assert_eq!(s.get(k).unwrap(), Some(v));
     }
+    let all: Vec<(u64, u64)> = model.into_iter().collect();
+    assert_eq!(s.scan(0, all.len() + 1).unwrap(), all);
+    s.flush().unwrap();
     assert_eq!(c.locks_maybe_held(), 0);
+}
+
+#[test]
+fn answers_follow_request_order_within_a_call() {
+    answers_in_request_order(false, 0);
+}
+
+#[test]
+fn answers_follow_request_order_within_a_call_on_an_unordered_fabric() {
+    for seed in 1..=3 {
+        answers_in_request_order(true, seed);
+    }
 }
 
 /// Four threads on two compute nodes, each issuing random batches of up
@@ -279,17 +374,18 @@ fn concurrent_batches_are_linearizable_on_an_ordered_fabric() {
 
 #[test]
 fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
-    concurrent_batches(true, 1);
+    for seed in 1..=3 {
+        concurrent_batches(true, seed);
+    }
 }
 
-/// Batches under injected faults (ordered fabric, retraining): the
-/// history with failed writes of unknown outcome (or none, when the error
-/// says so) is linearizable, every key read back at the end included —
-/// so every acknowledged write is readable unless a later write replaced
-/// it — and once the threads flushed, no lock is maybe held and no LT
-/// word is locked.
-#[test]
-fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
+/// Batches under injected faults (retraining): the history with failed
+/// writes of unknown outcome (or none, when the error says so) is
+/// linearizable, every key read back at the end included — so every
+/// acknowledged write is readable unless a later write replaced it — and
+/// once the threads flushed, no lock is maybe held and no LT word is
+/// locked.
+fn batches_under_injected_faults(unordered: bool) {
     const OWNER: LockOwner = LockOwner(9);
     let keys = 48u64;
     for seed in 1..=4 {
@@ -306,7 +402,7 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
                         seed: seed * 1_000_003 + client * 1009 + attempt,
                     };
                     let cfg = KvClientConfig {
-                        engine: engine(false, Some(faults), seed),
+                        engine: engine(unordered, Some(faults), seed),
                         lock_owner: OWNER,
                         ..KvClientConfig::default()
                     };
@@ -419,10 +515,20 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
         let rtts: u64 = clients.iter().map(|c| c.stats().total().rtts).sum();
         let ops: u64 = clients.iter().map(|c| c.stats().total().ops).sum();
         println!(
-            "seed {seed}: {failed} requests failed ({unknown} may have applied) of {} checked; \
-             round trips per request {:.2}",
+            "unordered {unordered} seed {seed}: {failed} requests failed ({unknown} may have \
+             applied) of {} checked; round trips per request {:.2}",
             checked.single_ops,
             rtts as f64 / ops as f64
         );
     }
+}
+
+#[test]
+fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
+    batches_under_injected_faults(false);
+}
+
+#[test]
+fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_unordered() {
+    batches_under_injected_faults(true);
 }

@@ -4,9 +4,11 @@
 //! to 200 bytes, inline and out of line), the value space accounted to
 //! the byte (what the client claimed and holds free against the blocks
 //! the store's slots name), round trips (long-value puts on distinct
-//! chains: 2 for the call), and calls under injected faults: no lock left
-//! held, no block handed out twice, and no block lost but those an
-//! indeterminate write may have published.
+//! chains: 2 for the call on an ordered fabric, 3 on an unordered one),
+//! and calls under injected faults: no lock left held, no block handed
+//! out twice, and no block lost but those an indeterminate write may have
+//! published. Each on an ordered and an unordered fabric (several shuffle
+//! seeds).
 
 mod common;
 
@@ -19,7 +21,31 @@ use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::{block_class, SlotValue};
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, Reply, ValueRequest};
-use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
+use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
+
+/// A loopback engine: unordered with that shuffle seed if `unordered` is
+/// `Some`, failing a share of its operations if `faults` is.
+fn engine(unordered: Option<u64>, faults: Option<Faults>) -> EngineConfig {
+    EngineConfig {
+        fabric: Fabric::Loopback(LoopbackConfig {
+            faults,
+            unordered: unordered.map(|seed| Unordered { seed, window: 8 }),
+            ..LoopbackConfig::default()
+        }),
+        ..EngineConfig::default()
+    }
+}
+
+/// A client configuration on [`engine`]`(unordered, None)`.
+fn config(unordered: Option<u64>) -> KvClientConfig {
+    KvClientConfig {
+        engine: engine(unordered, None),
+        ..KvClientConfig::default()
+    }
+}
+
+/// The shuffle seeds the unordered variants run with.
+const SEEDS: [u64; 3] = [1, 2, 3];
 
 /// Value `id` of `key`, `len` bytes: the id, then a pattern of both (a
 /// value shorter than 8 bytes is a prefix of that).
@@ -91,12 +117,11 @@ fn held(c: &KvClient) -> u64 {
     claimed - free
 }
 
-#[test]
-fn value_calls_answer_as_a_reference_map_and_account_every_block() {
+fn value_calls_on_one_node(unordered: Option<u64>) {
     let pairs = loaded(2000, 4);
     let max = 8_100;
     let node = eight_slot_node(&pairs);
-    let c = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let c = KvClient::connect(config(unordered), &node.pool()).unwrap();
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, Vec<u8>> = pairs
         .iter()
@@ -116,11 +141,14 @@ fn value_calls_answer_as_a_reference_map_and_account_every_block() {
         // slot names: none lost, none freed twice.
         assert_eq!(held(&c), block_bytes(model.values()), "call {call}");
     }
+    s.flush().unwrap();
     assert_eq!(c.locks_maybe_held(), 0);
-    // Pipelined, not one by one: a put alone costs 2 round trips.
+    // Pipelined, not one by one: a put alone costs 2 round trips (3 on
+    // an unordered fabric); here less than half that each.
+    let alone = if unordered.is_some() { 3 } else { 2 };
     let puts = c.stats().op(KvOp::Insert);
     assert!(
-        puts.rtts < puts.ops,
+        2 * puts.rtts < alone * puts.ops,
         "{} round trips for {} puts",
         puts.rtts,
         puts.ops
@@ -134,11 +162,22 @@ fn value_calls_answer_as_a_reference_map_and_account_every_block() {
 }
 
 #[test]
-fn value_calls_across_nodes_answer_as_a_reference_map() {
+fn value_calls_answer_as_a_reference_map_and_account_every_block() {
+    value_calls_on_one_node(None);
+}
+
+#[test]
+fn value_calls_answer_as_a_reference_map_on_an_unordered_fabric() {
+    for seed in SEEDS {
+        value_calls_on_one_node(Some(seed));
+    }
+}
+
+fn value_calls_across_nodes(unordered: Option<u64>) {
     let pairs = loaded(3000, 4);
     let max = 12_100;
     let (_mns, c) = cluster_with(&pairs, 3, |_, mn| {
-        KvClient::connect(KvClientConfig::default(), &mn.pool()).unwrap()
+        KvClient::connect(config(unordered), &mn.pool()).unwrap()
     });
     let mut s = c.session().unwrap();
     let mut model: BTreeMap<u64, Vec<u8>> = pairs
@@ -161,9 +200,10 @@ fn value_calls_across_nodes_answer_as_a_reference_map() {
         }
     }
     assert!(spanning > 250, "most calls span several nodes: {spanning}");
-    assert_eq!(c.locks_maybe_held(), 0);
     let all: Vec<(u64, Vec<u8>)> = model.clone().into_iter().collect();
     assert_eq!(s.scan_values(0, all.len() + 1).unwrap(), all);
+    s.flush().unwrap();
+    assert_eq!(c.locks_maybe_held(), 0);
     // Each node's client holds exactly the blocks its range's slots name.
     for i in 0..3 {
         let (lo, hi) = c.map().range(i).unwrap();
@@ -173,17 +213,35 @@ fn value_calls_across_nodes_answer_as_a_reference_map() {
 }
 
 #[test]
-fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
+fn value_calls_across_nodes_answer_as_a_reference_map() {
+    value_calls_across_nodes(None);
+}
+
+#[test]
+fn value_calls_across_nodes_answer_as_a_reference_map_on_an_unordered_fabric() {
+    for seed in SEEDS {
+        value_calls_across_nodes(Some(seed));
+    }
+}
+
+/// Long-value puts, updates and removes on distinct chains: one call
+/// costs `writes` round trips (2 on an ordered fabric, 3 on an unordered
+/// one); gets of long values 2 (leaves, then blocks). The engine counts
+/// each posted unlock (unordered) as a submission of its own.
+fn long_value_round_trips(unordered: Option<u64>) {
+    let writes = if unordered.is_some() { 3 } else { 2 };
     let (node, pairs) = common::half_full_node();
     let c = KvClient::connect(
         KvClientConfig {
             // Nothing retrains: no age refresh to blur the counts.
             model_max_age: std::time::Duration::from_secs(3600),
-            ..KvClientConfig::default()
+            ..config(unordered)
         },
         &node.pool(),
     )
     .unwrap();
+    // The engine's submissions less the unlocks posted without a wait.
+    let rounds = || c.stats().engine.rtts - c.stats().total().posted;
     let mut s = c.session().unwrap();
     let spread: Vec<u64> = pairs.iter().step_by(16).map(|p| p.0).collect();
     // A first long value claims a chunk of 16 blocks of its class (one
@@ -195,17 +253,17 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
         .zip(&vals)
         .map(|(&k, v)| ValueRequest::Put(k, v))
         .collect();
-    let e0 = c.stats().engine.rtts;
+    let e0 = rounds();
     let before = c.stats().op(KvOp::Insert);
     let got = s.run_many_values(&reqs).unwrap();
     assert!(got.into_iter().all(|a| a.unwrap() == Reply::Present(true)));
     let after = c.stats().op(KvOp::Insert);
     assert_eq!(
         (after.ops - before.ops, after.rtts - before.rtts),
-        (8, 2),
-        "8 long-value puts in 2 round trips"
+        (8, writes),
+        "8 long-value puts in {writes} round trips"
     );
-    assert_eq!(c.stats().engine.rtts - e0, 2);
+    assert_eq!(rounds() - e0, writes);
     assert_eq!(
         after.value_bytes - before.value_bytes,
         8 * 100,
@@ -213,14 +271,14 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
     );
     // Their gets: the leaves in one round trip, the blocks in a second.
     let gets: Vec<ValueRequest<'_>> = spread[..8].iter().map(|&k| ValueRequest::Get(k)).collect();
-    let e0 = c.stats().engine.rtts;
+    let e0 = rounds();
     let got = s.run_many_values(&gets).unwrap();
     for (a, v) in got.into_iter().zip(&vals) {
         assert_eq!(a.unwrap(), Reply::Value(Some(v.clone())));
     }
-    assert_eq!(c.stats().engine.rtts - e0, 2);
+    assert_eq!(rounds() - e0, 2);
     // Updates that replace long values with long values (of another
-    // class, primed as above), and removes: still 2 round trips, the
+    // class, primed as above), and removes: still `writes` round trips, the
     // replaced blocks freed.
     assert!(s.put(spread[41], &val(spread[41], 1, 150)).unwrap());
     let vals3: Vec<Vec<u8>> = spread[..6].iter().map(|&k| val(k, 3, 150)).collect();
@@ -231,11 +289,11 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
         .collect();
     reqs.push(ValueRequest::Remove(spread[6]));
     reqs.push(ValueRequest::Remove(spread[7]));
-    let e0 = c.stats().engine.rtts;
+    let e0 = rounds();
     let held_before = held(&c);
     let got = s.run_many_values(&reqs).unwrap();
     assert!(got.into_iter().all(|a| a.unwrap() == Reply::Present(true)));
-    assert_eq!(c.stats().engine.rtts - e0, 2);
+    assert_eq!(rounds() - e0, writes);
     let class = |len| block_class(len).unwrap();
     assert_eq!(
         held(&c),
@@ -251,13 +309,26 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
         .map(|(&k, v)| ValueRequest::Put(k, v))
         .collect();
     reqs.extend(spread[..6].iter().map(|&k| ValueRequest::Get(k)));
-    let e0 = c.stats().engine.rtts;
+    let e0 = rounds();
     let got = s.run_many_values(&reqs).unwrap();
-    assert_eq!(c.stats().engine.rtts - e0, 2, "4 puts and 6 gets, all long");
+    assert_eq!(rounds() - e0, writes, "4 puts and 6 gets, all long");
     for (a, v) in got[4..].iter().zip(&vals3) {
         assert_eq!(a.as_ref().unwrap(), &Reply::Value(Some(v.clone())));
     }
+    s.flush().unwrap();
     assert_eq!(c.locks_maybe_held(), 0);
+}
+
+#[test]
+fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
+    long_value_round_trips(None);
+}
+
+#[test]
+fn a_call_of_long_value_puts_on_distinct_chains_costs_three_round_trips_unordered() {
+    for seed in SEEDS {
+        long_value_round_trips(Some(seed));
+    }
 }
 
 /// One compute node whose NIC fails a share of its operations (some
@@ -268,8 +339,7 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_two_round_trips() {
 /// free lists are those the store's slots name, plus at most two per
 /// indeterminate failed write (its new block, and the one it may have
 /// replaced: kept out of use for good).
-#[test]
-fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
+fn value_calls_under_injected_faults(unordered: bool) {
     const OWNER: LockOwner = LockOwner(13);
     let pairs = loaded(600, 8);
     let max = 4_900;
@@ -277,17 +347,12 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
         let node = eight_slot_node(&pairs);
         let c = (0..1000u64)
             .find_map(|attempt| {
+                let faults = Faults {
+                    probability: 0.02,
+                    seed: seed * 1_000_003 + attempt,
+                };
                 let cfg = KvClientConfig {
-                    engine: EngineConfig {
-                        fabric: Fabric::Loopback(LoopbackConfig {
-                            faults: Some(Faults {
-                                probability: 0.02,
-                                seed: seed * 1_000_003 + attempt,
-                            }),
-                            ..LoopbackConfig::default()
-                        }),
-                        ..EngineConfig::default()
-                    },
+                    engine: engine(unordered.then_some(seed), Some(faults)),
                     lock_owner: OWNER,
                     max_attempts: 200,
                     ..KvClientConfig::default()
@@ -364,9 +429,19 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
              {unknown} writes indeterminate"
         );
         println!(
-            "seed {seed}: {failed} requests failed ({unknown} writes indeterminate); \
-             {} bytes kept out of use",
+            "unordered {unordered} seed {seed}: {failed} requests failed ({unknown} writes \
+             indeterminate); {} bytes kept out of use",
             held - named
         );
     }
+}
+
+#[test]
+fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
+    value_calls_under_injected_faults(false);
+}
+
+#[test]
+fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block_unordered() {
+    value_calls_under_injected_faults(true);
 }

@@ -76,10 +76,13 @@
 //! gets, inserts, updates, deletes) with all of them in flight: on an
 //! ordered fabric every write's lock batch and every get's batch go out
 //! as one doorbell batch, then every write's leaf write and unlock as a
-//! second — 2 round trips for requests on distinct chains. What cannot go
-//! that way (a busy or stale lock, a split, an unordered fabric) is
-//! released unchanged and redone through the single path above; module
-//! `pipeline` says how requests are ordered and who releases what.
+//! second — 2 round trips for requests on distinct chains. On an
+//! unordered fabric the locks (and the gets' reads) go first, then the
+//! locked chains' reads, then the leaf writes, each unlock posted once its
+//! write completed — 3 round trips for the call, not 3 per write. What
+//! cannot go that way (a busy or stale lock, a split) is released
+//! unchanged and redone through the single path above; module `pipeline`
+//! says how requests are ordered and who releases what.
 //! [`KvSession::run_many_values`] does the same for byte values
 //! ([`ValueRequest`]): a long value's block is written in round 1, beside
 //! its chain's lock, as a single write writes it in its lock's batch.
@@ -423,8 +426,9 @@ pub struct KvSession {
     chain: Vec<LeafAddr>,
     /// Buffers the get path reuses.
     hot: HotBuffers,
-    /// Unlock posted and not awaited (unordered fabric).
-    pending: Option<PendingUnlock>,
+    /// Unlocks posted and not awaited (unordered fabric): one per lock a
+    /// pipelined batch released, else at most one.
+    pending: Vec<PendingUnlock>,
     leaf_size: u64,
     rng: u64,
     /// Where value blocks are staged in the write buffer: past anything a
@@ -473,7 +477,7 @@ impl KvSession {
             counters,
             chain: Vec::new(),
             hot: HotBuffers::default(),
-            pending: None,
+            pending: Vec::new(),
             leaf_size,
             rng,
             value_local: (8 * leaf_size).max(64 << 10),

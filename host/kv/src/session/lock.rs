@@ -68,7 +68,9 @@ impl LockWord {
 /// - a split whose leaves are written: [`ChainLock::post_release`];
 /// - the locks of a pipelined batch (module `pipeline`):
 ///   [`KvSession::plan_release_many`] then [`KvSession::released_many`],
-///   each with its leaf write or unchanged, all in one batch;
+///   each with its leaf write or unchanged, all in one batch (on an
+///   unordered fabric the leaf writes in one batch, each unlock posted
+///   once its write completed);
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -319,7 +321,6 @@ impl KvSession {
         planned: &PlannedLock,
         results: &[Result<u64, TransferError>],
     ) -> LockReply {
-        let during = "locking a chain";
         let Some((cas, reads)) = results.split_first() else {
             return LockReply {
                 cas: Ok(!planned.word.unlocked.raw()),
@@ -329,15 +330,44 @@ impl KvSession {
                 }),
             };
         };
-        let record = match super::first_error(reads) {
+        LockReply {
+            cas: cas.clone(),
+            record: self.record_read(planned, Ok(reads)),
+        }
+    }
+
+    /// A lock's reply with its record read again after its `CAS` landed
+    /// (`first`: its batch's reply, whose `CAS` is kept): on an unordered
+    /// fabric a pipelined write posts its record's and chain's READs once
+    /// its `CAS` completed, the record's READ landing where the lock's
+    /// batch put it. `reads`: their outcomes, from the record's READ on
+    /// (every later op counts as one of its READs), or why they were not
+    /// posted.
+    pub(super) fn lock_reply_after(
+        &self,
+        planned: &PlannedLock,
+        first: LockReply,
+        reads: Result<&[Result<u64, TransferError>], KvError>,
+    ) -> LockReply {
+        LockReply {
+            cas: first.cas,
+            record: self.record_read(planned, reads),
+        }
+    }
+
+    /// The record's state word and model id as the READs of `planned`'s
+    /// batch (`reads`: their outcomes) left them in the read buffer.
+    fn record_read(
+        &self,
+        planned: &PlannedLock,
+        reads: Result<&[Result<u64, TransferError>], KvError>,
+    ) -> Result<(u64, u64), KvError> {
+        let during = "locking a chain";
+        match super::first_error(reads?) {
             Some(error) => Err(KvError::Transfer { during, error }),
             None => self.io.local_u64(planned.local).and_then(|state| {
                 Ok((state, self.io.local_u64(planned.local + IDENTITY_LEN / 2)?))
             }),
-        };
-        LockReply {
-            cas: cas.clone(),
-            record,
         }
     }
 
@@ -430,15 +460,28 @@ impl KvSession {
         Ok(Some(lock))
     }
 
-    /// Waits for this session's posted unlock, if any. An unlock that
+    /// Waits for this session's posted unlocks, if any. An unlock that
     /// failed is retried at once (see [`Self::lost_release`]); one still
     /// unconfirmed after [`UNLOCK_WAIT`] is recorded as maybe held. An
     /// error goes to the operation that settles, before it ran: it did not
     /// take effect (the one whose unlock it was had already returned).
+    /// Every unlock is settled; the first error is returned.
     pub(super) fn settle(&mut self) -> Result<(), KvError> {
-        let Some(p) = self.pending.take() else {
+        if self.pending.is_empty() {
             return Ok(());
-        };
+        }
+        let mut out = Ok(());
+        for p in std::mem::take(&mut self.pending) {
+            let r = self.settle_one(p);
+            if out.is_ok() {
+                out = r;
+            }
+        }
+        out
+    }
+
+    /// [`Self::settle`] of one posted unlock.
+    fn settle_one(&mut self, p: PendingUnlock) -> Result<(), KvError> {
         let w = p.word;
         match p.flag.wait(UNLOCK_WAIT) {
             Some(Ok(v)) if v == w.locked => {
@@ -556,14 +599,9 @@ impl KvSession {
             OnValue::flag(&flag),
         ) {
             Ok(()) => {
-                let posted = PendingUnlock { flag, word: w, to };
-                debug_assert!(self.pending.is_none(), "two unlocks in flight");
-                if let Some(older) = self.pending.replace(posted) {
-                    // An operation settles its unlock before it locks
-                    // again; should one not, the older unlock is watched
-                    // by the client (counted until its completion is seen).
-                    self.shared.held.record(older.in_flight());
-                }
+                // Settled before this session locks again: the next
+                // operation, or the next batch of a pipelined call.
+                self.pending.push(PendingUnlock { flag, word: w, to });
                 Ok(())
             }
             Err(error) => {
@@ -624,20 +662,22 @@ impl KvSession {
         }
     }
 
-    /// Plans the release of a pipelined batch's locks together, on an
-    /// ordered fabric: one doorbell batch with, for each lock in order,
-    /// its leaf WRITE if it has one (pool offset, bytes, staged in the
-    /// write buffer here), then its unlocking `CAS` back to the word it
+    /// Plans the release of a pipelined batch's locks together: one
+    /// doorbell batch with, for each lock in order, its leaf WRITE if it
+    /// has one (pool offset, bytes, staged in the write buffer here), then
+    /// — on an ordered fabric — its unlocking `CAS` back to the word it
     /// held before the lock (the fabric applies them in posting order, so
-    /// each unlock lands after its own data). The guards are spent: from
-    /// here on [`Self::released_many`] settles every lock, whether the
-    /// batch was posted or not (the caller posts [`Releases::ops`], then
-    /// hands it the outcome).
+    /// each unlock lands after its own data). On an unordered fabric the
+    /// batch is the leaf WRITEs alone: each unlock is posted by
+    /// [`Self::released_many`] once its WRITE completed. The guards are
+    /// spent: from here on [`Self::released_many`] settles every lock,
+    /// whether the batch was posted or not (the caller posts
+    /// [`Releases::ops`], then hands it the outcome).
     pub(super) fn plan_release_many(
         &mut self,
         locks: Vec<(ChainLock, Option<LeafWrite>)>,
     ) -> Releases {
-        debug_assert!(self.shared.ordered, "release_many needs an ordered fabric");
+        let ordered = self.shared.ordered;
         let words: Vec<(LockWord, bool)> =
             locks.iter().map(|(l, w)| (l.word, w.is_some())).collect();
         let writes: Vec<(u64, &[u8])> = locks
@@ -656,6 +696,9 @@ impl KvSession {
                 if wrote {
                     ops.extend(data.next());
                 }
+                if !ordered {
+                    continue;
+                }
                 ops.push(Op::Cas {
                     remote: w.lt_off,
                     expected: w.locked,
@@ -673,7 +716,12 @@ impl KvSession {
     /// [`ChainLock::release_unchanged`] (without) would report it: an
     /// error of a lock whose write was posted is indeterminate; a batch
     /// that could not be staged or posted releases each lock unchanged
-    /// ([`Self::unlock_after`]: nothing was written).
+    /// ([`Self::unlock_after`]: nothing was written). On an unordered
+    /// fabric each unlock is posted here and not awaited, as
+    /// [`ChainLock::release`] and [`ChainLock::release_unchanged`] post
+    /// theirs: after its leaf write completed, or unchanged (a lock
+    /// without a write, or whose write failed: then the error is
+    /// indeterminate).
     pub(super) fn released_many(
         &mut self,
         releases: Releases,
@@ -702,6 +750,16 @@ impl KvSession {
             } else {
                 None
             };
+            if !self.shared.ordered {
+                out.push(match write_err {
+                    Some(e) => Err(self.unlock_after(w, e.indeterminate())),
+                    None if wrote => self
+                        .post_unlock(w, w.unlocked.raw())
+                        .map_err(KvError::indeterminate),
+                    None => self.post_unlock(w, w.unlocked.raw()),
+                });
+                continue;
+            }
             let got = results.next().unwrap_or(Ok(w.locked));
             let r = self.unlocked(w, w.unlocked.raw(), got, write_err.clone());
             out.push(match (wrote, write_err, r) {

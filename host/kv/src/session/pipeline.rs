@@ -35,6 +35,36 @@
 //! So `n` requests on distinct chains cost 2 round trips, not 2 per write
 //! and 1 per get.
 //!
+//! # Round trips (unordered fabric)
+//!
+//! An unordered fabric (EFA's SRD; loopback's `unordered`) may run a
+//! batch's ops in any order, so a READ posted beside a lock's `CAS` may
+//! read the chain before the lock lands. The same batches (cut as above)
+//! then go in three rounds:
+//! - A: for each write, its lock's `CAS` and the READ of its record's
+//!   state word and id (as [`KvSession::insert`]'s lock batch on this
+//!   fabric: they only judge a `CAS` that failed), and its value block's
+//!   WRITE; for each get, what round 1 posts for it (its leaves are
+//!   validated each on its own, as [`KvSession::get_many`] reads them);
+//! - B: for each write whose `CAS` took the lock on a record round A
+//!   found live (and whose block WRITE completed): the record's state
+//!   word and id again, then its chain's READs — posted once round A
+//!   completed, so they see the locked chain and a record retired after
+//!   round A's READ;
+//! - C: for each write that took its lock, its leaf's WRITE (if it
+//!   changed it); the value blocks its gets found (as round 2). Each
+//!   unlock `CAS` is posted once its write completed, and not waited for
+//!   (as the single path posts its own, [`KvSession::settle`] waits for
+//!   them): the next batch, the batch's redone requests and the next
+//!   call all settle first, so no request of this session overtakes an
+//!   unlock of its own.
+//!
+//! So `n` writes on distinct chains cost 3 round trips, not 3 per write;
+//! a batch of gets alone costs 1 (round B is not posted). Rounds A and C
+//! are rounds 1 and 2, planned and read by the same code: round 1 keeps
+//! each write's chain READs (and its record's again) for round B, and
+//! round 2 has no unlocks.
+//!
 //! # What falls back to the single path
 //!
 //! A request that cannot complete this way is redone after its batch (and
@@ -45,9 +75,9 @@
 //! retired or reused (the lock, if it landed, released unchanged first), a
 //! view not seen live lately, a stale model or a chase that says so for a
 //! get, an insert that needs a split (its lock released unchanged in
-//! round 2). On an unordered fabric every write takes the single path
-//! (each run of consecutive gets is read together, as
-//! [`KvSession::get_many`] reads), and so does a call of one request.
+//! round 2). The same goes for an unordered fabric's rounds (a lock
+//! judged after round B as round 1's is, released in round C). A call of
+//! one request on one session takes the single path.
 //!
 //! # Values
 //!
@@ -74,7 +104,10 @@
 //! after the call's last batch, in one round for all of them posted on
 //! every session before any is waited for (`values_on`, as
 //! [`KvSession::get_many_values`]), where one still rewritten sends its
-//! get back to the single path.
+//! get back to the single path. On an unordered fabric a block's WRITE
+//! goes in round A, the leaf write that names it (planned only if the
+//! WRITE completed) in round C with the gets' block READs: `n` puts of
+//! long values on distinct chains cost 3 round trips.
 //!
 //! # Linearizability
 //!
@@ -108,6 +141,24 @@
 //! write was posted and then failed, or whose unlock failed after it, is
 //! indeterminate ([`KvError::may_have_applied`]).
 //!
+//! On an unordered fabric a lock whose `CAS` failed, or landed on a
+//! record round A found retired, reused or unreadable, is judged on
+//! round A's reply ([`KvSession::lock_taken`], with the batch's other
+//! locks, after round B; released unchanged where it landed) and its
+//! write redone or failed. A lock that landed on a live record stays a
+//! planned lock through round B and is judged on round B's READs (a
+//! round B not posted: each such lock released unchanged with its
+//! error, as a failed READ releases it), then released as above, except
+//! that [`KvSession::released_many`] posts each unlock itself and does
+//! not wait: after its leaf WRITE completed; unchanged (posted at once)
+//! when it wrote nothing, or after a leaf WRITE that failed
+//! (indeterminate) or a round C not posted. A posted unlock stays in its
+//! stripe until [`KvSession::settle`] sees it complete; one that failed
+//! goes to the record of locks maybe held, and its error to the request
+//! that settled it (which did not run). Wherever a lock's release is
+//! posted rather than awaited (also by [`KvSession::lock_taken`] and
+//! [`ChainLock::abort`]), it is one of those pending unlocks.
+//!
 //! Value blocks, as [`KvSession::put`] settles them (module `values`):
 //! a block taken for a request is the pipe's until its batch is over.
 //! Once round 2 landed, a write that published it (an insert, an update
@@ -126,7 +177,9 @@
 //! Each round is four steps, whoever drives them: plan (cut the next
 //! batch, plan its ops, enter the locks' stripes), post
 //! ([`Io::post_each`](crate::io::Io::post_each)), wait, apply (read
-//! round 1 and plan round 2's releases; settle round 2's locks). One
+//! round 1 and plan round 2's releases; settle round 2's locks). An
+//! unordered fabric's round B goes between them the same way, posted on
+//! every session that has one before any is waited for. One
 //! session's call ([`KvSession::run_many`]) and a cluster's call across
 //! its nodes (`ClusterSession::run_many`, one session per node) run the
 //! same steps (`run_many_on`): round 1 of every session's batch is
@@ -356,6 +409,10 @@ struct Member {
     kind: Kind,
     /// The WRITE of its value's block in round 1, if it has one.
     value_write: Option<usize>,
+    /// On an unordered fabric, a write's READs that wait for its `CAS`
+    /// (round B): its record's state word and id again, then its chain.
+    /// Empty on an ordered fabric, and for a get.
+    later: Vec<Op>,
 }
 
 /// What a locked write does once round 2 released its lock.
@@ -370,8 +427,9 @@ enum Then {
 
 impl KvSession {
     /// Runs `reqs` together, up to all of them in flight at once (module
-    /// `pipeline`): on an ordered fabric, `n` requests on distinct chains
-    /// cost 2 round trips in all. One answer per request, in order, each
+    /// `pipeline`): `n` requests on distinct chains cost 2 round trips in
+    /// all on an ordered fabric, 3 on an unordered one (1 if all are
+    /// gets). One answer per request, in order, each
     /// as its single method would give it; each request counts as one
     /// operation of its kind, the call's round trips shared out among
     /// them. `Err` only when no request ran: the previous operation's
@@ -385,10 +443,11 @@ impl KvSession {
     /// removes of values of any length ([`ValueRequest`]), each answered
     /// as its single method would ([`Reply`]). A long value's block is
     /// written in round 1, beside its chain's lock, so writes keep their
-    /// 2 round trips; the gets' out-of-line values are read in round 2
-    /// (module docs, "Values"). A write that would need a round trip to find a block
-    /// for its value (a chunk claim, a pop of the pool's free stack) runs
-    /// through the single path.
+    /// 2 round trips (3 on an unordered fabric); the gets' out-of-line
+    /// values are read in round 2 (module docs, "Values"). A write that
+    /// would need a round trip to find a block for its value (a chunk
+    /// claim, a pop of the pool's free stack) runs through the single
+    /// path.
     pub fn run_many_values(
         &mut self,
         reqs: &[ValueRequest<'_>],
@@ -400,8 +459,9 @@ impl KvSession {
     /// [`Self::run_many`] on several sessions at once — one per memory
     /// node of a cluster, `reqs[i]` on `sessions[i]` (module docs,
     /// "Several sessions"): each batch's round 1 is posted on every
-    /// session before any is waited for, then its round 2 likewise, so a
-    /// call costs the round trips of its busiest session, not their sum.
+    /// session before any is waited for, then its round B (unordered
+    /// fabric) and its round 2 likewise, so a call costs the round trips
+    /// of its busiest session, not their sum.
     /// Each session's answers, errors and counters are what its own
     /// `run_many` would give for its requests.
     pub(crate) fn run_many_on(
@@ -554,9 +614,7 @@ impl KvSession {
             let mut pipe = None;
             results.push(s.settle().map(|()| {
                 s.resolve_held();
-                let got = if !s.shared.ordered {
-                    s.run_unordered(mine, strict)
-                } else if alone && mine.len() < 2 {
+                let got = if alone && mine.len() < 2 {
                     mine.iter().map(|&r| s.run_one(r, strict)).collect()
                 } else {
                     pipe = Some(Pipe::new(mine, strict));
@@ -606,7 +664,8 @@ impl KvSession {
                 return;
             }
             let landed = post_all(sessions, &round1, KvSession::post_round1);
-            let mut round2 = Vec::with_capacity(round1.len());
+            let mut looked = Vec::with_capacity(round1.len());
+            let mut round_b = Vec::with_capacity(round1.len());
             for (((s, p), plan), landed) in sessions
                 .iter_mut()
                 .zip(pipes.iter_mut())
@@ -614,11 +673,32 @@ impl KvSession {
                 .zip(landed)
             {
                 let (Some(p), Some(plan)) = (p.as_mut(), plan) else {
-                    round2.push(None);
+                    looked.push(Vec::new());
+                    round_b.push(None);
                     continue;
                 };
-                let looked = s.read_round1(plan, landed, p);
-                round2.push(s.plan_round2(looked, p));
+                let (l, b) = s.read_round1(plan, landed, p);
+                looked.push(l);
+                round_b.push(b);
+            }
+            // Unordered fabric: the READs of the chains round 1 locked.
+            if round_b.iter().any(Option::is_some) {
+                let landed = post_all(sessions, &round_b, KvSession::post_round_b);
+                for ((((s, p), plan), landed), looked) in sessions
+                    .iter_mut()
+                    .zip(pipes.iter())
+                    .zip(round_b)
+                    .zip(landed)
+                    .zip(looked.iter_mut())
+                {
+                    if let (Some(p), Some(plan)) = (p.as_ref(), plan) {
+                        looked.extend(s.read_round_b(plan, landed, p));
+                    }
+                }
+            }
+            let mut round2 = Vec::with_capacity(looked.len());
+            for ((s, p), looked) in sessions.iter_mut().zip(pipes.iter_mut()).zip(looked) {
+                round2.push(p.as_mut().and_then(|p| s.plan_round2(looked, p)));
             }
             let released = post_all(sessions, &round2, KvSession::post_round2);
             for (((s, p), r2), released) in sessions
@@ -713,7 +793,12 @@ impl KvSession {
     /// nothing was posted.
     fn post_round2<'a>(&'a mut self, r2: &'a Round2) -> Option<Posting<'a>> {
         let ops: &[Op] = if r2.reads.is_empty() {
-            r2.releases.as_ref()?.ops.as_ref().ok()?
+            // Empty on an unordered fabric when no lock writes its leaf.
+            let ops = r2.releases.as_ref()?.ops.as_ref().ok()?;
+            if ops.is_empty() {
+                return None;
+            }
+            ops
         } else {
             if let Err(e) = self.io.reserve(&self.shared.engine, r2.read_end, 0) {
                 return Some(Err(e));
@@ -724,31 +809,6 @@ impl KvSession {
             self.io
                 .post_each(&self.shared.pool, ops, "writing and unlocking"),
         )
-    }
-
-    /// `reqs` on an unordered fabric: each run of consecutive gets read
-    /// together ([`KvSession::get_many`]'s path), each write alone.
-    fn run_unordered(&mut self, reqs: &[Req<'_>], strict: bool) -> Vec<Got> {
-        let mut out = Vec::with_capacity(reqs.len());
-        let mut i = 0;
-        while i < reqs.len() {
-            let gets = reqs[i..]
-                .iter()
-                .take_while(|r| matches!(r, Req::Get(_)))
-                .count();
-            if gets < 2 {
-                out.push(self.run_one(reqs[i], strict));
-                i += 1;
-                continue;
-            }
-            let keys: Vec<u64> = reqs[i..i + gets].iter().map(|r| r.key()).collect();
-            match self.settle().and_then(|()| self.get_many_inner(&keys)) {
-                Ok(found) => out.extend(found.into_iter().map(Ok)),
-                Err(e) => out.extend(keys.iter().map(|_| Err(e.clone()))),
-            }
-            i += gets;
-        }
-        out
     }
 
     /// `req` through the single-operation path.
@@ -867,6 +927,8 @@ impl KvSession {
     /// buffer (past the first leaf: a chase that reads a leaf alone reads
     /// it there), each write's lock planned (its stripe entered), each
     /// long value's block staged and its WRITE after its chain's READs.
+    /// On an unordered fabric a write's READs of its record (again) and
+    /// chain are kept for round B (`Member::later`), at the same offsets.
     fn plan_round1(&mut self, mut batch: Vec<(usize, ChainAt)>, p: &mut Pipe<'_>) -> Round1 {
         let step = self.leaf_size.next_multiple_of(8);
         let (staged, write_end) = self.stage_blocks(&mut batch, p);
@@ -960,17 +1022,29 @@ impl KvSession {
                 }
                 None
             };
+            // Unordered: a READ posted with the CAS may run before it.
+            let mut later = Vec::new();
+            if lock.is_some() && !self.shared.ordered {
+                later.extend(plan.ops.last().copied());
+            }
             let mut reads = Vec::with_capacity(remotes.len());
             for (&addr, remote) in chain.iter().zip(remotes) {
-                plan.ops.push(Op::Read {
+                let read = Op::Read {
                     remote,
                     local: plan.end,
                     len: self.leaf_size,
-                });
+                };
+                if later.is_empty() {
+                    plan.ops.push(read);
+                } else {
+                    later.push(read);
+                }
                 reads.push((addr, plan.end));
                 plan.end += step;
             }
-            self.io.cur.leaves_read += reads.len() as u64;
+            if later.is_empty() {
+                self.io.cur.leaves_read += reads.len() as u64;
+            }
             let ops = start..plan.ops.len();
             let lock = lock.map(|p| (p, ops.clone()));
             // After its chain's READs, outside its lock's range: a failed
@@ -988,6 +1062,7 @@ impl KvSession {
                 lock,
                 kind,
                 value_write,
+                later,
             });
         }
         plan
@@ -998,21 +1073,23 @@ impl KvSession {
     /// anything else may use it (a model refresh reads into it): each
     /// get's answer, each write's lock reply and, where the lock landed
     /// on a live record and its value's block was written, its edit.
-    /// Returns the writes.
+    /// Returns the writes; on an unordered fabric, those whose lock
+    /// landed so are returned apart, their READs still to post (round B).
     fn read_round1(
         &mut self,
         plan: Round1,
         landed: Option<Landed>,
         p: &mut Pipe<'_>,
-    ) -> Vec<Looked> {
+    ) -> (Vec<Looked>, Option<RoundB>) {
         let Round1 {
             members,
             checks,
             posted,
+            end,
             ..
         } = plan;
         if members.is_empty() {
-            return Vec::new();
+            return (Vec::new(), None);
         }
         let results = match landed.unwrap_or_else(|| Ok(Vec::new())) {
             Ok(r) => r,
@@ -1025,7 +1102,7 @@ impl KvSession {
                     p.out[m.i] = Some(Err(e.clone()));
                     self.keep_view(m.at.m, (m.at.version, m.at.view));
                 }
-                return Vec::new();
+                return (Vec::new(), None);
             }
         };
         // A READ that failed left its bytes of the read buffer as they
@@ -1045,6 +1122,7 @@ impl KvSession {
             .map(|c| c.0)
             .collect();
         let mut looked = Vec::new();
+        let mut locking = Vec::new();
         for m in members {
             self.chain.clear();
             self.chain.extend(m.reads.iter().map(|r| r.0));
@@ -1075,12 +1153,68 @@ impl KvSession {
             let written = m
                 .value_write
                 .map_or(true, |w| results.get(w).is_some_and(Result::is_ok));
-            let edit = (written && reply.landed(&planned, &m.at))
-                .then(|| self.edit_owner(key, m.kind, p.strict, &m.at, &m.reads));
+            let live = written && reply.landed(&planned, &m.at);
+            if live && !m.later.is_empty() {
+                locking.push(Locking {
+                    i: m.i,
+                    key,
+                    at: m.at,
+                    reads: m.reads,
+                    kind: m.kind,
+                    planned,
+                    reply,
+                    ops: m.later,
+                });
+                continue;
+            }
+            let edit = live.then(|| self.edit_owner(key, m.kind, p.strict, &m.at, &m.reads));
             looked.push(Looked {
                 i: m.i,
                 at: m.at,
                 planned,
+                reply,
+                edit,
+            });
+        }
+        let round_b = (!locking.is_empty()).then(|| RoundB::new(locking, end));
+        (looked, round_b)
+    }
+
+    /// Posts round B of a batch (unordered fabric): the READs of each
+    /// write whose lock round 1 took. On `Err` nothing was posted.
+    fn post_round_b<'a>(&'a mut self, plan: &'a RoundB) -> Option<Posting<'a>> {
+        if let Err(e) = self.io.reserve(&self.shared.engine, plan.end, 0) {
+            return Some(Err(e));
+        }
+        self.io.cur.leaves_read += plan.leaves;
+        Some(
+            self.io
+                .post_each(&self.shared.pool, &plan.ops, "reading locked chains"),
+        )
+    }
+
+    /// Round B as it landed (`Err`: nothing posted): each write's lock
+    /// reply with its record as read after the `CAS`, and, where the
+    /// record is still live, its edit. Returns the writes, as round 1
+    /// returns them on an ordered fabric.
+    fn read_round_b(&mut self, plan: RoundB, landed: Option<Landed>, p: &Pipe<'_>) -> Vec<Looked> {
+        let landed = landed.unwrap_or_else(|| Ok(Vec::new()));
+        let mut looked = Vec::with_capacity(plan.locking.len());
+        for (w, range) in plan.locking.into_iter().zip(plan.ranges) {
+            let reads = match &landed {
+                Ok(r) => Ok(r.get(range).unwrap_or(&[])),
+                Err(e) => Err(e.clone()),
+            };
+            let reply = self.lock_reply_after(&w.planned, w.reply, reads);
+            self.chain.clear();
+            self.chain.extend(w.reads.iter().map(|r| r.0));
+            let edit = reply
+                .landed(&w.planned, &w.at)
+                .then(|| self.edit_owner(w.key, w.kind, p.strict, &w.at, &w.reads));
+            looked.push(Looked {
+                i: w.i,
+                at: w.at,
+                planned: w.planned,
                 reply,
                 edit,
             });
@@ -1395,6 +1529,53 @@ struct Round1 {
     end: u64,
     /// The write buffer's bytes its staged blocks use.
     write_end: u64,
+}
+
+/// A write whose lock `CAS` landed in round 1 on an unordered fabric:
+/// its round B READs (the record's, then the chain's) still to post.
+struct Locking {
+    i: usize,
+    key: u64,
+    at: ChainAt,
+    reads: LeafReads,
+    kind: Kind,
+    planned: PlannedLock,
+    /// Round 1's reply: its `CAS` is the lock's.
+    reply: LockReply,
+    ops: Vec<Op>,
+}
+
+/// Round B of a batch on an unordered fabric: the READs of every write
+/// whose lock round 1 took, each at the offsets round 1 gave it.
+struct RoundB {
+    locking: Vec<Locking>,
+    ops: Vec<Op>,
+    /// Each write's ops in `ops`.
+    ranges: Vec<Range<usize>>,
+    /// The read buffer's bytes round 1 planned (round B's READs in it).
+    end: u64,
+    /// Leaves its READs read.
+    leaves: u64,
+}
+
+impl RoundB {
+    fn new(mut locking: Vec<Locking>, end: u64) -> Self {
+        let mut ops = Vec::new();
+        let mut ranges = Vec::with_capacity(locking.len());
+        for w in &mut locking {
+            let start = ops.len();
+            ops.append(&mut w.ops);
+            ranges.push(start..ops.len());
+        }
+        let leaves = locking.iter().map(|w| w.reads.len() as u64).sum();
+        Self {
+            locking,
+            ops,
+            ranges,
+            end,
+            leaves,
+        }
+    }
 }
 
 /// A write after round 1: its lock's reply and, where the lock landed on
