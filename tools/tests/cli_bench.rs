@@ -448,7 +448,12 @@ fn injected_run(extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn injected_failures_are_counted_and_the_run_still_verifies() {
-    for extra in [&[][..], &["--unordered"], &["--depth", "8"]] {
+    for extra in [
+        &[][..],
+        &["--unordered"],
+        &["--depth", "8"],
+        &["--unordered", "--depth", "8"],
+    ] {
         let j = injected_run(extra);
         assert_eq!(j["verified"], true, "{extra:?}");
         assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
@@ -456,9 +461,42 @@ fn injected_failures_are_counted_and_the_run_still_verifies() {
     }
 }
 
+/// Scans read together (`--depth 8`, ycsb-e) under injected faults, on
+/// one memory node and across two: failed calls are counted, every
+/// answer that came back verifies.
+#[test]
+fn scans_in_flight_together_under_injected_failures_verify() {
+    for extra in [&[][..], &["--memnodes", "2"]] {
+        let mut args = vec![
+            "--workload",
+            "ycsb-e",
+            "--dist",
+            "lognormal",
+            "-n",
+            "2000",
+            "--ops",
+            "3000",
+            "--depth",
+            "8",
+            "--inject-failures",
+            "0.005",
+        ];
+        args.extend_from_slice(extra);
+        let j = bench_json(&args);
+        assert_eq!(j["verified"], true, "{extra:?}: {j}");
+        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
+        assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
+    }
+}
+
 #[test]
 fn injected_failures_leave_no_chain_locked() {
-    for extra in [&[][..], &["--unordered"], &["--depth", "8"]] {
+    for extra in [
+        &[][..],
+        &["--unordered"],
+        &["--depth", "8"],
+        &["--unordered", "--depth", "8"],
+    ] {
         let j = injected_run(extra);
         assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
     }
