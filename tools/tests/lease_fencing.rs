@@ -16,6 +16,11 @@
 //!   (`SIGKILL`) one after another while this process reads back what
 //!   they had acknowledged; every acknowledged insert is found, and no
 //!   chain stays locked once their leases are released.
+//! - [`compute_processes_killed_mid_pipeline_lose_no_acknowledged_insert`]:
+//!   the same with inserters that keep 8 inserts in flight (`run_many`;
+//!   `tcp` is unordered to the store: 3 rounds per call, each unlock
+//!   posted and not waited for), killed with locks and posted unlocks in
+//!   flight.
 //!
 //! Every child runs under a deadline and is killed on every path.
 
@@ -29,7 +34,7 @@ mod common;
 use common::{free_port, sosd, spawn_with_banner, tmp, wait_for, Guard, Lines, BIN};
 use rolex_host::domain::fabric::probe;
 use rolex_host::kv::lease::LeaseClient;
-use rolex_host::kv::{KvClient, KvClientConfig, KvError};
+use rolex_host::kv::{Answer, KvClient, KvClientConfig, KvError, Request};
 
 const TOKEN: &str = "f3nce";
 /// Bound on one child or wait; far above what a run takes.
@@ -198,6 +203,12 @@ fn child_role() {
     println!("ready lease={}", lease.owner().0);
     let deadline = Instant::now() + LIMIT;
     let (mut expired_in_a_row, mut failed_in_a_row) = (0, 0);
+    if role == "insert-many" {
+        insert_many(&mut s, id, &stop, deadline);
+        drop(s);
+        println!("done lease_valid={}", lease.valid());
+        return;
+    }
     for i in 0.. {
         if stop.exists() || Instant::now() > deadline {
             break;
@@ -240,6 +251,48 @@ fn child_role() {
     }
     drop(s);
     println!("done lease_valid={}", lease.valid());
+}
+
+/// The child role `insert-many`: inserts of `insert_key(id, ·)`, 8 per
+/// pipelined call, each answer printed as the `insert` role prints it.
+fn insert_many(s: &mut rolex_host::kv::KvSession, id: u64, stop: &Path, deadline: Instant) {
+    let mut failed_in_a_row = 0;
+    for call in 0u64.. {
+        if stop.exists() || Instant::now() > deadline || failed_in_a_row >= 1000 {
+            break;
+        }
+        let reqs: Vec<Request> = (0..8)
+            .map(|j| {
+                let key = insert_key(id, call * 8 + j);
+                Request::Insert(key, key ^ 0x5eed)
+            })
+            .collect();
+        let t0 = mono_ns();
+        let answers: Vec<Answer> = s
+            .run_many(&reqs)
+            .unwrap_or_else(|e| reqs.iter().map(|_| Err(e.clone())).collect());
+        let t1 = mono_ns();
+        for (r, a) in reqs.iter().zip(answers) {
+            let Request::Insert(key, value) = *r else {
+                continue;
+            };
+            match a {
+                Ok(old) => {
+                    failed_in_a_row = 0;
+                    let old = old.map_or("none".to_string(), |o| o.to_string());
+                    println!("ack {key} {value} {t0} {t1} {old}");
+                }
+                Err(e) => {
+                    failed_in_a_row += 1;
+                    println!(
+                        "err {key} {value} {t0} {t1} may={} expired={} {e}",
+                        e.may_have_applied(),
+                        matches!(e, KvError::LeaseExpired { .. })
+                    );
+                }
+            }
+        }
+    }
 }
 
 // ---- the stop test ----
@@ -475,15 +528,26 @@ const ROUNDS: u64 = 6;
 
 #[test]
 fn compute_processes_killed_mid_split_lose_no_acknowledged_insert() {
+    killed_inserters_lose_no_acknowledged_insert("insert");
+}
+
+#[test]
+fn compute_processes_killed_mid_pipeline_lose_no_acknowledged_insert() {
+    killed_inserters_lose_no_acknowledged_insert("insert-many");
+}
+
+/// Inserters in `role` killed one after another mid-run (see the module
+/// docs).
+fn killed_inserters_lose_no_acknowledged_insert(role: &str) {
     if let Err(e) = probe("tcp", Some("127.0.0.1")) {
         eprintln!("skipped: libfabric tcp not usable here: {e}");
         return;
     }
     let node = Node::start(
-        "kill",
+        &format!("kill-{role}"),
         &["--leaf-slots", "4", "--trigger", "8", "--spare-leaves", "8"],
     );
-    let stop = tmp("kill.stop");
+    let stop = tmp(&format!("kill-{role}.stop"));
     let _ = std::fs::remove_file(&stop);
     let (client, _lease) = connect(&node.addr);
     let mut s = client.session().expect("session");
@@ -491,7 +555,7 @@ fn compute_processes_killed_mid_split_lose_no_acknowledged_insert() {
     let mut checked = 0usize;
     let mut missing = Vec::new();
     for round in 0..ROUNDS {
-        let (mut child, out) = spawn_child("insert", round, &node.addr, &stop);
+        let (mut child, out) = spawn_child(role, round, &node.addr, &stop);
         // Kill after a different count each round: somewhere in a split
         // (4-slot leaves split every two or three inserts).
         let target = 200 + 37 * round as usize;
@@ -535,7 +599,7 @@ fn compute_processes_killed_mid_split_lose_no_acknowledged_insert() {
             .collect();
         let last = out.all().last().cloned().unwrap_or_default();
         eprintln!(
-            "injected: SIGKILL of inserter {round} after {} acknowledged inserts (last line: {last:?})",
+            "injected: SIGKILL of {role} inserter {round} after {} acknowledged inserts (last line: {last:?})",
             mine.len()
         );
         acked.extend(mine);
