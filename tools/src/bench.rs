@@ -226,8 +226,9 @@ pub struct BenchArgs {
     /// (`run_many`, or `run_many_values` for values other than 8 bytes: on
     /// an ordered fabric 2 round trips per memory node for requests on
     /// distinct chains; `get_many` for a run of gets only; `scan_many` for
-    /// a run of scans: their leaves in shared round trips);
-    /// read-modify-writes go one at a time.
+    /// a run of scans: their leaves in shared round trips); a
+    /// read-modify-write's get goes at the start of its call, its update
+    /// where it stands.
     #[arg(long, default_value_t = 1, value_name = "D")]
     depth: usize,
     /// Print one JSON line instead of the table.
@@ -274,15 +275,20 @@ fn kind(op: &Op) -> usize {
     }
 }
 
-/// `op` as a request of a pipelined call, if it can be one (scans and
-/// read-modify-writes cannot).
-fn request(op: &Op) -> Option<Request> {
+/// `op` as the requests of a pipelined call, if it can be in one (a scan
+/// cannot): its read, if it has one to go first, and its request. A
+/// read-modify-write is a get of its key, put at the call's start, and
+/// an update where it stands (see [`StreamRun::run_many`]).
+fn requests(op: &Op) -> Option<(Option<Request>, Request)> {
     match *op {
-        Op::Read(key) => Some(Request::Get(key)),
-        Op::Update { key, value } => Some(Request::Update(key, value)),
-        Op::Insert { key, value } => Some(Request::Insert(key, value)),
-        Op::Delete { key } => Some(Request::Delete(key)),
-        Op::Scan { .. } | Op::ReadModifyWrite { .. } => None,
+        Op::Read(key) => Some((None, Request::Get(key))),
+        Op::Update { key, value } => Some((None, Request::Update(key, value))),
+        Op::Insert { key, value } => Some((None, Request::Insert(key, value))),
+        Op::Delete { key } => Some((None, Request::Delete(key))),
+        Op::ReadModifyWrite { key, value } => {
+            Some((Some(Request::Get(key)), Request::Update(key, value)))
+        }
+        Op::Scan { .. } => None,
     }
 }
 
@@ -1078,18 +1084,29 @@ impl StreamRun<'_> {
         Ok(())
     }
 
-    /// The requests of `ops` (each [`request`]) in one pipelined call
+    /// The requests of `ops` (each [`requests`]) in one pipelined call
     /// (`IdSession::run_many`: `u64` requests or byte values), each
     /// answer checked as its single call's would be; inserts are timed by
-    /// the whole call.
+    /// the whole call. The reads of the read-modify-writes go first, then
+    /// every op's request in order (a read-modify-write's update where it
+    /// stands): the ops of one call are in flight together, so any order
+    /// is theirs to take, and this one lets the pipeline read every key
+    /// in its first batch and write them all in its next (a get and an
+    /// update of one key never share a batch).
     fn run_many(&mut self, ops: &[Op]) -> Vec<Result<Option<Write>, Failed>> {
-        let reqs: Vec<Request> = ops.iter().filter_map(request).collect();
+        let split: Vec<(Option<Request>, Request)> = ops.iter().filter_map(requests).collect();
+        let reads: Vec<Request> = split.iter().filter_map(|&(read, _)| read).collect();
+        let mut reqs = reads.clone();
+        reqs.extend(split.iter().map(|&(_, r)| r));
         let busy = |ctx: &RunCtx| ctx.activity.iter().any(AgentActivity::busy);
         let before = busy(self.ctx);
         let start = self.now();
-        let answers = self.session.run_many(&reqs);
+        let mut answers = self.session.run_many(&reqs).into_iter();
         let took = self.now() - start;
         let retraining = before || busy(self.ctx);
+        let mut read_answers: Vec<Result<Found, KvError>> =
+            answers.by_ref().take(reads.len()).collect();
+        read_answers.reverse();
         let prior = |a: Result<Found, KvError>| {
             a.map(|f| match f {
                 Found::Wrote(p) => p,
@@ -1097,25 +1114,52 @@ impl StreamRun<'_> {
                 Found::Read(_) => Prior::Present,
             })
         };
-        reqs.iter()
+        let got = |a: Result<Found, KvError>| {
+            a.map(|f| match f {
+                Found::Read(v) => v,
+                Found::Wrote(_) => None,
+            })
+        };
+        split
+            .iter()
             .zip(answers)
-            .map(|(&r, a)| match r {
-                Request::Get(key) => {
-                    let got =
-                        a.map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
+            .map(|(&(read, r), a)| match (read, r) {
+                (Some(_), Request::Update(key, value)) => {
+                    let read = read_answers.pop().unwrap_or(Err(KvError::BadConfig {
+                        field: "read-modify-write",
+                        reason: "its read was not answered",
+                    }));
+                    // Checked in the order a single read-modify-write
+                    // checks them: its read, then its update.
+                    let read = got(read).map(|v| {
+                        self.out.gets += 1;
+                        self.check_read("read-modify-write's get", key, v);
+                    });
+                    let w = self.update_answer("read-modify-write's update", key, value, prior(a));
+                    match read {
+                        Ok(()) => w,
+                        // The update ran (or may have): its write counts.
+                        Err(error) => Err(Failed::new(
+                            format_args!("get {key}"),
+                            error,
+                            w.unwrap_or_else(|f| f.write),
+                        )),
+                    }
+                }
+                (_, Request::Get(key)) => {
+                    let v = got(a)
+                        .map_err(|error| Failed::new(format_args!("get {key}"), error, None))?;
                     self.out.gets += 1;
-                    let got = match got {
-                        Found::Read(v) => v,
-                        Found::Wrote(_) => None,
-                    };
-                    self.check_read("get", key, got);
+                    self.check_read("get", key, v);
                     Ok(None)
                 }
-                Request::Update(key, value) => self.update_answer("update", key, value, prior(a)),
-                Request::Insert(key, value) => {
+                (_, Request::Update(key, value)) => {
+                    self.update_answer("update", key, value, prior(a))
+                }
+                (_, Request::Insert(key, value)) => {
                     self.insert_answer(key, value, prior(a), (took, retraining))
                 }
-                Request::Delete(key) => self.delete_answer(key, prior(a)),
+                (_, Request::Delete(key)) => self.delete_answer(key, prior(a)),
             })
             .collect()
     }
@@ -1364,7 +1408,7 @@ fn run_thread(
         let mixed = stream[at..]
             .iter()
             .take(ctx.depth)
-            .take_while(|op| request(op).is_some())
+            .take_while(|op| requests(op).is_some())
             .count();
         if mixed > 1 && mixed > gets {
             let ops = &stream[at..at + mixed];

@@ -164,6 +164,8 @@ fn operations_in_flight_together_verify_and_share_round_trips() {
         ("ycsb-a", vec!["--value-size", "64"]),
         ("ycsb-e", vec![]),
         ("ycsb-e", vec!["--value-size", "9..200", "--memnodes", "3"]),
+        ("ycsb-f", vec![]),
+        ("ycsb-f", vec!["--value-size", "9..200", "--unordered"]),
     ] {
         let mut a = vec![
             "--workload",
@@ -188,9 +190,10 @@ fn operations_in_flight_together_verify_and_share_round_trips() {
         }
         let get = j["rtt_per_op"]["get"].as_f64().unwrap();
         assert!(get < 1.0, "{w}: gets share batches: {j}");
-        if w == "ycsb-a" {
+        if w == "ycsb-a" || w == "ycsb-f" {
             // Updates are pipelined with the gets (u64 values, and long
-            // ones: `run_many_values`).
+            // ones: `run_many_values`; a read-modify-write's get and
+            // update too).
             let update = j["rtt_per_op"]["update"].as_f64().unwrap();
             assert!(update < 2.0, "{w}: updates share batches: {j}");
         }
@@ -461,15 +464,21 @@ fn injected_failures_are_counted_and_the_run_still_verifies() {
     }
 }
 
-/// Scans read together (`--depth 8`, ycsb-e) under injected faults, on
-/// one memory node and across two: failed calls are counted, every
-/// answer that came back verifies.
+/// Scans read together (`--depth 8`, ycsb-e), on one memory node and
+/// across two, and read-modify-writes in flight together (ycsb-f), under
+/// injected faults: failed calls are counted, every answer that came back
+/// verifies, no chain stays locked.
 #[test]
-fn scans_in_flight_together_under_injected_failures_verify() {
-    for extra in [&[][..], &["--memnodes", "2"]] {
+fn scans_and_read_modify_writes_in_flight_under_injected_failures_verify() {
+    for (w, extra) in [
+        ("ycsb-e", &[][..]),
+        ("ycsb-e", &["--memnodes", "2"]),
+        ("ycsb-f", &[]),
+        ("ycsb-f", &["--unordered"]),
+    ] {
         let mut args = vec![
             "--workload",
-            "ycsb-e",
+            w,
             "--dist",
             "lognormal",
             "-n",
@@ -483,9 +492,9 @@ fn scans_in_flight_together_under_injected_failures_verify() {
         ];
         args.extend_from_slice(extra);
         let j = bench_json(&args);
-        assert_eq!(j["verified"], true, "{extra:?}: {j}");
-        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
-        assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
+        assert_eq!(j["verified"], true, "{w} {extra:?}: {j}");
+        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{w} {extra:?}: {j}");
+        assert_eq!(j["locks_held_end"], 0, "{w} {extra:?}: {j}");
     }
 }
 
