@@ -1435,8 +1435,18 @@ impl KvSession {
     }
 
     /// The models of `b` whose check, as it landed, says a view is stale
-    /// (the views found current count as seen live when `b` was posted).
-    fn stale_models(&self, b: &LeafBatch) -> Result<Vec<usize>, KvError> {
+    /// (the views found current count as seen live when `b` was posted);
+    /// `landed`: its first op error (the call's, `during` it), or why it
+    /// was not posted.
+    fn stale_models(
+        &self,
+        b: &LeafBatch,
+        landed: Result<Option<TransferError>, KvError>,
+        during: &'static str,
+    ) -> Result<Vec<usize>, KvError> {
+        if let Some(error) = landed? {
+            return Err(KvError::Transfer { during, error });
+        }
         let mut stale = Vec::new();
         for (m, view, at) in &b.checks {
             if !self.still_current_at(view, b.posted, *at)? && !stale.contains(m) {
@@ -1457,13 +1467,7 @@ impl KvSession {
         b: GetBatch,
         landed: Result<Option<TransferError>, KvError>,
     ) -> Result<(), KvError> {
-        if let Some(error) = landed? {
-            return Err(KvError::Transfer {
-                during: "get_many",
-                error,
-            });
-        }
-        let mut stale = self.stale_models(&b.batch)?;
+        let mut stale = self.stale_models(&b.batch, landed, "get_many")?;
         let plans = b.plans;
         let mut again = Vec::new();
         for (i, m, view, j, reads) in plans {

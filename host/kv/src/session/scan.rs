@@ -278,13 +278,7 @@ impl KvSession {
         r: ScanRound,
         landed: Result<Option<TransferError>, KvError>,
     ) -> Result<(), KvError> {
-        if let Some(error) = landed? {
-            return Err(KvError::Transfer {
-                during: "scan",
-                error,
-            });
-        }
-        let mut stale = self.stale_models(&r.batch)?;
+        let mut stale = self.stale_models(&r.batch, landed, "scan")?;
         let mut chased_stale = 0;
         for p in &r.plans {
             let sc = &mut scans[p.scan];
