@@ -1117,16 +1117,7 @@ impl KvSession {
                 else {
                     return Ok(Landed::Chase);
                 };
-                let owns = Leaf::from_bytes(leaf).is_ok_and(|l| {
-                    l.validate().is_ok()
-                        && !l.is_freed()
-                        && (l.fence_lo()..=l.fence_hi()).contains(&key)
-                });
-                Ok(if owns {
-                    Landed::Found(lookup(leaf, key))
-                } else {
-                    Landed::Chase
-                })
+                Ok(owner_value(leaf, key).map_or(Landed::Chase, Landed::Found))
             })??;
         if !matches!(landed, Landed::Stale) {
             view.seen_live(posted);
@@ -1475,10 +1466,24 @@ impl KvSession {
                 again.push(i);
                 continue;
             }
-            let start = reads[0].0;
+            let Some(&(start, first)) = reads.first() else {
+                again.push(i);
+                continue;
+            };
+            // The chain's first leaf owns most keys: looked at in place,
+            // as a single get looks (no copy); the chase otherwise.
+            let key = g.keys[i];
+            let leaf_size = self.leaf_size;
+            if let Some(v) = self
+                .io
+                .with_local(first, leaf_size, |leaf| owner_value(leaf, key))?
+            {
+                g.out[i] = v;
+                continue;
+            }
             self.chain.clear();
             self.chain.extend(reads.iter().map(|r| r.0));
-            match self.chase(m as u64, g.keys[i], start, 0, &reads)? {
+            match self.chase(m as u64, key, start, 0, &reads)? {
                 Chase::Owner(owner) => {
                     self.learn(&view, j, &owner.path, owner.addr);
                     g.out[i] = lookup(&owner.bytes, g.keys[i]);
@@ -2151,6 +2156,17 @@ fn le_word(bytes: &[u8], at: u64) -> u64 {
         .and_then(|at| bytes.get(at..at.checked_add(8)?))
         .and_then(|w| w.try_into().ok())
         .map_or(0, u64::from_le_bytes)
+}
+
+/// What a leaf's bytes as they landed say of `key`: if they are an
+/// intact leaf (checksum and structure) that is not freed and owns `key`
+/// (its fences hold it), its value there (`Some(None)`: absent); `None`
+/// when only a chase can tell.
+fn owner_value(leaf: &[u8], key: u64) -> Option<Option<SlotValue>> {
+    let owns = Leaf::from_bytes(leaf).is_ok_and(|l| {
+        l.validate().is_ok() && !l.is_freed() && (l.fence_lo()..=l.fence_hi()).contains(&key)
+    });
+    owns.then(|| lookup(leaf, key))
 }
 
 /// The value of `key` in the owner's bytes, which the chase validated
