@@ -8,7 +8,9 @@
 //! and calls under injected faults: no lock left held, no block handed
 //! out twice, and no block lost but those an indeterminate write may have
 //! published. Each on an ordered and an unordered fabric (several shuffle
-//! seeds).
+//! seeds). Histories of concurrent calls of value requests and of scans
+//! read together (chains colliding, models retraining) against the
+//! checker.
 
 mod common;
 
@@ -444,4 +446,123 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
 #[test]
 fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block_unordered() {
     value_calls_under_injected_faults(true);
+}
+
+/// The id of `bytes` if they are a value [`val`] made for `key` (8 bytes
+/// or more: a load value is its 8-byte id).
+fn id_of(key: u64, bytes: &[u8]) -> Option<u64> {
+    let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    (val(key, id, bytes.len()) == bytes).then_some(id)
+}
+
+/// Four threads on two compute nodes, each issuing calls of up to 8
+/// value requests over 24 keys (chains collide; values of 8 to 300
+/// bytes, so fresh clients claim a chunk for a size class mid-call),
+/// some calls a `scan_many_values` of a few scans instead, while a
+/// retrainer retrains every model again and again: the history (each
+/// request of a call, each scan of a call, invoked at its start and
+/// returned at its end; values stand for their ids) is linearizable, and
+/// no lock is left maybe held.
+fn concurrent_value_calls(unordered: Option<u64>, seed: u64) {
+    use rolex_checker::{Call, Ret};
+    let keys = 24u64;
+    let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
+    let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
+    let cfg = KvClientConfig {
+        model_max_age: std::time::Duration::from_millis(5),
+        ..config(unordered)
+    };
+    let clients = [
+        KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
+        KvClient::connect(cfg, &node.pool()).unwrap(),
+    ];
+    let ids = |entries: Vec<(u64, Vec<u8>)>| -> Vec<(u64, u64)> {
+        entries
+            .into_iter()
+            .map(|(k, v)| (k, id_of(k, &v).expect("a value no one wrote")))
+            .collect()
+    };
+    let (checked, retrains) = common::run_history(
+        &node,
+        &clients,
+        &pairs,
+        (4, 60, seed),
+        |s, rec, rng, t, i| {
+            if rng.gen_bool(0.2) {
+                let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
+                    .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
+                    .collect();
+                let ops: Vec<_> = scans
+                    .iter()
+                    .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
+                    .collect();
+                let got = s.scan_many_values(&scans).unwrap();
+                for (op, got) in ops.into_iter().zip(got) {
+                    rec.finish(op, Ret::Entries(ids(got)));
+                }
+                return;
+            }
+            let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
+                .map(|r| {
+                    let key = rng.gen_range(0..keys) * 1000;
+                    let id = (t as u64 + 1) << 32 | i << 4 | r;
+                    (
+                        rng.gen_range(0..10u8),
+                        key,
+                        val(key, id, rng.gen_range(8..=300)),
+                    )
+                })
+                .collect();
+            let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+            let ops: Vec<_> = data
+                .iter()
+                .zip(&reqs)
+                .map(|((_, _, v), r)| {
+                    let value = u64::from_le_bytes(v[..8].try_into().unwrap());
+                    rec.invoke(match *r {
+                        ValueRequest::Get(key) => Call::Get { key },
+                        ValueRequest::Put(key, _) => Call::Insert { key, value },
+                        ValueRequest::Update(key, _) => Call::Update { key, value },
+                        ValueRequest::Remove(key) => Call::Delete { key },
+                    })
+                })
+                .collect();
+            let got = s.run_many_values(&reqs).unwrap();
+            for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
+                let a = a.unwrap_or_else(|e| panic!("{r:?}: {e}"));
+                rec.finish(
+                    op,
+                    match (r, a) {
+                        (ValueRequest::Get(k), Reply::Value(v)) => {
+                            Ret::Value(v.map(|v| id_of(*k, &v).expect("a value no one wrote")))
+                        }
+                        (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
+                        (_, Reply::Present(p)) => Ret::Applied(p),
+                        (r, a) => panic!("{r:?} answered {a:?}"),
+                    },
+                );
+            }
+        },
+    );
+    eprintln!(
+        "unordered {unordered:?} seed {seed}: {} ops and {} scans checked, {retrains} retrains",
+        checked.single_ops, checked.scans
+    );
+    assert!(retrains > 0);
+    for c in &clients {
+        assert_eq!(c.locks_maybe_held(), 0);
+    }
+    assert!(node.last_agent_error().is_none());
+}
+
+#[test]
+fn concurrent_value_calls_are_linearizable() {
+    concurrent_value_calls(None, 1);
+}
+
+#[test]
+fn concurrent_value_calls_are_linearizable_on_an_unordered_fabric() {
+    for seed in SEEDS {
+        concurrent_value_calls(Some(seed), seed);
+    }
 }
