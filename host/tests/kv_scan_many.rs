@@ -7,7 +7,8 @@
 //! scans of values while other compute nodes rewrite values of 0 to 300
 //! bytes (pipelined on an unordered fabric, and op by op) return only
 //! values written to their keys; and a key removed before a scan could
-//! read its value leaves no hole (one node, and across nodes).
+//! read its value leaves no hole (one node, and across nodes); a call of
+//! more scans than one round's MiB of leaves holds answers each.
 
 mod common;
 
@@ -499,5 +500,47 @@ struct StopOnDrop<'a>(&'a AtomicBool);
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A call of more scans than one round's MiB of leaves holds (hundreds
+/// of long scans, and duplicates): its scans go on in the next rounds,
+/// each answering as the model, on one node and across three.
+#[test]
+fn a_call_of_more_scans_than_a_round_holds_answers_each() {
+    let pairs = loaded(60_000, 3);
+    let model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+    let node = rolex_host::memnode::MemoryNode::start(Default::default(), &pairs).unwrap();
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    let (_mns, c) = cluster_with(&pairs, 3, |_, node| {
+        KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap()
+    });
+    let mut cs = c.session().unwrap();
+    let mut rng = StdRng::seed_from_u64(5);
+    for call in 0..4 {
+        let mut scans: Vec<(u64, usize)> = (0..300)
+            .map(|_| (rng.gen_range(0..181_000u64), rng.gen_range(300..1500usize)))
+            .collect();
+        scans.extend_from_within(..20);
+        let before = client.stats().op(KvOp::Scan).rtts;
+        let got = s.scan_many(&scans).unwrap();
+        let rounds = client.stats().op(KvOp::Scan).rtts - before;
+        assert!(rounds > 1, "call {call}: {rounds} round trips");
+        for (&(from, n), got) in scans.iter().zip(&got) {
+            assert_eq!(
+                got,
+                &first(&model, from, n),
+                "call {call}: scan ({from}, {n})"
+            );
+        }
+        let got = cs.scan_many_values(&scans).unwrap();
+        for (&(from, n), got) in scans.iter().zip(&got) {
+            let want: Vec<(u64, Vec<u8>)> = first(&model, from, n)
+                .into_iter()
+                .map(|(k, v)| (k, v.to_le_bytes().to_vec()))
+                .collect();
+            assert_eq!(got, &want, "call {call}: cluster scan ({from}, {n})");
+        }
     }
 }
