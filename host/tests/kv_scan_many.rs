@@ -8,7 +8,9 @@
 //! bytes (pipelined on an unordered fabric, and op by op) return only
 //! values written to their keys; and a key removed before a scan could
 //! read its value leaves no hole (one node, and across nodes); a call of
-//! more scans than one round's MiB of leaves holds answers each.
+//! more scans than one round's MiB of leaves holds answers each; scans at
+//! the ends of the key space; and across three churning nodes, scans of
+//! values while pipelined calls rewrite values across the nodes.
 
 mod common;
 
@@ -541,6 +543,200 @@ fn a_call_of_more_scans_than_a_round_holds_answers_each() {
                 .map(|(k, v)| (k, v.to_le_bytes().to_vec()))
                 .collect();
             assert_eq!(got, &want, "call {call}: cluster scan ({from}, {n})");
+        }
+    }
+}
+
+/// Scans at the ends of the key space: from 0, from `u64::MAX` and just
+/// below, with `n` up to `usize::MAX`, over a store holding keys 0,
+/// `u64::MAX - 1` and `u64::MAX`: each answers as the model, read
+/// together, on one node and across three.
+#[test]
+fn scans_at_the_ends_of_the_key_space_answer_as_the_model() {
+    let mut pairs = loaded(3000, 4);
+    pairs.insert(0, (0, 77));
+    pairs.push((u64::MAX - 1, 78));
+    pairs.push((u64::MAX, 79));
+    let model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+    let node = eight_slot_node(&pairs);
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    let (_mns, c) = cluster_with(&pairs, 3, |_, node| {
+        KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap()
+    });
+    let mut cs = c.session().unwrap();
+    let scans = [
+        (u64::MAX, 5),
+        (u64::MAX - 1, 1),
+        (u64::MAX - 2, usize::MAX),
+        (0, 1),
+        (0, usize::MAX),
+        (11_990, usize::MAX),
+        (u64::MAX / 2, 3),
+    ];
+    let got = s.scan_many(&scans).unwrap();
+    let got_c = cs.scan_many(&scans).unwrap();
+    let got_v = cs.scan_many_values(&scans).unwrap();
+    for (i, &(from, n)) in scans.iter().enumerate() {
+        let want = first(&model, from, n);
+        assert_eq!(got[i], want, "scan ({from}, {n})");
+        assert_eq!(got_c[i], want, "cluster scan ({from}, {n})");
+        let want_v: Vec<(u64, Vec<u8>)> = want
+            .iter()
+            .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+            .collect();
+        assert_eq!(got_v[i], want_v, "cluster values scan ({from}, {n})");
+        assert_eq!(s.scan(from, n).unwrap(), want, "alone ({from}, {n})");
+    }
+}
+
+/// Across three memory nodes that split, merge and retrain all the time:
+/// calls of scans of values read together (many crossing the nodes'
+/// boundaries) while another compute node rewrites the loaded keys with
+/// values of 0 to 300 bytes and puts and removes keys between them, in
+/// pipelined calls across the nodes on an unordered fabric: each scan
+/// is sorted, at most `n` long, holds every loaded key between its start
+/// and its last key (every one after it too, if short), each with a
+/// value written to it.
+#[test]
+fn cluster_scans_of_values_while_values_are_rewritten_leave_no_hole() {
+    use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
+    use rolex_host::kv::ValueRequest;
+    use rolex_host::{EngineConfig, Fabric, LoopbackConfig, Unordered};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    for seed in 1..=2u64 {
+        let pairs: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 100, i)).collect();
+        let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+        let map = PartitionMap::balanced(&keys, 3).unwrap();
+        let mut mns = Vec::new();
+        let connect = |mns: &[rolex_host::memnode::MemoryNode], unordered: bool| {
+            let nodes = mns
+                .iter()
+                .enumerate()
+                .map(|(i, mn)| ClusterNode {
+                    name: format!("node-{i}"),
+                    client: KvClient::connect(
+                        KvClientConfig {
+                            engine: EngineConfig {
+                                fabric: Fabric::Loopback(LoopbackConfig {
+                                    unordered: unordered.then_some(Unordered { seed, window: 8 }),
+                                    ..LoopbackConfig::default()
+                                }),
+                                ..EngineConfig::default()
+                            },
+                            ..KvClientConfig::default()
+                        },
+                        &mn.pool(),
+                    )
+                    .unwrap(),
+                })
+                .collect();
+            ClusterClient::new(map.clone(), nodes).unwrap()
+        };
+        for i in 0..3 {
+            let (lo, hi) = map.range(i).unwrap();
+            let mine: Vec<(u64, u64)> = pairs
+                .iter()
+                .copied()
+                .filter(|&(k, _)| lo <= k && k <= hi)
+                .collect();
+            mns.push(churning_node(&mine));
+        }
+        let writer = connect(&mns, true);
+        let reader = connect(&mns, false);
+        let written: Mutex<HashMap<u64, Vec<Vec<u8>>>> = Mutex::new(
+            pairs
+                .iter()
+                .map(|&(k, v)| (k, vec![v.to_le_bytes().to_vec()]))
+                .collect(),
+        );
+        let done = AtomicBool::new(false);
+        let loaded: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+        std::thread::scope(|scope| {
+            let (written, done) = (&written, &done);
+            scope.spawn(move || {
+                let _done = StopOnDrop(done);
+                let mut s = writer.session().unwrap();
+                let mut rng = StdRng::seed_from_u64(seed * 10 + 1);
+                let mut id = 1u64 << 40;
+                for _ in 0..600 {
+                    let data: Vec<(bool, u64, Vec<u8>)> = (0..rng.gen_range(1..=12))
+                        .map(|_| {
+                            id += 1;
+                            let key = rng.gen_range(0..1200u64) * 25;
+                            let v = val(key, id, rng.gen_range(0..=300));
+                            (rng.gen_bool(0.3) && key % 100 != 0, key, v)
+                        })
+                        .collect();
+                    {
+                        let mut w = written.lock().unwrap_or_else(|e| e.into_inner());
+                        for (remove, k, v) in &data {
+                            if !remove {
+                                w.entry(*k).or_default().push(v.clone());
+                            }
+                        }
+                    }
+                    let reqs: Vec<ValueRequest<'_>> = data
+                        .iter()
+                        .map(|(remove, k, v)| match remove {
+                            true => ValueRequest::Remove(*k),
+                            false => ValueRequest::Put(*k, v),
+                        })
+                        .collect();
+                    for (r, a) in reqs.iter().zip(s.run_many_values(&reqs)) {
+                        a.unwrap_or_else(|e| panic!("{r:?}: {e}"));
+                    }
+                }
+            });
+            let mut s = reader.session().unwrap();
+            let mut rng = StdRng::seed_from_u64(seed * 10 + 3);
+            let mut call = 0;
+            while !done.load(Ordering::Relaxed) || call < 50 {
+                call += 1;
+                let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..9))
+                    .map(|_| (rng.gen_range(0..31_000u64), rng.gen_range(1..80usize)))
+                    .collect();
+                let got = if call % 4 == 0 {
+                    scans
+                        .iter()
+                        .map(|&(f, n)| s.scan_values(f, n).unwrap())
+                        .collect()
+                } else {
+                    s.scan_many_values(&scans).unwrap()
+                };
+                let written = written.lock().unwrap_or_else(|e| e.into_inner());
+                for (&(from, n), got) in scans.iter().zip(&got) {
+                    let at = format!("seed {seed} call {call} scan ({from}, {n})");
+                    assert!(got.len() <= n, "{at}: {} pairs", got.len());
+                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{at}: unsorted");
+                    assert!(
+                        got.first().map_or(true, |p| p.0 >= from),
+                        "{at}: starts before"
+                    );
+                    for (k, v) in got {
+                        assert!(
+                            written.get(k).is_some_and(|w| w.contains(v)),
+                            "{at}: key {k}: {} bytes no writer wrote to it",
+                            v.len()
+                        );
+                    }
+                    let end = if got.len() < n {
+                        u64::MAX
+                    } else {
+                        got[n - 1].0
+                    };
+                    for &k in loaded.range(from..=end).map(|(k, _)| k) {
+                        assert!(
+                            got.binary_search_by_key(&k, |p| p.0).is_ok(),
+                            "{at}: loaded key {k} missing"
+                        );
+                    }
+                }
+            }
+        });
+        for mn in &mns {
+            assert!(mn.last_agent_error().is_none(), "seed {seed}");
         }
     }
 }
