@@ -10,7 +10,9 @@
 //! published. Each on an ordered and an unordered fabric (several shuffle
 //! seeds). Histories of concurrent calls of value requests and of scans
 //! read together (chains colliding, models retraining) against the
-//! checker, also under injected faults on an unordered fabric.
+//! checker, also under injected faults on an unordered fabric. Calls
+//! from fresh clients (chunk claims: writes redone on the single path)
+//! mixed with requests of the same keys answer in request order.
 
 mod common;
 
@@ -757,5 +759,59 @@ fn concurrent_value_calls_under_faults(seed: u64) {
 fn concurrent_value_calls_under_injected_faults_are_linearizable_unordered() {
     for seed in 1..=3 {
         concurrent_value_calls_under_faults(seed);
+    }
+}
+
+/// Calls from fresh clients (an empty value space: the first write of
+/// each size class needs a chunk claim, so it goes through the single
+/// path, redone after its batch) mixing those writes with others on the
+/// same keys and chains (requests of one key several times per call),
+/// on both fabrics: each answer is the reference map's in request order,
+/// and the store ends holding the map.
+fn fresh_clients_calls(unordered: Option<u64>) {
+    let pairs = loaded(400, 8);
+    let max = 3_300;
+    let node = eight_slot_node(&pairs);
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs
+        .iter()
+        .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(unordered.unwrap_or(0) + 41);
+    let mut n = 1 << 40;
+    for call in 0..60 {
+        let c = KvClient::connect(config(unordered), &node.pool()).unwrap();
+        let mut s = c.session().unwrap();
+        // Few keys per call, so requests of one key repeat.
+        let keys: Vec<u64> = (0..4).map(|_| rng.gen_range(0..max)).collect();
+        let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(2..=16))
+            .map(|_| {
+                let key = keys[rng.gen_range(0..keys.len())];
+                n += 1;
+                let len = [0, 8, 9, 40, 100, 200, 1000, 5000][rng.gen_range(0..8)];
+                (rng.gen_range(0..10u8), key, val(key, n, len))
+            })
+            .collect();
+        let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+        let got = s.run_many_values(&reqs).unwrap();
+        for (&r, a) in reqs.iter().zip(got) {
+            assert_eq!(a.unwrap(), apply(&mut model, r), "call {call}: {r:?}");
+        }
+        s.flush().unwrap();
+        assert_eq!(c.locks_maybe_held(), 0);
+    }
+    let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let all = reader
+        .session()
+        .unwrap()
+        .scan_values(0, model.len() + 1)
+        .unwrap();
+    assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn calls_from_fresh_clients_claim_chunks_and_answer_in_request_order() {
+    fresh_clients_calls(None);
+    for seed in SEEDS {
+        fresh_clients_calls(Some(seed));
     }
 }
