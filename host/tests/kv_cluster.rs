@@ -8,6 +8,8 @@
 //! waited for) against a `BTreeMap`, on an ordered and an unordered
 //! fabric, and with one node's batches failing under injected faults: the
 //! other node's answers are right and none of its locks is left held.
+//! Scans read together across a node whose operations fail (injected
+//! faults, then down for good): each call answers right or names it.
 
 mod common;
 
@@ -522,6 +524,140 @@ fn a_node_whose_batches_fail_leaves_the_other_nodes_answers_and_locks_alone() {
             "seed {seed}: node 0: {failed} requests failed, {} locks maybe held, {} LT words locked",
             c.node(0).unwrap().locks_maybe_held(),
             mns[0].release_locks_of(OWNER).unwrap()
+        );
+    }
+}
+
+/// The first `n` pairs of `model` from `from`.
+fn first(model: &BTreeMap<u64, u64>, from: u64, n: usize) -> Vec<(u64, u64)> {
+    model.range(from..).take(n).map(|(k, v)| (*k, *v)).collect()
+}
+
+/// Calls of scans read together (`scan_many`, `scan_many_values`) from
+/// anywhere, many crossing the nodes' boundaries, while node 1's
+/// compute-node NIC fails a share of its operations (ordered and
+/// unordered fabric): a call either answers every scan exactly as the
+/// model does, or fails with an error naming node 1 (none otherwise); a
+/// call whose scans never reach node 1's range always answers. Then node
+/// 1 fails for good: calls that stay off its range go on answering, those
+/// that reach it are refused naming it.
+#[test]
+fn scans_read_together_across_a_failing_node_answer_right_or_name_it() {
+    let pairs = loaded(3000, 4);
+    let model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+    let max = 12_100u64;
+    for (seed, unordered) in [(1u64, false), (2, true), (3, false), (4, true)] {
+        let (mns, c) = cluster_with(&pairs, 3, |i, node| {
+            (0..1000u64)
+                .find_map(|attempt| {
+                    let faults = (i == 1).then_some(Faults {
+                        probability: 0.05,
+                        seed: seed * 1_000_003 + attempt,
+                    });
+                    let cfg = KvClientConfig {
+                        engine: EngineConfig {
+                            fabric: Fabric::Loopback(LoopbackConfig {
+                                faults,
+                                unordered: unordered.then_some(Unordered { seed, window: 8 }),
+                                ..LoopbackConfig::default()
+                            }),
+                            ..EngineConfig::default()
+                        },
+                        ..KvClientConfig::default()
+                    };
+                    KvClient::connect(cfg, &node.pool()).ok()
+                })
+                .expect("connecting under injected faults")
+        });
+        let (lo1, hi1) = c.map().range(1).unwrap();
+        // Whether the scan `(from, n)` visits node 1.
+        let reaches_1 = |from: u64, n: usize| {
+            let want = first(&model, from, n);
+            from <= hi1 && (want.len() < n || want.last().is_some_and(|p| p.0 >= lo1))
+        };
+        let mut s = c.session().unwrap();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (mut failed, mut answered) = (0, 0);
+        for call in 0..150 {
+            let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..8))
+                .map(|_| {
+                    // Half of them start just below a boundary.
+                    let from = match rng.gen_range(0..4) {
+                        0 => lo1 - rng.gen_range(1..40),
+                        1 => c.map().range(2).unwrap().0 - rng.gen_range(1..40),
+                        _ => rng.gen_range(0..max),
+                    };
+                    (from, rng.gen_range(1..80))
+                })
+                .collect();
+            let reaches = scans.iter().any(|&(from, n)| reaches_1(from, n));
+            let at = format!("seed {seed} call {call} {scans:?}");
+            let got = if call % 2 == 0 {
+                s.scan_many(&scans)
+            } else {
+                s.scan_many_values(&scans).map(|got| {
+                    got.into_iter()
+                        .map(|p| {
+                            p.into_iter()
+                                .map(|(k, v)| (k, u64::from_le_bytes(v.try_into().unwrap())))
+                                .collect()
+                        })
+                        .collect()
+                })
+            };
+            match got {
+                Ok(got) => {
+                    answered += 1;
+                    assert_eq!(got.len(), scans.len(), "{at}");
+                    for (&(from, n), got) in scans.iter().zip(&got) {
+                        assert_eq!(got, &first(&model, from, n), "{at}: scan ({from}, {n})");
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    assert!(reaches, "{at}: a call off node 1 failed: {e}");
+                    assert!(
+                        matches!(
+                            e,
+                            KvError::MemoryNode { node: 1, .. }
+                                | KvError::MemoryNodeDown { node: 1, .. }
+                        ),
+                        "{at}: {e}"
+                    );
+                    assert!(!e.may_have_applied(), "{at}: {e}");
+                }
+            }
+        }
+        assert!(
+            failed > 0 && answered > 0,
+            "seed {seed}: {failed} failed, {answered} answered"
+        );
+        // Node 1 fails for good.
+        assert!(mns[1].engine().set_failed(true), "loopback fails peers");
+        let (lo2, _) = c.map().range(2).unwrap();
+        for call in 0..40u64 {
+            let off = [(rng.gen_range(0..lo1 - 400), 50), (lo2 + call * 7, 30)];
+            let got = s.scan_many(&off).unwrap();
+            for (&(from, n), got) in off.iter().zip(&got) {
+                assert_eq!(
+                    got,
+                    &first(&model, from, n),
+                    "seed {seed}: after the failure"
+                );
+            }
+            let e = s.scan_many_values(&[(lo2, 5), (lo1 - 3, 20)]).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    KvError::MemoryNode { node: 1, .. } | KvError::MemoryNodeDown { node: 1, .. }
+                ),
+                "seed {seed}: {e}"
+            );
+        }
+        assert!(c.is_down(1));
+        assert!(
+            s.flush().is_ok(),
+            "seed {seed}: flushing skips the node that is down"
         );
     }
 }

@@ -5,6 +5,8 @@
 //! concurrent batches against the checker (`rolex_checker`, chains
 //! colliding, models retraining), and batches under injected faults (both
 //! fabrics): no lock left held, every acknowledged write readable.
+//! Sessions dropped with their unlocks posted (unordered fabric, with and
+//! without injected faults) leave no chain locked.
 
 mod common;
 
@@ -531,4 +533,144 @@ fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_unordered() {
     batches_under_injected_faults(true);
+}
+
+/// Sessions dropped right after a call of writes on an unordered fabric,
+/// their unlocks posted and not yet awaited (a new session each call,
+/// some on models retraining meanwhile), answer as a sequential
+/// `BTreeMap` and leave no chain locked: dropping a session settles its
+/// posted unlocks. With injected faults, every lock an unlock that failed
+/// left is released by the client's record of locks maybe held once a
+/// later session flushes, and every key reads back as a write of its own
+/// (or its load value) left it.
+fn sessions_dropped_with_unlocks_posted(faults: bool) {
+    const OWNER: LockOwner = LockOwner(21);
+    let keys = 64u64;
+    for seed in 1..=4u64 {
+        let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
+        let node = common::churning_node(&pairs);
+        let c = (0..1000u64)
+            .find_map(|attempt| {
+                let cfg = KvClientConfig {
+                    engine: engine(
+                        true,
+                        faults.then_some(Faults {
+                            probability: 0.02,
+                            seed: seed * 1_000_003 + attempt,
+                        }),
+                        seed,
+                    ),
+                    lock_owner: OWNER,
+                    ..KvClientConfig::default()
+                };
+                KvClient::connect(cfg, &node.pool()).ok()
+            })
+            .expect("connecting under injected faults");
+        let mut model: BTreeMap<u64, u64> = pairs.iter().copied().collect();
+        // Each key's values a write of it may have left (faults).
+        let mut maybe: BTreeMap<u64, Vec<Option<u64>>> = BTreeMap::new();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut n = 0;
+        let mut failed = 0;
+        for call in 0..150 {
+            let Ok(mut s) = c.session() else {
+                failed += 1;
+                continue;
+            };
+            if call % 10 == 0 {
+                for m in 0..node.model_count() {
+                    let _ = node.retrain_now(m);
+                }
+            }
+            let reqs = random_batch(&mut rng, keys, 8, 0, &mut n);
+            match s.run_many(&reqs) {
+                Ok(got) => {
+                    for (&r, a) in reqs.iter().zip(got) {
+                        let key = match r {
+                            Request::Get(k)
+                            | Request::Insert(k, _)
+                            | Request::Update(k, _)
+                            | Request::Delete(k) => k,
+                        };
+                        let a = match a {
+                            Ok(a) => a,
+                            Err(e) => {
+                                assert!(faults, "call {call}: {r:?}: {e}");
+                                failed += 1;
+                                if e.may_have_applied() {
+                                    let after = match r {
+                                        Request::Insert(_, v) | Request::Update(_, v) => Some(v),
+                                        _ => None,
+                                    };
+                                    maybe.entry(key).or_default().push(after);
+                                }
+                                continue;
+                            }
+                        };
+                        if maybe.contains_key(&key) {
+                            // Its value is unknown to the model: take what
+                            // the store says from here on.
+                            continue;
+                        }
+                        let want = match r {
+                            Request::Get(k) => model.get(&k).copied(),
+                            Request::Insert(k, v) => model.insert(k, v),
+                            Request::Update(k, v) => {
+                                model.get_mut(&k).map(|o| std::mem::replace(o, v))
+                            }
+                            Request::Delete(k) => model.remove(&k),
+                        };
+                        assert_eq!(a, want, "seed {seed} call {call}: {r:?}");
+                    }
+                }
+                Err(e) => {
+                    assert!(faults, "call {call}: {e}");
+                    assert!(!e.may_have_applied(), "nothing ran: {e}");
+                    failed += 1;
+                }
+            }
+            // Dropped with its unlocks posted.
+            drop(s);
+            if !faults {
+                assert_eq!(c.locks_maybe_held(), 0, "seed {seed} call {call}");
+            }
+        }
+        for _ in 0..100 {
+            if let Ok(mut s) = c.session() {
+                let _ = s.flush();
+            }
+            if c.locks_maybe_held() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
+        assert_eq!(
+            node.release_locks_of(OWNER).unwrap(),
+            0,
+            "seed {seed}: an LT word locked"
+        );
+        assert_eq!(faults, failed > 0, "seed {seed}: {failed} failed");
+        // Every key as the model says (a key a failed write touched: as
+        // the model or as one of those writes may have left it).
+        let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        let mut s = reader.session().unwrap();
+        for k in 0..keys {
+            let key = k * 1000;
+            let got = s.get(key).unwrap();
+            if !maybe.contains_key(&key) {
+                assert_eq!(got, model.get(&key).copied(), "seed {seed}: key {key}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sessions_dropped_with_unlocks_posted_leave_no_lock() {
+    sessions_dropped_with_unlocks_posted(false);
+}
+
+#[test]
+fn sessions_dropped_with_unlocks_posted_under_injected_faults_leave_no_lock() {
+    sessions_dropped_with_unlocks_posted(true);
 }

@@ -8,7 +8,11 @@
 //! and calls under injected faults: no lock left held, no block handed
 //! out twice, and no block lost but those an indeterminate write may have
 //! published. Each on an ordered and an unordered fabric (several shuffle
-//! seeds).
+//! seeds). Histories of concurrent calls of value requests and of scans
+//! read together (chains colliding, models retraining) against the
+//! checker, also under injected faults on an unordered fabric. Calls
+//! from fresh clients (chunk claims: writes redone on the single path)
+//! mixed with requests of the same keys answer in request order.
 
 mod common;
 
@@ -444,4 +448,370 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block() {
 #[test]
 fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block_unordered() {
     value_calls_under_injected_faults(true);
+}
+
+/// The id of `bytes` if they are a value [`val`] made for `key` (8 bytes
+/// or more: a load value is its 8-byte id).
+fn id_of(key: u64, bytes: &[u8]) -> Option<u64> {
+    let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    (val(key, id, bytes.len()) == bytes).then_some(id)
+}
+
+/// Four threads on two compute nodes, each issuing calls of up to 8
+/// value requests over 24 keys (chains collide; values of 8 to 300
+/// bytes, so fresh clients claim a chunk for a size class mid-call),
+/// some calls a `scan_many_values` of a few scans instead, while a
+/// retrainer retrains every model again and again: the history (each
+/// request of a call, each scan of a call, invoked at its start and
+/// returned at its end; values stand for their ids) is linearizable, and
+/// no lock is left maybe held.
+fn concurrent_value_calls(unordered: Option<u64>, seed: u64) {
+    use rolex_checker::{Call, Ret};
+    let keys = 24u64;
+    let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
+    let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
+    let cfg = KvClientConfig {
+        model_max_age: std::time::Duration::from_millis(5),
+        ..config(unordered)
+    };
+    let clients = [
+        KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
+        KvClient::connect(cfg, &node.pool()).unwrap(),
+    ];
+    let ids = |entries: Vec<(u64, Vec<u8>)>| -> Vec<(u64, u64)> {
+        entries
+            .into_iter()
+            .map(|(k, v)| (k, id_of(k, &v).expect("a value no one wrote")))
+            .collect()
+    };
+    let (checked, retrains) = common::run_history(
+        &node,
+        &clients,
+        &pairs,
+        (4, 60, seed),
+        |s, rec, rng, t, i| {
+            if rng.gen_bool(0.2) {
+                let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
+                    .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
+                    .collect();
+                let ops: Vec<_> = scans
+                    .iter()
+                    .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
+                    .collect();
+                let got = s.scan_many_values(&scans).unwrap();
+                for (op, got) in ops.into_iter().zip(got) {
+                    rec.finish(op, Ret::Entries(ids(got)));
+                }
+                return;
+            }
+            let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
+                .map(|r| {
+                    let key = rng.gen_range(0..keys) * 1000;
+                    let id = (t as u64 + 1) << 32 | i << 4 | r;
+                    (
+                        rng.gen_range(0..10u8),
+                        key,
+                        val(key, id, rng.gen_range(8..=300)),
+                    )
+                })
+                .collect();
+            let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+            let ops: Vec<_> = data
+                .iter()
+                .zip(&reqs)
+                .map(|((_, _, v), r)| {
+                    let value = u64::from_le_bytes(v[..8].try_into().unwrap());
+                    rec.invoke(match *r {
+                        ValueRequest::Get(key) => Call::Get { key },
+                        ValueRequest::Put(key, _) => Call::Insert { key, value },
+                        ValueRequest::Update(key, _) => Call::Update { key, value },
+                        ValueRequest::Remove(key) => Call::Delete { key },
+                    })
+                })
+                .collect();
+            let got = s.run_many_values(&reqs).unwrap();
+            for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
+                let a = a.unwrap_or_else(|e| panic!("{r:?}: {e}"));
+                rec.finish(
+                    op,
+                    match (r, a) {
+                        (ValueRequest::Get(k), Reply::Value(v)) => {
+                            Ret::Value(v.map(|v| id_of(*k, &v).expect("a value no one wrote")))
+                        }
+                        (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
+                        (_, Reply::Present(p)) => Ret::Applied(p),
+                        (r, a) => panic!("{r:?} answered {a:?}"),
+                    },
+                );
+            }
+        },
+    );
+    eprintln!(
+        "unordered {unordered:?} seed {seed}: {} ops and {} scans checked, {retrains} retrains",
+        checked.single_ops, checked.scans
+    );
+    assert!(retrains > 0);
+    for c in &clients {
+        assert_eq!(c.locks_maybe_held(), 0);
+    }
+    assert!(node.last_agent_error().is_none());
+}
+
+#[test]
+fn concurrent_value_calls_are_linearizable() {
+    concurrent_value_calls(None, 1);
+}
+
+#[test]
+fn concurrent_value_calls_are_linearizable_on_an_unordered_fabric() {
+    for seed in SEEDS {
+        concurrent_value_calls(Some(seed), seed);
+    }
+}
+
+/// [`concurrent_value_calls`] under injected faults (2% of each client's
+/// operations fail, some after they took effect), on an unordered fabric:
+/// requests that failed are recorded as failed (or of unknown outcome,
+/// when the error says they may have applied), a call that failed as a
+/// whole likewise; every key read back at the end by a client without
+/// faults is part of the history, which is linearizable; once the
+/// threads flushed, no lock is maybe held and no LT word locked.
+fn concurrent_value_calls_under_faults(seed: u64) {
+    use rolex_checker::{Call, Clock, History, Recorder, Ret};
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Arc;
+    const OWNER: LockOwner = LockOwner(23);
+    let keys = 24u64;
+    let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
+    let node = common::churning_node(&pairs);
+    let connect = |client: u64| {
+        (0..1000u64)
+            .find_map(|attempt| {
+                let faults = Faults {
+                    probability: 0.02,
+                    seed: seed * 1_000_003 + client * 1009 + attempt,
+                };
+                let cfg = KvClientConfig {
+                    engine: engine(Some(seed), Some(faults)),
+                    lock_owner: OWNER,
+                    ..KvClientConfig::default()
+                };
+                KvClient::connect(cfg, &node.pool()).ok()
+            })
+            .expect("connecting under injected faults")
+    };
+    let clients = [connect(0), connect(1)];
+    let clock = Arc::new(Clock::new());
+    let stop = AtomicBool::new(false);
+    let mut history = History::new(pairs.iter().copied());
+    let mut failed = 0;
+    std::thread::scope(|scope| {
+        let retrainer = scope.spawn(|| {
+            while !stop.load(SeqCst) {
+                for m in 0..node.model_count() {
+                    let _ = node.retrain_now(m);
+                }
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        });
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let client = clients[t % 2].clone();
+                let clock = clock.clone();
+                scope.spawn(move || {
+                    let mut s = loop {
+                        if let Ok(s) = client.session() {
+                            break s;
+                        }
+                    };
+                    let mut rec = Recorder::new(t, clock);
+                    let mut rng = StdRng::seed_from_u64(seed * 17 + t as u64);
+                    let mut failed = 0;
+                    for i in 0..60u64 {
+                        if rng.gen_bool(0.2) {
+                            let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
+                                .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
+                                .collect();
+                            let ops: Vec<_> = scans
+                                .iter()
+                                .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
+                                .collect();
+                            match s.scan_many_values(&scans) {
+                                Ok(got) => {
+                                    for (op, got) in ops.into_iter().zip(got) {
+                                        let ids = got
+                                            .into_iter()
+                                            .map(|(k, v)| {
+                                                (k, id_of(k, &v).expect("a value no one wrote"))
+                                            })
+                                            .collect();
+                                        rec.finish(op, Ret::Entries(ids));
+                                    }
+                                }
+                                Err(e) => {
+                                    assert!(!e.may_have_applied(), "{e}");
+                                    for op in ops {
+                                        rec.error(op, false);
+                                    }
+                                }
+                            }
+                            continue;
+                        }
+                        let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
+                            .map(|r| {
+                                let key = rng.gen_range(0..keys) * 1000;
+                                let id = (t as u64 + 1) << 32 | i << 4 | r;
+                                let len = rng.gen_range(8..=300);
+                                (rng.gen_range(0..10u8), key, val(key, id, len))
+                            })
+                            .collect();
+                        let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+                        let ops: Vec<_> = data
+                            .iter()
+                            .zip(&reqs)
+                            .map(|((_, _, v), r)| {
+                                let value = u64::from_le_bytes(v[..8].try_into().unwrap());
+                                rec.invoke(match *r {
+                                    ValueRequest::Get(key) => Call::Get { key },
+                                    ValueRequest::Put(key, _) => Call::Insert { key, value },
+                                    ValueRequest::Update(key, _) => Call::Update { key, value },
+                                    ValueRequest::Remove(key) => Call::Delete { key },
+                                })
+                            })
+                            .collect();
+                        let got = match s.run_many_values(&reqs) {
+                            Ok(got) => got,
+                            Err(e) => {
+                                failed += reqs.len();
+                                for op in ops {
+                                    rec.error(op, e.may_have_applied());
+                                }
+                                continue;
+                            }
+                        };
+                        for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
+                            let a = match a {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    failed += 1;
+                                    rec.error(op, e.may_have_applied());
+                                    continue;
+                                }
+                            };
+                            rec.finish(
+                                op,
+                                match (r, a) {
+                                    (ValueRequest::Get(k), Reply::Value(v)) => Ret::Value(
+                                        v.map(|v| id_of(*k, &v).expect("a value no one wrote")),
+                                    ),
+                                    (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
+                                    (_, Reply::Present(p)) => Ret::Applied(p),
+                                    (r, a) => panic!("{r:?} answered {a:?}"),
+                                },
+                            );
+                        }
+                    }
+                    for _ in 0..100 {
+                        let _ = s.flush();
+                        if client.locks_maybe_held() == 0 {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    (rec.into_records(), failed)
+                })
+            })
+            .collect();
+        for w in workers {
+            let (records, f) = w.join().unwrap();
+            history.extend(records);
+            failed += f;
+        }
+        stop.store(true, SeqCst);
+        retrainer.join().unwrap();
+    });
+    assert!(failed > 0, "seed {seed}: faults were injected");
+    for c in &clients {
+        assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
+    }
+    assert_eq!(node.release_locks_of(OWNER).unwrap(), 0, "seed {seed}");
+    let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = reader.session().unwrap();
+    let mut rec = Recorder::new(4, clock.clone());
+    for k in 0..keys {
+        let key = k * 1000;
+        let op = rec.invoke(Call::Get { key });
+        let got = s.get_value(key).unwrap();
+        let got = got.map(|v| id_of(key, &v).expect("a value no one wrote"));
+        rec.finish(op, Ret::Value(got));
+    }
+    history.extend(rec.into_records());
+    let checked = history
+        .check()
+        .unwrap_or_else(|v| panic!("seed {seed}: not linearizable: {v}"));
+    eprintln!(
+        "seed {seed}: {failed} requests failed of {}; {} scans",
+        checked.single_ops, checked.scans
+    );
+}
+
+#[test]
+fn concurrent_value_calls_under_injected_faults_are_linearizable_unordered() {
+    for seed in 1..=3 {
+        concurrent_value_calls_under_faults(seed);
+    }
+}
+
+/// Calls from fresh clients (an empty value space: the first write of
+/// each size class needs a chunk claim, so it goes through the single
+/// path, redone after its batch) mixing those writes with others on the
+/// same keys and chains (requests of one key several times per call),
+/// on both fabrics: each answer is the reference map's in request order,
+/// and the store ends holding the map.
+fn fresh_clients_calls(unordered: Option<u64>) {
+    let pairs = loaded(400, 8);
+    let max = 3_300;
+    let node = eight_slot_node(&pairs);
+    let mut model: BTreeMap<u64, Vec<u8>> = pairs
+        .iter()
+        .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(unordered.unwrap_or(0) + 41);
+    let mut n = 1 << 40;
+    for call in 0..60 {
+        let c = KvClient::connect(config(unordered), &node.pool()).unwrap();
+        let mut s = c.session().unwrap();
+        // Few keys per call, so requests of one key repeat.
+        let keys: Vec<u64> = (0..4).map(|_| rng.gen_range(0..max)).collect();
+        let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(2..=16))
+            .map(|_| {
+                let key = keys[rng.gen_range(0..keys.len())];
+                n += 1;
+                let len = [0, 8, 9, 40, 100, 200, 1000, 5000][rng.gen_range(0..8)];
+                (rng.gen_range(0..10u8), key, val(key, n, len))
+            })
+            .collect();
+        let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+        let got = s.run_many_values(&reqs).unwrap();
+        for (&r, a) in reqs.iter().zip(got) {
+            assert_eq!(a.unwrap(), apply(&mut model, r), "call {call}: {r:?}");
+        }
+        s.flush().unwrap();
+        assert_eq!(c.locks_maybe_held(), 0);
+    }
+    let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let all = reader
+        .session()
+        .unwrap()
+        .scan_values(0, model.len() + 1)
+        .unwrap();
+    assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn calls_from_fresh_clients_claim_chunks_and_answer_in_request_order() {
+    fresh_clients_calls(None);
+    for seed in SEEDS {
+        fresh_clients_calls(Some(seed));
+    }
 }

@@ -667,10 +667,7 @@ impl KvSession {
         if n == 0 {
             return Err(KvError::ScanCountZero);
         }
-        self.counted(KvOp::Scan, |s| {
-            let found = s.scan_inner(from, u64::MAX, n)?;
-            s.resolve(found)
-        })
+        self.counted(KvOp::Scan, |s| s.scan_values_inner(from, n))
     }
 
     /// Every pair with `lo ≤ key ≤ hi`, in key order, with their values

@@ -24,6 +24,14 @@
 //! Not atomic, as [`KvSession::scan`]: a pair present for the whole call
 //! is returned; one written meanwhile may or may not be. The scans of one
 //! call only read, so they are concurrent with each other.
+//!
+//! A scan of values reads its out-of-line values after its leaves; a pair
+//! whose key was removed before its value could be read is left out. A
+//! scan that found its `n` pairs and lost some that way goes on past the
+//! last pair it found, for as many as it lost (`go_on`): a scan shorter
+//! than `n` says the keys ended, so it must not stop short while keys
+//! present all along follow (and a cluster's scan, short on one node,
+//! goes on at the next node's range start, past them).
 
 use std::sync::Arc;
 
@@ -139,22 +147,102 @@ impl KvSession {
 
     /// The scans `specs[i]` on `sessions[i]`, answered by `finish` from
     /// what they found, each session's call counted as `specs[i].len()`
-    /// scans (its answers' reads included).
-    fn scan_many_with<T>(
+    /// scans (its answers' reads included). A scan that found its `n`
+    /// pairs and then lost some to `finish` (keys removed before their
+    /// values could be read) goes on past the last pair it found, for as
+    /// many as it lost ([`go_on`]), in further rounds of the same call.
+    fn scan_many_with<V>(
         sessions: &mut [&mut KvSession],
         specs: &[&[ScanSpec]],
-        finish: ScanAnswers<T>,
-    ) -> Vec<Result<T, KvError>> {
+        finish: ScanAnswers<V>,
+    ) -> Vec<Result<Scanned<V>, KvError>> {
         for s in sessions.iter_mut() {
             s.io.cur = Default::default();
         }
-        let found = Self::scan_found(sessions, specs, true);
-        let answers = finish(sessions, found);
+        let mut out: Vec<Result<Scanned<V>, KvError>> = specs
+            .iter()
+            .map(|mine| Ok(mine.iter().map(|_| Vec::new()).collect()))
+            .collect();
+        // Each session's scans still going: each one's index and spec.
+        let mut going: Vec<Vec<(usize, ScanSpec)>> = specs
+            .iter()
+            .map(|mine| mine.iter().copied().enumerate().collect())
+            .collect();
+        let mut settle = true;
+        while going.iter().any(|g| !g.is_empty()) {
+            let now: Vec<Vec<ScanSpec>> = going
+                .iter()
+                .map(|g| g.iter().map(|&(_, spec)| spec).collect())
+                .collect();
+            let now: Vec<&[ScanSpec]> = now.iter().map(Vec::as_slice).collect();
+            let found = Self::scan_found(sessions, &now, settle);
+            settle = false;
+            // What each scan found: how many pairs, and the last key.
+            let shapes: Vec<Vec<(usize, Option<u64>)>> = found
+                .iter()
+                .map(|f| {
+                    f.iter()
+                        .flatten()
+                        .map(|pairs| (pairs.len(), pairs.last().map(|p| p.0)))
+                        .collect()
+                })
+                .collect();
+            let answers = finish(sessions, found);
+            for (((o, g), answer), shape) in out.iter_mut().zip(&mut going).zip(answers).zip(shapes)
+            {
+                let mine = std::mem::take(g);
+                if mine.is_empty() {
+                    continue;
+                }
+                let answer = match answer {
+                    Ok(a) => a,
+                    Err(e) => {
+                        *o = Err(e);
+                        continue;
+                    }
+                };
+                let Ok(acc) = o.as_mut() else { continue };
+                for (((i, spec), kept), (len, last)) in mine.into_iter().zip(answer).zip(shape) {
+                    if let Some(next) = go_on(&spec, len, last, kept.len()) {
+                        g.push((i, next));
+                    }
+                    acc[i].extend(kept);
+                }
+            }
+        }
         for (s, mine) in sessions.iter_mut().zip(specs) {
             s.io.cur.ops = mine.len() as u64;
             s.counters.per_op[KvOp::Scan.index()].add(&s.io.cur);
         }
-        answers
+        out
+    }
+
+    /// One scan of values on this session, not counted (the caller is):
+    /// [`Self::scan_inner`], its values read; a scan that lost pairs to
+    /// keys removed before their values could be read goes on as
+    /// [`Self::scan_many_with`]'s do.
+    pub(super) fn scan_values_inner(
+        &mut self,
+        from: u64,
+        n: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, KvError> {
+        let mut spec = ScanSpec {
+            from,
+            hi: u64::MAX,
+            n,
+        };
+        let mut out = Vec::new();
+        loop {
+            let found = self.scan_inner(spec.from, spec.hi, spec.n)?;
+            let (len, last) = (found.len(), found.last().map(|p| p.0));
+            let kept = self.resolve(found)?;
+            let next = go_on(&spec, len, last, kept.len());
+            out.extend(kept);
+            match next {
+                Some(next) => spec = next,
+                None => return Ok(out),
+            }
+        }
     }
 
     /// One scan on this session, not counted (the caller is).
@@ -389,8 +477,24 @@ impl ScanState {
 }
 
 /// How a call's scans are answered from what they found, on each session.
-type ScanAnswers<T> =
-    fn(&mut [&mut KvSession], Vec<Result<ScanFound, KvError>>) -> Vec<Result<T, KvError>>;
+type ScanAnswers<V> =
+    fn(&mut [&mut KvSession], Vec<Result<ScanFound, KvError>>) -> Vec<Result<Scanned<V>, KvError>>;
+
+/// Where the scan `spec` goes on after its leaves held `found` pairs (the
+/// last one's key `last`) of which its answer kept `kept` (the others'
+/// keys were removed before their values could be read): past `last`, for
+/// the pairs left out — else a scan short of `n` pairs would say the keys
+/// ended while keys present all along follow (and a cluster's scan would
+/// go on at the next node's range, past them). `None` when it is done: it
+/// kept all it found, or found fewer than `n` (it reached its end).
+fn go_on(spec: &ScanSpec, found: usize, last: Option<u64>, kept: usize) -> Option<ScanSpec> {
+    let last = last.filter(|&l| found >= spec.n && kept < found && l < spec.hi)?;
+    Some(ScanSpec {
+        from: last + 1,
+        hi: spec.hi,
+        n: found - kept,
+    })
+}
 
 /// The `(from, n)` scans of a public call as specs (`from` to the end),
 /// or [`KvError::ScanCountZero`] if one asks for no pair.
