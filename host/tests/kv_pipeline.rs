@@ -11,12 +11,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rolex_checker::{Call, Clock, History, Recorder, Ret};
+use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvSession, Request};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
@@ -390,135 +388,56 @@ fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
 fn batches_under_injected_faults(unordered: bool) {
     const OWNER: LockOwner = LockOwner(9);
     let keys = 48u64;
+    let all: Vec<u64> = (0..keys).map(|k| k * 1000).collect();
     for seed in 1..=4 {
         let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
         let node = common::churning_node(&pairs);
-        // Connecting only reads: try again after a fault, with the next
-        // fault seed (an engine replays its seed's faults from the start,
-        // so the same seed could fail the same read every time).
-        let connect = |client: u64| {
-            (0..1000u64)
-                .find_map(|attempt| {
-                    let faults = Faults {
-                        probability: 0.01,
-                        seed: seed * 1_000_003 + client * 1009 + attempt,
-                    };
-                    let cfg = KvClientConfig {
-                        engine: engine(unordered, Some(faults), seed),
-                        lock_owner: OWNER,
-                        ..KvClientConfig::default()
-                    };
-                    KvClient::connect(cfg, &node.pool()).ok()
-                })
-                .expect("connecting under injected faults")
-        };
-        let clients = [connect(0), connect(1)];
-        let clock = Arc::new(Clock::new());
-        let stop = AtomicBool::new(false);
-        let mut history = History::new(pairs.iter().copied());
-        let mut failed = 0u64;
-        let mut unknown = 0u64;
-        std::thread::scope(|scope| {
-            let retrainer = scope.spawn(|| {
-                while !stop.load(SeqCst) {
-                    for m in 0..node.model_count() {
-                        let _ = node.retrain_now(m);
-                    }
-                    std::thread::sleep(std::time::Duration::from_micros(300));
-                }
-            });
-            let workers: Vec<_> = (0..4)
-                .map(|t| {
-                    let client = clients[t % 2].clone();
-                    let clock = clock.clone();
-                    scope.spawn(move || {
-                        let mut s: KvSession = client.session().unwrap();
-                        let mut rec = Recorder::new(t, clock);
-                        let mut rng = StdRng::seed_from_u64(seed * 17 + t as u64);
-                        let mut n = 0;
-                        let mut failed = 0;
-                        let mut unknown = 0;
-                        for _ in 0..80 {
-                            let reqs = random_batch(&mut rng, keys, 8, t, &mut n);
-                            let ops: Vec<_> = reqs.iter().map(|&r| rec.invoke(call(r))).collect();
-                            match s.run_many(&reqs) {
-                                Ok(got) => {
-                                    for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
-                                        match (r, a) {
-                                            (Request::Get(_), Ok(v)) => {
-                                                rec.finish(op, Ret::Value(v))
-                                            }
-                                            (_, Ok(v)) => rec.finish(op, Ret::Prior(v)),
-                                            (_, Err(e)) => {
-                                                failed += 1;
-                                                unknown += u64::from(e.may_have_applied());
-                                                rec.error(op, e.may_have_applied());
-                                            }
-                                        }
-                                    }
-                                }
-                                Err(e) => {
-                                    // Nothing ran.
-                                    failed += reqs.len() as u64;
-                                    for op in ops {
-                                        rec.error(op, e.may_have_applied());
-                                    }
-                                }
-                            }
-                        }
-                        // Retries every lock this client may still hold.
-                        for _ in 0..100 {
-                            let _ = s.flush();
-                            if client.locks_maybe_held() == 0 {
-                                break;
-                            }
-                            std::thread::sleep(std::time::Duration::from_millis(1));
-                        }
-                        (rec.into_records(), failed, unknown)
-                    })
-                })
-                .collect();
-            for w in workers {
-                let (records, f, u) = w.join().unwrap();
-                history.extend(records);
-                failed += f;
-                unknown += u;
-            }
-            stop.store(true, SeqCst);
-            retrainer.join().unwrap();
+        let clients = [0, 1].map(|client| {
+            common::faulty_client(&node, (seed, client, 0.01), OWNER, |faults| {
+                engine(unordered, Some(faults), seed)
+            })
         });
-        assert!(failed > 0, "seed {seed}: faults were injected");
-        for c in &clients {
-            assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
-        }
-        // No LT word is left locked by these clients.
-        assert_eq!(node.release_locks_of(OWNER).unwrap(), 0, "seed {seed}");
-        // Every key read back by a client without faults.
-        let reader = KvClient::connect(
-            KvClientConfig {
-                engine: engine(false, None, 0),
-                ..KvClientConfig::default()
+        let (checked, f) = common::faulty_history(
+            &node,
+            &clients,
+            (&pairs, OWNER, seed),
+            80,
+            |s, rec, rng, (t, i), f| {
+                // Values unique per thread: up to 8 requests per call.
+                let mut n = i * 8;
+                let reqs = random_batch(rng, keys, 8, t, &mut n);
+                let ops: Vec<_> = reqs.iter().map(|&r| rec.invoke(call(r))).collect();
+                match s.run_many(&reqs) {
+                    Ok(got) => {
+                        for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
+                            match (r, a) {
+                                (Request::Get(_), Ok(v)) => rec.finish(op, Ret::Value(v)),
+                                (_, Ok(v)) => rec.finish(op, Ret::Prior(v)),
+                                (_, Err(e)) => {
+                                    f.count(e.may_have_applied());
+                                    rec.error(op, e.may_have_applied());
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing ran.
+                        for op in ops {
+                            f.count(false);
+                            rec.error(op, e.may_have_applied());
+                        }
+                    }
+                }
             },
-            &node.pool(),
-        )
-        .unwrap();
-        let mut s = reader.session().unwrap();
-        let mut rec = Recorder::new(4, clock.clone());
-        for k in 0..keys {
-            let key = k * 1000;
-            let op = rec.invoke(Call::Get { key });
-            let got = s.get(key).unwrap();
-            rec.finish(op, Ret::Value(got));
-        }
-        history.extend(rec.into_records());
-        let checked = history
-            .check()
-            .unwrap_or_else(|v| panic!("seed {seed}: not linearizable: {v}"));
+            (&all, |s: &mut KvSession, key| s.get(key).unwrap()),
+        );
         let rtts: u64 = clients.iter().map(|c| c.stats().total().rtts).sum();
         let ops: u64 = clients.iter().map(|c| c.stats().total().ops).sum();
         println!(
-            "unordered {unordered} seed {seed}: {failed} requests failed ({unknown} may have \
+            "unordered {unordered} seed {seed}: {} requests failed ({} may have \
              applied) of {} checked; round trips per request {:.2}",
+            f.failed,
+            f.unknown,
             checked.single_ops,
             rtts as f64 / ops as f64
         );

@@ -457,6 +457,111 @@ fn id_of(key: u64, bytes: &[u8]) -> Option<u64> {
     (val(key, id, bytes.len()) == bytes).then_some(id)
 }
 
+/// One call of a concurrent history over keys `0, 1000, …` (`keys` of
+/// them) for thread `t`'s call `i`: a `scan_many_values` of a few scans
+/// one time in five, else up to 8 value requests of 8 to 300 bytes (ids
+/// unique per thread), each recorded in `rec` (values stand for their
+/// ids). With `failures`, an error is recorded and counted (injected
+/// faults); without, it fails the test.
+fn value_call(
+    s: &mut rolex_host::kv::KvSession,
+    rec: &mut rolex_checker::Recorder,
+    rng: &mut StdRng,
+    (t, i, keys): (usize, u64, u64),
+    mut failures: Option<&mut common::Failures>,
+) {
+    use rolex_checker::{Call, Ret};
+    if rng.gen_bool(0.2) {
+        let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
+            .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
+            .collect();
+        let ops: Vec<_> = scans
+            .iter()
+            .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
+            .collect();
+        match s.scan_many_values(&scans) {
+            Ok(got) => {
+                for (op, got) in ops.into_iter().zip(got) {
+                    let ids = got
+                        .into_iter()
+                        .map(|(k, v)| (k, id_of(k, &v).expect("a value no one wrote")))
+                        .collect();
+                    rec.finish(op, Ret::Entries(ids));
+                }
+            }
+            Err(e) => {
+                assert!(failures.is_some(), "scans {scans:?}: {e}");
+                assert!(!e.may_have_applied(), "{e}");
+                for op in ops {
+                    rec.error(op, false);
+                }
+            }
+        }
+        return;
+    }
+    let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
+        .map(|r| {
+            let key = rng.gen_range(0..keys) * 1000;
+            let id = (t as u64 + 1) << 32 | i << 4 | r;
+            let len = rng.gen_range(8..=300);
+            (rng.gen_range(0..10u8), key, val(key, id, len))
+        })
+        .collect();
+    let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
+    let ops: Vec<_> = data
+        .iter()
+        .zip(&reqs)
+        .map(|((_, _, v), r)| {
+            let value = u64::from_le_bytes(v[..8].try_into().unwrap());
+            rec.invoke(match *r {
+                ValueRequest::Get(key) => Call::Get { key },
+                ValueRequest::Put(key, _) => Call::Insert { key, value },
+                ValueRequest::Update(key, _) => Call::Update { key, value },
+                ValueRequest::Remove(key) => Call::Delete { key },
+            })
+        })
+        .collect();
+    let mut failed = |rec: &mut rolex_checker::Recorder,
+                      op,
+                      e: rolex_host::kv::KvError,
+                      r: &ValueRequest<'_>| {
+        let Some(f) = failures.as_deref_mut() else {
+            panic!("{r:?}: {e}");
+        };
+        f.count(e.may_have_applied());
+        rec.error(op, e.may_have_applied());
+    };
+    let got = match s.run_many_values(&reqs) {
+        Ok(got) => got,
+        Err(e) => {
+            for (op, r) in ops.into_iter().zip(&reqs) {
+                failed(rec, op, e.clone(), r);
+            }
+            return;
+        }
+    };
+    for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
+        let a = match a {
+            Ok(a) => a,
+            Err(e) => {
+                failed(rec, op, e, r);
+                continue;
+            }
+        };
+        rec.finish(
+            op,
+            match (r, a) {
+                (ValueRequest::Get(k), Reply::Value(v)) => {
+                    Ret::Value(v.map(|v| id_of(*k, &v).expect("a value no one wrote")))
+                }
+                (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
+                (_, Reply::Present(p)) => Ret::Applied(p),
+                (r, a) => panic!("{r:?} answered {a:?}"),
+            },
+        );
+    }
+}
+
 /// Four threads on two compute nodes, each issuing calls of up to 8
 /// value requests over 24 keys (chains collide; values of 8 to 300
 /// bytes, so fresh clients claim a chunk for a size class mid-call),
@@ -466,7 +571,6 @@ fn id_of(key: u64, bytes: &[u8]) -> Option<u64> {
 /// returned at its end; values stand for their ids) is linearizable, and
 /// no lock is left maybe held.
 fn concurrent_value_calls(unordered: Option<u64>, seed: u64) {
-    use rolex_checker::{Call, Ret};
     let keys = 24u64;
     let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
@@ -478,73 +582,12 @@ fn concurrent_value_calls(unordered: Option<u64>, seed: u64) {
         KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
         KvClient::connect(cfg, &node.pool()).unwrap(),
     ];
-    let ids = |entries: Vec<(u64, Vec<u8>)>| -> Vec<(u64, u64)> {
-        entries
-            .into_iter()
-            .map(|(k, v)| (k, id_of(k, &v).expect("a value no one wrote")))
-            .collect()
-    };
     let (checked, retrains) = common::run_history(
         &node,
         &clients,
         &pairs,
         (4, 60, seed),
-        |s, rec, rng, t, i| {
-            if rng.gen_bool(0.2) {
-                let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
-                    .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
-                    .collect();
-                let ops: Vec<_> = scans
-                    .iter()
-                    .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
-                    .collect();
-                let got = s.scan_many_values(&scans).unwrap();
-                for (op, got) in ops.into_iter().zip(got) {
-                    rec.finish(op, Ret::Entries(ids(got)));
-                }
-                return;
-            }
-            let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
-                .map(|r| {
-                    let key = rng.gen_range(0..keys) * 1000;
-                    let id = (t as u64 + 1) << 32 | i << 4 | r;
-                    (
-                        rng.gen_range(0..10u8),
-                        key,
-                        val(key, id, rng.gen_range(8..=300)),
-                    )
-                })
-                .collect();
-            let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
-            let ops: Vec<_> = data
-                .iter()
-                .zip(&reqs)
-                .map(|((_, _, v), r)| {
-                    let value = u64::from_le_bytes(v[..8].try_into().unwrap());
-                    rec.invoke(match *r {
-                        ValueRequest::Get(key) => Call::Get { key },
-                        ValueRequest::Put(key, _) => Call::Insert { key, value },
-                        ValueRequest::Update(key, _) => Call::Update { key, value },
-                        ValueRequest::Remove(key) => Call::Delete { key },
-                    })
-                })
-                .collect();
-            let got = s.run_many_values(&reqs).unwrap();
-            for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
-                let a = a.unwrap_or_else(|e| panic!("{r:?}: {e}"));
-                rec.finish(
-                    op,
-                    match (r, a) {
-                        (ValueRequest::Get(k), Reply::Value(v)) => {
-                            Ret::Value(v.map(|v| id_of(*k, &v).expect("a value no one wrote")))
-                        }
-                        (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
-                        (_, Reply::Present(p)) => Ret::Applied(p),
-                        (r, a) => panic!("{r:?} answered {a:?}"),
-                    },
-                );
-            }
-        },
+        |s, rec, rng, t, i| value_call(s, rec, rng, (t, i, keys), None),
     );
     eprintln!(
         "unordered {unordered:?} seed {seed}: {} ops and {} scans checked, {retrains} retrains",
@@ -577,181 +620,30 @@ fn concurrent_value_calls_are_linearizable_on_an_unordered_fabric() {
 /// faults is part of the history, which is linearizable; once the
 /// threads flushed, no lock is maybe held and no LT word locked.
 fn concurrent_value_calls_under_faults(seed: u64) {
-    use rolex_checker::{Call, Clock, History, Recorder, Ret};
-    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-    use std::sync::Arc;
     const OWNER: LockOwner = LockOwner(23);
     let keys = 24u64;
+    let all: Vec<u64> = (0..keys).map(|k| k * 1000).collect();
     let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node(&pairs);
-    let connect = |client: u64| {
-        (0..1000u64)
-            .find_map(|attempt| {
-                let faults = Faults {
-                    probability: 0.02,
-                    seed: seed * 1_000_003 + client * 1009 + attempt,
-                };
-                let cfg = KvClientConfig {
-                    engine: engine(Some(seed), Some(faults)),
-                    lock_owner: OWNER,
-                    ..KvClientConfig::default()
-                };
-                KvClient::connect(cfg, &node.pool()).ok()
-            })
-            .expect("connecting under injected faults")
-    };
-    let clients = [connect(0), connect(1)];
-    let clock = Arc::new(Clock::new());
-    let stop = AtomicBool::new(false);
-    let mut history = History::new(pairs.iter().copied());
-    let mut failed = 0;
-    std::thread::scope(|scope| {
-        let retrainer = scope.spawn(|| {
-            while !stop.load(SeqCst) {
-                for m in 0..node.model_count() {
-                    let _ = node.retrain_now(m);
-                }
-                std::thread::sleep(std::time::Duration::from_micros(300));
-            }
-        });
-        let workers: Vec<_> = (0..4)
-            .map(|t| {
-                let client = clients[t % 2].clone();
-                let clock = clock.clone();
-                scope.spawn(move || {
-                    let mut s = loop {
-                        if let Ok(s) = client.session() {
-                            break s;
-                        }
-                    };
-                    let mut rec = Recorder::new(t, clock);
-                    let mut rng = StdRng::seed_from_u64(seed * 17 + t as u64);
-                    let mut failed = 0;
-                    for i in 0..60u64 {
-                        if rng.gen_bool(0.2) {
-                            let scans: Vec<(u64, usize)> = (0..rng.gen_range(1..5))
-                                .map(|_| (rng.gen_range(0..keys * 1000), rng.gen_range(1..6)))
-                                .collect();
-                            let ops: Vec<_> = scans
-                                .iter()
-                                .map(|&(from, n)| rec.invoke(Call::Scan { from, n }))
-                                .collect();
-                            match s.scan_many_values(&scans) {
-                                Ok(got) => {
-                                    for (op, got) in ops.into_iter().zip(got) {
-                                        let ids = got
-                                            .into_iter()
-                                            .map(|(k, v)| {
-                                                (k, id_of(k, &v).expect("a value no one wrote"))
-                                            })
-                                            .collect();
-                                        rec.finish(op, Ret::Entries(ids));
-                                    }
-                                }
-                                Err(e) => {
-                                    assert!(!e.may_have_applied(), "{e}");
-                                    for op in ops {
-                                        rec.error(op, false);
-                                    }
-                                }
-                            }
-                            continue;
-                        }
-                        let data: Vec<(u8, u64, Vec<u8>)> = (0..rng.gen_range(1..=8u64))
-                            .map(|r| {
-                                let key = rng.gen_range(0..keys) * 1000;
-                                let id = (t as u64 + 1) << 32 | i << 4 | r;
-                                let len = rng.gen_range(8..=300);
-                                (rng.gen_range(0..10u8), key, val(key, id, len))
-                            })
-                            .collect();
-                        let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
-                        let ops: Vec<_> = data
-                            .iter()
-                            .zip(&reqs)
-                            .map(|((_, _, v), r)| {
-                                let value = u64::from_le_bytes(v[..8].try_into().unwrap());
-                                rec.invoke(match *r {
-                                    ValueRequest::Get(key) => Call::Get { key },
-                                    ValueRequest::Put(key, _) => Call::Insert { key, value },
-                                    ValueRequest::Update(key, _) => Call::Update { key, value },
-                                    ValueRequest::Remove(key) => Call::Delete { key },
-                                })
-                            })
-                            .collect();
-                        let got = match s.run_many_values(&reqs) {
-                            Ok(got) => got,
-                            Err(e) => {
-                                failed += reqs.len();
-                                for op in ops {
-                                    rec.error(op, e.may_have_applied());
-                                }
-                                continue;
-                            }
-                        };
-                        for ((op, r), a) in ops.into_iter().zip(&reqs).zip(got) {
-                            let a = match a {
-                                Ok(a) => a,
-                                Err(e) => {
-                                    failed += 1;
-                                    rec.error(op, e.may_have_applied());
-                                    continue;
-                                }
-                            };
-                            rec.finish(
-                                op,
-                                match (r, a) {
-                                    (ValueRequest::Get(k), Reply::Value(v)) => Ret::Value(
-                                        v.map(|v| id_of(*k, &v).expect("a value no one wrote")),
-                                    ),
-                                    (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
-                                    (_, Reply::Present(p)) => Ret::Applied(p),
-                                    (r, a) => panic!("{r:?} answered {a:?}"),
-                                },
-                            );
-                        }
-                    }
-                    for _ in 0..100 {
-                        let _ = s.flush();
-                        if client.locks_maybe_held() == 0 {
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                    (rec.into_records(), failed)
-                })
-            })
-            .collect();
-        for w in workers {
-            let (records, f) = w.join().unwrap();
-            history.extend(records);
-            failed += f;
-        }
-        stop.store(true, SeqCst);
-        retrainer.join().unwrap();
+    let clients = [0, 1].map(|client| {
+        common::faulty_client(&node, (seed, client, 0.02), OWNER, |faults| {
+            engine(Some(seed), Some(faults))
+        })
     });
-    assert!(failed > 0, "seed {seed}: faults were injected");
-    for c in &clients {
-        assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
-    }
-    assert_eq!(node.release_locks_of(OWNER).unwrap(), 0, "seed {seed}");
-    let reader = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
-    let mut s = reader.session().unwrap();
-    let mut rec = Recorder::new(4, clock.clone());
-    for k in 0..keys {
-        let key = k * 1000;
-        let op = rec.invoke(Call::Get { key });
-        let got = s.get_value(key).unwrap();
-        let got = got.map(|v| id_of(key, &v).expect("a value no one wrote"));
-        rec.finish(op, Ret::Value(got));
-    }
-    history.extend(rec.into_records());
-    let checked = history
-        .check()
-        .unwrap_or_else(|v| panic!("seed {seed}: not linearizable: {v}"));
+    let (checked, f) = common::faulty_history(
+        &node,
+        &clients,
+        (&pairs, OWNER, seed),
+        60,
+        |s, rec, rng, (t, i), f| value_call(s, rec, rng, (t, i, keys), Some(f)),
+        (&all, |s: &mut rolex_host::kv::KvSession, key| {
+            let got = s.get_value(key).unwrap();
+            got.map(|v| id_of(key, &v).expect("a value no one wrote"))
+        }),
+    );
     eprintln!(
-        "seed {seed}: {failed} requests failed of {}; {} scans",
-        checked.single_ops, checked.scans
+        "seed {seed}: {} requests failed of {}; {} scans",
+        f.failed, checked.single_ops, checked.scans
     );
 }
 

@@ -321,3 +321,148 @@ pub fn plant_locks(
     }
     n
 }
+
+/// What each thread of [`faulty_history`] counts: requests that failed,
+/// and those of them that may have applied.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Failures {
+    pub failed: u64,
+    pub unknown: u64,
+}
+
+impl Failures {
+    /// Counts one failed request (`maybe`: it may have applied).
+    pub fn count(&mut self, maybe: bool) {
+        self.failed += 1;
+        self.unknown += u64::from(maybe);
+    }
+}
+
+/// A client of `node` whose engine (`engine(faults)`) fails operations
+/// with `probability`, owning its locks as `owner`. Connecting only reads:
+/// it is tried again after a fault with the next fault seed (an engine
+/// replays its seed's faults from the start, so the same seed could fail
+/// the same read every time); `seed` and `client` pick the seeds.
+pub fn faulty_client(
+    node: &rolex_host::memnode::MemoryNode,
+    (seed, client, probability): (u64, u64, f64),
+    owner: rolex_core::entry::LockOwner,
+    engine: impl Fn(rolex_host::Faults) -> rolex_host::EngineConfig,
+) -> rolex_host::kv::KvClient {
+    (0..1000u64)
+        .find_map(|attempt| {
+            let faults = rolex_host::Faults {
+                probability,
+                seed: seed * 1_000_003 + client * 1009 + attempt,
+            };
+            let cfg = rolex_host::kv::KvClientConfig {
+                engine: engine(faults),
+                lock_owner: owner,
+                ..rolex_host::kv::KvClientConfig::default()
+            };
+            rolex_host::kv::KvClient::connect(cfg, &node.pool()).ok()
+        })
+        .expect("connecting under injected faults")
+}
+
+/// A concurrent run under injected faults for the linearizability
+/// checker: four threads over `clients` (round-robin), each making
+/// `calls` calls of `one_call` (given its session, recorder, random
+/// source, thread and call number; it records what it does and counts
+/// what failed), while a retrainer retrains every model of `node` again
+/// and again. Each thread then flushes until its client holds no lock
+/// maybe. Checked after: no client holds a lock maybe, no LT word is
+/// locked by `owner`, and — every key of `keys` read back by a client
+/// without faults (`read_back`, as the history records it) — the history
+/// is linearizable (panics otherwise). Returns the check and the
+/// failures.
+pub fn faulty_history(
+    node: &rolex_host::memnode::MemoryNode,
+    clients: &[rolex_host::kv::KvClient],
+    (initial, owner, seed): (&[(u64, u64)], rolex_core::entry::LockOwner, u64),
+    calls: u64,
+    one_call: impl Fn(
+            &mut rolex_host::kv::KvSession,
+            &mut rolex_checker::Recorder,
+            &mut rand::rngs::StdRng,
+            (usize, u64),
+            &mut Failures,
+        ) + Sync,
+    (keys, read_back): (
+        &[u64],
+        impl Fn(&mut rolex_host::kv::KvSession, u64) -> Option<u64>,
+    ),
+) -> (rolex_checker::Checked, Failures) {
+    use rand::SeedableRng;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let clock = std::sync::Arc::new(rolex_checker::Clock::new());
+    let stop = AtomicBool::new(false);
+    let mut history = rolex_checker::History::new(initial.iter().copied());
+    let mut total = Failures::default();
+    std::thread::scope(|scope| {
+        let retrainer = scope.spawn(|| {
+            while !stop.load(SeqCst) {
+                for m in 0..node.model_count() {
+                    let _ = node.retrain_now(m);
+                }
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+        });
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let client = clients[t % clients.len()].clone();
+                let (clock, one_call) = (clock.clone(), &one_call);
+                scope.spawn(move || {
+                    // Opening a session reads: a fault fails it, nothing
+                    // else.
+                    let mut s = (0..1000)
+                        .find_map(|_| client.session().ok())
+                        .expect("a session under injected faults");
+                    let mut rec = rolex_checker::Recorder::new(t, clock);
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 17 + t as u64);
+                    let mut f = Failures::default();
+                    for i in 0..calls {
+                        one_call(&mut s, &mut rec, &mut rng, (t, i), &mut f);
+                    }
+                    // Retries every lock this client may still hold.
+                    for _ in 0..100 {
+                        let _ = s.flush();
+                        if client.locks_maybe_held() == 0 {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    (rec.into_records(), f)
+                })
+            })
+            .collect();
+        for w in workers {
+            let (records, f) = w.join().unwrap();
+            history.extend(records);
+            total.failed += f.failed;
+            total.unknown += f.unknown;
+        }
+        stop.store(true, SeqCst);
+        retrainer.join().unwrap();
+    });
+    assert!(total.failed > 0, "seed {seed}: faults were injected");
+    for c in clients {
+        assert_eq!(c.locks_maybe_held(), 0, "seed {seed}: a lock maybe held");
+    }
+    assert_eq!(node.release_locks_of(owner).unwrap(), 0, "seed {seed}");
+    let reader =
+        rolex_host::kv::KvClient::connect(rolex_host::kv::KvClientConfig::default(), &node.pool())
+            .unwrap();
+    let mut s = reader.session().unwrap();
+    let mut rec = rolex_checker::Recorder::new(4, clock.clone());
+    for &key in keys {
+        let op = rec.invoke(rolex_checker::Call::Get { key });
+        let got = read_back(&mut s, key);
+        rec.finish(op, rolex_checker::Ret::Value(got));
+    }
+    history.extend(rec.into_records());
+    let checked = history
+        .check()
+        .unwrap_or_else(|v| panic!("seed {seed}: not linearizable: {v}"));
+    (checked, total)
+}
