@@ -51,21 +51,6 @@ fn config(unordered: Option<u64>) -> KvClientConfig {
 /// The shuffle seeds the unordered variants run with.
 const SEEDS: [u64; 3] = [1, 2, 3];
 
-/// Value `id` of `key`, `len` bytes: the id, then a pattern of both (a
-/// value shorter than 8 bytes is a prefix of that).
-fn val(key: u64, id: u64, len: usize) -> Vec<u8> {
-    let mut out = id.to_le_bytes().to_vec();
-    let mut x = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// Requests of one random call: up to `depth` of them over keys
 /// `0..max`, values of 0 to 200 bytes (`store` keeps their bytes alive).
 fn random_call(rng: &mut StdRng, max: u64, depth: usize, n: &mut u64) -> Vec<(u8, u64, Vec<u8>)> {
@@ -74,7 +59,7 @@ fn random_call(rng: &mut StdRng, max: u64, depth: usize, n: &mut u64) -> Vec<(u8
             let key = rng.gen_range(0..max);
             *n += 1;
             let kind = rng.gen_range(0..10u8);
-            (kind, key, val(key, *n, rng.gen_range(0..=200)))
+            (kind, key, common::id_value(key, *n, rng.gen_range(0..=200)))
         })
         .collect()
 }
@@ -250,8 +235,13 @@ fn long_value_round_trips(unordered: Option<u64>) {
     let spread: Vec<u64> = pairs.iter().step_by(16).map(|p| p.0).collect();
     // A first long value claims a chunk of 16 blocks of its class (one
     // FAA): the call's blocks are taken from it without a round trip.
-    assert!(s.put(spread[40], &val(spread[40], 1, 100)).unwrap());
-    let vals: Vec<Vec<u8>> = spread[..8].iter().map(|&k| val(k, 2, 100)).collect();
+    assert!(s
+        .put(spread[40], &common::id_value(spread[40], 1, 100))
+        .unwrap());
+    let vals: Vec<Vec<u8>> = spread[..8]
+        .iter()
+        .map(|&k| common::id_value(k, 2, 100))
+        .collect();
     let reqs: Vec<ValueRequest<'_>> = spread[..8]
         .iter()
         .zip(&vals)
@@ -284,8 +274,13 @@ fn long_value_round_trips(unordered: Option<u64>) {
     // Updates that replace long values with long values (of another
     // class, primed as above), and removes: still `writes` round trips, the
     // replaced blocks freed.
-    assert!(s.put(spread[41], &val(spread[41], 1, 150)).unwrap());
-    let vals3: Vec<Vec<u8>> = spread[..6].iter().map(|&k| val(k, 3, 150)).collect();
+    assert!(s
+        .put(spread[41], &common::id_value(spread[41], 1, 150))
+        .unwrap());
+    let vals3: Vec<Vec<u8>> = spread[..6]
+        .iter()
+        .map(|&k| common::id_value(k, 3, 150))
+        .collect();
     let mut reqs: Vec<ValueRequest<'_>> = spread[..6]
         .iter()
         .zip(&vals3)
@@ -306,7 +301,10 @@ fn long_value_round_trips(unordered: Option<u64>) {
     );
     // Gets of long values and puts of long values together: each get's
     // block is read in the round of the puts' leaf writes.
-    let vals4: Vec<Vec<u8>> = spread[8..12].iter().map(|&k| val(k, 4, 100)).collect();
+    let vals4: Vec<Vec<u8>> = spread[8..12]
+        .iter()
+        .map(|&k| common::id_value(k, 4, 100))
+        .collect();
     let mut reqs: Vec<ValueRequest<'_>> = spread[8..12]
         .iter()
         .zip(&vals4)
@@ -417,7 +415,7 @@ fn value_calls_under_injected_faults(unordered: bool) {
             .unwrap();
         for (k, v) in &all {
             let id = u64::from_le_bytes(v[..8.min(v.len())].try_into().unwrap_or([0; 8]));
-            let ok = v.len() < 8 || *v == val(*k, id, v.len());
+            let ok = v.len() < 8 || *v == common::id_value(*k, id, v.len());
             assert!(
                 ok,
                 "seed {seed}: key {k}: {} bytes no request wrote",
@@ -450,13 +448,6 @@ fn value_calls_under_injected_faults_leave_no_lock_and_lose_no_block_unordered()
     value_calls_under_injected_faults(true);
 }
 
-/// The id of `bytes` if they are a value [`val`] made for `key` (8 bytes
-/// or more: a load value is its 8-byte id).
-fn id_of(key: u64, bytes: &[u8]) -> Option<u64> {
-    let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
-    (val(key, id, bytes.len()) == bytes).then_some(id)
-}
-
 /// One call of a concurrent history over keys `0, 1000, …` (`keys` of
 /// them) for thread `t`'s call `i`: a `scan_many_values` of a few scans
 /// one time in five, else up to 8 value requests of 8 to 300 bytes (ids
@@ -484,7 +475,7 @@ fn value_call(
                 for (op, got) in ops.into_iter().zip(got) {
                     let ids = got
                         .into_iter()
-                        .map(|(k, v)| (k, id_of(k, &v).expect("a value no one wrote")))
+                        .map(|(k, v)| (k, common::value_id(k, &v).expect("a value no one wrote")))
                         .collect();
                     rec.finish(op, Ret::Entries(ids));
                 }
@@ -504,7 +495,7 @@ fn value_call(
             let key = rng.gen_range(0..keys) * 1000;
             let id = (t as u64 + 1) << 32 | i << 4 | r;
             let len = rng.gen_range(8..=300);
-            (rng.gen_range(0..10u8), key, val(key, id, len))
+            (rng.gen_range(0..10u8), key, common::id_value(key, id, len))
         })
         .collect();
     let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();
@@ -552,7 +543,7 @@ fn value_call(
             op,
             match (r, a) {
                 (ValueRequest::Get(k), Reply::Value(v)) => {
-                    Ret::Value(v.map(|v| id_of(*k, &v).expect("a value no one wrote")))
+                    Ret::Value(v.map(|v| common::value_id(*k, &v).expect("a value no one wrote")))
                 }
                 (ValueRequest::Put(..), Reply::Present(p)) => Ret::Applied(!p),
                 (_, Reply::Present(p)) => Ret::Applied(p),
@@ -638,7 +629,7 @@ fn concurrent_value_calls_under_faults(seed: u64) {
         |s, rec, rng, (t, i), f| value_call(s, rec, rng, (t, i, keys), Some(f)),
         (&all, |s: &mut rolex_host::kv::KvSession, key| {
             let got = s.get_value(key).unwrap();
-            got.map(|v| id_of(key, &v).expect("a value no one wrote"))
+            got.map(|v| common::value_id(key, &v).expect("a value no one wrote"))
         }),
     );
     eprintln!(
@@ -680,7 +671,7 @@ fn fresh_clients_calls(unordered: Option<u64>) {
                 let key = keys[rng.gen_range(0..keys.len())];
                 n += 1;
                 let len = [0, 8, 9, 40, 100, 200, 1000, 5000][rng.gen_range(0..8)];
-                (rng.gen_range(0..10u8), key, val(key, n, len))
+                (rng.gen_range(0..10u8), key, common::id_value(key, n, len))
             })
             .collect();
         let reqs: Vec<ValueRequest<'_>> = data.iter().map(request).collect();

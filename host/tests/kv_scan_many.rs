@@ -241,21 +241,6 @@ fn scans_read_together_while_models_retrain_keep_every_key() {
     assert!(scans.refreshes > 0, "the scans met stale models");
 }
 
-/// Value `id` of `key`, `len` bytes: the id's bytes, then a pattern of
-/// key and id (a value shorter than 8 bytes is a prefix of that).
-fn val(key: u64, id: u64, len: usize) -> Vec<u8> {
-    let mut out = id.to_le_bytes().to_vec();
-    let mut x = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// Calls of `scan_many_values` (on an unordered fabric) while two other
 /// compute nodes rewrite every loaded key with values of 0 to 300 bytes
 /// (one through pipelined calls on an unordered fabric, one op by op)
@@ -317,7 +302,7 @@ fn scans_of_values_read_together_while_values_are_rewritten_return_written_value
                             id += 1;
                             let i = rng.gen_range(0..400u64);
                             let key = i * 50 + u64::from(rng.gen_bool(0.5)) * 7;
-                            let v = val(key, id, rng.gen_range(0..=300));
+                            let v = common::id_value(key, id, rng.gen_range(0..=300));
                             (rng.gen_bool(0.2) && key % 100 != 0, key, v)
                         })
                         .collect();
@@ -348,7 +333,7 @@ fn scans_of_values_read_together_while_values_are_rewritten_return_written_value
                 while id < (2 << 40) + 2_000 {
                     id += 1;
                     let key = rng.gen_range(0..800u64) * 25;
-                    let v = val(key, id, rng.gen_range(0..=300));
+                    let v = common::id_value(key, id, rng.gen_range(0..=300));
                     if key % 100 != 0 && rng.gen_bool(0.3) {
                         s.remove(key).unwrap();
                     } else {
@@ -436,7 +421,7 @@ fn a_pair_removed_before_its_value_is_read_leaves_no_hole_in_a_scan() {
     // Long enough that the blocks waiting out their grace pass
     // `ValueSpace::WAITING_MAX` after a few dozen removes: each is reused
     // soon after it was freed.
-    let long = val(k, 7, 256 << 10);
+    let long = common::id_value(k, 7, 256 << 10);
     let model: BTreeMap<u64, Vec<u8>> = pairs
         .iter()
         .map(|&(k, v)| (k, v.to_le_bytes().to_vec()))
@@ -665,7 +650,7 @@ fn cluster_scans_of_values_while_values_are_rewritten_leave_no_hole() {
                         .map(|_| {
                             id += 1;
                             let key = rng.gen_range(0..1200u64) * 25;
-                            let v = val(key, id, rng.gen_range(0..=300));
+                            let v = common::id_value(key, id, rng.gen_range(0..=300));
                             (rng.gen_bool(0.3) && key % 100 != 0, key, v)
                         })
                         .collect();

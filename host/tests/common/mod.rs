@@ -466,3 +466,25 @@ pub fn faulty_history(
         .unwrap_or_else(|v| panic!("seed {seed}: not linearizable: {v}"));
     (checked, total)
 }
+
+/// Value `id` of `key`, `len` bytes: the id's bytes, then a pattern of
+/// key and id (a value shorter than 8 bytes is a prefix of that).
+pub fn id_value(key: u64, id: u64, len: usize) -> Vec<u8> {
+    let mut out = id.to_le_bytes().to_vec();
+    let mut x = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The id of `bytes` if they are a value [`id_value`] made for `key` (8
+/// bytes or more: a load value is its 8-byte id).
+pub fn value_id(key: u64, bytes: &[u8]) -> Option<u64> {
+    let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    (id_value(key, id, bytes.len()) == bytes).then_some(id)
+}
