@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -254,7 +254,6 @@ fn scans_read_together_while_models_retrain_keep_every_key() {
 fn scans_of_values_read_together_while_values_are_rewritten_return_written_values() {
     use rolex_host::kv::ValueRequest;
     use rolex_host::{EngineConfig, Fabric, LoopbackConfig, Unordered};
-    use std::collections::HashMap;
     use std::sync::Mutex;
     let unordered = |seed| KvClientConfig {
         engine: EngineConfig {
@@ -367,33 +366,49 @@ fn scans_of_values_read_together_while_values_are_rewritten_return_written_value
                 let written = written.lock().unwrap_or_else(|e| e.into_inner());
                 for (&(from, n), got) in scans.iter().zip(&got) {
                     let at = format!("seed {seed} call {call} scan ({from}, {n})");
-                    assert!(got.len() <= n, "{at}: {} pairs", got.len());
-                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{at}: unsorted");
-                    assert!(
-                        got.first().map_or(true, |p| p.0 >= from),
-                        "{at}: starts before"
-                    );
-                    for (k, v) in got {
-                        assert!(
-                            written.get(k).is_some_and(|w| w.contains(v)),
-                            "{at}: key {k}: {} bytes no writer wrote to it",
-                            v.len()
-                        );
-                    }
-                    let last = got.last().map_or(u64::MAX, |p| p.0);
-                    let end = if got.len() < n { u64::MAX } else { last };
-                    for &k in loaded.range(from..=end).map(|(k, _)| k) {
-                        assert!(
-                            got.binary_search_by_key(&k, |p| p.0).is_ok(),
-                            "{at}: loaded key {k} missing: {:?}",
-                            got.iter().map(|p| p.0).collect::<Vec<_>>()
-                        );
-                    }
+                    check_scan_of_values(&at, (from, n), got, &written, &loaded);
                 }
             }
         });
         assert!(node.stats().agent.retrains > 0, "seed {seed}: retrained");
         assert!(node.last_agent_error().is_none(), "seed {seed}");
+    }
+}
+
+/// Checks a scan of values `(from, n)` that ran while other compute
+/// nodes wrote (`written`: every value written to each key, the loaded
+/// ones first) and never removed a `loaded` key: at most `n` pairs, sorted,
+/// from `from` on, each value one written to its key, and every loaded
+/// key up to its last pair present (up to the end of the keys if it
+/// returned fewer than `n`: a short scan says the keys ended).
+fn check_scan_of_values(
+    at: &str,
+    (from, n): (u64, usize),
+    got: &[(u64, Vec<u8>)],
+    written: &HashMap<u64, Vec<Vec<u8>>>,
+    loaded: &BTreeMap<u64, u64>,
+) {
+    assert!(got.len() <= n, "{at}: {} pairs", got.len());
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{at}: unsorted");
+    assert!(
+        got.first().map_or(true, |p| p.0 >= from),
+        "{at}: starts before"
+    );
+    for (k, v) in got {
+        assert!(
+            written.get(k).is_some_and(|w| w.contains(v)),
+            "{at}: key {k}: {} bytes no writer wrote to it",
+            v.len()
+        );
+    }
+    let last = got.last().map_or(u64::MAX, |p| p.0);
+    let end = if got.len() < n { u64::MAX } else { last };
+    for &k in loaded.range(from..=end).map(|(k, _)| k) {
+        assert!(
+            got.binary_search_by_key(&k, |p| p.0).is_ok(),
+            "{at}: loaded key {k} missing: {:?}",
+            got.iter().map(|p| p.0).collect::<Vec<_>>()
+        );
     }
 }
 
@@ -588,7 +603,6 @@ fn cluster_scans_of_values_while_values_are_rewritten_leave_no_hole() {
     use rolex_host::kv::cluster::{ClusterClient, ClusterNode, PartitionMap};
     use rolex_host::kv::ValueRequest;
     use rolex_host::{EngineConfig, Fabric, LoopbackConfig, Unordered};
-    use std::collections::HashMap;
     use std::sync::Mutex;
     for seed in 1..=2u64 {
         let pairs: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 100, i)).collect();
@@ -693,30 +707,7 @@ fn cluster_scans_of_values_while_values_are_rewritten_leave_no_hole() {
                 let written = written.lock().unwrap_or_else(|e| e.into_inner());
                 for (&(from, n), got) in scans.iter().zip(&got) {
                     let at = format!("seed {seed} call {call} scan ({from}, {n})");
-                    assert!(got.len() <= n, "{at}: {} pairs", got.len());
-                    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{at}: unsorted");
-                    assert!(
-                        got.first().map_or(true, |p| p.0 >= from),
-                        "{at}: starts before"
-                    );
-                    for (k, v) in got {
-                        assert!(
-                            written.get(k).is_some_and(|w| w.contains(v)),
-                            "{at}: key {k}: {} bytes no writer wrote to it",
-                            v.len()
-                        );
-                    }
-                    let end = if got.len() < n {
-                        u64::MAX
-                    } else {
-                        got[n - 1].0
-                    };
-                    for &k in loaded.range(from..=end).map(|(k, _)| k) {
-                        assert!(
-                            got.binary_search_by_key(&k, |p| p.0).is_ok(),
-                            "{at}: loaded key {k} missing"
-                        );
-                    }
+                    check_scan_of_values(&at, (from, n), got, &written, &loaded);
                 }
             }
         });
