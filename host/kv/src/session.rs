@@ -336,19 +336,31 @@ impl<'k> GetMany<'k> {
 /// [`KvSession::get_many`] batch and a scan round plan it: the clock
 /// before it, its ops, the read buffer's bytes it uses (its leaves land
 /// past the buffer's first leaf, where a chase reads a torn leaf again
-/// alone), and each model view's check (model, view, where it lands).
+/// alone), and the model views its plans read under, each checked once.
 struct LeafBatch {
     posted: u64,
     ops: Vec<Op>,
     end: u64,
-    checks: Vec<(usize, Arc<ModelView>, u64)>,
+    views: Vec<BatchView>,
+}
+
+/// A model view a [`LeafBatch`] reads under: moved out of the session's
+/// cache and back into it once the batch landed (so no reference count
+/// is touched: threads reading one model would bounce its cache line),
+/// with its model, its version and where its check lands.
+struct BatchView {
+    m: usize,
+    version: u64,
+    view: Arc<ModelView>,
+    at: u64,
 }
 
 /// One batch of a [`KvSession::get_many`] as planned: its READs, and
-/// each key's chain (index, model, view, chain, where its leaves land).
+/// each key's chain (index, view in the batch, training leaf, where its
+/// leaves land).
 struct GetBatch {
     batch: LeafBatch,
-    plans: Vec<(usize, usize, Arc<ModelView>, u64, LeafReads)>,
+    plans: Vec<(usize, usize, u64, LeafReads)>,
 }
 
 /// What a get's batch, looked at where it landed, says
@@ -1364,9 +1376,14 @@ impl KvSession {
         let mut batch = self.leaf_batch();
         let mut plans = Vec::with_capacity(g.pending.len());
         for &i in &g.pending {
-            let ChainAt { m, view, j, .. } = self.chain_at(g.keys[i])?;
-            let reads = self.plan_chain(&mut batch, m, &view)?;
-            plans.push((i, m, view, j, reads));
+            let key = g.keys[i];
+            let vi = self.batch_view(&mut batch, key)?;
+            let view = &batch.views[vi].view;
+            let j = self.owner(view, key);
+            self.chain.clear();
+            view.chain(j, &mut self.chain);
+            let reads = self.plan_chain(&mut batch)?;
+            plans.push((i, vi, j, reads));
         }
         Ok(Some(GetBatch { batch, plans }))
     }
@@ -1377,25 +1394,40 @@ impl KvSession {
             posted: clock_ns(),
             ops: Vec::new(),
             end: self.leaf_size.next_multiple_of(8),
-            checks: Vec::new(),
+            views: Vec::new(),
         }
     }
 
-    /// Adds to `b` the check of model `m`'s `view` (unless it has it: one
-    /// per view, as two plans of one model may hold different views of it
-    /// and each trusts only a checked one), then the READs of the chain
-    /// in `self.chain`; returns where each of its leaves lands.
-    fn plan_chain(
-        &mut self,
-        b: &mut LeafBatch,
-        m: usize,
-        view: &Arc<ModelView>,
-    ) -> Result<LeafReads, KvError> {
-        if !b.checks.iter().any(|c| c.0 == m && Arc::ptr_eq(&c.1, view)) {
-            let next = self.model_check_at(m, view, b.end, b.posted, &mut b.ops)?;
-            b.checks.push((m, view.clone(), b.end));
-            b.end = next;
+    /// The view of `b` that serves `key` (its index in `b.views`): the
+    /// one `b` has if it is its model's current view and holds `key`,
+    /// else the session's ([`Self::view_for`]), added to `b` with its
+    /// check's READs.
+    fn batch_view(&mut self, b: &mut LeafBatch, key: u64) -> Result<usize, KvError> {
+        let m = self.route(key);
+        let current = self.shared.model_versions.get(m).map(|v| v.load(Acquire));
+        let held = b.views.iter().position(|v| {
+            v.m == m
+                && Some(v.version) == current
+                && (v.view.record.first_key()..=v.view.record.key_hi()).contains(&key)
+        });
+        if let Some(vi) = held {
+            return Ok(vi);
         }
+        let (m, view, version) = self.view_for(key)?;
+        let next = self.model_check_at(m, &view, b.end, b.posted, &mut b.ops)?;
+        b.views.push(BatchView {
+            m,
+            version,
+            view,
+            at: b.end,
+        });
+        b.end = next;
+        Ok(b.views.len() - 1)
+    }
+
+    /// Adds to `b` the READs of the chain in `self.chain`; returns where
+    /// each of its leaves lands.
+    fn plan_chain(&mut self, b: &mut LeafBatch) -> Result<LeafReads, KvError> {
         let step = self.leaf_size.next_multiple_of(8);
         let mut reads = Vec::with_capacity(self.chain.len());
         for &addr in &self.chain {
@@ -1409,6 +1441,14 @@ impl KvSession {
         }
         self.io.cur.leaves_read += reads.len() as u64;
         Ok(reads)
+    }
+
+    /// Puts the views of a batch that landed back into the session's
+    /// cache.
+    fn keep_views(&mut self, b: LeafBatch) {
+        for v in b.views {
+            self.keep_view(v.m, (v.version, v.view));
+        }
     }
 
     /// Posts `b` (its read buffer reserved first). On `Err` nothing was
@@ -1436,9 +1476,9 @@ impl KvSession {
             return Err(KvError::Transfer { during, error });
         }
         let mut stale = Vec::new();
-        for (m, view, at) in &b.checks {
-            if !self.still_current_at(view, b.posted, *at)? && !stale.contains(m) {
-                stale.push(*m);
+        for v in &b.views {
+            if !self.still_current_at(&v.view, b.posted, v.at)? && !stale.contains(&v.m) {
+                stale.push(v.m);
             }
         }
         Ok(stale)
@@ -1455,10 +1495,11 @@ impl KvSession {
         b: GetBatch,
         landed: Result<Option<TransferError>, KvError>,
     ) -> Result<(), KvError> {
-        let mut stale = self.stale_models(&b.batch, landed, "get_many")?;
-        let plans = b.plans;
+        let GetBatch { batch, plans } = b;
+        let mut stale = self.stale_models(&batch, landed, "get_many")?;
         let mut again = Vec::new();
-        for (i, m, view, j, reads) in plans {
+        for (i, vi, j, reads) in plans {
+            let (m, view) = (batch.views[vi].m, &batch.views[vi].view);
             if stale.contains(&m) {
                 again.push(i);
                 continue;
@@ -1482,7 +1523,7 @@ impl KvSession {
             self.chain.extend(reads.iter().map(|r| r.0));
             match self.chase(m as u64, key, start, 0, &reads)? {
                 Chase::Owner(owner) => {
-                    self.learn(&view, j, &owner.path, owner.addr);
+                    self.learn(view, j, &owner.path, owner.addr);
                     g.out[i] = lookup(&owner.bytes, g.keys[i]);
                 }
                 Chase::Stale => {
@@ -1493,6 +1534,7 @@ impl KvSession {
                 }
             }
         }
+        self.keep_views(batch);
         for m in stale {
             self.io.cur.retries += 1;
             self.refresh(m)?;

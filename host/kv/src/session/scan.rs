@@ -33,8 +33,6 @@
 //! present all along follow (and a cluster's scan, short on one node,
 //! goes on at the next node's range start, past them).
 
-use std::sync::Arc;
-
 use rolex_core::layout::{Leaf, SlotValue};
 use rolex_engine::TransferError;
 
@@ -81,12 +79,12 @@ struct ScanRound {
     plans: Vec<ScanPlan>,
 }
 
-/// One scan's share of a round: its model and view, the first training
-/// leaf `j` and the number of chains read from it, where they land.
+/// One scan's share of a round: its model view (index in the round's
+/// views), the first training leaf `j` and the number of chains read
+/// from it, where they land.
 struct ScanPlan {
     scan: usize,
-    m: usize,
-    view: Arc<ModelView>,
+    view: usize,
     j: u64,
     chains: u64,
     reads: LeafReads,
@@ -325,8 +323,9 @@ impl KvSession {
                     attempts: sc.attempt,
                 });
             }
-            let (m, view, _) = self.view_for(sc.cursor)?;
-            let j = self.owner(&view, sc.cursor);
+            let vi = self.batch_view(&mut batch, sc.cursor)?;
+            let view = &batch.views[vi].view;
+            let j = self.owner(view, sc.cursor);
             let leaves = view.fences.len() as u64;
             let want = (sc.n.saturating_sub(sc.out.len()) as u64)
                 .div_ceil(per_chain)
@@ -344,11 +343,10 @@ impl KvSession {
             if !plans.is_empty() && batch.end + self.chain.len() as u64 * step > SCAN_ROUND_BYTES {
                 break;
             }
-            let reads = self.plan_chain(&mut batch, m, &view)?;
+            let reads = self.plan_chain(&mut batch)?;
             plans.push(ScanPlan {
                 scan: i,
-                m,
-                view,
+                view: vi,
                 j,
                 chains,
                 reads,
@@ -366,14 +364,16 @@ impl KvSession {
         r: ScanRound,
         landed: Result<Option<TransferError>, KvError>,
     ) -> Result<(), KvError> {
-        let mut stale = self.stale_models(&r.batch, landed, "scan")?;
+        let ScanRound { batch, plans } = r;
+        let mut stale = self.stale_models(&batch, landed, "scan")?;
         let mut chased_stale = 0;
-        for p in &r.plans {
+        for p in &plans {
             let sc = &mut scans[p.scan];
-            let walked = if stale.contains(&p.m) {
+            let (m, view) = (batch.views[p.view].m, &batch.views[p.view].view);
+            let walked = if stale.contains(&m) {
                 Walked::Stale
             } else {
-                self.walk(sc, p)?
+                self.walk(sc, p, (m, view))?
             };
             match walked {
                 Walked::Done => sc.done = true,
@@ -381,13 +381,14 @@ impl KvSession {
                 Walked::Stale => {
                     sc.attempt += 1;
                     self.io.cur.retries += 1;
-                    if !stale.contains(&p.m) {
+                    if !stale.contains(&m) {
                         chased_stale = chased_stale.max(sc.attempt);
-                        stale.push(p.m);
+                        stale.push(m);
                     }
                 }
             }
         }
+        self.keep_views(batch);
         for m in stale {
             self.refresh(m)?;
         }
@@ -398,12 +399,16 @@ impl KvSession {
         Ok(())
     }
 
-    /// Walks `sc` through its share `p` of a round that landed, from its
-    /// cursor: the pairs in `[cursor, hi]` of each leaf the chase reaches,
-    /// chain after chain, until it has `n` of them, passes `hi`, or comes
-    /// to the end of what `p` read.
-    fn walk(&mut self, sc: &mut ScanState, p: &ScanPlan) -> Result<Walked, KvError> {
-        let (m, view) = (p.m, &p.view);
+    /// Walks `sc` through its share `p` of a round that landed (under
+    /// model `m`'s `view`), from its cursor: the pairs in `[cursor, hi]`
+    /// of each leaf the chase reaches, chain after chain, until it has `n`
+    /// of them, passes `hi`, or comes to the end of what `p` read.
+    fn walk(
+        &mut self,
+        sc: &mut ScanState,
+        p: &ScanPlan,
+        (m, view): (usize, &ModelView),
+    ) -> Result<Walked, KvError> {
         let leaves = view.fences.len() as u64;
         let mut jj = p.j;
         let mut start = view.training_leaf(jj);
