@@ -48,10 +48,11 @@
 //!   after the CAS); batch 2 = WRITE the leaves + CAS unlock (after the
 //!   data): **2 round trips**.
 //! - unordered fabric: CAS (1), READ chain (2), WRITE leaves (3), then the
-//!   unlock is posted once the data is written and not awaited; the next
-//!   operation of the session waits for it before it starts, so no operation
-//!   of this session can overtake its own unlock: **3 dependent round
-//!   trips**.
+//!   unlock is posted once the data is written and not awaited: a later
+//!   read sees the write without it, and the session's next lock of the
+//!   same chain waits for it first (so no write of this session overtakes
+//!   its own unlock); other operations settle it only once it completed
+//!   (`KvSession::reap`): **3 dependent round trips**.
 //! - a split (see below) adds the claim of a leaf and an SLT slot (1), and
 //!   writes `B` and `A'` in one batch on an ordered fabric, in two on an
 //!   unordered one, its unlock posted like an unordered write's: **3 round
@@ -165,9 +166,10 @@
 //! batch with an error in it, a split's `A'` batch, a held lock found
 //! changed by the unlock of an ordered write, the retraining request after
 //! a completed split — the error is wrapped in [`KvError::Indeterminate`].
-//! An error of the previous operation's posted unlock is reported by the
-//! next operation, which did not run (determinate for it: the one whose
-//! unlock it was had returned, its writes complete).
+//! An error of an earlier operation's posted unlock is reported by the
+//! operation that settles it (the next one once the unlock completed, or
+//! the next lock of its chain), which did not run (determinate for it:
+//! the one whose unlock it was had returned, its writes complete).
 
 mod free;
 mod lock;
@@ -438,8 +440,9 @@ pub struct KvSession {
     chain: Vec<LeafAddr>,
     /// Buffers the get path reuses.
     hot: HotBuffers,
-    /// Unlocks posted and not awaited (unordered fabric): one per lock a
-    /// pipelined batch released, else at most one.
+    /// Unlocks posted and not awaited (unordered fabric), oldest first;
+    /// settled once complete, by the next lock of their chain, or all by
+    /// `flush` and `Drop` (module `lock`, `KvSession::reap`).
     pending: Vec<PendingUnlock>,
     leaf_size: u64,
     rng: u64,
@@ -694,9 +697,10 @@ impl KvSession {
         })
     }
 
-    /// Waits for this session's posted unlock, if any, and retries the
-    /// release of every chain lock the client may still hold (the next
-    /// operation does both itself). An error is the posted unlock's (see
+    /// Waits for this session's posted unlocks, if any, and retries the
+    /// release of every chain lock the client may still hold (later
+    /// operations do both themselves: the unlocks once complete or once
+    /// they lock the same chain). An error is the posted unlock's (see
     /// [`KvError::LockMaybeHeld`]); [`crate::KvClient::locks_maybe_held`]
     /// counts the locks still not released.
     pub fn flush(&mut self) -> Result<(), KvError> {
@@ -721,7 +725,7 @@ impl KvSession {
         f: impl FnOnce(&mut Self) -> Result<T, KvError>,
     ) -> Result<T, KvError> {
         self.io.cur = Default::default();
-        let r = self.settle().and_then(|()| {
+        let r = self.reap().and_then(|()| {
             self.resolve_held();
             f(self)
         });
@@ -1167,7 +1171,7 @@ impl KvSession {
             .zip(keys)
             .map(|(s, &mine)| {
                 s.io.cur = Default::default();
-                s.settle().map(|()| {
+                s.reap().map(|()| {
                     s.resolve_held();
                     GetMany::new(mine)
                 })

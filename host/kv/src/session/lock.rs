@@ -26,9 +26,14 @@ use crate::error::KvError;
 use crate::held::{MaybeHeld, Stripe};
 use crate::io::Op;
 
-/// How long the next operation waits for a posted unlock before it
-/// records the lock as maybe held and fails.
+/// How long an operation that settles a posted unlock waits for it
+/// before it records the lock as maybe held and fails.
 const UNLOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Posted unlocks a session keeps unsettled at most before an operation
+/// waits for them all ([`KvSession::reap`]): a bound on what a session
+/// that writes faster than its unlocks complete holds in its stripes.
+const PENDING_MAX: usize = 64;
 
 /// Bytes of a record's head a lock reads in its batch: the state word and
 /// the model id.
@@ -280,6 +285,9 @@ impl KvSession {
         }
         let j = at.j as usize;
         let lt_off = at.view.record.lt_entry_offset(at.j)?;
+        // An unlock of ours still posted on this chain lands first (the
+        // cached word is what it leaves).
+        self.settle_chain(lt_off)?;
         let exp = LtEntry::from_raw(at.view.lt[j].load(Relaxed));
         let locked = exp.locked_by(owner).raw();
         let word = LockWord {
@@ -467,11 +475,47 @@ impl KvSession {
     /// take effect (the one whose unlock it was had already returned).
     /// Every unlock is settled; the first error is returned.
     pub(super) fn settle(&mut self) -> Result<(), KvError> {
+        self.settle_where(|_, _| true)
+    }
+
+    /// What an operation does with this session's posted unlocks before it
+    /// starts: settles (as [`Self::settle`]) those that completed, without
+    /// waiting for the others — they wait until an operation locks their
+    /// chain ([`Self::plan_lock`] settles the chain's first), or the
+    /// session flushes or drops. Waiting for them all would cost each
+    /// operation after a write on an unordered fabric about one round
+    /// trip, for nothing: the unlock is posted once the write's leaf
+    /// landed, so a read sees the write without it, and another writer
+    /// of the chain waits at the lock word itself. Past
+    /// [`PENDING_MAX`] unlocks, waits for them all.
+    pub(super) fn reap(&mut self) -> Result<(), KvError> {
+        if self.pending.len() > PENDING_MAX {
+            return self.settle();
+        }
+        self.settle_where(|p, _| p.flag.is_done())
+    }
+
+    /// [`Self::settle`] of the posted unlocks of the LT entry at `lt_off`.
+    fn settle_chain(&mut self, lt_off: u64) -> Result<(), KvError> {
+        self.settle_where(|p, _| p.word.lt_off == lt_off)
+    }
+
+    /// [`Self::settle`] of the posted unlocks `pick` selects (called with
+    /// each one and this session); the others stay posted, in order.
+    fn settle_where(
+        &mut self,
+        mut pick: impl FnMut(&PendingUnlock, &Self) -> bool,
+    ) -> Result<(), KvError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let mut out = Ok(());
+        // A retried release may post again: those land in `self.pending`.
         for p in std::mem::take(&mut self.pending) {
+            if !pick(&p, self) {
+                self.pending.push(p);
+                continue;
+            }
             let r = self.settle_one(p);
             if out.is_ok() {
                 out = r;
@@ -581,9 +625,9 @@ impl KvSession {
         }
     }
 
-    /// Posts the `CAS` releasing `w` to `to` and does not wait for it: the
-    /// next operation of this session (or its `Drop`) does
-    /// ([`Self::settle`]).
+    /// Posts the `CAS` releasing `w` to `to` and does not wait for it: a
+    /// later operation of this session (or its `Drop`) settles it
+    /// ([`Self::reap`], [`Self::settle`]).
     fn post_unlock(&mut self, w: LockWord, to: u64) -> Result<(), KvError> {
         if let Err(expired) = self.io.check_lease() {
             // Not posted: the lock stays held until the lease ends there.
@@ -599,8 +643,8 @@ impl KvSession {
             OnValue::flag(&flag),
         ) {
             Ok(()) => {
-                // Settled before this session locks again: the next
-                // operation, or the next batch of a pipelined call.
+                // Settled once complete, and before this session locks
+                // this chain again (`reap`, `plan_lock`).
                 self.pending.push(PendingUnlock { flag, word: w, to });
                 Ok(())
             }

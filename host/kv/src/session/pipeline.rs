@@ -54,10 +54,12 @@
 //! - C: for each write that took its lock, its leaf's WRITE (if it
 //!   changed it); the value blocks its gets found (as round 2). Each
 //!   unlock `CAS` is posted once its write completed, and not waited for
-//!   (as the single path posts its own, [`KvSession::settle`] waits for
-//!   them): the next batch, the batch's redone requests and the next
-//!   call all settle first, so no request of this session overtakes an
-//!   unlock of its own.
+//!   (as the single path posts its own): the next batch, the batch's
+//!   redone requests and the next call settle those that completed
+//!   ([`KvSession::reap`]), and a later lock of the same chain waits for
+//!   its unlock first, so no write of this session overtakes an unlock
+//!   of its own (a read needs none: the unlock is posted once the leaf
+//!   landed).
 //!
 //! So `n` writes on distinct chains cost 3 round trips, not 3 per write;
 //! a batch of gets alone costs 1 (round B is not posted). Rounds A and C
@@ -153,7 +155,8 @@
 //! not wait: after its leaf WRITE completed; unchanged (posted at once)
 //! when it wrote nothing, or after a leaf WRITE that failed
 //! (indeterminate) or a round C not posted. A posted unlock stays in its
-//! stripe until [`KvSession::settle`] sees it complete; one that failed
+//! stripe until [`KvSession::reap`] or [`KvSession::settle`] sees it
+//! complete; one that failed
 //! goes to the record of locks maybe held, and its error to the request
 //! that settled it (which did not run). Wherever a lock's release is
 //! posted rather than awaited (also by [`KvSession::lock_taken`] and
@@ -612,7 +615,7 @@ impl KvSession {
         for (s, mine) in sessions.iter_mut().zip(reqs) {
             s.io.cur = Default::default();
             let mut pipe = None;
-            results.push(s.settle().map(|()| {
+            results.push(s.reap().map(|()| {
                 s.resolve_held();
                 let got = if alone && mine.len() < 2 {
                     mine.iter().map(|&r| s.run_one(r, strict)).collect()
@@ -730,8 +733,9 @@ impl KvSession {
     /// when every request of `p` was answered or redone.
     fn next_batch(&mut self, p: &mut Pipe<'_>) -> Option<Round1> {
         while p.next < p.reqs.len() {
-            // A split's unlock is posted: it lands before the batch.
-            if let Err(e) = self.settle() {
+            // Posted unlocks that completed (a chain this batch locks
+            // waits for its own: `plan_lock`).
+            if let Err(e) = self.reap() {
                 p.out[p.next] = Some(Err(e));
                 p.next += 1;
                 continue;
@@ -813,7 +817,7 @@ impl KvSession {
 
     /// `req` through the single-operation path.
     fn run_one(&mut self, req: Req<'_>, strict: bool) -> Got {
-        self.settle()?;
+        self.reap()?;
         match req {
             Req::Get(key) => self.get_inner(key),
             Req::Write { key, op, value } => {

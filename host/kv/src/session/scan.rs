@@ -271,7 +271,7 @@ impl KvSession {
             .zip(specs)
             .map(|(s, mine)| {
                 if settle {
-                    s.settle()?;
+                    s.reap()?;
                     s.resolve_held();
                 }
                 Ok(mine.iter().map(ScanState::new).collect())
@@ -294,7 +294,7 @@ impl KvSession {
     /// the other, without the several sessions' bookkeeping.
     fn scan_alone(&mut self, specs: &[ScanSpec], settle: bool) -> Result<ScanFound, KvError> {
         if settle {
-            self.settle()?;
+            self.reap()?;
             self.resolve_held();
         }
         let mut scans: Vec<ScanState> = specs.iter().map(ScanState::new).collect();
