@@ -662,3 +662,58 @@ fn a_write_of_a_chain_whose_unlock_is_posted_waits_for_it_not_at_the_lock() {
         assert_eq!(r.get(k).unwrap(), Some(last));
     }
 }
+
+/// More unlocks posted than a session keeps unsettled (a call of 100
+/// writes on an unordered fabric): the next call waits for them all
+/// before it starts, and every write of it sees the one before.
+#[test]
+fn a_call_of_many_writes_leaves_its_unlocks_to_the_next_call() {
+    // 4,000 keys in half-full leaves: keys 16 apart in the list are in
+    // distinct leaves.
+    let pairs: Vec<(u64, u64)> = (0..4000u64).map(|i| (i * 10, i)).collect();
+    let node = rolex_host::memnode::MemoryNode::start(
+        rolex_host::memnode::MemoryNodeConfig {
+            fill: 0.5,
+            retraining_thread: false,
+            ..rolex_host::memnode::MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    let mut engine = engine(true, None, 5);
+    if let Fabric::Loopback(l) = &mut engine.fabric {
+        l.latency = std::time::Duration::from_micros(200);
+    }
+    let c = KvClient::connect(
+        KvClientConfig {
+            engine,
+            model_max_age: std::time::Duration::from_secs(3600),
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap();
+    let mut s = c.session().unwrap();
+    let spread: Vec<(u64, u64)> = pairs.iter().step_by(16).take(100).copied().collect();
+    let mut want: Vec<Option<u64>> = spread.iter().map(|&(_, v)| Some(v)).collect();
+    for round in 1..=4u64 {
+        let reqs: Vec<Request> = spread
+            .iter()
+            .map(|&(k, _)| Request::Update(k, k ^ round << 48))
+            .collect();
+        let got: Vec<Option<u64>> = s
+            .run_many(&reqs)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got, want, "round {round}");
+        want = spread.iter().map(|&(k, _)| Some(k ^ round << 48)).collect();
+    }
+    drop(s);
+    assert_eq!(c.locks_maybe_held(), 0);
+    let mut r = c.session().unwrap();
+    for (&(k, _), w) in spread.iter().zip(&want) {
+        assert_eq!(r.get(k).unwrap(), *w);
+    }
+}
