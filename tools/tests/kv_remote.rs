@@ -414,6 +414,30 @@ fn values_of_many_sizes_against_a_memory_node_in_another_process() {
 }
 
 #[test]
+fn pipelined_writes_and_scans_of_values_over_tcp_verify() {
+    // Operations in flight together (`--depth 8`: `run_many_values`,
+    // `scan_many_values`) against a memory node in another process: every
+    // answer and the final state verified, fewer than one round trip per
+    // operation. A fresh node each: a run checks values against its own
+    // plan.
+    for (workload, kind) in [("ycsb-a", "update"), ("ycsb-e", "scan")] {
+        let node = Node::start_with(
+            &[],
+            &format!("127.0.0.1:{}", free_port()),
+            &["--value-size", "8..200"],
+        );
+        let mut a = bench_args(workload, "1200", &["--depth", "8"]);
+        a.extend(remote(&node.addr, "s3cret"));
+        let v = json(&spawn(&a).finish(), &format!("{workload} --depth 8"));
+        let rtt = v["rtt_per_op"][kind].as_f64().unwrap();
+        assert!(
+            rtt > 0.0 && rtt < 1.0,
+            "{workload}: {kind} {rtt} round trips: {v}"
+        );
+    }
+}
+
+#[test]
 fn churn_and_append_against_a_memory_node_go_past_its_gaps() {
     // The node's 3000 keys have 2999 gaps; two churn processes insert 8000
     // new keys (drawn from the data set's generator past the gaps, the
