@@ -594,6 +594,26 @@ fn sessions_dropped_with_unlocks_posted_under_injected_faults_leave_no_lock() {
     sessions_dropped_with_unlocks_posted(true);
 }
 
+/// A client on an unordered loopback fabric with 200 µs of modelled
+/// latency, so that a posted unlock and the next lock's `CAS` come due
+/// together and run in either order; nothing retrains (no age refresh to
+/// count as a retry).
+fn latent_unordered_client(node: &rolex_host::memnode::MemoryNode, seed: u64) -> KvClient {
+    let mut engine = engine(true, None, seed);
+    if let Fabric::Loopback(l) = &mut engine.fabric {
+        l.latency = std::time::Duration::from_micros(200);
+    }
+    KvClient::connect(
+        KvClientConfig {
+            engine,
+            model_max_age: std::time::Duration::from_secs(3600),
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap()
+}
+
 /// On an unordered fabric a write's unlock is posted and not awaited, and
 /// later operations of the session do not wait for it unless they lock
 /// its chain: then they wait for it before their lock's `CAS` (which would
@@ -604,22 +624,7 @@ fn sessions_dropped_with_unlocks_posted_under_injected_faults_leave_no_lock() {
 fn a_write_of_a_chain_whose_unlock_is_posted_waits_for_it_not_at_the_lock() {
     for seed in 1..=3 {
         let (node, pairs) = common::half_full_node();
-        // Modelled latency: a posted unlock and the next lock's `CAS`
-        // come due together, and run in either order.
-        let mut engine = engine(true, None, seed);
-        if let Fabric::Loopback(l) = &mut engine.fabric {
-            l.latency = std::time::Duration::from_micros(200);
-        }
-        let c = KvClient::connect(
-            KvClientConfig {
-                engine,
-                // Nothing retrains: no age refresh to count as a retry.
-                model_max_age: std::time::Duration::from_secs(3600),
-                ..KvClientConfig::default()
-            },
-            &node.pool(),
-        )
-        .unwrap();
+        let c = latent_unordered_client(&node, seed);
         let mut s = c.session().unwrap();
         let (k, v0) = pairs[pairs.len() / 2];
         let (k2, _) = pairs[pairs.len() / 4];
@@ -668,31 +673,9 @@ fn a_write_of_a_chain_whose_unlock_is_posted_waits_for_it_not_at_the_lock() {
 /// before it starts, and every write of it sees the one before.
 #[test]
 fn a_call_of_many_writes_leaves_its_unlocks_to_the_next_call() {
-    // 4,000 keys in half-full leaves: keys 16 apart in the list are in
-    // distinct leaves.
-    let pairs: Vec<(u64, u64)> = (0..4000u64).map(|i| (i * 10, i)).collect();
-    let node = rolex_host::memnode::MemoryNode::start(
-        rolex_host::memnode::MemoryNodeConfig {
-            fill: 0.5,
-            retraining_thread: false,
-            ..rolex_host::memnode::MemoryNodeConfig::default()
-        },
-        &pairs,
-    )
-    .unwrap();
-    let mut engine = engine(true, None, 5);
-    if let Fabric::Loopback(l) = &mut engine.fabric {
-        l.latency = std::time::Duration::from_micros(200);
-    }
-    let c = KvClient::connect(
-        KvClientConfig {
-            engine,
-            model_max_age: std::time::Duration::from_secs(3600),
-            ..KvClientConfig::default()
-        },
-        &node.pool(),
-    )
-    .unwrap();
+    // Keys 16 apart in the list are in distinct leaves.
+    let (node, pairs) = common::half_full_node_of(4000);
+    let c = latent_unordered_client(&node, 5);
     let mut s = c.session().unwrap();
     let spread: Vec<(u64, u64)> = pairs.iter().step_by(16).take(100).copied().collect();
     let mut want: Vec<Option<u64>> = spread.iter().map(|&(_, v)| Some(v)).collect();

@@ -13,7 +13,12 @@ pub use engine::*;
 /// keys 160 apart are in distinct leaves, and no write of a new key
 /// splits.
 pub fn half_full_node() -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
-    let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
+    half_full_node_of(1000)
+}
+
+/// [`half_full_node`] with `n` keys.
+pub fn half_full_node_of(n: u64) -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
+    let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
     let node = rolex_host::memnode::MemoryNode::start(
         rolex_host::memnode::MemoryNodeConfig {
             fill: 0.5,
