@@ -48,6 +48,15 @@ fn random_batch(rng: &mut StdRng, keys: u64, depth: usize, t: usize, n: &mut u64
         .collect()
 }
 
+/// The answers of a `run_many` call whose requests all succeed.
+fn answers(s: &mut KvSession, reqs: &[Request]) -> Vec<Option<u64>> {
+    s.run_many(reqs)
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// The checker's call for `r`.
 fn call(r: Request) -> Call {
     match r {
@@ -96,12 +105,7 @@ fn a_batch_of_writes_on_distinct_chains_costs_two_round_trips() {
     reqs.push(Request::Insert(spread[13].0 + 1, 78));
     reqs.push(Request::Delete(spread[14].0));
     reqs.push(Request::Delete(spread[15].0));
-    let got: Vec<Option<u64>> = s
-        .run_many(&reqs)
-        .unwrap()
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let got = answers(&mut s, &reqs);
     let want: Vec<Option<u64>> = spread[8..12]
         .iter()
         .map(|&(_, v)| Some(v))
@@ -125,16 +129,14 @@ fn a_batch_of_writes_on_distinct_chains_costs_two_round_trips() {
     // order; a get after them sees the second.
     let k = spread[0].0;
     let before = c.stats().total().rtts;
-    let got: Vec<Option<u64>> = s
-        .run_many(&[
+    let got = answers(
+        &mut s,
+        &[
             Request::Update(k, 5),
             Request::Update(k, 6),
             Request::Get(k),
-        ])
-        .unwrap()
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+        ],
+    );
     assert_eq!(got, vec![Some(spread[0].1 + 1), Some(5), Some(6)]);
     assert_eq!(c.stats().total().rtts - before, 2 + 2 + 1);
 
@@ -190,12 +192,7 @@ fn a_batch_of_writes_on_distinct_chains_costs_three_round_trips_unordered() {
         let spread: Vec<(u64, u64)> = pairs.iter().step_by(16).copied().collect();
         let cost = |s: &mut KvSession, reqs: &[Request], kind: KvOp| {
             let before = c.stats().op(kind);
-            let got: Vec<Option<u64>> = s
-                .run_many(reqs)
-                .unwrap()
-                .into_iter()
-                .map(Result::unwrap)
-                .collect();
+            let got = answers(s, reqs);
             let after = c.stats().op(kind);
             assert_eq!(after.ops - before.ops, reqs.len() as u64);
             (got, after.rtts - before.rtts, after.posted - before.posted)
@@ -596,22 +593,9 @@ fn sessions_dropped_with_unlocks_posted_under_injected_faults_leave_no_lock() {
 
 /// A client on an unordered loopback fabric with 200 µs of modelled
 /// latency, so that a posted unlock and the next lock's `CAS` come due
-/// together and run in either order; nothing retrains (no age refresh to
-/// count as a retry).
+/// together and run in either order; nothing retrains.
 fn latent_unordered_client(node: &rolex_host::memnode::MemoryNode, seed: u64) -> KvClient {
-    let mut engine = engine(true, None, seed);
-    if let Fabric::Loopback(l) = &mut engine.fabric {
-        l.latency = std::time::Duration::from_micros(200);
-    }
-    KvClient::connect(
-        KvClientConfig {
-            engine,
-            model_max_age: std::time::Duration::from_secs(3600),
-            ..KvClientConfig::default()
-        },
-        &node.pool(),
-    )
-    .unwrap()
+    common::steady_client(node, Some((seed, std::time::Duration::from_micros(200))))
 }
 
 /// On an unordered fabric a write's unlock is posted and not awaited, and
@@ -684,12 +668,7 @@ fn a_call_of_many_writes_leaves_its_unlocks_to_the_next_call() {
             .iter()
             .map(|&(k, _)| Request::Update(k, k ^ round << 48))
             .collect();
-        let got: Vec<Option<u64>> = s
-            .run_many(&reqs)
-            .unwrap()
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let got = answers(&mut s, &reqs);
         assert_eq!(got, want, "round {round}");
         want = spread.iter().map(|&(k, _)| Some(k ^ round << 48)).collect();
     }

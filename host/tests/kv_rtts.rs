@@ -8,30 +8,11 @@
 mod common;
 
 use common::half_full_node;
-use rolex_host::kv::{KvClient, KvClientConfig, KvOp};
+use rolex_host::kv::{KvClient, KvOp};
 use rolex_host::memnode::MemoryNode;
 
 fn client(node: &MemoryNode, unordered: bool) -> KvClient {
-    let mut engine = rolex_host::EngineConfig::default();
-    if unordered {
-        engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed: 3, window: 8 }),
-            ..rolex_host::LoopbackConfig::default()
-        });
-    }
-    KvClient::connect(
-        KvClientConfig {
-            engine,
-            // Nothing retrains here, so no record is ever retired or
-            // reused: the age refresh (one more round trip on a loaded
-            // machine where a test outlives 500 ms) would only blur the
-            // counts this file asserts.
-            model_max_age: std::time::Duration::from_secs(3600),
-            ..KvClientConfig::default()
-        },
-        &node.pool(),
-    )
-    .unwrap()
+    common::steady_client(node, unordered.then_some((3, std::time::Duration::ZERO)))
 }
 
 #[test]

@@ -16,6 +16,35 @@ pub fn half_full_node() -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
     half_full_node_of(1000)
 }
 
+/// A client of `node` on the loopback fabric — ordered (`None`), or
+/// unordered with the shuffle of `seed` and `latency` of modelled latency
+/// — whose model views never age out: for tests where nothing retrains,
+/// so no record is retired or reused, and the age refresh (one more round
+/// trip, a retry, on a loaded machine where a test outlives 500 ms) would
+/// only blur the counts they assert.
+pub fn steady_client(
+    node: &rolex_host::memnode::MemoryNode,
+    unordered: Option<(u64, std::time::Duration)>,
+) -> rolex_host::kv::KvClient {
+    let mut engine = rolex_host::EngineConfig::default();
+    if let Some((seed, latency)) = unordered {
+        engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
+            unordered: Some(rolex_host::Unordered { seed, window: 8 }),
+            latency,
+            ..rolex_host::LoopbackConfig::default()
+        });
+    }
+    rolex_host::kv::KvClient::connect(
+        rolex_host::kv::KvClientConfig {
+            engine,
+            model_max_age: std::time::Duration::from_secs(3600),
+            ..rolex_host::kv::KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap()
+}
+
 /// [`half_full_node`] with `n` keys.
 pub fn half_full_node_of(n: u64) -> (rolex_host::memnode::MemoryNode, Vec<(u64, u64)>) {
     let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
