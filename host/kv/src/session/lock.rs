@@ -475,7 +475,7 @@ impl KvSession {
     /// take effect (the one whose unlock it was had already returned).
     /// Every unlock is settled; the first error is returned.
     pub(super) fn settle(&mut self) -> Result<(), KvError> {
-        self.settle_where(|_, _| true)
+        self.settle_where(|_| true)
     }
 
     /// What an operation does with this session's posted unlocks before it
@@ -492,19 +492,26 @@ impl KvSession {
         if self.pending.len() > PENDING_MAX {
             return self.settle();
         }
-        self.settle_where(|p, _| p.flag.is_done())
+        // Oldest first, up to the first not complete: each look at one
+        // that is not drives the engine's completions once, which is
+        // enough per operation (those behind it wait for the next).
+        let mut behind = false;
+        self.settle_where(|p| {
+            behind = behind || !p.flag.is_done();
+            !behind
+        })
     }
 
     /// [`Self::settle`] of the posted unlocks of the LT entry at `lt_off`.
     fn settle_chain(&mut self, lt_off: u64) -> Result<(), KvError> {
-        self.settle_where(|p, _| p.word.lt_off == lt_off)
+        self.settle_where(|p| p.word.lt_off == lt_off)
     }
 
     /// [`Self::settle`] of the posted unlocks `pick` selects (called with
-    /// each one and this session); the others stay posted, in order.
+    /// each one, oldest first); the others stay posted, in order.
     fn settle_where(
         &mut self,
-        mut pick: impl FnMut(&PendingUnlock, &Self) -> bool,
+        mut pick: impl FnMut(&PendingUnlock) -> bool,
     ) -> Result<(), KvError> {
         if self.pending.is_empty() {
             return Ok(());
@@ -512,7 +519,7 @@ impl KvSession {
         let mut out = Ok(());
         // A retried release may post again: those land in `self.pending`.
         for p in std::mem::take(&mut self.pending) {
-            if !pick(&p, self) {
+            if !pick(&p) {
                 self.pending.push(p);
                 continue;
             }
