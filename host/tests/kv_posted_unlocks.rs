@@ -588,3 +588,43 @@ fn retraining_right_after_a_write_whose_unlock_is_posted() {
         }
     }
 }
+
+/// KNOWN BUG (ignored; fails 20 of 20 rounds at 75a14e2, and already before
+/// 022440d): a session's posted unlock fails (the memory node refused
+/// operations while it was in flight) and the session goes idle. Only that
+/// session ever looks at the unlock, so the chain stays locked by its
+/// owner until it runs again; another session of the same client that
+/// writes the chain finds the word locked by its own owner, finds nothing
+/// in the client's record of locks maybe held, and backs off until it
+/// runs out of attempts (here `max_attempts` 2,000: about 1.5 s; by
+/// default 1,000,000: minutes). The write should succeed: a failed
+/// posted unlock should reach the client's record, where any session
+/// retries it.
+#[test]
+#[ignore = "known bug: a failed posted unlock of an idle session blocks its chain"]
+fn a_failed_unlock_of_an_idle_session_does_not_block_its_chain() {
+    let (node, pairs) = common::half_full_node();
+    let c = KvClient::connect(
+        KvClientConfig {
+            engine: engine(true, 300, None, 1),
+            lock_owner: LockOwner(121),
+            max_attempts: 2000,
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap();
+    let (mut a, mut b) = (c.session().unwrap(), c.session().unwrap());
+    for i in 0..5u64 {
+        let (k, _) = pairs[16 * i as usize];
+        a.update(k, i << 8 | 1).unwrap();
+        // `a`'s unlock in flight fails; `a` stays idle.
+        assert!(node.engine().set_failed(true), "loopback fails peers");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(node.engine().set_failed(false));
+        let r = b.update(k, i << 8 | 2);
+        let _ = a.flush();
+        assert!(r.is_ok(), "round {i}: {}", r.unwrap_err());
+        b.flush().unwrap();
+    }
+}
