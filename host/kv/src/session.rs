@@ -199,7 +199,8 @@ use crate::error::KvError;
 use crate::io::{InFlight, Io, Op};
 use crate::stats::{KvOp, SessionCounters};
 use crate::values::{Block, ValueSpace};
-use lock::{ChainLock, PendingUnlock};
+use lock::ChainLock;
+pub(crate) use lock::PostedUnlocks;
 
 /// Re-reads of one torn leaf before an operation gives up.
 const MAX_TORN: u32 = 100_000;
@@ -442,8 +443,10 @@ pub struct KvSession {
     hot: HotBuffers,
     /// Unlocks posted and not awaited (unordered fabric), oldest first;
     /// settled once complete, by the next lock of their chain, or all by
-    /// `flush` and `Drop` (module `lock`, `KvSession::reap`).
-    pending: Vec<PendingUnlock>,
+    /// `flush` and `Drop` (module `lock`, `KvSession::reap`) — or, once
+    /// one failed, by another session of the client whose lock meets its
+    /// chain (the client lists every session's: `ClientShared::posted`).
+    pending: Arc<PostedUnlocks>,
     leaf_size: u64,
     rng: u64,
     /// Where value blocks are staged in the write buffer: past anything a
@@ -483,6 +486,13 @@ impl KvSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(counters.clone());
+        let pending = Arc::new(PostedUnlocks::default());
+        {
+            let mut posted = shared.posted.lock().unwrap_or_else(|e| e.into_inner());
+            // Dropped sessions' lists go.
+            posted.retain(|l| l.strong_count() > 0);
+            posted.push(Arc::downgrade(&pending));
+        }
         let leaf_size = shared.region.leaf_size();
         let rng = (Arc::as_ptr(&counters) as u64) | 1;
         let topo = (shared.topology_version.load(Acquire), shared.topology());
@@ -492,7 +502,7 @@ impl KvSession {
             counters,
             chain: Vec::new(),
             hot: HotBuffers::default(),
-            pending: Vec::new(),
+            pending,
             leaf_size,
             rng,
             value_local: (8 * leaf_size).max(64 << 10),

@@ -11,7 +11,7 @@
 //! session of this process took with the same word.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rolex_core::entry::LtEntry;
@@ -162,12 +162,18 @@ impl PlannedLock {
 }
 
 /// An unlock posted and not awaited.
-pub(super) struct PendingUnlock {
+pub(crate) struct PendingUnlock {
     flag: Arc<CompletionFlag>,
     word: LockWord,
     /// The word the unlock leaves.
     to: u64,
 }
+
+/// A session's posted unlocks, oldest first. Each is settled exactly
+/// once, by whoever takes it out: its session, or another session of the
+/// client whose lock met its chain after it failed
+/// ([`KvSession::settle_failed_unlocks_of`]).
+pub(crate) type PostedUnlocks = Mutex<Vec<PendingUnlock>>;
 
 impl PendingUnlock {
     /// This unlock as maybe held until its completion is seen (it still
@@ -452,7 +458,10 @@ impl KvSession {
             }
             // Live (checked above): frozen, or another writer holds it.
             if o.owner() == self.shared.cfg.lock_owner {
-                // Maybe a lock of ours whose release is to be retried.
+                // Maybe a lock of ours whose release is to be retried: an
+                // unlock another session posted that failed, or one
+                // recorded.
+                self.settle_failed_unlocks_of(word.lt_off);
                 self.resolve_held();
             }
             self.backoff(attempt);
@@ -473,7 +482,10 @@ impl KvSession {
     /// unconfirmed after [`UNLOCK_WAIT`] is recorded as maybe held. An
     /// error goes to the operation that settles, before it ran: it did not
     /// take effect (the one whose unlock it was had already returned).
-    /// Every unlock is settled; the first error is returned.
+    /// Every unlock is settled; the first error is returned. (An unlock
+    /// that failed may have been settled by another session already:
+    /// [`Self::settle_failed_unlocks_of`]; then its error is not seen
+    /// here.)
     pub(super) fn settle(&mut self) -> Result<(), KvError> {
         self.settle_where(|_| true)
     }
@@ -489,7 +501,7 @@ impl KvSession {
     /// of the chain waits at the lock word itself. Past
     /// [`PENDING_MAX`] unlocks, waits for them all.
     pub(super) fn reap(&mut self) -> Result<(), KvError> {
-        if self.pending.len() > PENDING_MAX {
+        if self.posted().len() > PENDING_MAX {
             return self.settle();
         }
         // Oldest first, up to the first not complete: each look at one
@@ -513,14 +525,15 @@ impl KvSession {
         &mut self,
         mut pick: impl FnMut(&PendingUnlock) -> bool,
     ) -> Result<(), KvError> {
-        if self.pending.is_empty() {
+        let taken = std::mem::take(&mut *self.posted());
+        if taken.is_empty() {
             return Ok(());
         }
         let mut out = Ok(());
-        // A retried release may post again: those land in `self.pending`.
-        for p in std::mem::take(&mut self.pending) {
+        let mut kept = Vec::new();
+        for p in taken {
             if !pick(&p) {
-                self.pending.push(p);
+                kept.push(p);
                 continue;
             }
             let r = self.settle_one(p);
@@ -528,7 +541,49 @@ impl KvSession {
                 out = r;
             }
         }
+        // A retried release may have posted again meanwhile: after those
+        // kept.
+        let mut posted = self.posted();
+        kept.append(&mut posted);
+        *posted = kept;
         out
+    }
+
+    /// This session's posted unlocks.
+    fn posted(&self) -> MutexGuard<'_, Vec<PendingUnlock>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Settles the unlocks of the LT entry at `lt_off` that other sessions
+    /// of this client posted and that failed (their chain stays locked
+    /// until they are settled, and their session may not run again for a
+    /// while): each is released again at once, or recorded as maybe held
+    /// (see [`Self::lost_release`]). Their errors go nowhere: the client's
+    /// record counts a lock still held
+    /// ([`crate::KvClient::locks_maybe_held`]).
+    fn settle_failed_unlocks_of(&mut self, lt_off: u64) {
+        let lists: Vec<Arc<PostedUnlocks>> = self
+            .shared
+            .posted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|l| !Arc::ptr_eq(l, &self.pending))
+            .collect();
+        for list in lists {
+            let failed: Vec<PendingUnlock> = {
+                let mut posted = list.lock().unwrap_or_else(|e| e.into_inner());
+                let (failed, kept) = std::mem::take(&mut *posted).into_iter().partition(|p| {
+                    p.word.lt_off == lt_off && matches!(p.flag.result(), Some(Err(_)))
+                });
+                *posted = kept;
+                failed
+            };
+            for p in failed {
+                let _ = self.settle_one(p);
+            }
+        }
     }
 
     /// [`Self::settle`] of one posted unlock.
@@ -652,7 +707,7 @@ impl KvSession {
             Ok(()) => {
                 // Settled once complete, and before this session locks
                 // this chain again (`reap`, `plan_lock`).
-                self.pending.push(PendingUnlock { flag, word: w, to });
+                self.posted().push(PendingUnlock { flag, word: w, to });
                 Ok(())
             }
             Err(error) => {
