@@ -447,6 +447,10 @@ pub struct KvSession {
     /// one failed, by another session of the client whose lock meets its
     /// chain (the client lists every session's: `ClientShared::posted`).
     pending: Arc<PostedUnlocks>,
+    /// How many of `pending` this session posted and has not seen taken
+    /// out: at least their number (another session only takes failed
+    /// ones out), so 0 says there are none without locking the list.
+    posted_here: usize,
     leaf_size: u64,
     rng: u64,
     /// Where value blocks are staged in the write buffer: past anything a
@@ -503,6 +507,7 @@ impl KvSession {
             chain: Vec::new(),
             hot: HotBuffers::default(),
             pending,
+            posted_here: 0,
             leaf_size,
             rng,
             value_local: (8 * leaf_size).max(64 << 10),

@@ -464,6 +464,13 @@ impl KvSession {
                 self.settle_failed_unlocks_of(word.lt_off);
                 self.resolve_held();
             }
+            // This session's own unlocks that completed since the
+            // operation began (`reap` stops at the first in flight): one
+            // that failed is released again now, as a writer of another
+            // process may be waiting for its chain while this one waits
+            // for that writer's. Its error is this operation's, which did
+            // not run.
+            self.settle_where(|p| p.flag.is_done())?;
             self.backoff(attempt);
             return Ok(None);
         }
@@ -501,7 +508,7 @@ impl KvSession {
     /// of the chain waits at the lock word itself. Past
     /// [`PENDING_MAX`] unlocks, waits for them all.
     pub(super) fn reap(&mut self) -> Result<(), KvError> {
-        if self.posted().len() > PENDING_MAX {
+        if self.posted_here > PENDING_MAX {
             return self.settle();
         }
         // Oldest first, up to the first not complete: each look at one
@@ -525,10 +532,11 @@ impl KvSession {
         &mut self,
         mut pick: impl FnMut(&PendingUnlock) -> bool,
     ) -> Result<(), KvError> {
-        let taken = std::mem::take(&mut *self.posted());
-        if taken.is_empty() {
+        if self.posted_here == 0 {
+            // The operations' path when nothing was posted: no lock taken.
             return Ok(());
         }
+        let taken = std::mem::take(&mut *self.posted());
         let mut out = Ok(());
         let mut kept = Vec::new();
         for p in taken {
@@ -543,9 +551,12 @@ impl KvSession {
         }
         // A retried release may have posted again meanwhile: after those
         // kept.
-        let mut posted = self.posted();
-        kept.append(&mut posted);
-        *posted = kept;
+        self.posted_here = {
+            let mut posted = self.posted();
+            kept.append(&mut posted);
+            *posted = kept;
+            posted.len()
+        };
         out
     }
 
@@ -708,6 +719,7 @@ impl KvSession {
                 // Settled once complete, and before this session locks
                 // this chain again (`reap`, `plan_lock`).
                 self.posted().push(PendingUnlock { flag, word: w, to });
+                self.posted_here += 1;
                 Ok(())
             }
             Err(error) => {
