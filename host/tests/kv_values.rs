@@ -491,6 +491,28 @@ fn clients_that_come_and_go_give_their_space_back() {
 }
 
 #[test]
+fn a_client_dropped_before_its_session_gives_its_space_back_with_the_session() {
+    // As above, but each round's client handle goes first and its session
+    // last: the session is then the last handle on the client.
+    let node = node(&[(1, 1)], 24 << 20);
+    for round in 0..12u64 {
+        let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        let mut s = client.session().unwrap();
+        drop(client);
+        for k in 0..200u64 {
+            let mut v = encode(k, round * 1000 + k);
+            v.resize(16 << 10, round as u8);
+            assert!(!s.put(10 + k, &v).unwrap(), "round {round} key {k} was new");
+        }
+        for k in 0..200u64 {
+            assert!(s.remove(10 + k).unwrap());
+        }
+        drop(s);
+        assert_ne!(free_word(&node), 0, "round {round}: nothing given back");
+    }
+}
+
+#[test]
 fn concurrent_give_backs_and_takes_never_share_a_block() {
     give_backs_and_takes_race(false);
 }

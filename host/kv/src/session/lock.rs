@@ -1111,5 +1111,10 @@ impl Drop for KvSession {
         // Its unlock confirmed, or handed to the client's record (whose
         // error has no one left to go to).
         let _ = self.settle();
+        // The last handle on its client (the client's went first): what
+        // the client holds free goes back, as `KvClient`'s drop would.
+        if Arc::strong_count(&self.shared) == 1 {
+            let _ = self.give_back_all_values();
+        }
     }
 }
