@@ -626,3 +626,49 @@ fn a_failed_unlock_of_an_idle_session_does_not_block_its_chain() {
     }
     assert_eq!(node.release_locks_of(LockOwner(121)).unwrap(), 0);
 }
+
+/// As above, but the writer that meets the chain belongs to another
+/// client (another lock owner, as another process would be): only the
+/// posting client can release its lock, and its sessions are idle — its
+/// reaper does it, once the memory node takes operations again, and the
+/// other client's write goes through. Before the reaper, every round ran
+/// out of attempts (10 of 10 with `max_attempts` 2,000; here 20,000).
+#[test]
+fn a_failed_unlock_of_an_idle_client_does_not_block_another_clients_writer() {
+    let (node, pairs) = common::half_full_node();
+    let connect = |owner: u16| {
+        KvClient::connect(
+            KvClientConfig {
+                engine: engine(true, 300, None, u64::from(owner)),
+                lock_owner: LockOwner(owner),
+                // Seconds of backing off: the reaper looks every 50 ms.
+                max_attempts: 20_000,
+                ..KvClientConfig::default()
+            },
+            &node.pool(),
+        )
+        .unwrap()
+    };
+    let (ca, cb) = (connect(131), connect(132));
+    let (mut a, mut b) = (ca.session().unwrap(), cb.session().unwrap());
+    for i in 0..10u64 {
+        let (k, _) = pairs[16 * i as usize];
+        a.update(k, i << 8 | 1).unwrap();
+        // `a`'s unlock in flight fails; `a`'s client stays idle.
+        assert!(node.engine().set_failed(true), "loopback fails peers");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(node.engine().set_failed(false));
+        assert_eq!(
+            b.update(k, i << 8 | 2).unwrap(),
+            Some(i << 8 | 1),
+            "round {i}"
+        );
+        b.flush().unwrap();
+        assert_eq!(b.get(k).unwrap(), Some(i << 8 | 2), "round {i}");
+    }
+    a.flush().unwrap();
+    assert_eq!((ca.locks_maybe_held(), cb.locks_maybe_held()), (0, 0));
+    for owner in [131, 132] {
+        assert_eq!(node.release_locks_of(LockOwner(owner)).unwrap(), 0);
+    }
+}

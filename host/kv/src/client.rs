@@ -16,7 +16,7 @@
 //! not cached yet is read when first needed.
 
 use std::sync::atomic::{AtomicU64, Ordering::Release};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rolex_core::entry::LockOwner;
@@ -34,7 +34,8 @@ use crate::held::HeldLocks;
 use crate::io::Io;
 use crate::lease::{LeaseClient, LeaseFence};
 use crate::pool_info::PoolInfo;
-use crate::session::{KvSession, PostedUnlocks};
+use crate::reaper::Posted;
+use crate::session::KvSession;
 use crate::stats::{KvStats, ModelBytes, SessionCounters};
 use crate::values::ValueSpace;
 use rolex_engine::engine::{EngineConfig, TransferEngine};
@@ -127,8 +128,9 @@ pub(crate) struct ClientShared {
     pub(crate) held: HeldLocks,
     /// Each live session's posted unlocks (`KvSession::pending`): a lock
     /// that meets one of them failed settles it, whichever session posted
-    /// it (module `session::lock`).
-    pub(crate) posted: Mutex<Vec<Weak<PostedUnlocks>>>,
+    /// it (module `session::lock`), and the client's reaper releases them
+    /// while every session is idle (module `reaper`).
+    pub(crate) posted: Arc<Posted>,
     /// Where this client's out-of-line values go.
     pub(crate) values: ValueSpace,
 }
@@ -428,7 +430,7 @@ impl KvClient {
             spare_leaves: Mutex::new(Vec::new()),
             engine,
             held: HeldLocks::default(),
-            posted: Mutex::new(Vec::new()),
+            posted: Arc::default(),
             values,
         };
         drop(io);

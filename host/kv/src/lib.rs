@@ -52,6 +52,7 @@ mod held;
 mod io;
 pub mod lease;
 pub mod pool_info;
+mod reaper;
 pub mod session;
 pub mod stats;
 mod values;

@@ -491,12 +491,7 @@ impl KvSession {
             .unwrap_or_else(|e| e.into_inner())
             .push(counters.clone());
         let pending = Arc::new(PostedUnlocks::default());
-        {
-            let mut posted = shared.posted.lock().unwrap_or_else(|e| e.into_inner());
-            // Dropped sessions' lists go.
-            posted.retain(|l| l.strong_count() > 0);
-            posted.push(Arc::downgrade(&pending));
-        }
+        shared.posted.add(&pending);
         let leaf_size = shared.region.leaf_size();
         let rng = (Arc::as_ptr(&counters) as u64) | 1;
         let topo = (shared.topology_version.load(Acquire), shared.topology());

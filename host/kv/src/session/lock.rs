@@ -11,7 +11,7 @@
 //! session of this process took with the same word.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rolex_core::entry::LtEntry;
@@ -176,6 +176,12 @@ pub(crate) struct PendingUnlock {
 pub(crate) type PostedUnlocks = Mutex<Vec<PendingUnlock>>;
 
 impl PendingUnlock {
+    /// Whether it completed with an error (looking drives the engine's
+    /// completions once while it has not completed).
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self.flag.result(), Some(Err(_)))
+    }
+
     /// This unlock as maybe held until its completion is seen (it still
     /// counts in its stripe).
     fn in_flight(self) -> MaybeHeld {
@@ -573,21 +579,18 @@ impl KvSession {
     /// record counts a lock still held
     /// ([`crate::KvClient::locks_maybe_held`]).
     fn settle_failed_unlocks_of(&mut self, lt_off: u64) {
-        let lists: Vec<Arc<PostedUnlocks>> = self
-            .shared
-            .posted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|l| !Arc::ptr_eq(l, &self.pending))
-            .collect();
-        for list in lists {
+        self.settle_failed_unlocks_where(|p| p.word.lt_off == lt_off);
+    }
+
+    /// [`Self::settle_failed_unlocks_of`] for the failed unlocks `pick`
+    /// selects.
+    fn settle_failed_unlocks_where(&mut self, pick: impl Fn(&PendingUnlock) -> bool) {
+        for list in self.shared.posted.others(&self.pending) {
             let failed: Vec<PendingUnlock> = {
                 let mut posted = list.lock().unwrap_or_else(|e| e.into_inner());
-                let (failed, kept) = std::mem::take(&mut *posted).into_iter().partition(|p| {
-                    p.word.lt_off == lt_off && matches!(p.flag.result(), Some(Err(_)))
-                });
+                let (failed, kept) = std::mem::take(&mut *posted)
+                    .into_iter()
+                    .partition(|p| pick(p) && p.failed());
                 *posted = kept;
                 failed
             };
@@ -595,6 +598,21 @@ impl KvSession {
                 let _ = self.settle_one(p);
             }
         }
+    }
+
+    /// The client's reaper's look through this session of its own (module
+    /// `reaper`): settles every failed unlock the client's sessions
+    /// posted, then tries again every lock the client records as maybe
+    /// held. Returns whether one is still recorded.
+    pub(crate) fn reap_for_client(&mut self) -> bool {
+        self.settle_failed_unlocks_where(|_| true);
+        self.resolve_held();
+        self.shared.held.count() > 0
+    }
+
+    /// Whether this session is the last handle on its client.
+    pub(crate) fn last_handle(&self) -> bool {
+        Arc::strong_count(&self.shared) == 1
     }
 
     /// [`Self::settle`] of one posted unlock.
@@ -720,6 +738,7 @@ impl KvSession {
                 // this chain again (`reap`, `plan_lock`).
                 self.posted().push(PendingUnlock { flag, word: w, to });
                 self.posted_here += 1;
+                crate::reaper::Posted::posted(&self.shared);
                 Ok(())
             }
             Err(error) => {
@@ -1113,7 +1132,7 @@ impl Drop for KvSession {
         let _ = self.settle();
         // The last handle on its client (the client's went first): what
         // the client holds free goes back, as `KvClient`'s drop would.
-        if Arc::strong_count(&self.shared) == 1 {
+        if self.last_handle() {
             let _ = self.give_back_all_values();
         }
     }

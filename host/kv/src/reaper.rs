@@ -1,0 +1,185 @@
+//! A client's unlocks posted and not awaited, as the client sees them
+//! ([`Posted`]), and its **reaper**: a parked thread that releases what a
+//! failed unlock left locked while the session that posted it is idle.
+//!
+//! On an unordered fabric a write posts its unlock `CAS` and returns
+//! (module `session::lock`); the unlock is settled later by its own
+//! session — once it completed, before that session locks the chain
+//! again, or when it flushes or drops — or, once it failed, by another
+//! session of the client whose lock meets the chain. An unlock that fails
+//! (the memory node refused it, the link dropped) leaves the chain locked
+//! by this client. If every session of the client then stays idle, no
+//! operation of it would ever release that lock, and writers of other
+//! processes — and the memory node's freeze of that model — would wait
+//! for it until they run out of attempts.
+//!
+//! The reaper closes that gap. It is started by the client's first posted
+//! unlock and looks every [`TICK`] while some session has one posted or
+//! some lock is recorded as maybe held, else parks for [`IDLE`] (the next
+//! post wakes it): an unlock that failed
+//! is taken out of its session's list (each is taken out by one session
+//! only: settled exactly once) and released again through a session of
+//! its own, exactly as its session would (`KvSession::lost_release`: the
+//! stripe rules hold), or recorded as maybe held, and then every lock the
+//! client records as maybe held is tried again on each look until none is
+//! left. A lock another process's writer waits for is so released within
+//! about a tick of the memory node taking operations again.
+//!
+//! The reaper holds the client only while it has work, through that
+//! session, and lets go of it as soon as it is the last handle on the
+//! client (its drop then gives the client's value space back, as the last
+//! handle's does) or it has nothing to do. It ends when the client goes
+//! (woken by [`Posted`]'s drop). No thread is started for a
+//! client that never posts an unlock (an ordered fabric without splits),
+//! and a client whose thread cannot be spawned works as before (its
+//! failed unlocks wait for a session).
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::{self, Thread};
+use std::time::Duration;
+
+use crate::client::ClientShared;
+use crate::session::{KvSession, PostedUnlocks};
+
+/// How often the reaper looks while some unlock is posted or some lock is
+/// maybe held.
+const TICK: Duration = Duration::from_millis(50);
+
+/// How often it looks while none is (a post wakes it; one that misses it
+/// waits no longer than this).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// Every live session's posted unlocks, and the reaper that watches them.
+#[derive(Default)]
+pub(crate) struct Posted {
+    /// Each live session's list (dropped sessions' go when a session is
+    /// made).
+    lists: Mutex<Vec<Weak<PostedUnlocks>>>,
+    /// The reaper's thread, once started (`None`: it could not be).
+    thread: OnceLock<Option<Thread>>,
+    /// Whether the reaper is parked for [`IDLE`] (a post wakes it).
+    idle: AtomicBool,
+}
+
+impl Posted {
+    /// Lists a new session's unlocks.
+    pub(crate) fn add(&self, list: &Arc<PostedUnlocks>) {
+        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        lists.retain(|l| l.strong_count() > 0);
+        lists.push(Arc::downgrade(list));
+    }
+
+    /// Every live session's list but `except`.
+    pub(crate) fn others(&self, except: &Arc<PostedUnlocks>) -> Vec<Arc<PostedUnlocks>> {
+        self.lists
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|l| !Arc::ptr_eq(l, except))
+            .collect()
+    }
+
+    /// After a session of `shared` posted an unlock: starts the reaper if
+    /// it is not running yet, wakes it if it is parked for [`IDLE`] (a
+    /// load of a word only the reaper writes, and only when it goes idle
+    /// or wakes: a post that misses it costs at most [`IDLE`]).
+    pub(crate) fn posted(shared: &Arc<ClientShared>) {
+        let me = &shared.posted;
+        let thread = me.thread.get_or_init(|| spawn(shared));
+        if me.idle.load(Relaxed) && me.idle.swap(false, Relaxed) {
+            if let Some(t) = thread {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Whether any session has an unlock posted.
+    fn any(&self) -> bool {
+        self.lists
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|l| !l.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
+    }
+}
+
+impl Drop for Posted {
+    fn drop(&mut self) {
+        // The client is going: a reaper parked for good sees it and ends.
+        if let Some(Some(t)) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// Starts the reaper of `shared`; `None` if the thread cannot be made.
+fn spawn(shared: &Arc<ClientShared>) -> Option<Thread> {
+    let client = Arc::downgrade(shared);
+    let posted = Arc::downgrade(&shared.posted);
+    thread::Builder::new()
+        .name("rolex-kv-reaper".into())
+        .spawn(move || run(&client, &posted))
+        .ok()
+        .map(|h| h.thread().clone())
+}
+
+/// The reaper's loop (module docs).
+fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
+    // Its own session, kept while it has work (dropped when it goes idle:
+    // a session is a handle on the client, and registers its counters).
+    let mut session: Option<KvSession> = None;
+    // Whether the last look left a lock recorded as maybe held.
+    let mut held = false;
+    loop {
+        let Some(list) = posted.upgrade() else { return };
+        if held || failed_unlocks(&list) {
+            if session.is_none() {
+                let Some(shared) = client.upgrade() else {
+                    return;
+                };
+                session = KvSession::new(shared).ok();
+            }
+            held = session.as_mut().map_or(true, KvSession::reap_for_client);
+        }
+        if session.as_ref().is_some_and(KvSession::last_handle) {
+            // Every other handle on the client went meanwhile: nobody is
+            // left to post or wait. Its drop closes the client as the
+            // last handle's does.
+            return;
+        }
+        let busy = held || list.any();
+        if busy {
+            drop(list);
+            thread::park_timeout(TICK);
+            continue;
+        }
+        session = None;
+        list.idle.store(true, Relaxed);
+        drop(list);
+        thread::park_timeout(IDLE);
+        if let Some(list) = posted.upgrade() {
+            list.idle.store(false, Relaxed);
+        }
+    }
+}
+
+/// Whether some session has an unlock posted that failed (looking drives
+/// the engine's completions of each once).
+fn failed_unlocks(posted: &Posted) -> bool {
+    let lists: Vec<Arc<PostedUnlocks>> = posted
+        .lists
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    lists.iter().any(|l| {
+        l.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|p| p.failed())
+    })
+}
