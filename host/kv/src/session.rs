@@ -169,7 +169,11 @@
 //! An error of an earlier operation's posted unlock is reported by the
 //! operation that settles it (the next one once the unlock completed, or
 //! the next lock of its chain), which did not run (determinate for it:
-//! the one whose unlock it was had returned, its writes complete).
+//! the one whose unlock it was had returned, its writes complete). A
+//! failed unlock whose session stays idle is released by another session
+//! of the client whose lock meets the chain, or by the client's reaper
+//! thread (module `reaper`); its error then goes nowhere, and
+//! `KvClient::locks_maybe_held` counts the lock while it is still held.
 
 mod free;
 mod lock;
@@ -445,7 +449,9 @@ pub struct KvSession {
     /// settled once complete, by the next lock of their chain, or all by
     /// `flush` and `Drop` (module `lock`, `KvSession::reap`) — or, once
     /// one failed, by another session of the client whose lock meets its
-    /// chain (the client lists every session's: `ClientShared::posted`).
+    /// chain, or by the client's reaper while its sessions are idle (the
+    /// client lists every session's: `ClientShared::posted`, module
+    /// `reaper`).
     pending: Arc<PostedUnlocks>,
     /// How many of `pending` this session posted and has not seen taken
     /// out: at least their number (another session only takes failed
