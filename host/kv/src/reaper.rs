@@ -14,25 +14,25 @@
 //! for it until they run out of attempts.
 //!
 //! The reaper closes that gap. It is started by the client's first posted
-//! unlock and looks every [`TICK`] while some session has one posted or
-//! some lock is recorded as maybe held, else parks for [`IDLE`] (the next
-//! post wakes it): an unlock that failed
-//! is taken out of its session's list (each is taken out by one session
-//! only: settled exactly once) and released again through a session of
-//! its own, exactly as its session would (`KvSession::lost_release`: the
-//! stripe rules hold), or recorded as maybe held, and then every lock the
-//! client records as maybe held is tried again on each look until none is
-//! left. A lock another process's writer waits for is so released within
-//! about a tick of the memory node taking operations again.
+//! unlock. While some session has an unlock posted, or some lock is
+//! recorded as maybe held, it looks every [`TICK`]; otherwise it parks for
+//! [`IDLE`] (the next post wakes it). Each look takes the unlocks that
+//! failed out of their sessions' lists (each is taken out by one session
+//! only: settled exactly once) and releases them again through a session
+//! of its own, exactly as their session would (`KvSession::lost_release`:
+//! the stripe rules hold), or records them as maybe held; then it tries
+//! again every lock the client records as maybe held, on each look until
+//! none is left. A lock another process's writer waits for is so released
+//! within about a tick of the memory node taking operations again.
 //!
 //! The reaper holds the client only while it has work, through that
 //! session, and lets go of it as soon as it is the last handle on the
 //! client (its drop then gives the client's value space back, as the last
 //! handle's does) or it has nothing to do. It ends when the client goes
-//! (woken by [`Posted`]'s drop). No thread is started for a
-//! client that never posts an unlock (an ordered fabric without splits),
-//! and a client whose thread cannot be spawned works as before (its
-//! failed unlocks wait for a session).
+//! (woken by [`Posted`]'s drop). No thread is started for a client that
+//! never posts an unlock (an ordered fabric without splits), and a client
+//! whose thread cannot be spawned works as before (its failed unlocks
+//! wait for a session).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
