@@ -26,18 +26,20 @@
 //! within about a tick of the memory node taking operations again.
 //!
 //! The reaper holds the client only while it has work, through that
-//! session, and lets go of it as soon as it is the last handle on the
-//! client (its drop then gives the client's value space back, as the last
-//! handle's does) or it has nothing to do. It ends when the client goes
-//! (woken by [`Posted`]'s drop). No thread is started for a client that
-//! never posts an unlock (an ordered fabric without splits), and a client
-//! whose thread cannot be spawned works as before (its failed unlocks
-//! wait for a session).
+//! session, and lets go of it as soon as it has nothing to do, or is the
+//! last handle on the client with no lock maybe held (its drop then gives
+//! the client's value space back, as the last handle's does). A lock
+//! maybe held keeps it trying as the last handle too — nobody else would
+//! release it — for at most [`LINGER`]. It ends when the client goes
+//! (woken by [`Posted`]'s drop). No thread is started for a
+//! client that never posts an unlock (an ordered fabric without splits),
+//! and a client whose thread cannot be spawned works as before (its
+//! failed unlocks wait for a session).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::client::ClientShared;
 use crate::session::{KvSession, PostedUnlocks};
@@ -49,6 +51,12 @@ const TICK: Duration = Duration::from_millis(50);
 /// How often it looks while none is (a post wakes it; one that misses it
 /// waits no longer than this).
 const IDLE: Duration = Duration::from_secs(1);
+
+/// How long the reaper, once its session is the last handle on the
+/// client, goes on trying to release the locks the client records as
+/// maybe held (the memory node refusing operations for a while) before it
+/// lets go of the client, leaving them to the memory node's lease reaper.
+const LINGER: Duration = Duration::from_secs(30);
 
 /// Every live session's posted unlocks, and the reaper that watches them.
 #[derive(Default)]
@@ -133,6 +141,8 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
     let mut session: Option<KvSession> = None;
     // Whether the last look left a lock recorded as maybe held.
     let mut held = false;
+    // When it found its session the last handle with a lock maybe held.
+    let mut alone_since: Option<Instant> = None;
     loop {
         let Some(list) = posted.upgrade() else { return };
         if held || failed_unlocks(&list) {
@@ -147,8 +157,12 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
         if session.as_ref().is_some_and(KvSession::last_handle) {
             // Every other handle on the client went meanwhile: nobody is
             // left to post or wait. Its drop closes the client as the
-            // last handle's does.
-            return;
+            // last handle's does — once no lock is maybe held, or after
+            // [`LINGER`] of trying: nobody else would release them.
+            let alone = *alone_since.get_or_insert_with(Instant::now);
+            if !held || alone.elapsed() >= LINGER {
+                return;
+            }
         }
         let busy = held || list.any();
         if busy {
