@@ -475,3 +475,52 @@ fn cluster_clients_idle_with_failed_unlocks_hold_up_no_other_writer() {
         }
     }
 }
+
+/// The last handle on a client — a session, the client handle gone first
+/// — is dropped at once after its unlock failed, while the memory node
+/// refuses operations: its drop records the lock as maybe held and hands
+/// the client to its reaper, which releases the lock once the node is
+/// back, then gives the client's value space back and ends. Before the
+/// reaper adopted such a client, the lock was left for good and the space
+/// lost (20 of 20 rounds).
+#[test]
+fn the_last_handle_dropped_at_once_after_a_failed_unlock_is_closed_by_the_reaper() {
+    let _one = serial();
+    let before = reapers();
+    for round in 0..6u64 {
+        let node = value_node(8 << 20);
+        let c = client(&node, 300, 149, 2000);
+        let mut s = c.session().unwrap();
+        let last_is_client = round % 2 == 1;
+        for k in 0..20u64 {
+            assert!(s.put(k * 80, &value(k * 80, round)).unwrap());
+        }
+        s.flush().unwrap();
+        put_then_refuse(&node, &mut s, 5000, round);
+        std::thread::sleep(Duration::from_millis(1));
+        if last_is_client {
+            // The session settles (records) its failed unlock, then the
+            // client handle goes last.
+            drop(s);
+            drop(c);
+        } else {
+            drop(c);
+            drop(s);
+        }
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(node.engine().set_failed(false));
+        assert!(
+            eventually(|| free_word(&node) != 0),
+            "round {round}: the client's value space given back"
+        );
+        assert!(
+            eventually(|| reapers() <= before),
+            "round {round}: the reaper ended"
+        );
+        assert_eq!(
+            node.release_locks_of(LockOwner(149)).unwrap(),
+            0,
+            "round {round}: a lock left"
+        );
+    }
+}

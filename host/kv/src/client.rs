@@ -311,7 +311,9 @@ pub struct KvClient {
 impl Drop for KvClient {
     fn drop(&mut self) {
         // The last handle: no session can take or free a block any more.
-        if Arc::strong_count(&self.shared) == 1 {
+        // A lock maybe held goes to the client's reaper first, which
+        // closes the client once it released it (module `reaper`).
+        if Arc::strong_count(&self.shared) == 1 && !Posted::adopt(&self.shared) {
             let _ = self.close();
         }
     }
@@ -452,7 +454,9 @@ impl KvClient {
     /// what they free later is this client's again.
     ///
     /// Dropping the last handle on a client (the client, its clones and
-    /// its sessions) does this too, ignoring errors; a client whose memory
+    /// its sessions) does this too, ignoring errors (while a lock is
+    /// maybe held, the client's reaper does it once it released that
+    /// lock, or gave up after 30 s); a client whose memory
     /// node is gone should [`Self::abandon_values`] first, or the drop
     /// waits for the engine's operation timeout. On an error, space whose
     /// give-back certainly did not land is still this client's, and space

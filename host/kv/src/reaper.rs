@@ -30,7 +30,10 @@
 //! last handle on the client with no lock maybe held (its drop then gives
 //! the client's value space back, as the last handle's does). A lock
 //! maybe held keeps it trying as the last handle too — nobody else would
-//! release it — for at most [`LINGER`]. It ends when the client goes
+//! release it — for at most [`LINGER`]; and the drop of the client's last
+//! handle while a lock is maybe held hands the client to the reaper
+//! ([`Posted::adopt`]) instead of closing it, so the reaper releases the
+//! lock once the memory node takes operations again and then closes it. It ends when the client goes
 //! (woken by [`Posted`]'s drop). No thread is started for a
 //! client that never posts an unlock (an ordered fabric without splits),
 //! and a client whose thread cannot be spawned works as before (its
@@ -68,6 +71,10 @@ pub(crate) struct Posted {
     thread: OnceLock<Option<Thread>>,
     /// Whether the reaper is parked for [`IDLE`] (a post wakes it).
     idle: AtomicBool,
+    /// The client, handed over by its last handle's drop while a lock is
+    /// maybe held ([`Posted::adopt`]): the reaper takes it at its next
+    /// look.
+    adopted: Mutex<Option<Arc<ClientShared>>>,
 }
 
 impl Posted {
@@ -101,6 +108,30 @@ impl Posted {
                 t.unpark();
             }
         }
+    }
+
+    /// The drop of the last handle on `shared` (a session or the client):
+    /// while a lock is maybe held, hands the client to its reaper, which
+    /// goes on releasing it and then closes the client (as the last
+    /// handle, see [`LINGER`]); `true` if it did (the caller does not
+    /// close the client), `false` if there is nothing to release or no
+    /// reaper.
+    pub(crate) fn adopt(shared: &Arc<ClientShared>) -> bool {
+        if !worth_lingering(shared) {
+            return false;
+        }
+        let me = &shared.posted;
+        let Some(Some(thread)) = me.thread.get() else {
+            return false;
+        };
+        if thread.id() == thread::current().id() {
+            // The reaper's own session, dropped once it gave up.
+            return false;
+        }
+        *me.adopted.lock().unwrap_or_else(|e| e.into_inner()) = Some(shared.clone());
+        me.idle.store(false, Relaxed);
+        thread.unpark();
+        true
     }
 
     /// Whether any session has an unlock posted.
@@ -145,6 +176,18 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
     let mut alone_since: Option<Instant> = None;
     loop {
         let Some(list) = posted.upgrade() else { return };
+        let adopted = list
+            .adopted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(shared) = adopted {
+            // Its last handle went with a lock maybe held.
+            held = true;
+            if session.is_none() {
+                session = KvSession::new(shared).ok();
+            }
+        }
         if held || failed_unlocks(&list) {
             if session.is_none() {
                 let Some(shared) = client.upgrade() else {
@@ -160,7 +203,8 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
             // last handle's does — once no lock is maybe held, or after
             // [`LINGER`] of trying: nobody else would release them.
             let alone = *alone_since.get_or_insert_with(Instant::now);
-            if !held || alone.elapsed() >= LINGER {
+            let linger = session.as_ref().is_some_and(KvSession::worth_lingering);
+            if !linger || alone.elapsed() >= LINGER {
                 return;
             }
         }
@@ -178,6 +222,13 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
             list.idle.store(false, Relaxed);
         }
     }
+}
+
+/// Whether the client records a lock as maybe held that the reaper can
+/// still release: not once its lease lapsed (the lock is then the memory
+/// node's lease reaper's).
+pub(crate) fn worth_lingering(shared: &ClientShared) -> bool {
+    shared.held.count() > 0 && !shared.cfg.lease.as_ref().is_some_and(|l| !l.valid())
 }
 
 /// Whether some session has an unlock posted that failed (looking drives

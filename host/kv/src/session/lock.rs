@@ -610,6 +610,12 @@ impl KvSession {
         self.shared.held.count() > 0
     }
 
+    /// Whether its client records a lock maybe held that its reaper can
+    /// still release (module `reaper`).
+    pub(crate) fn worth_lingering(&self) -> bool {
+        crate::reaper::worth_lingering(&self.shared)
+    }
+
     /// Whether this session is the last handle on its client.
     pub(crate) fn last_handle(&self) -> bool {
         Arc::strong_count(&self.shared) == 1
@@ -1131,8 +1137,9 @@ impl Drop for KvSession {
         // error has no one left to go to).
         let _ = self.settle();
         // The last handle on its client (the client's went first): what
-        // the client holds free goes back, as `KvClient`'s drop would.
-        if self.last_handle() {
+        // the client holds free goes back, as `KvClient`'s drop would —
+        // by the client's reaper, once it released the locks maybe held.
+        if self.last_handle() && !crate::reaper::Posted::adopt(&self.shared) {
             let _ = self.give_back_all_values();
         }
     }
