@@ -33,11 +33,11 @@
 //! release it — for at most [`LINGER`]; and the drop of the client's last
 //! handle while a lock is maybe held hands the client to the reaper
 //! ([`Posted::adopt`]) instead of closing it, so the reaper releases the
-//! lock once the memory node takes operations again and then closes it. It ends when the client goes
-//! (woken by [`Posted`]'s drop). No thread is started for a
-//! client that never posts an unlock (an ordered fabric without splits),
-//! and a client whose thread cannot be spawned works as before (its
-//! failed unlocks wait for a session).
+//! lock once the memory node takes operations again and then closes it.
+//! It ends when the client goes (woken by [`Posted`]'s drop). No thread
+//! is started for a client that never posts an unlock (an ordered fabric
+//! without splits), and a client whose thread cannot be spawned works as
+//! before (its failed unlocks wait for a session).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
