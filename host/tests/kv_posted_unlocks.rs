@@ -613,7 +613,7 @@ fn a_failed_unlock_of_an_idle_session_does_not_block_its_chain() {
     for i in 0..20u64 {
         let (k, _) = pairs[16 * i as usize];
         // `a`'s unlock in flight fails; `a` stays idle.
-        write_then_fail_its_unlock(&node, &mut a, k, i << 8 | 1);
+        common::write_then_fail_its_unlock(&node, &mut a, k, i << 8 | 1);
         let r = b.update(k, i << 8 | 2);
         let _ = a.flush();
         assert_eq!(r.unwrap(), Some(i << 8 | 1), "round {i}");
@@ -651,7 +651,7 @@ fn a_failed_unlock_of_an_idle_client_does_not_block_another_clients_writer() {
     for i in 0..10u64 {
         let (k, _) = pairs[16 * i as usize];
         // `a`'s unlock in flight fails; `a`'s client stays idle.
-        write_then_fail_its_unlock(&node, &mut a, k, i << 8 | 1);
+        common::write_then_fail_its_unlock(&node, &mut a, k, i << 8 | 1);
         assert_eq!(
             b.update(k, i << 8 | 2).unwrap(),
             Some(i << 8 | 1),
@@ -665,14 +665,4 @@ fn a_failed_unlock_of_an_idle_client_does_not_block_another_clients_writer() {
     for owner in [131, 132] {
         assert_eq!(node.release_locks_of(LockOwner(owner)).unwrap(), 0);
     }
-}
-
-/// `s` updates `k` to `v`, and the memory node refuses operations for
-/// 2 ms at once, while the update's posted unlock (300 µs of modelled
-/// latency) is in flight.
-fn write_then_fail_its_unlock(node: &MemoryNode, s: &mut KvSession, k: u64, v: u64) {
-    s.update(k, v).unwrap();
-    assert!(node.engine().set_failed(true), "loopback fails peers");
-    std::thread::sleep(Duration::from_millis(2));
-    assert!(node.engine().set_failed(false));
 }

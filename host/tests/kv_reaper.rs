@@ -23,7 +23,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
-use rolex_core::layout::{Superblock, ValueRegionHeader};
 use rolex_host::kv::{KvClient, KvClientConfig, KvSession};
 use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
@@ -121,25 +120,7 @@ fn value(key: u64, id: u64) -> Vec<u8> {
     v
 }
 
-/// The value region's `free` word (the head of the space given back).
-fn free_word(node: &MemoryNode) -> u64 {
-    let mh = node.pool_handle();
-    let sb = Superblock::read(&mh.to_vec(0, Superblock::SIZE as usize).unwrap()).unwrap();
-    mh.load_u64(sb.value_region_offset() + ValueRegionHeader::FREE_OFFSET)
-        .unwrap()
-}
-
-/// `s` updates `k` to `v`, then the memory node refuses operations for
-/// 2 ms, while the update's posted unlock (300 µs of modelled latency) is
-/// in flight: its unlock fails.
-fn write_then_fail_its_unlock(node: &MemoryNode, s: &mut KvSession, k: u64, v: u64) {
-    s.update(k, v).unwrap();
-    assert!(node.engine().set_failed(true), "loopback fails peers");
-    std::thread::sleep(Duration::from_millis(2));
-    assert!(node.engine().set_failed(false));
-}
-
-/// As [`write_then_fail_its_unlock`] with a byte value, the node left
+/// As [`common::write_then_fail_its_unlock`] with a byte value, the node left
 /// refusing operations (the caller lets it answer again).
 fn put_then_refuse(node: &MemoryNode, s: &mut KvSession, k: u64, id: u64) {
     assert!(s.put(k, &value(k, id)).unwrap(), "key {k} was loaded");
@@ -153,11 +134,30 @@ fn put_then_refuse(node: &MemoryNode, s: &mut KvSession, k: u64, id: u64) {
 /// handle is the reaper's session), and the reaper thread ends.
 #[test]
 fn a_client_dropped_while_its_reaper_is_busy_is_closed_once_the_node_is_back() {
+    dropped_while_a_release_is_refused(141, false);
+}
+
+/// A session is the last of the user's handles on its client (the client
+/// handle went first) and is dropped while its unlock failed, the reaper
+/// holds it maybe held and the memory node refuses operations: once the
+/// node is back, nothing is left locked, the client's space is given
+/// back, and no reaper thread is left.
+#[test]
+fn a_last_session_dropped_while_its_unlocks_fail_leaves_nothing_behind() {
+    dropped_while_a_release_is_refused(142, true);
+}
+
+/// Three rounds of: a client of lock owner `owner` writes values of its
+/// own, its unlock fails and the node goes on refusing; the client's
+/// handles are dropped (the client handle first if `client_first`); then
+/// the node answers again: the lock is released, the client's value space
+/// given back, and its reaper ends.
+fn dropped_while_a_release_is_refused(owner: u16, client_first: bool) {
     let _one = serial();
     let before = reapers();
     for round in 0..3u64 {
         let node = value_node(8 << 20);
-        let c = client(&node, 300, 141, 2000);
+        let c = client(&node, 300, owner, 2000);
         let mut s = c.session().unwrap();
         // Value space of its own: a few byte values written.
         for k in 0..20u64 {
@@ -170,55 +170,17 @@ fn a_client_dropped_while_its_reaper_is_busy_is_closed_once_the_node_is_back() {
             eventually(|| c.locks_maybe_held() > 0),
             "round {round}: the failed unlock recorded"
         );
-        drop(s);
-        drop(c);
-        std::thread::sleep(Duration::from_millis(120));
-        assert!(node.engine().set_failed(false));
-        assert!(
-            eventually(|| free_word(&node) != 0),
-            "round {round}: the client's value space given back"
-        );
-        assert!(
-            eventually(|| reapers() <= before),
-            "round {round}: the reaper ended"
-        );
-        assert_eq!(
-            node.release_locks_of(LockOwner(141)).unwrap(),
-            0,
-            "round {round}: a lock left"
-        );
-    }
-}
-
-/// A session is the last of the user's handles on its client (the client
-/// handle went first) and is dropped while its unlock failed, the reaper
-/// holds it maybe held and the memory node refuses operations: once the node is back, nothing is left locked, the
-/// client's space is given back, and no reaper thread is left.
-#[test]
-fn a_last_session_dropped_while_its_unlocks_fail_leaves_nothing_behind() {
-    let _one = serial();
-    let before = reapers();
-    for round in 0..3u64 {
-        let node = value_node(8 << 20);
-        let c = client(&node, 300, 142, 2000);
-        let mut s = c.session().unwrap();
-        for k in 0..20u64 {
-            assert!(s.put(k * 80, &value(k * 80, round)).unwrap());
+        if client_first {
+            drop(c);
+            drop(s);
+        } else {
+            drop(s);
+            drop(c);
         }
-        s.flush().unwrap();
-        put_then_refuse(&node, &mut s, 5000, round);
-        // The reaper took the failed unlock and could not release it; the
-        // client handle goes, the session is the last of the user's.
-        assert!(
-            eventually(|| c.locks_maybe_held() > 0),
-            "round {round}: the failed unlock recorded"
-        );
-        drop(c);
-        drop(s);
         std::thread::sleep(Duration::from_millis(120));
         assert!(node.engine().set_failed(false));
         assert!(
-            eventually(|| free_word(&node) != 0),
+            eventually(|| common::free_word(&node) != 0),
             "round {round}: the client's value space given back"
         );
         assert!(
@@ -226,7 +188,7 @@ fn a_last_session_dropped_while_its_unlocks_fail_leaves_nothing_behind() {
             "round {round}: the reaper ended"
         );
         assert_eq!(
-            node.release_locks_of(LockOwner(142)).unwrap(),
+            node.release_locks_of(LockOwner(owner)).unwrap(),
             0,
             "round {round}: a lock left"
         );
@@ -246,7 +208,7 @@ fn clients_made_and_dropped_in_a_loop_leave_no_reaper_thread() {
         let mut s = c.session().unwrap();
         let (k, _) = pairs[16 * (i % 50) as usize];
         if i % 3 == 0 {
-            write_then_fail_its_unlock(&node, &mut s, k, i << 8 | 1);
+            common::write_then_fail_its_unlock(&node, &mut s, k, i << 8 | 1);
         } else {
             s.update(k, i << 8 | 1).unwrap();
         }
@@ -514,7 +476,7 @@ fn the_last_handle_dropped_at_once_after_a_failed_unlock_is_closed_by_the_reaper
         std::thread::sleep(Duration::from_millis(60));
         assert!(node.engine().set_failed(false));
         assert!(
-            eventually(|| free_word(&node) != 0),
+            eventually(|| common::free_word(&node) != 0),
             "round {round}: the client's value space given back"
         );
         assert!(

@@ -442,14 +442,6 @@ fn get_many_answers_as_single_gets_in_one_round_trip() {
     );
 }
 
-/// The value region's `free` word (the head of the space given back).
-fn free_word(node: &MemoryNode) -> u64 {
-    let mh = node.pool_handle();
-    let sb = Superblock::read(&mh.to_vec(0, Superblock::SIZE as usize).unwrap()).unwrap();
-    mh.load_u64(sb.value_region_offset() + ValueRegionHeader::FREE_OFFSET)
-        .unwrap()
-}
-
 #[test]
 fn clients_that_come_and_go_give_their_space_back() {
     // Each round a new client writes 200 values of 16 KiB, reads them,
@@ -480,7 +472,11 @@ fn clients_that_come_and_go_give_their_space_back() {
         }
         drop(s);
         drop(client);
-        assert_ne!(free_word(&node), 0, "round {round}: nothing given back");
+        assert_ne!(
+            common::free_word(&node),
+            0,
+            "round {round}: nothing given back"
+        );
         let used = node.stats().value_bytes;
         let first = *after_first.get_or_insert(used);
         assert!(
@@ -508,7 +504,11 @@ fn a_client_dropped_before_its_session_gives_its_space_back_with_the_session() {
             assert!(s.remove(10 + k).unwrap());
         }
         drop(s);
-        assert_ne!(free_word(&node), 0, "round {round}: nothing given back");
+        assert_ne!(
+            common::free_word(&node),
+            0,
+            "round {round}: nothing given back"
+        );
     }
 }
 
@@ -595,7 +595,7 @@ fn large_free_blocks_are_carved_for_small_values_by_concurrent_clients() {
     drop(s);
     a.close().unwrap();
     drop(a);
-    assert_ne!(free_word(&node), 0, "nothing given back");
+    assert_ne!(common::free_word(&node), 0, "nothing given back");
     let small = |key: u64, id: u64| {
         const LENS: [usize; 5] = [9, 40, 100, 333, 1000];
         let mut v = encode(key, id);
@@ -653,7 +653,7 @@ fn a_client_that_frees_much_gives_the_excess_back_while_it_runs() {
     for k in 0..768u64 {
         assert!(s.remove(10 + k).unwrap());
     }
-    assert_ne!(free_word(&node), 0, "nothing given back");
+    assert_ne!(common::free_word(&node), 0, "nothing given back");
     let (claimed, free) = a.stats().value_space;
     assert!(free <= 32 << 20, "held {free} of {claimed}");
     let b = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();

@@ -522,3 +522,28 @@ pub fn value_id(key: u64, bytes: &[u8]) -> Option<u64> {
     let id = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     (id_value(key, id, bytes.len()) == bytes).then_some(id)
 }
+
+/// The value region's `free` word of `node` (the head of the space given
+/// back).
+pub fn free_word(node: &rolex_host::memnode::MemoryNode) -> u64 {
+    use rolex_core::layout::{Superblock, ValueRegionHeader};
+    let mh = node.pool_handle();
+    let sb = Superblock::read(&mh.to_vec(0, Superblock::SIZE as usize).unwrap()).unwrap();
+    mh.load_u64(sb.value_region_offset() + ValueRegionHeader::FREE_OFFSET)
+        .unwrap()
+}
+
+/// `s` updates `k` to `v`, then `node` refuses operations for 2 ms, while
+/// the update's posted unlock (with a few hundred µs of modelled latency)
+/// is in flight: its unlock fails.
+pub fn write_then_fail_its_unlock(
+    node: &rolex_host::memnode::MemoryNode,
+    s: &mut rolex_host::kv::KvSession,
+    k: u64,
+    v: u64,
+) {
+    s.update(k, v).unwrap();
+    assert!(node.engine().set_failed(true), "loopback fails peers");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    assert!(node.engine().set_failed(false));
+}
