@@ -79,15 +79,7 @@ fn sessions_of_one_owner_write_few_chains_under_latency_and_faults() {
         let (node, loaded) = common::half_full_node();
         // Two keys per leaf, three leaves (keys 160 apart are in distinct
         // leaves): two of them present at load.
-        let keys: Vec<u64> = [100u64, 260, 420]
-            .iter()
-            .flat_map(|&k| [k, k + 5])
-            .collect();
-        let initial: Vec<(u64, u64)> = loaded
-            .iter()
-            .copied()
-            .filter(|p| keys.contains(&p.0))
-            .collect();
+        let (keys, initial) = common::two_keys_in_each_of_three_leaves(&loaded);
         let clients = [0, 1].map(|client| {
             common::faulty_client(&node, (seed, client, 0.03), OWNER, |faults| {
                 engine(true, 150, Some(faults), seed)

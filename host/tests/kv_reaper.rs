@@ -276,15 +276,7 @@ fn the_reaper_races_live_sessions_of_its_client_on_the_same_chains() {
     const OWNER: LockOwner = LockOwner(146);
     for seed in 1..=3u64 {
         let (node, loaded) = common::half_full_node();
-        let keys: Vec<u64> = [100u64, 260, 420]
-            .iter()
-            .flat_map(|&k| [k, k + 5])
-            .collect();
-        let initial: Vec<(u64, u64)> = loaded
-            .iter()
-            .copied()
-            .filter(|p| keys.contains(&p.0))
-            .collect();
+        let (keys, initial) = common::two_keys_in_each_of_three_leaves(&loaded);
         let c = common::faulty_client(&node, (seed, 0, 0.10), OWNER, |faults| {
             engine(150, Some(faults), seed)
         });

@@ -547,3 +547,19 @@ pub fn write_then_fail_its_unlock(
     std::thread::sleep(std::time::Duration::from_millis(2));
     assert!(node.engine().set_failed(false));
 }
+
+/// Six keys of a [`half_full_node`] (whose pairs are `loaded`), two in
+/// each of three leaves (keys 160 apart are in distinct leaves), one of
+/// each two loaded: the keys, and the loaded pairs among them.
+pub fn two_keys_in_each_of_three_leaves(loaded: &[(u64, u64)]) -> (Vec<u64>, Vec<(u64, u64)>) {
+    let keys: Vec<u64> = [100u64, 260, 420]
+        .iter()
+        .flat_map(|&k| [k, k + 5])
+        .collect();
+    let initial = loaded
+        .iter()
+        .copied()
+        .filter(|p| keys.contains(&p.0))
+        .collect();
+    (keys, initial)
+}
