@@ -513,6 +513,49 @@ fn a_client_dropped_before_its_session_gives_its_space_back_with_the_session() {
 }
 
 #[test]
+fn only_the_last_of_a_clients_handles_gives_its_space_back_in_any_drop_order() {
+    // A client, a clone of it and a session, dropped in each of the six
+    // orders: nothing is given back before the last drop, and its space
+    // is given back by it, whichever handle it is.
+    let orders = [
+        [0, 1, 2],
+        [0, 2, 1],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+    ];
+    for order in orders {
+        let node = node(&[(1, 1)], 8 << 20);
+        let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        let clone = client.clone();
+        let mut s = client.session().unwrap();
+        for k in 0..20u64 {
+            let mut v = encode(k, k);
+            v.resize(4 << 10, 1);
+            assert!(!s.put(10 + k, &v).unwrap());
+            assert!(s.remove(10 + k).unwrap());
+        }
+        let mut handles: Vec<Option<Box<dyn std::any::Any>>> = vec![
+            Some(Box::new(client)),
+            Some(Box::new(clone)),
+            Some(Box::new(s)),
+        ];
+        for (i, &h) in order.iter().enumerate() {
+            assert_eq!(
+                common::free_word(&node),
+                0,
+                "{order:?}: given back before the last drop"
+            );
+            drop(handles[h].take());
+            if i == 2 {
+                assert_ne!(common::free_word(&node), 0, "{order:?}: not given back");
+            }
+        }
+    }
+}
+
+#[test]
 fn concurrent_give_backs_and_takes_never_share_a_block() {
     give_backs_and_takes_race(false);
 }

@@ -15,7 +15,9 @@
 //! topology again (`ClientShared::refresh_topology`), and a model it has
 //! not cached yet is read when first needed.
 
-use std::sync::atomic::{AtomicU64, Ordering::Release};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -131,6 +133,10 @@ pub(crate) struct ClientShared {
     /// it (module `session::lock`), and the client's reaper releases them
     /// while every session is idle (module `reaper`).
     pub(crate) posted: Arc<Posted>,
+    /// The client's handles: its `KvClient` clones and its sessions (the
+    /// reaper's included; not the session `close` uses). The drop that
+    /// takes it to 0 is the last handle's, and closes the client.
+    pub(crate) handles: AtomicUsize,
     /// Where this client's out-of-line values go.
     pub(crate) values: ValueSpace,
 }
@@ -303,9 +309,17 @@ impl ClientShared {
 ///     Ok(())
 /// }
 /// ```
-#[derive(Clone)]
 pub struct KvClient {
     shared: Arc<ClientShared>,
+}
+
+impl Clone for KvClient {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Relaxed);
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 impl Drop for KvClient {
@@ -313,9 +327,17 @@ impl Drop for KvClient {
         // The last handle: no session can take or free a block any more.
         // A lock maybe held goes to the client's reaper first, which
         // closes the client once it released it (module `reaper`).
-        if Arc::strong_count(&self.shared) == 1 && !Posted::adopt(&self.shared) {
+        if self.shared.let_go() && !Posted::adopt(&self.shared) {
             let _ = self.close();
         }
+    }
+}
+
+impl ClientShared {
+    /// Counts a handle dropped; `true` for the last one (exactly one drop
+    /// sees it, however many drop at once).
+    pub(crate) fn let_go(&self) -> bool {
+        self.handles.fetch_sub(1, AcqRel) == 1
     }
 }
 
@@ -433,6 +455,7 @@ impl KvClient {
             engine,
             held: HeldLocks::default(),
             posted: Arc::default(),
+            handles: AtomicUsize::new(1),
             values,
         };
         drop(io);
@@ -466,7 +489,8 @@ impl KvClient {
         if self.shared.values.usage().1 == 0 {
             return Ok(0);
         }
-        self.session()?.give_back_all_values()
+        // Not a handle: its drop is not a last handle's.
+        KvSession::uncounted(self.shared.clone())?.give_back_all_values()
     }
 
     /// Forgets the value space this client holds free without giving it

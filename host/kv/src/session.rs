@@ -453,6 +453,8 @@ pub struct KvSession {
     /// client lists every session's: `ClientShared::posted`, module
     /// `reaper`).
     pending: Arc<PostedUnlocks>,
+    /// Whether it counts as a handle on its client (`ClientShared::handles`).
+    counted: bool,
     /// How many of `pending` this session posted and has not seen taken
     /// out: at least their number (another session only takes failed
     /// ones out), so 0 says there are none without locking the list.
@@ -484,7 +486,18 @@ impl std::fmt::Debug for KvSession {
 }
 
 impl KvSession {
+    /// A session of `shared`, counted as a handle on the client (its drop
+    /// may be the last handle's: `ClientShared::let_go`).
     pub(crate) fn new(shared: Arc<ClientShared>) -> Result<Self, KvError> {
+        let mut s = Self::uncounted(shared)?;
+        s.shared.handles.fetch_add(1, Relaxed);
+        s.counted = true;
+        Ok(s)
+    }
+
+    /// A session of `shared` that is not a handle on the client (the one
+    /// `KvClient::close` gives space back through).
+    pub(crate) fn uncounted(shared: Arc<ClientShared>) -> Result<Self, KvError> {
         let io = Io::new(
             &shared.engine,
             shared.cfg.session_buffer,
@@ -516,6 +529,7 @@ impl KvSession {
             slot_posted: false,
             topo,
             views: Vec::new(),
+            counted: false,
         })
     }
 

@@ -10,7 +10,7 @@
 //! confirmed or recorded, so a retried release never frees a lock another
 //! session of this process took with the same word.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -618,7 +618,7 @@ impl KvSession {
 
     /// Whether this session is the last handle on its client.
     pub(crate) fn last_handle(&self) -> bool {
-        Arc::strong_count(&self.shared) == 1
+        self.counted && self.shared.handles.load(Acquire) == 1
     }
 
     /// [`Self::settle`] of one posted unlock.
@@ -1139,7 +1139,7 @@ impl Drop for KvSession {
         // The last handle on its client (the client's went first): what
         // the client holds free goes back, as `KvClient`'s drop would —
         // by the client's reaper, once it released the locks maybe held.
-        if self.last_handle() && !crate::reaper::Posted::adopt(&self.shared) {
+        if self.counted && self.shared.let_go() && !crate::reaper::Posted::adopt(&self.shared) {
             let _ = self.give_back_all_values();
         }
     }
