@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvSession};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::MemoryNode;
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
 
 /// One test at a time: each counts the reaper threads of the process.
@@ -98,26 +98,12 @@ fn client(node: &MemoryNode, latency_us: u64, owner: u16, max_attempts: u64) -> 
 /// `value_spare` bytes of value space.
 fn value_node(value_spare: u64) -> MemoryNode {
     let pairs: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10, i)).collect();
-    MemoryNode::start_with_values(
-        MemoryNodeConfig {
-            leaf_slots: 8,
-            max_model_leaves: 32,
-            value_spare: Some(value_spare),
-            ..MemoryNodeConfig::default()
-        },
-        &pairs,
-        &mut |k, id, out| out.extend_from_slice(&value(k, id)),
-    )
-    .unwrap()
+    common::value_node(&pairs, value_spare, value)
 }
 
 /// The bytes of value `id` of `key` (1 KiB).
 fn value(key: u64, id: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(1024);
-    while v.len() < 1024 {
-        v.extend_from_slice(&(key ^ id << 32).to_le_bytes());
-    }
-    v
+    common::id_value(key, id, 1024)
 }
 
 /// As [`common::write_then_fail_its_unlock`] with a byte value, the node left

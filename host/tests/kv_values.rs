@@ -45,17 +45,7 @@ fn decode(key: u64, bytes: &[u8]) -> Option<u64> {
 }
 
 fn node(pairs: &[(u64, u64)], value_spare: u64) -> MemoryNode {
-    MemoryNode::start_with_values(
-        MemoryNodeConfig {
-            leaf_slots: 8,
-            max_model_leaves: 32,
-            value_spare: Some(value_spare),
-            ..MemoryNodeConfig::default()
-        },
-        pairs,
-        &mut |k, id, out| out.extend_from_slice(&encode(k, id)),
-    )
-    .unwrap()
+    common::value_node(pairs, value_spare, encode)
 }
 
 #[test]

@@ -563,3 +563,24 @@ pub fn two_keys_in_each_of_three_leaves(loaded: &[(u64, u64)]) -> (Vec<u64>, Vec
         .collect();
     (keys, initial)
 }
+
+/// A memory node of 8-slot leaves (at most 32 per model) holding `pairs`
+/// with byte values (`value(key, id)` for the pair `(key, id)`) and
+/// `value_spare` bytes of value space.
+pub fn value_node(
+    pairs: &[(u64, u64)],
+    value_spare: u64,
+    value: impl Fn(u64, u64) -> Vec<u8>,
+) -> rolex_host::memnode::MemoryNode {
+    rolex_host::memnode::MemoryNode::start_with_values(
+        rolex_host::memnode::MemoryNodeConfig {
+            leaf_slots: 8,
+            max_model_leaves: 32,
+            value_spare: Some(value_spare),
+            ..rolex_host::memnode::MemoryNodeConfig::default()
+        },
+        pairs,
+        &mut |k, id, out| out.extend_from_slice(&value(k, id)),
+    )
+    .unwrap()
+}
