@@ -303,6 +303,7 @@ impl SharedWords {
         group.push(Request {
             ops: vec![(nic, make(r))],
             notify: OnValue::flag(&flag).into(),
+            receivers: Vec::new(),
         });
         flag.wait(self.wait).unwrap_or(Err(TransferError::Timeout {
             op,

@@ -41,7 +41,7 @@ use crate::error::{ConfigError, OpKind, TransferError};
 use crate::group::{arrive, Worker, WorkerConfig};
 use crate::plug::Plug;
 use crate::region::{MrHandle, Region};
-use crate::shared::{remote, EngineShared, GroupShared, Registered, Request};
+use crate::shared::{receiver, remote, EngineShared, GroupShared, Registered, Request};
 use crate::watcher::{Watcher, WatcherSet};
 
 /// Smallest piece a single write is split into across NICs.
@@ -113,7 +113,8 @@ pub struct EngineConfig {
     /// Pin workers to CPUs when the machine allows.
     pub pin_workers: bool,
     /// Abort notices ([`crate::imm_wait`]): when a transfer carrying an
-    /// immediate fails part-way, tell its receiver with a zero-length write
+    /// immediate fails part-way, tell each receiver one of its failed
+    /// pieces was aimed at (once, whatever its NICs) with a zero-length write
     /// carrying the immediate with [`ABORT_BIT`](crate::imm_wait::ABORT_BIT)
     /// set, which fails the receiver's expectation on it with
     /// [`TransferError::SenderAborted`]. Applications then use immediates
@@ -578,11 +579,27 @@ impl TransferEngine {
         ops: Vec<(usize, WorkOp)>,
         notify: Notify,
     ) -> Result<(), TransferError> {
+        self.submit_to(group, ops, Vec::new(), notify)
+    }
+
+    /// [`Self::submit`] of writes with `receivers`, one per op (see
+    /// `Request::receivers`).
+    fn submit_to(
+        &self,
+        group: usize,
+        ops: Vec<(usize, WorkOp)>,
+        receivers: Vec<NetAddr>,
+        notify: Notify,
+    ) -> Result<(), TransferError> {
         self.live()?;
         let g = self.group(group)?;
         let c = &self.shared.counters;
         Counters::bump(&c.rtts, 1);
-        if g.submit(Request { ops, notify }) {
+        if g.submit(Request {
+            ops,
+            notify,
+            receivers,
+        }) {
             Counters::bump(&c.direct_posts, 1);
         } else {
             Counters::bump(&c.handoffs, 1);
@@ -779,7 +796,8 @@ impl TransferEngine {
             off += n;
             i += 1;
         }
-        self.submit(group, ops, on_done.into())
+        let receivers = self.receivers(dst.0, imm, ops.len());
+        self.submit_to(group, ops, receivers, on_done.into())
     }
 
     /// Writes page `i` of `src` (`offset + indices[i] * stride`, `page_len`
@@ -840,7 +858,8 @@ impl TransferEngine {
             self.shared.fail(on_done.into(), e);
             return Ok(());
         }
-        self.submit(group, ops, on_done.into())
+        let receivers = self.receivers(dst.0, imm, ops.len());
+        self.submit_to(group, ops, receivers, on_done.into())
     }
 
     /// Pre-resolves a set of peers for [`TransferEngine::submit_scatter`]
@@ -940,7 +959,11 @@ impl TransferEngine {
             self.shared.fail(on_done.into(), e);
             return Ok(());
         }
-        self.submit(g, ops, on_done.into())
+        let receivers = dst
+            .iter()
+            .flat_map(|d| self.receivers(&d.dst, imm, 1))
+            .collect();
+        self.submit_to(g, ops, receivers, on_done.into())
     }
 
     /// Delivers `imm` to every destination with a zero-byte write (a valid
@@ -978,7 +1001,11 @@ impl TransferEngine {
                 }
             }
         }
-        self.submit(0, ops, on_done.into())
+        let receivers = dst
+            .iter()
+            .flat_map(|d| self.receivers(d, Some(imm), 1))
+            .collect();
+        self.submit_to(0, ops, receivers, on_done.into())
     }
 
     /// Reads `len` bytes from `src` (peer's descriptor, offset) into `dst`
@@ -1009,6 +1036,15 @@ impl TransferEngine {
                 self.shared.fail(on_done.into(), e);
                 Ok(())
             }
+        }
+    }
+
+    /// The receivers of `n` writes carrying `imm` to `desc`, where abort
+    /// notices need them (see `Request::receivers`); else none.
+    fn receivers(&self, desc: &MrDesc, imm: Option<u32>, n: usize) -> Vec<NetAddr> {
+        match receiver(desc) {
+            Some(r) if self.shared.abort_notices && imm.is_some() => vec![r; n],
+            _ => Vec::new(),
         }
     }
 

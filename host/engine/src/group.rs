@@ -36,6 +36,8 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rolex_core::wire::NetAddr;
+
 use crate::callback::{CallbackQueue, FlagDriver, Job, Notify};
 use crate::counters::Counters;
 use crate::domain::{
@@ -75,6 +77,8 @@ struct Notice {
     piece: u64,
     nic: usize,
     remote: Remote,
+    /// Its receiving engine (`Request::receivers`).
+    receiver: NetAddr,
     imm: u32,
     /// The piece completed: its target and key are good for the notice.
     landed: bool,
@@ -113,22 +117,48 @@ fn split_wr_id(wr_id: u64) -> (usize, Option<u64>) {
 /// The `wr_id` of abort notices: no transfer waits for them.
 const NOTICE: u64 = u64::MAX;
 
-/// Where abort notices go: one per `(peer, immediate)`, to the target of a
-/// piece that landed there if one did (its key is known good), else of
-/// the first piece.
+/// Where abort notices go: one per `(receiver, immediate)` of which a
+/// piece failed, to the target of a piece that landed there if one did
+/// (its key is known good), else of the first piece. One, because a
+/// receiver counts arrivals once for all its NICs; none where every piece
+/// landed, because that receiver's expectation can be met: a notice
+/// arriving after it would fail the receiver's next expectation on the
+/// immediate (the next step's barrier at the members a barrier reached).
 fn notice_targets(notices: &[Notice]) -> Vec<(usize, Remote, u32)> {
-    let mut out: Vec<(usize, Remote, u32, bool)> = Vec::new();
+    struct Target {
+        nic: usize,
+        remote: Remote,
+        imm: u32,
+        receiver: NetAddr,
+        landed: bool,
+        failed: bool,
+    }
+    let mut out: Vec<Target> = Vec::new();
     for n in notices {
         match out
             .iter_mut()
-            .find(|(_, r, i, _)| r.peer == n.remote.peer && *i == n.imm)
+            .find(|t| t.receiver == n.receiver && t.imm == n.imm)
         {
-            Some(o) if !o.3 && n.landed => *o = (n.nic, n.remote, n.imm, true),
-            Some(_) => {}
-            None => out.push((n.nic, n.remote, n.imm, n.landed)),
+            Some(t) => {
+                t.failed |= !n.landed;
+                if !t.landed && n.landed {
+                    (t.nic, t.remote, t.landed) = (n.nic, n.remote, true);
+                }
+            }
+            None => out.push(Target {
+                nic: n.nic,
+                remote: n.remote,
+                imm: n.imm,
+                receiver: n.receiver,
+                landed: n.landed,
+                failed: !n.landed,
+            }),
         }
     }
-    out.into_iter().map(|(d, r, i, _)| (d, r, i)).collect()
+    out.into_iter()
+        .filter(|t| t.failed)
+        .map(|t| (t.nic, t.remote, t.imm))
+        .collect()
 }
 
 /// Pins the calling thread to one CPU of those it may run on, chosen
@@ -288,7 +318,11 @@ impl WorkerCell {
     }
 
     fn accept(&self, s: &mut WorkerState, req: Request) {
-        let Request { ops, notify } = req;
+        let Request {
+            ops,
+            notify,
+            receivers,
+        } = req;
         if s.closed {
             notify.fire(Err(TransferError::EngineShutDown), &self.engine.cbq);
             return;
@@ -310,6 +344,7 @@ impl WorkerCell {
                         piece: piece as u64,
                         nic: *d,
                         remote: *remote,
+                        receiver: receivers.get(piece).copied().unwrap_or(remote.peer),
                         imm: *imm,
                         landed: false,
                     });
@@ -827,6 +862,46 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn notice(piece: u64, receiver: &NetAddr, nic: &NetAddr, imm: u32, landed: bool) -> Notice {
+        Notice {
+            piece,
+            nic: piece as usize % 2,
+            remote: Remote {
+                peer: *nic,
+                rkey: piece,
+                addr: 0,
+            },
+            receiver: *receiver,
+            imm,
+            landed,
+        }
+    }
+
+    #[test]
+    fn one_notice_per_receiver_with_a_failed_piece() {
+        let addr = |s: &str| NetAddr::new(s.as_bytes()).unwrap();
+        let (r1, r1b, r2, r3) = (addr("r1/0"), addr("r1/1"), addr("r2/0"), addr("r3/0"));
+        let notices = [
+            // Receiver 1, on both its NICs: piece 1 failed, piece 0 landed.
+            notice(0, &r1, &r1, 5, true),
+            notice(1, &r1, &r1b, 5, false),
+            notice(2, &r1, &r1b, 5, true),
+            // Receiver 2: everything landed, so no notice.
+            notice(3, &r2, &r2, 5, true),
+            notice(4, &r2, &r2, 5, true),
+            // Receiver 3: nothing landed; the first piece's target.
+            notice(5, &r3, &r3, 5, false),
+            notice(6, &r3, &r3, 5, false),
+            // Another immediate to receiver 1: its own notice.
+            notice(7, &r1, &r1b, 6, false),
+        ];
+        let got: Vec<(u64, u32)> = notice_targets(&notices)
+            .into_iter()
+            .map(|(_, r, imm)| (r.rkey, imm))
+            .collect();
+        assert_eq!(got, vec![(0, 5), (5, 5), (7, 6)]);
+    }
 
     #[test]
     fn pieces_without_a_notice_share_their_transfers_id() {

@@ -8,9 +8,12 @@
 //! - a sender whose transfer failed part-way sends an **abort notice**
 //!   (with [`EngineConfig::abort_notices`](crate::EngineConfig::abort_notices)
 //!   on, on both ends): a zero-length write carrying the transfer's
-//!   immediate with [`ABORT_BIT`] set. It fails the expectation armed on
-//!   that immediate with [`TransferError::SenderAborted`], or the next one
-//!   armed if none is.
+//!   immediate with [`ABORT_BIT`] set, to each receiver a failed piece was
+//!   aimed at, one however many of its NICs the transfer reached (a
+//!   receiver is named by the first NIC of the descriptor written to); a
+//!   receiver whose pieces all landed is not told. It fails the
+//!   expectation armed on that immediate with
+//!   [`TransferError::SenderAborted`], or the next one armed if none is.
 //!
 //! Invariants: every expectation fires exactly once (reached, cancelled,
 //! past its deadline, aborted, or at shutdown); a deadline only ever fires

@@ -145,6 +145,17 @@ impl EngineShared {
 pub(crate) struct Request {
     pub(crate) ops: Vec<(usize, WorkOp)>,
     pub(crate) notify: Notify,
+    /// With abort notices on, who receives each op's immediate: the first
+    /// NIC address of the descriptor it targets, which names the receiving
+    /// engine whichever of its NICs the op reaches, so a failed transfer
+    /// sends each receiver one notice. Empty: each op's own target NIC.
+    pub(crate) receivers: Vec<NetAddr>,
+}
+
+/// Who receives the immediate of writes to `desc` (see
+/// [`Request::receivers`]).
+pub(crate) fn receiver(desc: &MrDesc) -> Option<NetAddr> {
+    desc.nics.first().map(|(a, _)| *a)
 }
 
 /// Posting from the submitting thread, without the worker (implemented

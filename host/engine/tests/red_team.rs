@@ -1,0 +1,816 @@
+//! Adversarial use of the engine as an LLM serving stack uses it: many
+//! peers moving KV-cache pages with immediates into one receiver whose
+//! expectations are armed, cancelled and re-armed meanwhile; senders that
+//! fail part-way on shuffled, faulty NICs; peers that die while barriers
+//! and scatters aim at them; ranges at the edges of `u64`; descriptors
+//! gone stale. Every assertion is about outcomes (counts, bytes, which
+//! error), never about timing; waits are bounded by the hang guard.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{bounded, engine, flag, pattern, region, wait, HANG};
+use rolex_engine::{
+    EngineConfig, Fabric, Faults, LoopbackConfig, MrDesc, OnDone, Pages, ScatterDst,
+    TransferEngine, TransferError, Unordered,
+};
+
+/// A small deterministic generator (xorshift64*), so a failing history
+/// can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn loopback_engine(nics: usize, lb: LoopbackConfig, abort_notices: bool) -> TransferEngine {
+    TransferEngine::new(EngineConfig {
+        nics_per_group: nics,
+        fabric: Fabric::Loopback(lb),
+        abort_notices,
+        ..EngineConfig::default()
+    })
+    .expect("loopback engine")
+}
+
+/// Waits (bounded) until `cond` holds, polling.
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < HANG, "hung waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One expectation armed by the test: how it fired (and how often).
+#[derive(Default)]
+struct Outcome {
+    fired: AtomicUsize,
+    result: Mutex<Option<Result<(), TransferError>>>,
+}
+
+/// The record of every expectation a test armed: `(imm, target, outcome)`.
+#[derive(Default)]
+struct Ledger {
+    armed: Mutex<Vec<(u32, u32, Arc<Outcome>)>>,
+}
+
+impl Ledger {
+    /// Arms `count` arrivals of `imm` on `e` (optionally with a deadline);
+    /// records it if the engine accepted it.
+    fn arm(
+        &self,
+        e: &TransferEngine,
+        imm: u32,
+        count: u32,
+        deadline: Option<Instant>,
+    ) -> Result<(), TransferError> {
+        let o = Arc::new(Outcome::default());
+        let o2 = o.clone();
+        let done = OnDone::callback(move |r| {
+            *o2.result.lock().unwrap() = Some(r);
+            o2.fired.fetch_add(1, SeqCst);
+        });
+        // Recorded before arming: it may fire before `arm` returns.
+        let mut armed = self.armed.lock().unwrap();
+        let r = match deadline {
+            Some(d) => e.expect_imm_count_until(imm, count, d, done),
+            None => e.expect_imm_count(imm, count, done),
+        };
+        if r.is_ok() {
+            armed.push((imm, count, o));
+        }
+        r
+    }
+
+    fn len(&self) -> usize {
+        self.armed.lock().unwrap().len()
+    }
+
+    fn fired(&self) -> usize {
+        self.armed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, _, o)| o.fired.load(SeqCst))
+            .sum()
+    }
+
+    /// Waits until every expectation fired, then checks none fired twice.
+    fn settle(&self) {
+        until("every expectation to fire", || self.fired() >= self.len());
+        // A second firing would have been queued with the first.
+        std::thread::sleep(Duration::from_millis(20));
+        for (imm, count, o) in self.armed.lock().unwrap().iter() {
+            assert_eq!(
+                o.fired.load(SeqCst),
+                1,
+                "expectation of {count} x imm {imm} fired {} times",
+                o.fired.load(SeqCst)
+            );
+        }
+    }
+
+    /// Arrivals consumed by expectations met on `imm`.
+    fn consumed(&self, imm: u32) -> u64 {
+        self.armed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(i, _, o)| *i == imm && matches!(*o.result.lock().unwrap(), Some(Ok(()))))
+            .map(|(_, c, _)| u64::from(*c))
+            .sum()
+    }
+}
+
+/// Eight sender threads on four engines (1 to 4 NICs, half of them
+/// shuffling and slow) write pages with four immediates into one 2-NIC
+/// receiver, while another thread arms, cancels and re-arms expectations
+/// on those immediates, some with deadlines that pass meanwhile. At the end every expectation fired exactly once,
+/// and for each immediate the pages written equal the arrivals consumed
+/// by the expectations that were met plus those still counted: nothing
+/// lost, nothing counted twice.
+#[test]
+fn many_senders_while_expectations_are_cancelled_and_rearmed_count_exactly() {
+    bounded(|| {
+        const IMMS: u32 = 4;
+        const PAGE: u64 = 256;
+        const SLOTS: u64 = 64;
+        let rx = Arc::new(engine(2));
+        let (_dst, dd) = region(&rx, SLOTS * PAGE);
+        let senders: Vec<Arc<TransferEngine>> = (0..4)
+            .map(|i| {
+                let lb = if i % 2 == 1 {
+                    LoopbackConfig {
+                        unordered: Some(Unordered {
+                            seed: 40 + i as u64,
+                            window: 8,
+                        }),
+                        latency: Duration::from_micros(50),
+                        ..LoopbackConfig::default()
+                    }
+                } else {
+                    LoopbackConfig::default()
+                };
+                Arc::new(loopback_engine(i + 1, lb, false))
+            })
+            .collect();
+        let sent: Arc<Vec<AtomicU64>> = Arc::new((0..IMMS).map(|_| AtomicU64::new(0)).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let ledger = Arc::new(Ledger::default());
+
+        let controller = {
+            let (rx, stop, ledger) = (rx.clone(), stop.clone(), ledger.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x5eed);
+                let mut rounds = 0u64;
+                while !stop.load(SeqCst) || rounds < 200 {
+                    rounds += 1;
+                    let imm = rng.below(u64::from(IMMS)) as u32;
+                    // A third of the expectations carry a deadline that
+                    // fires while pages still arrive.
+                    let deadline = (rng.below(3) == 0)
+                        .then(|| Instant::now() + Duration::from_micros(rng.below(2000)));
+                    match rng.below(3) {
+                        0 | 1 => match ledger.arm(&rx, imm, 1 + rng.below(12) as u32, deadline) {
+                            Ok(()) | Err(TransferError::ImmAlreadyArmed { .. }) => {}
+                            Err(e) => panic!("arming imm {imm}: {e}"),
+                        },
+                        _ => {
+                            rx.cancel_imm_count(imm);
+                        }
+                    }
+                    if rounds % 16 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let tx = senders[t % 4].clone();
+                let (dd, sent) = (dd.clone(), sent.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(1 + t as u64);
+                    let (src, _) = region(&tx, SLOTS * PAGE);
+                    src.write(0, &pattern((SLOTS * PAGE) as usize, t as u8))
+                        .unwrap();
+                    for round in 0..60u64 {
+                        let imm = ((t as u64 + round) % u64::from(IMMS)) as u32;
+                        let n = 1 + rng.below(8) as usize;
+                        let pick = |rng: &mut Rng| -> Vec<u32> {
+                            (0..n).map(|_| rng.below(SLOTS) as u32).collect()
+                        };
+                        let sp = Pages {
+                            indices: pick(&mut rng),
+                            stride: PAGE,
+                            offset: 0,
+                        };
+                        let dp = Pages {
+                            indices: pick(&mut rng),
+                            stride: PAGE,
+                            offset: 0,
+                        };
+                        let (f, d) = flag();
+                        tx.submit_paged_writes(PAGE, Some(imm), (&src, &sp), (&dd, &dp), d)
+                            .unwrap();
+                        wait(&f).unwrap();
+                        sent[imm as usize].fetch_add(n as u64, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        stop.store(true, SeqCst);
+        controller.join().unwrap();
+        for imm in 0..IMMS {
+            rx.cancel_imm_count(imm);
+        }
+        ledger.settle();
+        assert!(ledger.len() > 50, "the controller armed expectations");
+        for imm in 0..IMMS {
+            let sent = sent[imm as usize].load(SeqCst);
+            let left = u64::from(rx.imm_count(imm));
+            assert_eq!(
+                ledger.consumed(imm) + left,
+                sent,
+                "imm {imm}: {sent} pages written, {} consumed by expectations met, {left} still counted",
+                ledger.consumed(imm)
+            );
+        }
+    });
+}
+
+/// Scatter destinations on a 2-NIC receiver: two good ones, which the
+/// sender's two NICs aim at the receiver's two NICs, and one whose keys
+/// the receiver does not know.
+fn two_good_one_bad(dd: &MrDesc) -> Vec<ScatterDst> {
+    let mut bad = dd.clone();
+    for n in &mut bad.nics {
+        n.1 ^= 0x5a5a;
+    }
+    (0..3)
+        .map(|i| ScatterDst {
+            len: 64,
+            src: 64 * i,
+            dst: if i == 2 { bad.clone() } else { dd.clone() },
+            dst_offset: 64 * i,
+        })
+        .collect()
+}
+
+/// A transfer that fails part-way aborts one expectation at its receiver,
+/// however many of the receiver's NICs its pieces reached: the notice of
+/// one failed transfer must not also fail the receiver's next, unrelated
+/// expectation on the same immediate (an immediate per layer is reused
+/// every step).
+#[test]
+fn one_failed_transfer_to_a_multi_nic_receiver_aborts_one_expectation() {
+    bounded(|| {
+        let a = loopback_engine(2, LoopbackConfig::default(), true);
+        let b = loopback_engine(2, LoopbackConfig::default(), true);
+        let (src, _) = region(&a, 192);
+        let (dst, dd) = region(&b, 192);
+        let (fl, d) = flag();
+        b.expect_imm_count(5, 3, d).unwrap();
+        let (w, d) = flag();
+        a.submit_scatter(None, d, Some(5), &src, &two_good_one_bad(&dd))
+            .unwrap();
+        assert!(matches!(wait(&w), Err(TransferError::Protection { .. })));
+        assert_eq!(wait(&fl), Err(TransferError::SenderAborted { imm: 5 }));
+        // Every notice of the failed transfer has been delivered once a
+        // later transfer from the same sender, on both its NICs, landed.
+        let (fl, d) = flag();
+        b.expect_imm_count(6, 2, d).unwrap();
+        let good: Vec<ScatterDst> = two_good_one_bad(&dd).into_iter().take(2).collect();
+        let (w, d) = flag();
+        a.submit_scatter(None, d, Some(6), &src, &good).unwrap();
+        wait(&w).unwrap();
+        wait(&fl).unwrap();
+        // The next transfer on immediate 5 succeeds: its expectation (on
+        // top of the arrivals the failed one left counted) is met.
+        let left = b.imm_count(5);
+        let (fl, d) = flag();
+        b.expect_imm_count(5, left + 1, d).unwrap();
+        let (w, d) = flag();
+        a.submit_single_write(64, Some(5), (&src, 0), (&dd, 0), d)
+            .unwrap();
+        wait(&w).unwrap();
+        assert_eq!(
+            wait(&fl),
+            Ok(0),
+            "a second notice of the failed transfer failed the next expectation"
+        );
+        drop(dst);
+    });
+}
+
+/// Shuffling, slow, faulty sender NICs; abort notices on; every transfer
+/// its own immediate, its expectation armed (with a deadline) before or
+/// after it is submitted. A transfer that completed is always seen whole
+/// by its expectation; one that failed ends its expectation as aborted,
+/// met (every page landed before the fault) or past its deadline (the
+/// notice itself was lost to a fault) — and each expectation fires once.
+#[test]
+fn faulty_shuffled_senders_end_every_expectation_once_and_consistently() {
+    bounded(|| {
+        const PAGES: u32 = 4;
+        const PAGE: u64 = 128;
+        const TRANSFERS: u32 = 48;
+        for receiver_nics in [1, 2] {
+            let lb = LoopbackConfig {
+                unordered: Some(Unordered { seed: 7, window: 8 }),
+                latency: Duration::from_micros(20),
+                faults: Some(Faults {
+                    probability: 0.15,
+                    seed: 3 + receiver_nics as u64,
+                }),
+                ..LoopbackConfig::default()
+            };
+            let a = loopback_engine(2, lb, true);
+            let b = loopback_engine(receiver_nics, LoopbackConfig::default(), true);
+            let len = u64::from(TRANSFERS * PAGES) * PAGE;
+            let (src, _) = region(&a, len);
+            src.write(0, &pattern(len as usize, 9)).unwrap();
+            let (dst, dd) = region(&b, len);
+            let ledger = Ledger::default();
+            let deadline = Instant::now() + Duration::from_millis(1500);
+            let mut flags = Vec::new();
+            for t in 0..TRANSFERS {
+                if t % 2 == 0 {
+                    ledger.arm(&b, t, PAGES, Some(deadline)).unwrap();
+                }
+                let pages = Pages {
+                    indices: (t * PAGES..(t + 1) * PAGES).collect(),
+                    stride: PAGE,
+                    offset: 0,
+                };
+                let (f, d) = flag();
+                a.submit_paged_writes(PAGE, Some(t), (&src, &pages), (&dd, &pages), d)
+                    .unwrap();
+                flags.push(f);
+                if t % 2 == 1 {
+                    ledger.arm(&b, t, PAGES, Some(deadline)).unwrap();
+                }
+            }
+            let sent: Vec<Result<u64, TransferError>> = flags.iter().map(wait).collect();
+            ledger.settle();
+            let all = pattern(len as usize, 9);
+            let armed = ledger.armed.lock().unwrap();
+            let mut tally: HashMap<&'static str, usize> = HashMap::new();
+            for (imm, _, o) in armed.iter() {
+                let t = *imm as usize;
+                let got = o.result.lock().unwrap().clone().unwrap();
+                let kind = match (&sent[t], &got) {
+                    (Ok(_), Ok(())) => "completed, met",
+                    (Ok(_), other) => {
+                        panic!("transfer {t} completed but its expectation {other:?}")
+                    }
+                    (Err(_), Ok(())) => "failed, every page landed",
+                    (Err(_), Err(TransferError::SenderAborted { imm })) if *imm == t as u32 => {
+                        "failed, aborted"
+                    }
+                    (
+                        Err(_),
+                        Err(TransferError::ImmDeadline {
+                            expected, arrived, ..
+                        }),
+                    ) if *expected == PAGES && *arrived < PAGES => "failed, notice lost",
+                    (Err(e), other) => {
+                        panic!("transfer {t} failed ({e}), its expectation {other:?}")
+                    }
+                };
+                *tally.entry(kind).or_default() += 1;
+                if let Ok(()) = got {
+                    let at = t * (PAGES as usize) * PAGE as usize;
+                    let n = PAGES as usize * PAGE as usize;
+                    assert_eq!(
+                        dst.to_vec(at as u64, n).unwrap(),
+                        all[at..at + n],
+                        "transfer {t}"
+                    );
+                }
+            }
+            println!("{receiver_nics}-NIC receiver: {tally:?}");
+            assert!(tally.get("failed, aborted").copied().unwrap_or(0) > 0);
+        }
+    });
+}
+
+/// Whether `e` names one of `addrs` as the peer that failed it.
+fn names_peer(e: &TransferError, addrs: &[rolex_engine::NetAddr]) -> bool {
+    match e {
+        TransferError::UnknownPeer { peer }
+        | TransferError::PeerFailed { peer, .. }
+        | TransferError::Protection { peer, .. } => addrs.contains(peer),
+        _ => false,
+    }
+}
+
+/// A peer group whose member died: a barrier or scatter to it fails with
+/// an error naming the dead peer, never hangs, and still reaches every
+/// living member; the group cannot be made again with the dead peer.
+#[test]
+fn a_dead_member_fails_barrier_and_scatter_by_name_and_the_living_still_get_theirs() {
+    bounded(|| {
+        let a = engine(2);
+        let mut peers: Vec<(Option<TransferEngine>, MrDesc)> = (0..4)
+            .map(|_| {
+                let e = engine(2);
+                let (_h, d) = region(&e, 4096);
+                (Some(e), d)
+            })
+            .collect();
+        let addrs: Vec<_> = peers
+            .iter()
+            .map(|p| p.0.as_ref().unwrap().main_address())
+            .collect();
+        let g = a.add_peer_group(addrs.clone()).unwrap();
+        let dead_addrs = peers[2].0.as_ref().unwrap().addresses(0).unwrap();
+        drop(peers[2].0.take());
+        let descs: Vec<MrDesc> = peers.iter().map(|p| p.1.clone()).collect();
+        let (src, _) = region(&a, 4096);
+        for (round, imm) in [(0, 11u32), (1, 12)] {
+            let mut landed = Vec::new();
+            for p in peers.iter().filter_map(|p| p.0.as_ref()) {
+                let (f, d) = flag();
+                p.expect_imm_count(imm, 1, d).unwrap();
+                landed.push(f);
+            }
+            let (w, d) = flag();
+            if round == 0 {
+                a.submit_barrier(Some(g), d, imm, &descs).unwrap();
+            } else {
+                let dst: Vec<ScatterDst> = descs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, dd)| ScatterDst {
+                        len: 64,
+                        src: 64 * i as u64,
+                        dst: dd.clone(),
+                        dst_offset: 0,
+                    })
+                    .collect();
+                a.submit_scatter(Some(g), d, Some(imm), &src, &dst).unwrap();
+            }
+            let e = wait(&w).expect_err("a dead member fails the transfer");
+            assert!(
+                names_peer(&e, &dead_addrs),
+                "{e:?} does not name the dead peer"
+            );
+            for f in &landed {
+                assert_eq!(wait(f), Ok(0));
+            }
+        }
+        assert_eq!(
+            a.add_peer_group(addrs),
+            Err(TransferError::UnknownPeer {
+                peer: dead_addrs[0]
+            })
+        );
+    });
+}
+
+/// Threads keep barriers and scatters in flight to four peers while the
+/// peers die one by one: every transfer notifies exactly once, and each
+/// failure names a peer that is dead by then.
+#[test]
+fn peers_dying_under_concurrent_barriers_and_scatters() {
+    bounded(|| {
+        let a = Arc::new(engine(2));
+        let mut peers: Vec<Option<TransferEngine>> = (0..4).map(|_| Some(engine(2))).collect();
+        let descs: Vec<MrDesc> = peers
+            .iter()
+            .map(|p| region(p.as_ref().unwrap(), 4096).1)
+            .collect();
+        let all_addrs: Vec<Vec<rolex_engine::NetAddr>> = peers
+            .iter()
+            .map(|p| p.as_ref().unwrap().addresses(0).unwrap())
+            .collect();
+        let g = a
+            .add_peer_group(all_addrs.iter().map(|v| v[0]).collect())
+            .unwrap();
+        let dead: Arc<Mutex<Vec<rolex_engine::NetAddr>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (a, descs, dead, stop, done) = (
+                    a.clone(),
+                    descs.clone(),
+                    dead.clone(),
+                    stop.clone(),
+                    done.clone(),
+                );
+                std::thread::spawn(move || {
+                    let (src, _) = region(&a, 4096);
+                    let mut n = 0u64;
+                    while !stop.load(SeqCst) {
+                        n += 1;
+                        let (f, d) = flag();
+                        if (n + t) % 2 == 0 {
+                            a.submit_barrier(Some(g), d, 1, &descs).unwrap();
+                        } else {
+                            let dst: Vec<ScatterDst> = descs
+                                .iter()
+                                .map(|dd| ScatterDst {
+                                    len: 256,
+                                    src: 0,
+                                    dst: dd.clone(),
+                                    dst_offset: 256 * t,
+                                })
+                                .collect();
+                            a.submit_scatter(Some(g), d, Some(2), &src, &dst).unwrap();
+                        }
+                        // Read the dead list before the outcome: a peer
+                        // named must have been dropped (or be dropping).
+                        if let Err(e) = wait(&f) {
+                            until("the failing peer to be listed as dying", || {
+                                names_peer(&e, &dead.lock().unwrap())
+                            });
+                        }
+                        done.fetch_add(1, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for (i, p) in peers.iter_mut().enumerate() {
+            let before = done.load(SeqCst);
+            until("transfers to progress", || done.load(SeqCst) >= before + 20);
+            dead.lock().unwrap().extend(&all_addrs[i]);
+            drop(p.take());
+        }
+        let before = done.load(SeqCst);
+        until("transfers to all-dead peers to end", || {
+            done.load(SeqCst) >= before + 20
+        });
+        stop.store(true, SeqCst);
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+}
+
+/// Ranges at the edges of `u64`: page offsets whose arithmetic overflows
+/// are refused at once (the callback never runs), remote ranges that wrap
+/// fail through the completion and change nothing; zero-length and
+/// overlapping pages behave as documented.
+#[test]
+fn ranges_at_the_edges_of_u64() {
+    bounded(|| {
+        let (a, b) = (engine(2), engine(2));
+        let (src, _) = region(&a, 4096);
+        src.write(0, &pattern(4096, 1)).unwrap();
+        let (dst, dd) = region(&b, 4096);
+        let never = || OnDone::callback(|_| panic!("a refused call's callback ran"));
+        let one = |offset: u64, stride: u64, i: u32| Pages {
+            indices: vec![0, i],
+            stride,
+            offset,
+        };
+        let ok = one(0, 64, 1);
+        // Index * stride overflows; offset + index * stride overflows
+        // (page 0 of the latter is a local range past the region).
+        for bad in [one(0, u64::MAX / 2, 3), one(u64::MAX - 10, 64, 1)] {
+            assert!(matches!(
+                a.submit_paged_writes(64, Some(1), (&src, &bad), (&dd, &ok), never()),
+                Err(TransferError::PageOffsetOverflow { page: 1 }
+                    | TransferError::LocalOutOfBounds { .. })
+            ));
+            assert_eq!(
+                a.submit_paged_writes(64, Some(1), (&src, &ok), (&dd, &bad), never()),
+                Err(TransferError::PageOffsetOverflow { page: 1 })
+            );
+        }
+        // Local ranges that wrap are the caller's error, at once.
+        assert!(matches!(
+            a.submit_single_write(16, None, (&src, u64::MAX - 7), (&dd, 0), never()),
+            Err(TransferError::LocalOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            a.submit_read(16, (&src, u64::MAX - 7), (&dd, 0), never()),
+            Err(TransferError::LocalOutOfBounds { .. })
+        ));
+        // Remote ranges that wrap fail through the completion.
+        for (off, len) in [(u64::MAX, 1), (u64::MAX - 7, 16), (4096, 1), (4095, 2)] {
+            let (f, d) = flag();
+            a.submit_single_write(len, Some(2), (&src, 0), (&dd, off), d)
+                .unwrap();
+            assert!(
+                matches!(wait(&f), Err(TransferError::Protection { .. })),
+                "write at {off} + {len}"
+            );
+            let (f, d) = flag();
+            a.submit_read(len, (&src, 0), (&dd, off), d).unwrap();
+            assert!(matches!(wait(&f), Err(TransferError::Protection { .. })));
+        }
+        for off in [u64::MAX - 7, 4092, 4096] {
+            let (f, d) = common::vflag();
+            a.submit_faa((&dd, off), 1, d).unwrap();
+            assert!(matches!(wait(&f), Err(TransferError::Protection { .. })));
+        }
+        // A page that runs past the region fails the whole transfer.
+        let past = Pages {
+            indices: vec![0, 63, 64],
+            stride: 64,
+            offset: 0,
+        };
+        let (f, d) = flag();
+        let from = Pages {
+            indices: vec![0, 1, 2],
+            stride: 64,
+            offset: 0,
+        };
+        a.submit_paged_writes(64, Some(3), (&src, &from), (&dd, &past), d)
+            .unwrap();
+        assert!(matches!(wait(&f), Err(TransferError::Protection { .. })));
+        assert_eq!(
+            dst.to_vec(0, 4096).unwrap(),
+            vec![0; 4096],
+            "nothing written"
+        );
+        assert_eq!(b.imm_count(3), 0);
+        // Zero-length pages are refused; overlapping destination pages
+        // are allowed, each delivering its immediate.
+        let (_, d) = flag();
+        assert_eq!(
+            a.submit_paged_writes(0, Some(4), (&src, &ok), (&dd, &ok), d),
+            Err(TransferError::ZeroLength {
+                op: rolex_engine::OpKind::PagedWrite
+            })
+        );
+        let same = Pages {
+            indices: vec![5, 5, 5],
+            stride: 64,
+            offset: 32,
+        };
+        let (fl, d) = flag();
+        b.expect_imm_count(4, 3, d).unwrap();
+        let (f, d) = flag();
+        a.submit_paged_writes(64, Some(4), (&src, &from), (&dd, &same), d)
+            .unwrap();
+        wait(&f).unwrap();
+        assert_eq!(wait(&fl), Ok(0));
+        let got = dst.to_vec(32 + 5 * 64, 64).unwrap();
+        let all = pattern(4096, 1);
+        assert!(
+            (0..3).any(|i| got == all[i * 64..(i + 1) * 64]),
+            "the slot holds one whole page"
+        );
+    });
+}
+
+/// Descriptors that went stale: a region deregistered and another
+/// registered in its place (likely at the same address) is not reachable
+/// through the old descriptor, whose key the NIC refuses; handles of
+/// another engine are refused at once.
+#[test]
+fn stale_and_foreign_descriptors_never_reach_new_memory() {
+    bounded(|| {
+        let (a, b) = (engine(2), engine(2));
+        let (src, _) = region(&a, 4096);
+        src.write(0, &pattern(4096, 5)).unwrap();
+        for _ in 0..8 {
+            let (old, od) = region(&b, 4096);
+            b.dereg_mr(&old).unwrap();
+            assert_eq!(b.dereg_mr(&old), Err(TransferError::RegionDeregistered));
+            drop(old);
+            let (new, nd) = region(&b, 4096);
+            let (f, d) = flag();
+            a.submit_single_write(4096, Some(1), (&src, 0), (&od, 0), d)
+                .unwrap();
+            assert!(matches!(
+                wait(&f),
+                Err(TransferError::Protection {
+                    check: rolex_engine::ProtectionCheck::UnknownKey,
+                    ..
+                })
+            ));
+            assert_eq!(new.to_vec(0, 4096).unwrap(), vec![0; 4096]);
+            assert_eq!(b.imm_count(1), 0);
+            // The new descriptor works.
+            let (f, d) = flag();
+            a.submit_single_write(64, None, (&src, 0), (&nd, 0), d)
+                .unwrap();
+            wait(&f).unwrap();
+            b.dereg_mr(&new).unwrap();
+        }
+        // Another engine's handle, as source or as local destination.
+        let (theirs, td) = region(&b, 64);
+        let never = || OnDone::callback(|_| panic!("a refused call's callback ran"));
+        assert_eq!(
+            a.submit_single_write(8, None, (&theirs, 0), (&td, 0), never()),
+            Err(TransferError::ForeignRegion)
+        );
+        assert_eq!(
+            a.submit_read(8, (&theirs, 0), (&td, 0), never()),
+            Err(TransferError::ForeignRegion)
+        );
+        assert_eq!(a.dereg_mr(&theirs), Err(TransferError::ForeignRegion));
+    });
+}
+
+/// With abort notices on, a barrier (or scatter) that fails for one of its
+/// destinations must not tell the others, whose immediates all landed:
+/// their expectations were met, and a notice arriving afterwards would
+/// fail their next expectation on the immediate (the next step's
+/// barrier) although nothing went wrong there.
+#[test]
+fn a_barrier_failing_at_one_peer_leaves_the_others_next_barrier_alone() {
+    bounded(|| {
+        let a = loopback_engine(2, LoopbackConfig::default(), true);
+        let peers: Vec<(TransferEngine, MrDesc)> = (0..3)
+            .map(|_| {
+                let e = loopback_engine(2, LoopbackConfig::default(), true);
+                let (_h, d) = region(&e, 64);
+                (e, d)
+            })
+            .collect();
+        let (src, _) = region(&a, 64);
+        let mut bad = peers[2].1.clone();
+        for n in &mut bad.nics {
+            n.1 ^= 0x5a5a;
+        }
+        let good: Vec<MrDesc> = peers[..2].iter().map(|p| p.1.clone()).collect();
+        for step in 0..2 {
+            let arm = |imm: u32| -> Vec<_> {
+                peers[..2]
+                    .iter()
+                    .map(|p| {
+                        let (f, d) = flag();
+                        p.0.expect_imm_count(imm, 1, d).unwrap();
+                        f
+                    })
+                    .collect()
+            };
+            // Step 0: a barrier, with the third peer's key broken; step 1
+            // the same with a scatter.
+            let landed = arm(7);
+            let (w, d) = flag();
+            let mut dst = good.clone();
+            dst.push(bad.clone());
+            if step == 0 {
+                a.submit_barrier(None, d, 7, &dst).unwrap();
+            } else {
+                let sd: Vec<ScatterDst> = dst
+                    .iter()
+                    .map(|dd| ScatterDst {
+                        len: 8,
+                        src: 0,
+                        dst: dd.clone(),
+                        dst_offset: 0,
+                    })
+                    .collect();
+                a.submit_scatter(None, d, Some(7), &src, &sd).unwrap();
+            }
+            assert!(wait(&w).is_err());
+            for f in &landed {
+                assert_eq!(wait(f), Ok(0));
+            }
+            // Any notice has been delivered once a later barrier from the
+            // same sender landed on both NICs of each good peer.
+            let synced = arm(8);
+            let (w, d) = flag();
+            let mut twice = good.clone();
+            twice.extend(good.iter().cloned());
+            a.submit_barrier(None, d, 8, &twice).unwrap();
+            wait(&w).unwrap();
+            for f in &synced {
+                assert_eq!(wait(f), Ok(0));
+            }
+            for p in &peers[..2] {
+                assert_eq!(p.0.imm_count(8), 1);
+                let (_, d) = flag();
+                p.0.expect_imm_count(8, 1, d).unwrap();
+            }
+            // The next barrier among the good peers is met at both.
+            let next = arm(7);
+            let (w, d) = flag();
+            a.submit_barrier(None, d, 7, &good).unwrap();
+            wait(&w).unwrap();
+            for f in &next {
+                assert_eq!(
+                    wait(f),
+                    Ok(0),
+                    "step {step}: a notice for the failed peer reached a good one"
+                );
+            }
+        }
+    });
+}
