@@ -814,3 +814,342 @@ fn a_barrier_failing_at_one_peer_leaves_the_others_next_barrier_alone() {
         }
     });
 }
+
+/// Deadlines fire on a receiver with nothing else to do: its group-0
+/// worker sleeps until the earliest of them (parked on loopback, in
+/// `ppoll` on `tcp`), also in an engine of two groups whose arrivals are
+/// counted by the other group's worker; cancelling one does not move the
+/// others.
+fn deadlines_fire_on_an_idle_receiver(rx: &TransferEngine) {
+    let ledger = Ledger::default();
+    let now = Instant::now();
+    for (imm, ms) in [(1u32, 30u64), (2, 10), (3, 20), (4, 10)] {
+        ledger
+            .arm(rx, imm, 2, Some(now + Duration::from_millis(ms)))
+            .unwrap();
+    }
+    assert!(rx.cancel_imm_count(3));
+    ledger.settle();
+    let armed = ledger.armed.lock().unwrap();
+    for (imm, _, o) in armed.iter() {
+        let got = o.result.lock().unwrap().clone().unwrap();
+        if *imm == 3 {
+            assert_eq!(got, Err(TransferError::ImmCancelled { imm: 3 }));
+        } else {
+            assert_eq!(
+                got,
+                Err(TransferError::ImmDeadline {
+                    imm: *imm,
+                    arrived: 0,
+                    expected: 2
+                })
+            );
+        }
+    }
+}
+
+#[test]
+fn deadlines_fire_on_idle_loopback_receivers() {
+    bounded(|| {
+        deadlines_fire_on_an_idle_receiver(&engine(1));
+        let two_groups = TransferEngine::new(EngineConfig {
+            groups: 2,
+            nics_per_group: 2,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        deadlines_fire_on_an_idle_receiver(&two_groups);
+    });
+}
+
+/// A single write delivers exactly `single_write_pieces(len, receiver
+/// NICs)` arrivals, whatever the sender's NIC count and at every length
+/// around the split boundaries, and lands whole.
+#[test]
+fn single_writes_deliver_exactly_the_documented_arrivals() {
+    bounded(|| {
+        const K: u64 = rolex_engine::SPLIT_MIN;
+        let lens = [
+            1,
+            K - 1,
+            K,
+            K + 1,
+            2 * K - 1,
+            2 * K,
+            2 * K + 65,
+            3 * K + 63,
+            4 * K - 64,
+            4 * K + 1,
+            9 * K + 7,
+        ];
+        let max = 9 * K + 7;
+        for sn in 1..=4 {
+            let a = engine(sn);
+            let (src, _) = region(&a, max);
+            src.write(0, &pattern(max as usize, sn as u8)).unwrap();
+            for rn in 1..=4 {
+                let b = engine(rn);
+                let (dst, dd) = region(&b, max + 64);
+                for (i, &len) in lens.iter().enumerate() {
+                    let imm = i as u32;
+                    let pieces = rolex_engine::single_write_pieces(len, rn);
+                    let (fl, d) = flag();
+                    b.expect_imm_count(imm, pieces, d).unwrap();
+                    let (w, d) = flag();
+                    a.submit_single_write(len, Some(imm), (&src, 0), (&dd, 64), d)
+                        .unwrap();
+                    wait(&w).unwrap();
+                    assert_eq!(wait(&fl), Ok(0), "{sn} -> {rn} NICs, {len} bytes");
+                    assert_eq!(
+                        b.imm_count(imm),
+                        0,
+                        "{sn} -> {rn} NICs, {len} bytes: more than {pieces} arrivals"
+                    );
+                    assert!(
+                        dst.to_vec(64, len as usize).unwrap()
+                            == pattern(max as usize, sn as u8)[..len as usize],
+                        "{sn} -> {rn} NICs, {len} bytes: data"
+                    );
+                }
+            }
+        }
+    });
+}
+
+/// The same over libfabric `tcp` in one process (skipped where libfabric
+/// or its `tcp` provider is missing, as the other fabric tests are).
+mod tcp {
+    use super::*;
+    use rolex_engine::domain::fabric::{probe, LibfabricConfig};
+
+    fn usable() -> bool {
+        match probe("tcp", Some("127.0.0.1")) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("skipped: libfabric tcp not usable here: {e}");
+                false
+            }
+        }
+    }
+
+    pub(super) fn tcp_engine(nics: usize, abort_notices: bool) -> TransferEngine {
+        TransferEngine::new(EngineConfig {
+            nics_per_group: nics,
+            fabric: Fabric::Libfabric(LibfabricConfig {
+                op_timeout: Duration::from_secs(2),
+                ..LibfabricConfig::new("tcp", Some("127.0.0.1"))
+            }),
+            pin_workers: false,
+            abort_notices,
+            ..EngineConfig::default()
+        })
+        .expect("tcp engine")
+    }
+
+    #[test]
+    fn senders_while_expectations_are_cancelled_and_rearmed_count_exactly() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            const IMMS: u32 = 3;
+            const PAGE: u64 = 256;
+            const SLOTS: u64 = 32;
+            let rx = Arc::new(tcp_engine(2, false));
+            let (_dst, dd) = region(&rx, SLOTS * PAGE);
+            let senders: Vec<Arc<TransferEngine>> =
+                (0..2).map(|i| Arc::new(tcp_engine(i + 1, false))).collect();
+            let sent: Arc<Vec<AtomicU64>> =
+                Arc::new((0..IMMS).map(|_| AtomicU64::new(0)).collect());
+            let stop = Arc::new(AtomicBool::new(false));
+            let ledger = Arc::new(Ledger::default());
+            let controller = {
+                let (rx, stop, ledger) = (rx.clone(), stop.clone(), ledger.clone());
+                std::thread::spawn(move || {
+                    let mut rng = Rng(0xfab);
+                    let mut rounds = 0u64;
+                    while !stop.load(SeqCst) || rounds < 100 {
+                        rounds += 1;
+                        let imm = rng.below(u64::from(IMMS)) as u32;
+                        let deadline = (rng.below(3) == 0)
+                            .then(|| Instant::now() + Duration::from_micros(rng.below(3000)));
+                        if rng.below(3) < 2 {
+                            match ledger.arm(&rx, imm, 1 + rng.below(8) as u32, deadline) {
+                                Ok(()) | Err(TransferError::ImmAlreadyArmed { .. }) => {}
+                                Err(e) => panic!("arming imm {imm}: {e}"),
+                            }
+                        } else {
+                            rx.cancel_imm_count(imm);
+                        }
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                })
+            };
+            let threads: Vec<_> = (0..4)
+                .map(|t| {
+                    let tx = senders[t % 2].clone();
+                    let (dd, sent) = (dd.clone(), sent.clone());
+                    std::thread::spawn(move || {
+                        let mut rng = Rng(11 + t as u64);
+                        let (src, _) = region(&tx, SLOTS * PAGE);
+                        for round in 0..25u64 {
+                            let imm = ((t as u64 + round) % u64::from(IMMS)) as u32;
+                            let n = 1 + rng.below(6) as usize;
+                            let pick = |rng: &mut Rng| -> Vec<u32> {
+                                (0..n).map(|_| rng.below(SLOTS) as u32).collect()
+                            };
+                            let (sp, dp) = (
+                                Pages {
+                                    indices: pick(&mut rng),
+                                    stride: PAGE,
+                                    offset: 0,
+                                },
+                                Pages {
+                                    indices: pick(&mut rng),
+                                    stride: PAGE,
+                                    offset: 0,
+                                },
+                            );
+                            let (f, d) = flag();
+                            if round % 3 == 0 {
+                                // A single write, split over the receiver's
+                                // NICs when large enough.
+                                tx.submit_single_write(
+                                    PAGE,
+                                    Some(imm),
+                                    (&src, 0),
+                                    (&dd, PAGE * (t as u64)),
+                                    d,
+                                )
+                                .unwrap();
+                                wait(&f).unwrap();
+                                sent[imm as usize].fetch_add(1, SeqCst);
+                                continue;
+                            }
+                            tx.submit_paged_writes(PAGE, Some(imm), (&src, &sp), (&dd, &dp), d)
+                                .unwrap();
+                            wait(&f).unwrap();
+                            sent[imm as usize].fetch_add(n as u64, SeqCst);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            // Completion at the sender does not order the receiver's
+            // arrivals on tcp: wait until every one is counted.
+            let total: u64 = sent.iter().map(|s| s.load(SeqCst)).sum();
+            until("every arrival at the receiver", || {
+                rx.counters().total.imm_arrivals >= total
+            });
+            stop.store(true, SeqCst);
+            controller.join().unwrap();
+            for imm in 0..IMMS {
+                rx.cancel_imm_count(imm);
+            }
+            ledger.settle();
+            for imm in 0..IMMS {
+                let sent = sent[imm as usize].load(SeqCst);
+                let left = u64::from(rx.imm_count(imm));
+                assert_eq!(ledger.consumed(imm) + left, sent, "imm {imm}");
+            }
+        });
+    }
+
+    #[test]
+    fn one_failed_transfer_to_a_multi_nic_receiver_aborts_one_expectation() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            let a = tcp_engine(2, true);
+            let b = tcp_engine(2, true);
+            let (src, _) = region(&a, 192);
+            let (_dst, dd) = region(&b, 192);
+            let (fl, d) = flag();
+            b.expect_imm_count(5, 3, d).unwrap();
+            let (w, d) = flag();
+            a.submit_scatter(None, d, Some(5), &src, &two_good_one_bad(&dd))
+                .unwrap();
+            assert!(wait(&w).is_err());
+            assert_eq!(wait(&fl), Err(TransferError::SenderAborted { imm: 5 }));
+            // Whatever notices were sent have arrived once this scatter's
+            // immediates, sent after them on both NICs, are counted.
+            let before = b.counters().total.imm_arrivals;
+            let (fl, d) = flag();
+            b.expect_imm_count(6, 2, d).unwrap();
+            let good: Vec<ScatterDst> = two_good_one_bad(&dd).into_iter().take(2).collect();
+            let (w, d) = flag();
+            a.submit_scatter(None, d, Some(6), &src, &good).unwrap();
+            wait(&w).unwrap();
+            wait(&fl).unwrap();
+            until("the scatter's arrivals", || {
+                b.counters().total.imm_arrivals >= before + 2
+            });
+            let left = b.imm_count(5);
+            let (fl, d) = flag();
+            b.expect_imm_count(5, left + 1, d).unwrap();
+            let (w, d) = flag();
+            a.submit_single_write(64, Some(5), (&src, 0), (&dd, 0), d)
+                .unwrap();
+            wait(&w).unwrap();
+            assert_eq!(wait(&fl), Ok(0));
+        });
+    }
+
+    #[test]
+    fn deadlines_fire_on_an_idle_receiver() {
+        if !usable() {
+            return;
+        }
+        bounded(|| super::deadlines_fire_on_an_idle_receiver(&tcp_engine(2, false)));
+    }
+
+    /// A barrier to a peer that died fails, naming it, within the
+    /// operation timeout (never hangs), and still reaches the living.
+    #[test]
+    fn a_barrier_to_a_dead_peer_fails_by_name() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            let a = tcp_engine(1, false);
+            let mut peers: Vec<(Option<TransferEngine>, MrDesc)> = (0..3)
+                .map(|_| {
+                    let e = tcp_engine(1, false);
+                    let (_h, d) = region(&e, 64);
+                    (Some(e), d)
+                })
+                .collect();
+            let descs: Vec<MrDesc> = peers.iter().map(|p| p.1.clone()).collect();
+            // Connect first: a barrier that lands everywhere.
+            let (w, d) = flag();
+            a.submit_barrier(None, d, 1, &descs).unwrap();
+            wait(&w).unwrap();
+            let dead = peers[1].0.as_ref().unwrap().addresses(0).unwrap();
+            drop(peers[1].0.take());
+            let landed: Vec<_> = peers
+                .iter()
+                .filter_map(|p| p.0.as_ref())
+                .map(|p| {
+                    let (f, d) = flag();
+                    p.expect_imm_count(2, 1, d).unwrap();
+                    f
+                })
+                .collect();
+            let (w, d) = flag();
+            a.submit_barrier(None, d, 2, &descs).unwrap();
+            let e = wait(&w).expect_err("the dead peer fails the barrier");
+            println!("barrier to a dead tcp peer: {e}");
+            for f in &landed {
+                assert_eq!(wait(f), Ok(0));
+            }
+            assert!(
+                format!("{e}").contains(&format!("{}", dead[0])) || names_peer(&e, &dead),
+                "{e:?} does not name the dead peer {}",
+                dead[0]
+            );
+        });
+    }
+}
