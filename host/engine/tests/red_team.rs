@@ -916,6 +916,198 @@ fn single_writes_deliver_exactly_the_documented_arrivals() {
     });
 }
 
+/// Control messages from eight threads on four engines into a receiver
+/// with three buffers, on any of its NICs: each message is delivered once,
+/// whole; a message too large for the buffers fails without using one up;
+/// then the receiver dies and sends to it fail naming it.
+#[test]
+fn many_senders_share_a_few_receive_buffers_then_the_receiver_dies() {
+    bounded(|| {
+        let wait_long = LoopbackConfig {
+            recv_wait: HANG,
+            ..LoopbackConfig::default()
+        };
+        let rx = loopback_engine(2, LoopbackConfig::default(), false);
+        let got: Arc<Mutex<HashMap<(u8, u16), usize>>> = Arc::default();
+        let g = got.clone();
+        rx.submit_recvs(64, 3, move |m| {
+            assert_eq!(m.len(), 3 + m[0] as usize, "a message arrives whole");
+            let key = (m[0], u16::from_le_bytes([m[1], m[2]]));
+            *g.lock().unwrap().entry(key).or_default() += 1;
+        })
+        .unwrap();
+        let addrs = rx.addresses(0).unwrap();
+        let senders: Vec<Arc<TransferEngine>> = (0..4)
+            .map(|i| {
+                let lb = if i % 2 == 0 {
+                    wait_long
+                } else {
+                    LoopbackConfig {
+                        unordered: Some(Unordered {
+                            seed: i as u64,
+                            window: 4,
+                        }),
+                        ..wait_long
+                    }
+                };
+                Arc::new(loopback_engine(1 + i % 2, lb, false))
+            })
+            .collect();
+        const EACH: u16 = 60;
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let tx = senders[t as usize % 4].clone();
+                let addrs = addrs.clone();
+                std::thread::spawn(move || {
+                    let mut flags = Vec::new();
+                    for seq in 0..EACH {
+                        let mut m = vec![t, seq.to_le_bytes()[0], seq.to_le_bytes()[1]];
+                        m.extend(std::iter::repeat_n(0xee, t as usize));
+                        let (f, d) = flag();
+                        tx.submit_send(&addrs[seq as usize % 2], &m, d).unwrap();
+                        flags.push(f);
+                        if flags.len() == 4 {
+                            for f in flags.drain(..) {
+                                wait(&f).unwrap();
+                            }
+                        }
+                    }
+                    for f in flags {
+                        wait(&f).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let (f, d) = flag();
+        senders[0].submit_send(&addrs[1], &[0; 65], d).unwrap();
+        assert!(matches!(
+            wait(&f),
+            Err(TransferError::MessageTooLarge {
+                len: 65,
+                buffer_len: 64,
+                ..
+            })
+        ));
+        until("every message's callback", || {
+            got.lock().unwrap().values().sum::<usize>() >= 8 * EACH as usize
+        });
+        // All three buffers are back: three sends in flight at once land.
+        let flags: Vec<_> = (0..3u16)
+            .map(|i| {
+                let (f, d) = flag();
+                senders[1]
+                    .submit_send(&addrs[0], &[9, i as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], d)
+                    .unwrap();
+                f
+            })
+            .collect();
+        for f in &flags {
+            wait(f).unwrap();
+        }
+        until("the last three callbacks", || {
+            got.lock().unwrap().values().sum::<usize>() >= 8 * EACH as usize + 3
+        });
+        let got = got.lock().unwrap();
+        assert_eq!(got.len(), 8 * EACH as usize + 3);
+        assert!(got.values().all(|&n| n == 1), "a message delivered twice");
+        drop(got);
+        drop(rx);
+        let (f, d) = flag();
+        senders[2].submit_send(&addrs[1], b"anyone?", d).unwrap();
+        match wait(&f) {
+            Err(TransferError::UnknownPeer { peer }) => assert_eq!(peer, addrs[1]),
+            other => panic!("a send to a dead receiver: {other:?}"),
+        }
+    });
+}
+
+/// The source of paged writes with immediates is deregistered while
+/// four threads keep them in flight on a slow sender, abort notices on:
+/// a transfer that completed is met at the receiver, one that failed is
+/// aborted there (none of its pieces can have landed the immediate it
+/// lacked), and calls after the deregistration are refused at once.
+#[test]
+fn source_deregistered_under_paged_writes_aborts_exactly_the_failed_transfers() {
+    bounded(|| {
+        const PAGE: u64 = 512;
+        const PAGES: u32 = 4;
+        let lb = LoopbackConfig {
+            latency: Duration::from_micros(300),
+            ..LoopbackConfig::default()
+        };
+        let a = Arc::new(loopback_engine(2, lb, true));
+        let b = Arc::new(loopback_engine(2, LoopbackConfig::default(), true));
+        let (src, _) = region(&a, 64 * PAGE);
+        let (_dst, dd) = region(&b, 64 * PAGE);
+        let ledger = Arc::new(Ledger::default());
+        let next_imm = Arc::new(AtomicU64::new(0));
+        let outcomes: Arc<Mutex<HashMap<u32, Result<u64, TransferError>>>> = Arc::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                let (a, b, src, dd) = (a.clone(), b.clone(), src.clone(), dd.clone());
+                let (ledger, next_imm, outcomes, started) = (
+                    ledger.clone(),
+                    next_imm.clone(),
+                    outcomes.clone(),
+                    started.clone(),
+                );
+                std::thread::spawn(move || loop {
+                    let imm = next_imm.fetch_add(1, SeqCst) as u32;
+                    ledger.arm(&b, imm, PAGES, None).unwrap();
+                    let pages = Pages {
+                        indices: (0..PAGES).map(|i| (t * PAGES + i) % 64).collect(),
+                        stride: PAGE,
+                        offset: 0,
+                    };
+                    let (f, d) = flag();
+                    match a.submit_paged_writes(PAGE, Some(imm), (&src, &pages), (&dd, &pages), d) {
+                        Ok(()) => {
+                            started.fetch_add(1, SeqCst);
+                            let r = wait(&f);
+                            outcomes.lock().unwrap().insert(imm, r);
+                        }
+                        Err(TransferError::RegionDeregistered) => {
+                            assert!(b.cancel_imm_count(imm));
+                            outcomes
+                                .lock()
+                                .unwrap()
+                                .insert(imm, Err(TransferError::RegionDeregistered));
+                            return;
+                        }
+                        Err(e) => panic!("submit: {e}"),
+                    }
+                })
+            })
+            .collect();
+        until("transfers in flight", || started.load(SeqCst) >= 40);
+        a.dereg_mr(&src).unwrap();
+        for t in threads {
+            t.join().unwrap();
+        }
+        ledger.settle();
+        let outcomes = outcomes.lock().unwrap();
+        let (mut met, mut aborted) = (0, 0);
+        for (imm, _, o) in ledger.armed.lock().unwrap().iter() {
+            let got = o.result.lock().unwrap().clone().unwrap();
+            match (&outcomes[imm], got) {
+                (Ok(_), Ok(())) => met += 1,
+                (
+                    Err(TransferError::RegionDeregistered),
+                    Err(TransferError::ImmCancelled { .. }),
+                ) => {}
+                (Err(_), Err(TransferError::SenderAborted { .. })) => aborted += 1,
+                (sent, got) => panic!("imm {imm}: transfer {sent:?}, expectation {got:?}"),
+            }
+        }
+        println!("{met} transfers met, {aborted} aborted by the deregistration");
+        assert!(met >= 36);
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
