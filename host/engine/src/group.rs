@@ -235,6 +235,10 @@ pub(crate) struct WorkerCell {
     asleep: AtomicUsize,
     /// Whether every NIC of the group lets a submitter post directly.
     direct: bool,
+    /// Whether a plug may hold submissions back: every NIC's completions
+    /// bring a round of the group without a waiter
+    /// ([`Domain::completion_wakes_worker`]), which posts them.
+    deferrable: bool,
     /// How long a waiter polls before it parks.
     spin: Duration,
 }
@@ -629,7 +633,8 @@ impl DirectPost for WorkerCell {
         // a round's worth of payload: larger posts hold completions back
         // (`ROUND_BYTES`).
         let bytes = req.ops.iter().map(|(_, op)| op.bytes()).sum::<u64>().max(1);
-        let defer = crate::plug::plugged()
+        let defer = self.deferrable
+            && crate::plug::plugged()
             && self.inflight.load(SeqCst) > 0
             && s.unposted + bytes <= ROUND_BYTES;
         self.accept(&mut s, req);
@@ -681,6 +686,7 @@ impl Worker {
             .collect::<Result<Vec<_>, _>>()?;
         let n = endpoints.len();
         let direct = group.domains.iter().all(|d| d.direct_post());
+        let deferrable = group.domains.iter().all(|d| d.completion_wakes_worker());
         let cell = Arc::new(WorkerCell {
             index,
             engine: engine.clone(),
@@ -700,6 +706,7 @@ impl Worker {
             callbacks: AtomicUsize::new(0),
             asleep: AtomicUsize::new(0),
             direct,
+            deferrable,
             spin: cfg.spin,
         });
         let flag_driver: Weak<dyn FlagDriver> = Arc::downgrade(&cell) as Weak<dyn FlagDriver>;

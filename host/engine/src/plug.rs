@@ -15,7 +15,11 @@
 //! for the group's next round, which comes at the latest with the
 //! completion of a transfer that was in flight when it was made (rounds
 //! post what was deferred before they read completions, under the same
-//! lock that deferral takes). Invariant: when no plug of the thread
+//! lock that deferral takes). A NIC whose completions do not bring that
+//! round by themselves (the loopback NIC, which completes an operation as
+//! it is posted and tells no one) has its submissions posted at once: a
+//! thread waiting for something other than its own transfers (a peer's
+//! expectation) would otherwise wait for ever. Invariant: when no plug of the thread
 //! is held and the thread is not inside a wait, nothing it submitted is
 //! left unposted by it (each group it deferred to is flushed).
 

@@ -1108,6 +1108,41 @@ fn source_deregistered_under_paged_writes_aborts_exactly_the_failed_transfers() 
     });
 }
 
+/// A sender that keeps writes in flight under a plug and then waits for
+/// the receiver's expectation (not for its own writes): the writes the
+/// plug held back must still be posted (the plug's promise: at the latest
+/// with the group's next round), or the receiver waits forever.
+fn plugged_sender_waiting_on_an_expectation(a: &TransferEngine, b: &TransferEngine) {
+    let (src, _) = region(a, 64);
+    let (_dst, dd) = region(b, 64 * 8);
+    let (fl, d) = flag();
+    b.expect_imm_count(7, 8, d).unwrap();
+    let _plug = a.plug();
+    let flags: Vec<_> = (0..8u64)
+        .map(|i| {
+            let (f, d) = flag();
+            a.submit_single_write(64, Some(7), (&src, 0), (&dd, 64 * i), d)
+                .unwrap();
+            f
+        })
+        .collect();
+    let r = fl.wait(Duration::from_secs(10));
+    assert_eq!(
+        r,
+        Some(Ok(0)),
+        "the receiver saw {} of 8 writes the plugged sender submitted",
+        b.imm_count(7)
+    );
+    for f in &flags {
+        wait(f).unwrap();
+    }
+}
+
+#[test]
+fn a_plugged_sender_waiting_on_an_expectation_still_posts_its_writes() {
+    bounded(|| plugged_sender_waiting_on_an_expectation(&engine(1), &engine(1)));
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
@@ -1296,6 +1331,19 @@ mod tcp {
             return;
         }
         bounded(|| super::deadlines_fire_on_an_idle_receiver(&tcp_engine(2, false)));
+    }
+
+    #[test]
+    fn a_plugged_sender_waiting_on_an_expectation_still_posts_its_writes() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            super::plugged_sender_waiting_on_an_expectation(
+                &tcp_engine(1, false),
+                &tcp_engine(1, false),
+            )
+        });
     }
 
     /// A barrier to a peer that died fails, naming it, within the

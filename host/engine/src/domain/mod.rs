@@ -324,6 +324,15 @@ pub trait Domain: Send + Sync {
     fn direct_post(&self) -> bool {
         false
     }
+    /// Whether the completion of an operation posted directly
+    /// ([`Domain::direct_post`]) reaches the group's worker by itself (the
+    /// NIC's wait object or timer wakes it), so that a round of the group
+    /// comes without a waiter. Submissions a [`Plug`](crate::Plug) holds
+    /// back wait for that round: on a NIC where it does not come they are
+    /// posted at once. The default: yes.
+    fn completion_wakes_worker(&self) -> bool {
+        true
+    }
 }
 
 /// A queue pair and its completion queue.
@@ -457,6 +466,9 @@ impl Domain for AnyDomain {
     }
     fn direct_post(&self) -> bool {
         dispatch!(self, d => d.direct_post())
+    }
+    fn completion_wakes_worker(&self) -> bool {
+        dispatch!(self, d => d.completion_wakes_worker())
     }
 }
 

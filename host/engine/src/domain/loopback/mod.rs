@@ -216,6 +216,13 @@ impl Domain for LoopbackDomain {
         c.latency.is_zero() && c.bandwidth_gbps.is_none() && c.unordered.is_none()
     }
 
+    fn completion_wakes_worker(&self) -> bool {
+        // Posted directly, an operation completes on the posting thread
+        // and nothing tells the worker: only a waiter or a submission
+        // runs the group's next round.
+        !self.direct_post()
+    }
+
     fn ordered(&self) -> bool {
         self.cfg.unordered.is_none()
     }
