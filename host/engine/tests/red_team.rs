@@ -1143,6 +1143,127 @@ fn a_plugged_sender_waiting_on_an_expectation_still_posts_its_writes() {
     bounded(|| plugged_sender_waiting_on_an_expectation(&engine(1), &engine(1)));
 }
 
+/// Client channels keep doorbell batches in flight on a slow engine (and
+/// one whose peer dies) while that engine is dropped from under them: each
+/// batch returns (every operation with its own result) or is refused as a
+/// whole with `EngineShutDown`, and never hangs.
+#[test]
+fn channels_in_flight_when_their_engine_or_peer_is_dropped() {
+    bounded(|| {
+        let lb = LoopbackConfig {
+            latency: Duration::from_micros(200),
+            ..LoopbackConfig::default()
+        };
+        let a = loopback_engine(2, lb, false);
+        let b = engine(1);
+        let (src, _) = region(&a, 4096);
+        src.write(0, &pattern(4096, 3)).unwrap();
+        let (_dst, dd) = region(&b, 4096);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let mut ch = a.channel().unwrap();
+                let (src, dd, ran) = (src.clone(), dd.clone(), ran.clone());
+                std::thread::spawn(move || {
+                    let mut results = Vec::new();
+                    loop {
+                        let ops: Vec<_> = (0..8u64)
+                            .flat_map(|i| {
+                                [
+                                    rolex_engine::BatchOp::Write {
+                                        src: &src,
+                                        src_offset: 64 * i,
+                                        dst: &dd,
+                                        dst_offset: 512 * t + 64 * i,
+                                        len: 64,
+                                        imm: Some(t as u32),
+                                    },
+                                    rolex_engine::BatchOp::Faa {
+                                        dst: &dd,
+                                        offset: 4088,
+                                        add: 1,
+                                    },
+                                ]
+                            })
+                            .collect();
+                        match ch.run(&ops, &mut results) {
+                            Ok(()) => assert_eq!(results.len(), ops.len()),
+                            Err(TransferError::EngineShutDown) => return,
+                            Err(e) => panic!("channel run: {e}"),
+                        }
+                        ran.fetch_add(1, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        until("batches to run", || ran.load(SeqCst) >= 30);
+        // The peer dies first: batches keep returning, with errors.
+        drop(b);
+        let seen = ran.load(SeqCst);
+        until("batches after the peer died", || {
+            ran.load(SeqCst) >= seen + 6
+        });
+        drop(a);
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+}
+
+/// A paged write to a 2-NIC receiver whose second NIC does not know the
+/// key (pages alternate NICs): the pages through the first NIC land, the
+/// others fail at the target; with abort notices the receiver's
+/// expectation is aborted once, and its next one on the immediate, for a
+/// good transfer, is met (on top of the pages the failed one left).
+fn paged_write_half_refused_at_the_target(a: &TransferEngine, b: &TransferEngine) {
+    const PAGE: u64 = 1024;
+    let (src, _) = region(a, 16 * PAGE);
+    src.write(0, &pattern(16 * PAGE as usize, 4)).unwrap();
+    let (_dst, dd) = region(b, 16 * PAGE);
+    let mut half = dd.clone();
+    half.nics[1].1 ^= 0x5a5a;
+    let pages = Pages {
+        indices: (0..8).collect(),
+        stride: PAGE,
+        offset: 0,
+    };
+    let (fl, d) = flag();
+    b.expect_imm_count(3, 8, d).unwrap();
+    let (w, d) = flag();
+    a.submit_paged_writes(PAGE, Some(3), (&src, &pages), (&half, &pages), d)
+        .unwrap();
+    assert!(matches!(wait(&w), Err(TransferError::Protection { .. })));
+    assert_eq!(wait(&fl), Err(TransferError::SenderAborted { imm: 3 }));
+    // Pages after the notice, on both NICs: any other notice came first
+    // (per NIC, one sender's posts are delivered in order here).
+    let (fl, d) = flag();
+    b.expect_imm_count(4, 8, d).unwrap();
+    let (w, d) = flag();
+    a.submit_paged_writes(PAGE, Some(4), (&src, &pages), (&dd, &pages), d)
+        .unwrap();
+    wait(&w).unwrap();
+    wait(&fl).unwrap();
+    let left = b.imm_count(3);
+    assert!(left <= 8);
+    let (fl, d) = flag();
+    b.expect_imm_count(3, left + 8, d).unwrap();
+    let (w, d) = flag();
+    a.submit_paged_writes(PAGE, Some(3), (&src, &pages), (&dd, &pages), d)
+        .unwrap();
+    wait(&w).unwrap();
+    assert_eq!(wait(&fl), Ok(0));
+}
+
+#[test]
+fn a_paged_write_half_refused_at_the_target_aborts_once() {
+    bounded(|| {
+        paged_write_half_refused_at_the_target(
+            &loopback_engine(2, LoopbackConfig::default(), true),
+            &loopback_engine(2, LoopbackConfig::default(), true),
+        )
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
@@ -1342,6 +1463,19 @@ mod tcp {
             super::plugged_sender_waiting_on_an_expectation(
                 &tcp_engine(1, false),
                 &tcp_engine(1, false),
+            )
+        });
+    }
+
+    #[test]
+    fn a_paged_write_half_refused_at_the_target_aborts_once() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            super::paged_write_half_refused_at_the_target(
+                &tcp_engine(2, true),
+                &tcp_engine(2, true),
             )
         });
     }
