@@ -1264,6 +1264,74 @@ fn a_paged_write_half_refused_at_the_target_aborts_once() {
     });
 }
 
+/// A receiver with many callback expectations armed is dropped while
+/// four threads stream pages with immediates into it (on loopback the
+/// immediates are counted on the senders' threads, racing with the drop):
+/// every expectation's callback still runs exactly once, met or
+/// `EngineShutDown`, and the senders see their writes fail, not hang.
+#[test]
+fn a_receiver_dropped_under_streaming_writes_fires_every_expectation_once() {
+    bounded(|| {
+        for round in 0..10u64 {
+            let rx = engine(2);
+            let (_dst, dd) = region(&rx, 64 * 64);
+            let ledger = Ledger::default();
+            let mut rng = Rng(round + 1);
+            for imm in 0..32u32 {
+                ledger
+                    .arm(&rx, imm, 1 + rng.below(40) as u32, None)
+                    .unwrap();
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            let sent = Arc::new(AtomicUsize::new(0));
+            let senders: Vec<_> = (0..4u32)
+                .map(|t| {
+                    let (dd, stop, sent) = (dd.clone(), stop.clone(), sent.clone());
+                    std::thread::spawn(move || {
+                        let tx = engine(1 + t as usize % 2);
+                        let (src, _) = region(&tx, 64 * 64);
+                        let mut i = 0u32;
+                        while !stop.load(SeqCst) {
+                            i += 1;
+                            let pages = Pages {
+                                indices: vec![i % 64, (i + 1) % 64],
+                                stride: 64,
+                                offset: 0,
+                            };
+                            let (f, d) = flag();
+                            tx.submit_paged_writes(
+                                64,
+                                Some((i + t) % 32),
+                                (&src, &pages),
+                                (&dd, &pages),
+                                d,
+                            )
+                            .unwrap();
+                            if wait(&f).is_ok() {
+                                sent.fetch_add(1, SeqCst);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            until("writes to land", || sent.load(SeqCst) >= 50);
+            drop(rx);
+            ledger.settle();
+            for (imm, _, o) in ledger.armed.lock().unwrap().iter() {
+                let got = o.result.lock().unwrap().clone().unwrap();
+                assert!(
+                    matches!(got, Ok(()) | Err(TransferError::EngineShutDown)),
+                    "imm {imm}: {got:?}"
+                );
+            }
+            stop.store(true, SeqCst);
+            for t in senders {
+                t.join().unwrap();
+            }
+        }
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
