@@ -40,6 +40,8 @@ pub(crate) struct Armed {
     id: u64,
     target: u32,
     notify: Notify,
+    /// Its deadline, the key `(deadline, id)` in `ImmWaits::deadlines`.
+    deadline: Option<Instant>,
 }
 
 /// An expectation that fired, and how.
@@ -79,7 +81,12 @@ impl ImmWaits {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let armed = Armed { id, target, notify };
+        let armed = Armed {
+            id,
+            target,
+            notify,
+            deadline,
+        };
         match self.counter.expect(imm, target, armed) {
             Ok(Some(a)) => Ok(Some((a.notify, Ok(0)))),
             Ok(None) => {
@@ -165,14 +172,10 @@ impl ImmWaits {
     }
 
     fn forget_deadline(&mut self, a: &Armed) {
-        // Deadlines are few; a linear search keeps one map.
-        let key = self
-            .deadlines
-            .iter()
-            .find(|((_, id), _)| *id == a.id)
-            .map(|(k, _)| *k);
-        if let Some(k) = key {
-            self.deadlines.remove(&k);
+        // By key: a server keeps thousands armed (a request's layers), and
+        // this runs under the lock every arrival takes.
+        if let Some(d) = a.deadline {
+            self.deadlines.remove(&(d, a.id));
         }
     }
 }
@@ -249,6 +252,44 @@ mod tests {
             w.expect(1, 1, notify().1, None),
             Err(TransferError::ImmAlreadyArmed { imm: 1 })
         ));
+    }
+
+    #[test]
+    fn many_deadlines_out_of_order_leave_only_the_pending_ones() {
+        let mut w = ImmWaits::default();
+        let t0 = Instant::now();
+        let at = |i: u32| t0 + Duration::from_millis(u64::from(1000 - i));
+        for imm in 0..1000 {
+            assert!(w
+                .expect(imm, 1, notify().1, Some(at(imm)))
+                .unwrap()
+                .is_none());
+        }
+        // Met, cancelled and aborted from the earliest deadline on: each
+        // takes its own deadline with it, none of the others.
+        let mut pending: std::collections::BTreeSet<u32> = (0..1000).collect();
+        for imm in (0..1000).rev().filter(|i| i % 4 != 0) {
+            match imm % 4 {
+                1 => assert!(matches!(w.arrive(imm), Ok(Some((_, Ok(0)))))),
+                2 => assert!(w.cancel(imm).is_some()),
+                _ => assert!(w.abort(imm).is_some()),
+            }
+            pending.remove(&imm);
+            // The earliest deadline is the largest immediate's.
+            assert_eq!(w.next_deadline(), pending.last().map(|&i| at(i)));
+        }
+        let mut out = Vec::new();
+        w.expire(t0 + Duration::from_secs(2), &mut out);
+        let mut fired: Vec<u32> = out
+            .into_iter()
+            .map(|(_, r)| match r {
+                Err(TransferError::ImmDeadline { imm, .. }) => imm,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        fired.sort();
+        assert_eq!(fired, (0..1000).step_by(4).collect::<Vec<_>>());
+        assert_eq!(w.next_deadline(), None);
     }
 
     #[test]
