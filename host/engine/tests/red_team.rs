@@ -889,8 +889,11 @@ fn deadlines_fire_on_idle_loopback_receivers() {
 }
 
 /// A single write delivers exactly `single_write_pieces(len, receiver
-/// NICs)` arrivals, whatever the sender's NIC count and at every length
-/// around the split boundaries, and lands whole.
+/// NICs)` arrivals, whatever the sender's NIC count, at every length
+/// around the split boundaries, also from a shuffling, slow sender; and
+/// the expectation met by them sees the write whole (each piece's
+/// immediate comes after its data), before the sender's own completion
+/// is waited for.
 #[test]
 fn single_writes_deliver_exactly_the_documented_arrivals() {
     bounded(|| {
@@ -909,33 +912,46 @@ fn single_writes_deliver_exactly_the_documented_arrivals() {
             9 * K + 7,
         ];
         let max = 9 * K + 7;
-        for sn in 1..=4 {
-            let a = engine(sn);
-            let (src, _) = region(&a, max);
-            src.write(0, &pattern(max as usize, sn as u8)).unwrap();
-            for rn in 1..=4 {
-                let b = engine(rn);
-                let (dst, dd) = region(&b, max + 64);
-                for (i, &len) in lens.iter().enumerate() {
-                    let imm = i as u32;
-                    let pieces = rolex_engine::single_write_pieces(len, rn);
-                    let (fl, d) = flag();
-                    b.expect_imm_count(imm, pieces, d).unwrap();
-                    let (w, d) = flag();
-                    a.submit_single_write(len, Some(imm), (&src, 0), (&dd, 64), d)
-                        .unwrap();
-                    wait(&w).unwrap();
-                    assert_eq!(wait(&fl), Ok(0), "{sn} -> {rn} NICs, {len} bytes");
-                    assert_eq!(
-                        b.imm_count(imm),
-                        0,
-                        "{sn} -> {rn} NICs, {len} bytes: more than {pieces} arrivals"
-                    );
-                    assert!(
-                        dst.to_vec(64, len as usize).unwrap()
-                            == pattern(max as usize, sn as u8)[..len as usize],
-                        "{sn} -> {rn} NICs, {len} bytes: data"
-                    );
+        for shuffled in [false, true] {
+            for sn in 1..=4 {
+                let lb = if shuffled {
+                    LoopbackConfig {
+                        unordered: Some(Unordered {
+                            seed: sn as u64,
+                            window: 4,
+                        }),
+                        latency: Duration::from_micros(30),
+                        ..LoopbackConfig::default()
+                    }
+                } else {
+                    LoopbackConfig::default()
+                };
+                let a = loopback_engine(sn, lb, false);
+                let (src, _) = region(&a, max);
+                let all = pattern(max as usize, sn as u8 + 16 * shuffled as u8);
+                src.write(0, &all).unwrap();
+                for rn in 1..=4 {
+                    let b = engine(rn);
+                    let (dst, dd) = region(&b, max + 64);
+                    for (i, &len) in lens.iter().enumerate() {
+                        let imm = i as u32;
+                        let pieces = rolex_engine::single_write_pieces(len, rn);
+                        let what = format!("{sn} -> {rn} NICs, {len} bytes, shuffled {shuffled}");
+                        // Nothing of an earlier write may pass for this one.
+                        dst.write(64, &vec![0; len as usize]).unwrap();
+                        let (fl, d) = flag();
+                        b.expect_imm_count(imm, pieces, d).unwrap();
+                        let (w, d) = flag();
+                        a.submit_single_write(len, Some(imm), (&src, 0), (&dd, 64), d)
+                            .unwrap();
+                        assert_eq!(wait(&fl), Ok(0), "{what}");
+                        assert!(
+                            dst.to_vec(64, len as usize).unwrap() == all[..len as usize],
+                            "{what}: data not whole when the expectation was met"
+                        );
+                        wait(&w).unwrap();
+                        assert_eq!(b.imm_count(imm), 0, "{what}: more than {pieces} arrivals");
+                    }
                 }
             }
         }
