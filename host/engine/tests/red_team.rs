@@ -1590,6 +1590,62 @@ mod tcp {
         });
     }
 
+    /// Paged writes with an immediate at page sizes around `tcp;ofi_rxm`'s
+    /// eager limit (pages packed into messages the target places): each
+    /// page delivers exactly one arrival, after its data.
+    #[test]
+    fn paged_writes_around_the_message_size_count_each_page_once() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            let a = tcp_engine(2, false);
+            let b = tcp_engine(2, false);
+            let max_page = 40_000u64;
+            let slots = 20u32;
+            let (src, _) = region(&a, max_page * u64::from(slots));
+            let all = pattern((max_page * u64::from(slots)) as usize, 77);
+            src.write(0, &all).unwrap();
+            let (dst, dd) = region(&b, max_page * u64::from(slots));
+            let mut imm = 0;
+            for page in [1u64, 63, 4096, 16_300, 16_384, 16_385, 40_000] {
+                for n in [1u32, 3, 17] {
+                    imm += 1;
+                    dst.write(0, &vec![0; (max_page * u64::from(slots)) as usize])
+                        .unwrap();
+                    // Source pages forwards, destination pages backwards.
+                    let sp = Pages {
+                        indices: (0..n).collect(),
+                        stride: page,
+                        offset: 0,
+                    };
+                    let dp = Pages {
+                        indices: (0..n).rev().collect(),
+                        stride: page,
+                        offset: 0,
+                    };
+                    let (fl, d) = flag();
+                    b.expect_imm_count(imm, n, d).unwrap();
+                    let (w, d) = flag();
+                    a.submit_paged_writes(page, Some(imm), (&src, &sp), (&dd, &dp), d)
+                        .unwrap();
+                    let what = format!("{n} pages of {page} bytes");
+                    assert_eq!(wait(&fl), Ok(0), "{what}");
+                    for i in 0..n as usize {
+                        let s = sp.page_offset(i).unwrap() as usize;
+                        let d = dp.page_offset(i).unwrap();
+                        assert!(
+                            dst.to_vec(d, page as usize).unwrap() == all[s..s + page as usize],
+                            "{what}: page {i}"
+                        );
+                    }
+                    wait(&w).unwrap();
+                    assert_eq!(b.imm_count(imm), 0, "{what}: extra arrivals");
+                }
+            }
+        });
+    }
+
     /// A barrier to a peer that died fails, naming it, within the
     /// operation timeout (never hangs), and still reaches the living.
     #[test]
