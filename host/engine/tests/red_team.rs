@@ -1374,6 +1374,71 @@ fn a_receiver_dropped_under_streaming_writes_fires_every_expectation_once() {
     });
 }
 
+/// An engine that is its own peer (prefill and decode on one host): paged
+/// writes with an immediate into its own region, a barrier to a group
+/// holding itself, a message to its own receive buffers, one-sided reads
+/// and atomics on its own words — all complete, each once, with the data.
+fn talks_to_itself(e: &TransferEngine) {
+    let (mr, desc) = region(e, 8192 + 64);
+    mr.write(0, &pattern(4096, 12)).unwrap();
+    let pages = |first: u32| Pages {
+        indices: (first..first + 4).collect(),
+        stride: 1024,
+        offset: 0,
+    };
+    let (fl, d) = flag();
+    e.expect_imm_count(1, 4, d).unwrap();
+    let (w, d) = flag();
+    e.submit_paged_writes(1024, Some(1), (&mr, &pages(0)), (&desc, &pages(4)), d)
+        .unwrap();
+    assert_eq!(wait(&fl), Ok(0));
+    wait(&w).unwrap();
+    assert!(mr.to_vec(4096, 4096).unwrap() == pattern(4096, 12));
+    let g = e.add_peer_group(vec![e.main_address()]).unwrap();
+    let (fl, d) = flag();
+    e.expect_imm_count(2, 1, d).unwrap();
+    let (w, d) = flag();
+    e.submit_barrier(Some(g), d, 2, std::slice::from_ref(&desc))
+        .unwrap();
+    wait(&w).unwrap();
+    assert_eq!(wait(&fl), Ok(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    e.submit_recvs(16, 1, move |m| tx.lock().unwrap().send(m.to_vec()).unwrap())
+        .unwrap();
+    let (w, d) = flag();
+    e.submit_send(&e.main_address(), b"to myself", d).unwrap();
+    wait(&w).unwrap();
+    assert_eq!(rx.recv_timeout(HANG).unwrap(), b"to myself");
+    let (f, d) = common::vflag();
+    e.submit_faa((&desc, 8192), 5, d).unwrap();
+    assert_eq!(wait(&f), Ok(0));
+    let (f, d) = common::vflag();
+    e.submit_cas((&desc, 8192), 5, 9, d).unwrap();
+    assert_eq!(wait(&f), Ok(5));
+    let (w, d) = flag();
+    e.submit_read(8, (&mr, 8200), (&desc, 8192), d).unwrap();
+    wait(&w).unwrap();
+    assert_eq!(mr.load_u64(8200).unwrap(), 9);
+}
+
+#[test]
+fn an_engine_talks_to_itself() {
+    bounded(|| {
+        talks_to_itself(&engine(1));
+        talks_to_itself(&engine(3));
+        talks_to_itself(&loopback_engine(
+            2,
+            LoopbackConfig {
+                unordered: Some(Unordered { seed: 1, window: 4 }),
+                latency: Duration::from_micros(20),
+                ..LoopbackConfig::default()
+            },
+            true,
+        ));
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
@@ -1643,6 +1708,17 @@ mod tcp {
                     assert_eq!(b.imm_count(imm), 0, "{what}: extra arrivals");
                 }
             }
+        });
+    }
+
+    #[test]
+    fn an_engine_talks_to_itself() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            super::talks_to_itself(&tcp_engine(1, false));
+            super::talks_to_itself(&tcp_engine(2, true));
         });
     }
 
