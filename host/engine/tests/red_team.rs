@@ -55,6 +55,35 @@ fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Callbacks for calls that must be refused: a refused call drops its
+/// `on_done` uncalled. (A panic in a callback would be caught by the
+/// callback thread, so they count instead.)
+#[derive(Clone, Default)]
+struct Never(Arc<AtomicUsize>);
+
+impl Never {
+    fn on_done(&self) -> OnDone {
+        let n = self.0.clone();
+        OnDone::callback(move |_| {
+            n.fetch_add(1, SeqCst);
+        })
+    }
+
+    /// Checks that none ran: `e`'s callbacks run in order, so one queued
+    /// now has run after any of them.
+    fn check(&self, e: &TransferEngine) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        e.expect_imm_count(
+            u32::MAX >> 1,
+            0,
+            OnDone::callback(move |_| tx.send(()).unwrap()),
+        )
+        .unwrap();
+        rx.recv_timeout(HANG).unwrap();
+        assert_eq!(self.0.load(SeqCst), 0, "a refused call's callback ran");
+    }
+}
+
 /// One expectation armed by the test: how it fired (and how often).
 #[derive(Default)]
 struct Outcome {
@@ -602,7 +631,8 @@ fn ranges_at_the_edges_of_u64() {
         let (src, _) = region(&a, 4096);
         src.write(0, &pattern(4096, 1)).unwrap();
         let (dst, dd) = region(&b, 4096);
-        let never = || OnDone::callback(|_| panic!("a refused call's callback ran"));
+        let refused = Never::default();
+        let never = || refused.on_done();
         let one = |offset: u64, stride: u64, i: u32| Pages {
             indices: vec![0, i],
             stride,
@@ -631,6 +661,7 @@ fn ranges_at_the_edges_of_u64() {
             a.submit_read(16, (&src, u64::MAX - 7), (&dd, 0), never()),
             Err(TransferError::LocalOutOfBounds { .. })
         ));
+        refused.check(&a);
         // Remote ranges that wrap fail through the completion.
         for (off, len) in [(u64::MAX, 1), (u64::MAX - 7, 16), (4096, 1), (4095, 2)] {
             let (f, d) = flag();
@@ -737,7 +768,8 @@ fn stale_and_foreign_descriptors_never_reach_new_memory() {
         }
         // Another engine's handle, as source or as local destination.
         let (theirs, td) = region(&b, 64);
-        let never = || OnDone::callback(|_| panic!("a refused call's callback ran"));
+        let refused = Never::default();
+        let never = || refused.on_done();
         assert_eq!(
             a.submit_single_write(8, None, (&theirs, 0), (&td, 0), never()),
             Err(TransferError::ForeignRegion)
@@ -747,6 +779,7 @@ fn stale_and_foreign_descriptors_never_reach_new_memory() {
             Err(TransferError::ForeignRegion)
         );
         assert_eq!(a.dereg_mr(&theirs), Err(TransferError::ForeignRegion));
+        refused.check(&a);
     });
 }
 
