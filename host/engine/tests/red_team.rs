@@ -1492,6 +1492,76 @@ fn an_engine_talks_to_itself() {
     });
 }
 
+/// A sender dies with its paged writes in flight (a slow NIC): its own
+/// flag fails with `EngineShutDown`, and the receiver, which cannot be
+/// told (no notice comes from a dead sender), ends its expectation at its
+/// deadline naming the pages that did land — which stay counted — or had
+/// it met if every page landed first.
+#[test]
+fn a_sender_dying_mid_transfer_ends_the_receivers_wait_at_its_deadline() {
+    bounded(|| {
+        const PAGES: u32 = 16;
+        let b = loopback_engine(2, LoopbackConfig::default(), true);
+        let (_dst, dd) = region(&b, 64 * u64::from(PAGES));
+        for round in 0..2u32 {
+            let lb = LoopbackConfig {
+                latency: Duration::from_micros(200),
+                bandwidth_gbps: Some(0.05),
+                ..LoopbackConfig::default()
+            };
+            let a = loopback_engine(2, lb, true);
+            let (src, _) = region(&a, 64 * u64::from(PAGES));
+            let ledger = Ledger::default();
+            ledger
+                .arm(
+                    &b,
+                    round,
+                    PAGES,
+                    Some(Instant::now() + Duration::from_millis(300)),
+                )
+                .unwrap();
+            let pages = Pages {
+                indices: (0..PAGES).collect(),
+                stride: 64,
+                offset: 0,
+            };
+            let (w, d) = flag();
+            a.submit_paged_writes(64, Some(round), (&src, &pages), (&dd, &pages), d)
+                .unwrap();
+            drop(a);
+            let sent = wait(&w);
+            ledger.settle();
+            let got = ledger.armed.lock().unwrap()[0]
+                .2
+                .result
+                .lock()
+                .unwrap()
+                .clone();
+            match (sent, got.unwrap()) {
+                (Ok(_), Ok(())) => {}
+                (Err(TransferError::EngineShutDown), Ok(())) => {}
+                (
+                    Err(TransferError::EngineShutDown),
+                    Err(TransferError::ImmDeadline {
+                        imm,
+                        arrived,
+                        expected,
+                    }),
+                ) => {
+                    assert_eq!((imm, expected), (round, PAGES));
+                    assert!(arrived < PAGES);
+                    assert_eq!(
+                        b.imm_count(round),
+                        arrived,
+                        "the pages that landed stay counted"
+                    );
+                }
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
