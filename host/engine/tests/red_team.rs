@@ -1562,6 +1562,88 @@ fn a_sender_dying_mid_transfer_ends_the_receivers_wait_at_its_deadline() {
     });
 }
 
+/// Four threads scatter to three peers while one peer deregisters the
+/// destination region and registers a new one in its place: every scatter
+/// notifies once; those that fail name that peer's key as unknown; the
+/// new region (likely at the same address) never receives a byte through
+/// the stale descriptor.
+#[test]
+fn a_destination_deregistered_under_concurrent_scatters_is_never_written_again() {
+    bounded(|| {
+        let a = Arc::new(engine(2));
+        let peers: Vec<TransferEngine> = (0..3).map(|_| engine(2)).collect();
+        let regions: Vec<(rolex_engine::MrHandle, MrDesc)> =
+            peers.iter().map(|p| region(p, 4096)).collect();
+        let descs: Vec<MrDesc> = regions.iter().map(|r| r.1.clone()).collect();
+        let victim_addrs = peers[1].addresses(0).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (a, descs, stop, done, failed, victim_addrs) = (
+                    a.clone(),
+                    descs.clone(),
+                    stop.clone(),
+                    done.clone(),
+                    failed.clone(),
+                    victim_addrs.clone(),
+                );
+                std::thread::spawn(move || {
+                    let (src, _) = region(&a, 4096);
+                    src.write(0, &[0xab; 4096]).unwrap();
+                    while !stop.load(SeqCst) {
+                        let dst: Vec<ScatterDst> = descs
+                            .iter()
+                            .map(|dd| ScatterDst {
+                                len: 1024,
+                                src: 0,
+                                dst: dd.clone(),
+                                dst_offset: 1024 * t,
+                            })
+                            .collect();
+                        let (f, d) = flag();
+                        a.submit_scatter(None, d, Some(3), &src, &dst).unwrap();
+                        match wait(&f) {
+                            Ok(_) => {}
+                            Err(TransferError::Protection {
+                                peer,
+                                check: rolex_engine::ProtectionCheck::UnknownKey,
+                                ..
+                            }) if victim_addrs.contains(&peer) => {
+                                failed.fetch_add(1, SeqCst);
+                            }
+                            Err(e) => panic!("scatter: {e:?}"),
+                        }
+                        done.fetch_add(1, SeqCst);
+                    }
+                })
+            })
+            .collect();
+        until("scatters to land", || done.load(SeqCst) >= 40);
+        peers[1].dereg_mr(&regions[1].0).unwrap();
+        let fresh: Vec<_> = (0..4).map(|_| region(&peers[1], 4096)).collect();
+        let seen = failed.load(SeqCst);
+        until("scatters to the stale descriptor to fail", || {
+            failed.load(SeqCst) >= seen + 20
+        });
+        stop.store(true, SeqCst);
+        for t in threads {
+            t.join().unwrap();
+        }
+        for (h, _) in &fresh {
+            assert_eq!(h.to_vec(0, 4096).unwrap(), vec![0; 4096]);
+        }
+        for (p, r) in peers
+            .iter()
+            .zip(&regions)
+            .filter(|(p, _)| !std::ptr::eq(*p, &peers[1]))
+        {
+            assert_eq!(r.0.to_vec(0, 4096).unwrap(), vec![0xab; 4096], "{p:?}");
+        }
+    });
+}
+
 /// The same over libfabric `tcp` in one process (skipped where libfabric
 /// or its `tcp` provider is missing, as the other fabric tests are).
 mod tcp {
