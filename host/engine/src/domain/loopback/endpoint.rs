@@ -29,8 +29,8 @@ use rolex_core::wire::{Access, NetAddr};
 use super::fabric::{NicState, RegionCache};
 use super::LoopbackConfig;
 use crate::counters::Counters;
-use crate::domain::{Completion, Endpoint, Incoming, Progress, WorkOp, WorkRequest};
-use crate::error::TransferError;
+use crate::domain::{Completion, Endpoint, Incoming, Progress, Remote, WorkOp, WorkRequest};
+use crate::error::{ProtectionCheck, TransferError};
 
 /// How often a send that found no receive buffer is retried.
 const SEND_RETRY: Duration = Duration::from_micros(200);
@@ -131,9 +131,7 @@ impl LoopbackEndpoint {
             WorkOp::Read { local, remote, len } => {
                 let (region, off) =
                     t.check(&mut self.regions, remote, *len, Access::REMOTE_READ)?;
-                let rg = region
-                    .enter()
-                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let rg = region.enter().ok_or_else(|| gone(t, remote))?;
                 let lg = local
                     .region
                     .enter()
@@ -156,9 +154,7 @@ impl LoopbackEndpoint {
                 let (region, off) =
                     t.check(&mut self.regions, remote, *len, Access::REMOTE_WRITE)?;
                 if let Some(local) = local {
-                    let rg = region
-                        .enter()
-                        .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                    let rg = region.enter().ok_or_else(|| gone(t, remote))?;
                     let lg = local
                         .region
                         .enter()
@@ -182,9 +178,7 @@ impl LoopbackEndpoint {
                 new,
             } => {
                 let (region, off) = t.check(&mut self.regions, remote, 8, Access::REMOTE_ATOMIC)?;
-                let rg = region
-                    .enter()
-                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let rg = region.enter().ok_or_else(|| gone(t, remote))?;
                 let word = rg
                     .word(off)
                     .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
@@ -196,9 +190,7 @@ impl LoopbackEndpoint {
             }
             WorkOp::Faa { remote, add } => {
                 let (region, off) = t.check(&mut self.regions, remote, 8, Access::REMOTE_ATOMIC)?;
-                let rg = region
-                    .enter()
-                    .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
+                let rg = region.enter().ok_or_else(|| gone(t, remote))?;
                 let word = rg
                     .word(off)
                     .ok_or(TransferError::UnknownPeer { peer: t.addr })?;
@@ -320,6 +312,22 @@ impl LoopbackEndpoint {
                 }),
             }
         }
+    }
+}
+
+/// The error of an access whose region the target deregistered after the
+/// NIC's check found it (the check and the copy race with `dereg_mr`): its
+/// key is gone, as a later access finds in the check itself — unless the
+/// whole target is going away (its engine shutting down).
+fn gone(t: &NicState, remote: &Remote) -> TransferError {
+    if t.alive() {
+        TransferError::Protection {
+            peer: t.addr,
+            rkey: remote.rkey,
+            check: ProtectionCheck::UnknownKey,
+        }
+    } else {
+        TransferError::UnknownPeer { peer: t.addr }
     }
 }
 
