@@ -1567,80 +1567,90 @@ fn a_sender_dying_mid_transfer_ends_the_receivers_wait_at_its_deadline() {
 /// notifies once; those that fail name that peer's key as unknown; the
 /// new region (likely at the same address) never receives a byte through
 /// the stale descriptor.
+fn destination_deregistered_under_concurrent_scatters(
+    make: impl Fn() -> TransferEngine,
+    key_error: impl Fn(&TransferError, &[rolex_engine::NetAddr]) -> bool + Send + Sync + 'static,
+) {
+    let key_error = Arc::new(key_error);
+    let a = Arc::new(make());
+    let peers: Vec<TransferEngine> = (0..3).map(|_| make()).collect();
+    let regions: Vec<(rolex_engine::MrHandle, MrDesc)> =
+        peers.iter().map(|p| region(p, 4096)).collect();
+    let descs: Vec<MrDesc> = regions.iter().map(|r| r.1.clone()).collect();
+    let victim_addrs = peers[1].addresses(0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (a, descs, stop, done, failed, victim_addrs, key_error) = (
+                a.clone(),
+                descs.clone(),
+                stop.clone(),
+                done.clone(),
+                failed.clone(),
+                victim_addrs.clone(),
+                key_error.clone(),
+            );
+            std::thread::spawn(move || {
+                let (src, _) = region(&a, 4096);
+                src.write(0, &[0xab; 4096]).unwrap();
+                while !stop.load(SeqCst) {
+                    let dst: Vec<ScatterDst> = descs
+                        .iter()
+                        .map(|dd| ScatterDst {
+                            len: 1024,
+                            src: 0,
+                            dst: dd.clone(),
+                            dst_offset: 1024 * t,
+                        })
+                        .collect();
+                    let (f, d) = flag();
+                    a.submit_scatter(None, d, Some(3), &src, &dst).unwrap();
+                    match wait(&f) {
+                        Ok(_) => {}
+                        Err(e) if key_error(&e, &victim_addrs) => {
+                            failed.fetch_add(1, SeqCst);
+                        }
+                        Err(e) => panic!("scatter: {e:?}"),
+                    }
+                    done.fetch_add(1, SeqCst);
+                }
+            })
+        })
+        .collect();
+    until("scatters to land", || done.load(SeqCst) >= 40);
+    peers[1].dereg_mr(&regions[1].0).unwrap();
+    let fresh: Vec<_> = (0..4).map(|_| region(&peers[1], 4096)).collect();
+    let seen = failed.load(SeqCst);
+    until("scatters to the stale descriptor to fail", || {
+        failed.load(SeqCst) >= seen + 20
+    });
+    stop.store(true, SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    for (h, _) in &fresh {
+        assert_eq!(h.to_vec(0, 4096).unwrap(), vec![0; 4096]);
+    }
+    for (i, r) in regions.iter().enumerate().filter(|(i, _)| *i != 1) {
+        assert_eq!(r.0.to_vec(0, 4096).unwrap(), vec![0xab; 4096], "peer {i}");
+    }
+}
+
 #[test]
 fn a_destination_deregistered_under_concurrent_scatters_is_never_written_again() {
     bounded(|| {
-        let a = Arc::new(engine(2));
-        let peers: Vec<TransferEngine> = (0..3).map(|_| engine(2)).collect();
-        let regions: Vec<(rolex_engine::MrHandle, MrDesc)> =
-            peers.iter().map(|p| region(p, 4096)).collect();
-        let descs: Vec<MrDesc> = regions.iter().map(|r| r.1.clone()).collect();
-        let victim_addrs = peers[1].addresses(0).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..4u64)
-            .map(|t| {
-                let (a, descs, stop, done, failed, victim_addrs) = (
-                    a.clone(),
-                    descs.clone(),
-                    stop.clone(),
-                    done.clone(),
-                    failed.clone(),
-                    victim_addrs.clone(),
-                );
-                std::thread::spawn(move || {
-                    let (src, _) = region(&a, 4096);
-                    src.write(0, &[0xab; 4096]).unwrap();
-                    while !stop.load(SeqCst) {
-                        let dst: Vec<ScatterDst> = descs
-                            .iter()
-                            .map(|dd| ScatterDst {
-                                len: 1024,
-                                src: 0,
-                                dst: dd.clone(),
-                                dst_offset: 1024 * t,
-                            })
-                            .collect();
-                        let (f, d) = flag();
-                        a.submit_scatter(None, d, Some(3), &src, &dst).unwrap();
-                        match wait(&f) {
-                            Ok(_) => {}
-                            Err(TransferError::Protection {
-                                peer,
-                                check: rolex_engine::ProtectionCheck::UnknownKey,
-                                ..
-                            }) if victim_addrs.contains(&peer) => {
-                                failed.fetch_add(1, SeqCst);
-                            }
-                            Err(e) => panic!("scatter: {e:?}"),
-                        }
-                        done.fetch_add(1, SeqCst);
-                    }
-                })
-            })
-            .collect();
-        until("scatters to land", || done.load(SeqCst) >= 40);
-        peers[1].dereg_mr(&regions[1].0).unwrap();
-        let fresh: Vec<_> = (0..4).map(|_| region(&peers[1], 4096)).collect();
-        let seen = failed.load(SeqCst);
-        until("scatters to the stale descriptor to fail", || {
-            failed.load(SeqCst) >= seen + 20
-        });
-        stop.store(true, SeqCst);
-        for t in threads {
-            t.join().unwrap();
-        }
-        for (h, _) in &fresh {
-            assert_eq!(h.to_vec(0, 4096).unwrap(), vec![0; 4096]);
-        }
-        for (p, r) in peers
-            .iter()
-            .zip(&regions)
-            .filter(|(p, _)| !std::ptr::eq(*p, &peers[1]))
-        {
-            assert_eq!(r.0.to_vec(0, 4096).unwrap(), vec![0xab; 4096], "{p:?}");
-        }
+        destination_deregistered_under_concurrent_scatters(
+            || engine(2),
+            |e, victim| {
+                matches!(e, TransferError::Protection {
+                    peer,
+                    check: rolex_engine::ProtectionCheck::UnknownKey,
+                    ..
+                } if victim.contains(peer))
+            },
+        )
     });
 }
 
@@ -1924,6 +1934,70 @@ mod tcp {
         bounded(|| {
             super::talks_to_itself(&tcp_engine(1, false));
             super::talks_to_itself(&tcp_engine(2, true));
+        });
+    }
+
+    /// Known failure, kept as a reproduction (run with `--ignored`): one
+    /// late write to a key the target has deregistered (a freed KV block)
+    /// breaks the `tcp;ofi_rxm` connection between the two engines, so
+    /// writes in flight to the peer's regions that are still registered
+    /// fail too (cancelled, then "not connected" until it reconnects):
+    /// 160-190 of them in each of 3 rounds here, with four threads
+    /// writing. Loopback fails only the stale write.
+    #[test]
+    #[ignore = "libfabric tcp: a write to a deregistered key breaks the connection (notes/engteam.md)"]
+    fn one_write_to_a_deregistered_key_fails_no_other_write_to_that_peer() {
+        if !usable() {
+            return;
+        }
+        bounded(|| {
+            let a = Arc::new(tcp_engine(1, false));
+            let b = tcp_engine(1, false);
+            let (_stable, sd) = region(&b, 4096);
+            let (freed, fd) = region(&b, 4096);
+            let stop = Arc::new(AtomicBool::new(false));
+            let done = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let (a, sd, stop, done) = (a.clone(), sd.clone(), stop.clone(), done.clone());
+                    std::thread::spawn(move || {
+                        let (src, _) = region(&a, 512);
+                        let mut failed = Vec::new();
+                        while !stop.load(SeqCst) {
+                            let (f, d) = flag();
+                            a.submit_single_write(512, None, (&src, 0), (&sd, 512 * t), d)
+                                .unwrap();
+                            if let Err(e) = wait(&f) {
+                                failed.push(e);
+                            }
+                            done.fetch_add(1, SeqCst);
+                        }
+                        failed
+                    })
+                })
+                .collect();
+            until("writes to the stable region", || done.load(SeqCst) >= 200);
+            b.dereg_mr(&freed).unwrap();
+            let (src, _) = region(&a, 512);
+            let (f, d) = flag();
+            a.submit_single_write(512, None, (&src, 0), (&fd, 0), d)
+                .unwrap();
+            assert!(wait(&f).is_err(), "the stale write fails");
+            let seen = done.load(SeqCst);
+            until("more writes to the stable region", || {
+                done.load(SeqCst) >= seen + 400
+            });
+            stop.store(true, SeqCst);
+            let failed: Vec<TransferError> = threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect();
+            assert!(
+                failed.is_empty(),
+                "{} writes to a still-registered region failed, e.g. {}",
+                failed.len(),
+                failed[0]
+            );
         });
     }
 
