@@ -243,12 +243,19 @@ impl ValueSpace {
         };
         // `big >= class + MIN_BLOCK`: at least one block of the class, and
         // a rest of 0 or at least MIN_BLOCK (both multiples of 16).
-        let mut n = (big / class).min(Self::chunk_len(&g, class) / class).max(1);
+        let chunk = Self::chunk_len(&g, class);
+        let mut n = (big / class).min(chunk / class).max(1);
         let rest = big - n * class;
         if rest != 0 && rest < MIN_BLOCK {
             n -= 1;
         }
-        *g.chunks.entry(class).or_default() += 1;
+        // Only a chunk's worth grows the class's next chunk: a few blocks
+        // carved from a slightly larger free one (a client overwriting
+        // values of many lengths does so all the time) would otherwise
+        // double it each time, up to a MiB claimed for a few values.
+        if n * class >= chunk {
+            *g.chunks.entry(class).or_default() += 1;
+        }
         let ready = g.ready.entry(class).or_default();
         for i in 0..n {
             ready.push((offset + i * class, gen));
@@ -511,6 +518,46 @@ mod tests {
             (1 << 20) - 16 * class
         );
         assert!(rest.iter().any(|b| b.class >= 512 << 10), "{rest:?}");
+    }
+
+    #[test]
+    fn carving_a_few_blocks_from_small_free_ones_does_not_grow_the_next_chunk() {
+        // A client that overwrites values of many lengths holds freed
+        // blocks of every class and carves a few blocks of the class it
+        // misses out of a slightly larger one, again and again. Only a
+        // chunk's worth carved counts as a chunk: otherwise each carve
+        // doubled the class's next claim, up to a MiB claimed (and, by a
+        // killed client, lost until a resume) for a few small values.
+        let s = space();
+        let small = block_class(100).unwrap();
+        let larger = block_class(100 + 2 * MIN_BLOCK as usize).unwrap();
+        s.add_free((0..64).map(|i| FreeBlock {
+            offset: (1 << 20) + i * larger,
+            class: larger,
+            gen: 1,
+        }));
+        let mut carved = 0;
+        loop {
+            match s.take(100).unwrap() {
+                Ok(_) => carved += 1,
+                Err(_) if s.split(100, false) => {}
+                Err(need) => {
+                    assert!(carved >= 64, "every larger block carved: {carved}");
+                    assert_eq!(need.len, 16 * small, "still the first chunk's size");
+                    break;
+                }
+            }
+        }
+        // A carve of a chunk's worth counts as one.
+        s.add_free([FreeBlock {
+            offset: 8 << 20,
+            class: 1 << 20,
+            gen: 1,
+        }]);
+        assert!(s.split(100, true));
+        while let Some(Ok(_)) = s.take(100) {}
+        let need = s.take(100).unwrap().unwrap_err();
+        assert_eq!(need.len, 32 * small, "the second chunk's size");
     }
 
     const MAX_LEN_PLUS: usize = rolex_core::layout::MAX_VALUE_LEN + 1;
