@@ -1,0 +1,179 @@
+//! A memory node killed while a compute node's leaf write was landing,
+//! in-process on the loopback fabric with a file-backed pool: the leaf
+//! is left *torn* — the first part of the write applied, the rest not,
+//! as a software fabric that copies a write's bytes as they arrive (the
+//! `tcp` provider, a payload split over segments) leaves it when the
+//! process dies between two copies. The write was not acknowledged, but
+//! the leaf also holds keys whose writes were: the resume
+//! (`MemoryNode::resume`) must still serve every one of them.
+//!
+//! Ignored: a known gap, not fixed. The resume reports such a leaf as
+//! damaged (checksum mismatch) and leaves it: every key it held is
+//! unreadable (a get re-reads it 100,000 times, minutes, then fails with
+//! `TooManyRetries`), and the value region's free stack is not rebuilt.
+//! A leaf is written in place, sorted, with no copy of what it held, so
+//! a torn insert can overwrite a neighbour's slot with the shifted next
+//! one: no repair from the leaf's bytes alone can bring that key back.
+//! Run with `--ignored` to see it fail.
+
+mod common;
+
+use std::path::PathBuf;
+
+use rolex_core::layout::Superblock;
+use rolex_dpu::PoolMemory;
+use rolex_host::kv::{KvClient, KvClientConfig};
+use rolex_host::memnode::{HostPool, MemoryNode, MemoryNodeConfig};
+
+/// A scratch file removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("rolex-{}-{name}", std::process::id())))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn config(file: &Scratch) -> MemoryNodeConfig {
+    MemoryNodeConfig {
+        leaf_slots: 8,
+        fill: 0.5,
+        max_model_leaves: 32,
+        retraining_thread: false,
+        value_spare: Some(4 << 20),
+        pool_file: Some(file.0.clone()),
+        ..MemoryNodeConfig::default()
+    }
+}
+
+/// Version `ver` of `key`'s value: 8..=300 bytes naming both.
+fn value(key: u64, ver: u64) -> Vec<u8> {
+    let len = 8 + ((key.wrapping_mul(31) ^ ver.wrapping_mul(0x9e37)) % 293) as usize;
+    let mut v: Vec<u8> = (0..len as u64)
+        .map(|i| (key ^ ver.rotate_left(9) ^ i.wrapping_mul(131)) as u8)
+        .collect();
+    if len >= 16 {
+        v[..8].copy_from_slice(&key.to_le_bytes());
+        v[8..16].copy_from_slice(&ver.to_le_bytes());
+    }
+    v
+}
+
+/// The leaf region's bytes: (its pool offset, the bytes).
+fn leaf_region(mem: &HostPool) -> (u64, Vec<u8>) {
+    let mut sbb = [0u8; Superblock::SIZE as usize];
+    mem.read(0, &mut sbb).unwrap();
+    let sb = Superblock::read(&sbb).unwrap();
+    let (at, len) = (sb.leaf_region_offset(), sb.leaf_region_len());
+    let mut b = vec![0u8; len as usize];
+    mem.read(at, &mut b).unwrap();
+    (at, b)
+}
+
+/// Puts to keys whose leaves hold acknowledged values; each leaf write is
+/// torn at `cut` (a fraction of the bytes it changed) and the node
+/// resumed: returns (the keys whose acknowledged value was not served,
+/// described; leaves the resume found damaged).
+fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
+    let file = Scratch::new(name);
+    let pairs: Vec<(u64, u64)> = (1..=400u64).map(|i| (i * 100, 1)).collect();
+    let node = MemoryNode::start_with_values(config(&file), &pairs, &mut |k, ver, out| {
+        out.extend_from_slice(&value(k, ver))
+    })
+    .unwrap();
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    // Acknowledged: a new version of every loaded key, and fresh keys.
+    let mut acked: Vec<(u64, u64)> = pairs.iter().map(|&(k, _)| (k, 2)).collect();
+    acked.extend((1..400u64).step_by(3).map(|i| (i * 100 + 50, 2)));
+    for &(k, ver) in &acked {
+        s.put(k, &value(k, ver)).unwrap();
+    }
+    // The writes the death tears: one per leaf region of keys, far apart.
+    let mem = HostPool::new(node.pool_handle().clone());
+    let mut torn = Vec::new();
+    for i in (7..400u64).step_by(40) {
+        let key = i * 100;
+        let (at, before) = leaf_region(&mem);
+        s.put(key, &value(key, 3)).unwrap();
+        let (_, after) = leaf_region(&mem);
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&j| before[j] != after[j])
+            .collect();
+        let (first, last) = (changed[0], *changed.last().unwrap());
+        let keep = first + ((last + 1 - first) as f64 * cut) as usize;
+        mem.write(at + keep as u64, &before[keep..=last]).unwrap();
+        torn.push((key, first, last, keep));
+    }
+    eprintln!(
+        "injected: {} leaf writes torn after {:.0}% of the bytes they changed (first: {:?})",
+        torn.len(),
+        cut * 100.0,
+        torn[0]
+    );
+    drop(s);
+    drop(client);
+    drop(mem);
+    drop(node);
+
+    let (node, rec) = MemoryNode::resume(config(&file)).unwrap();
+    eprintln!(
+        "found: resume: {} leaves, {} keys, {} damaged (first: {:?}), untiled {:?}",
+        rec.leaves,
+        rec.keys,
+        rec.damaged_count,
+        rec.damaged.first(),
+        rec.untiled
+    );
+    if rec.damaged_count > 0 {
+        // A get of a key there would spin for minutes before it fails.
+        return (
+            vec![format!("{} leaves damaged", rec.damaged_count)],
+            rec.damaged_count,
+        );
+    }
+    let client = KvClient::connect(
+        KvClientConfig {
+            max_attempts: 2000,
+            ..KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .unwrap();
+    let mut s = client.session().unwrap();
+    let mut lost = Vec::new();
+    for &(k, ver) in &acked {
+        let torn_here = torn.iter().any(|t| t.0 == k);
+        match s.get_value(k) {
+            Ok(Some(v)) if v == value(k, ver) => {}
+            Ok(Some(v)) if torn_here && v == value(k, 3) => {}
+            other => lost.push(format!("key {k}: {:?}", other.map(|o| o.map(|v| v.len())))),
+        }
+    }
+    eprintln!(
+        "found: {} of {} acknowledged values served",
+        acked.len() - lost.len(),
+        acked.len()
+    );
+    (lost, rec.damaged_count)
+}
+
+#[test]
+#[ignore = "known gap: a leaf write torn by the memory node's death leaves the leaf damaged"]
+fn a_leaf_write_torn_by_the_death_loses_no_acknowledged_neighbour() {
+    for (name, cut) in [("torn-half.pool", 0.5), ("torn-most.pool", 0.9)] {
+        let (lost, damaged) = torn_leaf_writes_then_resume(name, cut);
+        assert!(
+            lost.is_empty(),
+            "{} acknowledged values lost ({damaged} leaves damaged): {:?}",
+            lost.len(),
+            &lost[..lost.len().min(10)]
+        );
+    }
+}
