@@ -1,9 +1,11 @@
+//! Value-region and leaf failures a memory node's death can leave.
+//!
 //! A memory node killed while a compute node's leaf write was landing,
 //! in-process on the loopback fabric with a file-backed pool: the leaf
 //! is left *torn* — the first part of the write applied, the rest not,
-//! as a software fabric that copies a write's bytes as they arrive (the
-//! `tcp` provider, a payload split over segments) leaves it when the
-//! process dies between two copies. The write was not acknowledged, but
+//! as a software fabric that copies a write's payload into the pool
+//! (`ofi_rxm` over `tcp`, in the memory node's own process) leaves it when
+//! `SIGKILL` stops that copy part-way. The write was not acknowledged, but
 //! the leaf also holds keys whose writes were: the resume
 //! (`MemoryNode::resume`) must still serve every one of them.
 //!
@@ -15,6 +17,11 @@
 //! a torn insert can overwrite a neighbour's slot with the shifted next
 //! one: no repair from the leaf's bytes alone can bring that key back.
 //! Run with `--ignored` to see it fail.
+//!
+//! And a chunk claim that runs past the end of the value region takes
+//! the bytes left there instead of leaving them to no one (a writer killed
+//! after such a claim, or any other client, then found the region full
+//! with up to a chunk unused: `tools/tests/crash_values.rs`).
 
 mod common;
 
@@ -175,5 +182,49 @@ fn a_leaf_write_torn_by_the_death_loses_no_acknowledged_neighbour() {
             lost.len(),
             &lost[..lost.len().min(10)]
         );
+    }
+}
+
+/// A chunk claim that runs past the end of the value region (its `FAA`
+/// moved `alloc` past the capacity) still leaves the bytes from where it
+/// started to the end to its client alone: they are taken, not left
+/// unused by everyone until a resume. Values of one length fill the
+/// region to within a block before a write fails with `ValueSpaceFull`.
+#[test]
+fn a_claim_past_the_end_of_the_value_region_takes_what_is_left() {
+    let pairs: Vec<(u64, u64)> = (0..2000u64).map(|i| (i * 10, i)).collect();
+    let node = MemoryNode::start(
+        MemoryNodeConfig {
+            value_spare: Some(3 << 19),
+            ..MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    let len = 1000;
+    let class = rolex_core::layout::block_class(len).unwrap();
+    let mut written = 0u64;
+    let capacity = loop {
+        let (k, _) = pairs[written as usize];
+        match s.put(k, &value(k, 5)[..8].repeat(len / 8 + 1)[..len]) {
+            Ok(_) => written += 1,
+            Err(rolex_host::kv::KvError::ValueSpaceFull { capacity, .. }) => break capacity,
+            Err(e) => panic!("put {written}: {e}"),
+        }
+    };
+    eprintln!(
+        "found: {written} values of {len} B ({class} B blocks, {} B) before ValueSpaceFull, \
+         in a block area of {capacity} B",
+        written * class
+    );
+    assert!(
+        written * class + class > capacity,
+        "{} B of {capacity} B left unused",
+        capacity - written * class
+    );
+    for &(k, _) in &pairs[..written as usize] {
+        assert_eq!(s.get_value(k).unwrap().map(|v| v.len()), Some(len));
     }
 }

@@ -1795,12 +1795,22 @@ impl KvSession {
             }],
             "claiming value space",
         )?[0];
-        let offset = region
-            .claim(fetched, len)
-            .map_err(|_| KvError::ValueSpaceFull {
-                needed: len,
-                capacity: region.capacity(),
-            })?;
+        let (offset, len) = match region.claim(fetched, len) {
+            Ok(offset) => (offset, len),
+            // Past the end: the bytes from `fetched` to the end are still
+            // this client's alone (every later `FAA` fetched past them),
+            // so they are taken rather than left to no one until a
+            // resume gives them back.
+            Err(_) if fetched < region.capacity() => {
+                (region.area_offset(fetched), region.capacity() - fetched)
+            }
+            Err(_) => {
+                return Err(KvError::ValueSpaceFull {
+                    needed: len,
+                    capacity: region.capacity(),
+                })
+            }
+        };
         self.shared.values.add_chunk(offset, len, value_len);
         Ok(())
     }
