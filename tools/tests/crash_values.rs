@@ -777,6 +777,51 @@ fn spawn_writer(addr: &str, id: u64, depth: usize) -> (Guard, Lines) {
     (Guard(child), out)
 }
 
+/// Starts writer process `id` with `depth` operations in flight, kills
+/// it (`SIGKILL`) once it acknowledged `before_kill`, and adds its
+/// journal to `model`.
+fn kill_a_writer(
+    node: &Node,
+    f: &Files,
+    model: &mut Model,
+    id: u64,
+    before_kill: usize,
+    depth: usize,
+) {
+    let (mut child, out) = spawn_writer(&node.addr, id, depth);
+    let acked = || out.count("A ");
+    let reached = wait_for(LIMIT, || (acked() >= before_kill).then_some(()));
+    assert!(
+        reached.is_some(),
+        "writer {id}: only {} acknowledged: {}",
+        acked(),
+        out.text()
+    );
+    child.0.kill().expect("SIGKILL the writer");
+    let _ = child.0.wait();
+    // Its pipe drained (a line may end half-written: not parsed).
+    std::thread::sleep(Duration::from_millis(100));
+    let lines = out.all();
+    let answered = |l: &&String| l.starts_with("A ") || l.starts_with("F ");
+    let pending = lines.iter().filter(|l| l.starts_with("T ")).count() as isize
+        - lines.iter().filter(answered).count() as isize;
+    eprintln!(
+        "injected: writer {id} ({depth} in flight) killed after {} acknowledged operations, \
+         {pending} in flight; value region (capacity, alloc) {:?}",
+        acked(),
+        value_region(&f.pool)
+    );
+    for e in lines.iter().filter_map(|l| Ev::parse(l)) {
+        model.apply(e);
+    }
+    model.settle();
+    assert!(
+        !lines.iter().any(|l| l.starts_with("F ")),
+        "a writer failed with the node up: {:?}",
+        lines.iter().find(|l| l.starts_with("F "))
+    );
+}
+
 /// Writer processes killed, one after another: acknowledged operations
 /// before each kill, operations in flight.
 const CHILD_ROUNDS: [(usize, usize); 5] = [(400, 1), (650, 8), (333, 1), (900, 8), (517, 8)];
@@ -794,39 +839,13 @@ fn compute_processes_killed_with_values_in_flight_lose_nothing() {
     let mut node = Node::fresh(&f, "2");
     let mut model = Model::default();
     for (round, &(before_kill, depth)) in CHILD_ROUNDS.iter().enumerate() {
-        let (mut child, out) = spawn_writer(&node.addr, 100 + round as u64, depth);
-        let acked = || out.count("A ");
-        let reached = wait_for(LIMIT, || (acked() >= before_kill).then_some(()));
-        assert!(
-            reached.is_some(),
-            "writer {round}: only {} acknowledged: {}",
-            acked(),
-            out.text()
-        );
-        child.0.kill().expect("SIGKILL the writer");
-        let _ = child.0.wait();
-        // Its pipe drained (a line may end half-written: not parsed).
-        std::thread::sleep(Duration::from_millis(100));
-        let lines = out.all();
-        let pending = lines.iter().filter(|l| l.starts_with("T ")).count() as isize
-            - lines
-                .iter()
-                .filter(|l| l.starts_with("A ") || l.starts_with("F "))
-                .count() as isize;
-        eprintln!(
-            "injected: writer {round} ({depth} in flight) killed after {} acknowledged \
-             operations, {pending} in flight; value region (capacity, alloc) {:?}",
-            acked(),
-            value_region(&f.pool)
-        );
-        for e in lines.iter().filter_map(|l| Ev::parse(l)) {
-            model.apply(e);
-        }
-        model.settle();
-        assert!(
-            !lines.iter().any(|l| l.starts_with("F ")),
-            "a writer failed with the node up: {:?}",
-            lines.iter().find(|l| l.starts_with("F "))
+        kill_a_writer(
+            &node,
+            &f,
+            &mut model,
+            100 + round as u64,
+            before_kill,
+            depth,
         );
     }
     // Once the leases ended, no chain is locked; every value is there.
@@ -847,6 +866,13 @@ fn compute_processes_killed_with_values_in_flight_lose_nothing() {
     eprintln!("found: {report}");
     let (client, _lease) = connect(&node.addr);
     assert_all_there(&model, &client, "after the resume");
+    // Writers killed on the resumed node: what they held was popped from
+    // the free stack the resume rebuilt, and carved.
+    kill_a_writer(&node, &f, &mut model, 200, 700, 8);
+    kill_a_writer(&node, &f, &mut model, 201, 450, 1);
+    let clear = wait_for(LIMIT, || locks(&f).is_empty().then_some(()));
+    assert!(clear.is_some(), "chains locked: {}", locks(&f));
+    assert_all_there(&model, &client, "after two more writers were killed");
     for e in write_more(&node.addr, 1 << 13, 3, 6000) {
         model.apply(e);
     }
