@@ -13,6 +13,11 @@
 //!   also while it resumes; each resume must serve every acknowledged
 //!   value byte for byte, and the writes that follow — on the space the
 //!   resume gave back — must never hand one block to two keys;
+//! - [`a_memory_node_stopped_past_the_leases_loses_nothing_acknowledged`]:
+//!   the memory node stopped (`SIGSTOP`) for twice the lease, operations
+//!   in flight, then continued: its lease server ends the writers'
+//!   leases and releases their locks; a write that failed saying it did
+//!   not apply must not have, every acknowledged one must be there;
 //! - [`compute_processes_killed_with_values_in_flight_lose_nothing`]:
 //!   compute processes (this binary run again as a child), one after
 //!   another, the memory node still running; then a verifying compute
@@ -732,6 +737,86 @@ fn a_memory_node_killed_again_and_again_loses_no_acknowledged_value() {
     drop(client);
     let held = locks(&f);
     assert!(held.is_empty(), "chains locked at the end: {held}");
+}
+
+// ---- the memory node stopped ----
+
+/// `signal` to the memory node's process.
+fn signal(node: &Node, signal: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    let r = unsafe { libc::kill(node.guard.0.id() as libc::pid_t, signal) };
+    assert_eq!(r, 0, "signal {signal} to the memory node");
+}
+
+#[test]
+fn a_memory_node_stopped_past_the_leases_loses_nothing_acknowledged() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    if let Err(e) = probe("tcp", Some("127.0.0.1")) {
+        eprintln!("skipped: libfabric tcp not usable here: {e}");
+        return;
+    }
+    let f = Files::new("crash-stop");
+    let node = Node::fresh(&f, "2");
+    let mut model = Model::default();
+    let journals: Vec<Shared> = (0..2).map(|_| Shared::default()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [(0u64, 1usize), (1, 8)]
+        .into_iter()
+        .map(|(lane, depth)| {
+            let (client, lease) = connect(&node.addr);
+            let mut j = journals[lane as usize].clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let end = write_loop(
+                    &client,
+                    300 + lane,
+                    (lane, 2),
+                    depth,
+                    usize::MAX,
+                    &stop,
+                    &mut j,
+                );
+                drop((client, lease));
+                end
+            })
+        })
+        .collect();
+    let acked = || journals.iter().map(Shared::acked).sum::<usize>();
+    let reached = wait_for(LIMIT, || (acked() >= 600).then_some(()));
+    assert!(reached.is_some(), "only {} acknowledged", acked());
+    // Stopped past the leases (2 s) and the grace before the node ends
+    // them, operations in flight; then continued.
+    signal(&node, libc::SIGSTOP);
+    let at_stop = acked();
+    std::thread::sleep(Duration::from_secs(4));
+    signal(&node, libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let ends: Vec<Option<String>> = writers
+        .into_iter()
+        .map(|w| w.join().expect("a writer panicked"))
+        .collect();
+    eprintln!(
+        "injected: SIGSTOP of the memory node for 4 s after {at_stop} acknowledged operations; \
+         {} acknowledged in all; the writers ended with {ends:?}",
+        acked()
+    );
+    for j in &journals {
+        j.take().into_iter().for_each(|e| model.apply(e));
+    }
+    model.settle();
+    // The stopped writers' locks released once their leases ended; what
+    // failed saying it did not apply did not.
+    let clear = wait_for(LIMIT, || locks(&f).is_empty().then_some(()));
+    assert!(clear.is_some(), "chains locked: {}", locks(&f));
+    let (client, _lease) = connect(&node.addr);
+    assert_all_there(&model, &client, "after the stop");
+    for e in write_more(&node.addr, 1 << 14, 2, 3000) {
+        model.apply(e);
+    }
+    assert_all_there(&model, &client, "after 3000 more writes");
 }
 
 // ---- compute processes killed ----
