@@ -494,6 +494,16 @@ fn resume_killed(f: &Files, when: KilledResume) -> String {
     err.follow(child.0.stderr.take().expect("stderr"), None);
     match when {
         KilledResume::After(ms) => std::thread::sleep(Duration::from_millis(ms)),
+        KilledResume::InReclaim => {
+            let word = free_word_reader(&f.pool);
+            let before = word();
+            let seen = wait_for_fast(LIMIT, || (word() != before).then_some(()));
+            assert!(
+                seen.is_some(),
+                "the free stack never changed: {}",
+                err.text()
+            );
+        }
         KilledResume::AtReport => {
             let seen = wait_for(LIMIT, || (err.count("resumed pool file") > 0).then_some(()));
             assert!(seen.is_some(), "no recovery report: {}", err.text());
@@ -509,13 +519,50 @@ fn resume_killed(f: &Files, when: KilledResume) -> String {
 /// word: bytes handed out, past the capacity after a claim that did not
 /// fit).
 fn value_region(path: &std::path::Path) -> (u64, u64) {
+    let (capacity, alloc, _) = value_region_free(path);
+    (capacity, alloc)
+}
+
+/// A reader of the value region's free-stack head word in the pool file
+/// at `path`, 8 bytes a read (the file is shared with a running node).
+fn free_word_reader(path: &std::path::Path) -> impl Fn() -> u64 {
+    use std::os::unix::fs::FileExt;
+    let bytes = std::fs::read(path).expect("read the pool file");
+    let area = AgentArea::read(&bytes).expect("an agent area");
+    let at = area.pool_offset().expect("a pool offset");
+    let sb = Superblock::read(&bytes[at as usize..]).expect("a superblock");
+    let word_at = at + sb.value_region_offset() + ValueRegionHeader::FREE_OFFSET;
+    let file = std::fs::File::open(path).expect("open the pool file");
+    move || {
+        let mut w = [0u8; 8];
+        file.read_exact_at(&mut w, word_at)
+            .expect("read the free word");
+        u64::from_le_bytes(w)
+    }
+}
+
+/// `f()` once it is `Some`, trying without pause (yielding) for at most
+/// `limit`: to act within microseconds of a change in a file.
+fn wait_for_fast<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+/// [`value_region`] and its free stack's head word.
+fn value_region_free(path: &std::path::Path) -> (u64, u64, u64) {
     let bytes = std::fs::read(path).expect("read the pool file");
     let area = AgentArea::read(&bytes).expect("an agent area");
     let at = area.pool_offset().expect("a pool offset") as usize;
     let sb = Superblock::read(&bytes[at..]).expect("a superblock");
     let v = at + sb.value_region_offset() as usize;
     let h = ValueRegionHeader::read(&bytes[v..]).expect("a value region");
-    (h.capacity(), h.alloc())
+    (h.capacity(), h.alloc(), h.free())
 }
 
 /// A compute node in this process: client and lease.
@@ -628,16 +675,31 @@ enum KilledResume {
     After(u64),
     /// As soon as its recovery report is out: recovered, about to serve.
     AtReport,
+    /// As soon as the value region's free-stack head changes in the file
+    /// (step 6, the reclaim of value space, has begun: it empties the
+    /// stack first, writes the bundles, sets the head last).
+    InReclaim,
 }
 
 /// Rounds of the memory-node test: acknowledged operations before each
-/// kill, and the resume killed before the one that serves, if any.
-const NODE_ROUNDS: [(usize, Option<KilledResume>); 5] = [
-    (700, None),
-    (450, Some(KilledResume::After(0))),
-    (900, Some(KilledResume::After(300))),
-    (300, Some(KilledResume::AtReport)),
-    (600, Some(KilledResume::After(330))),
+/// kill, and the resumes killed, one after another, before the one that
+/// serves (a resume takes about 0.35 s here: the later delays land in
+/// its recovery steps).
+const NODE_ROUNDS: [(usize, &[KilledResume]); 5] = [
+    (700, &[]),
+    (450, &[KilledResume::After(0)]),
+    (900, &[KilledResume::After(300)]),
+    (300, &[KilledResume::InReclaim, KilledResume::AtReport]),
+    (
+        600,
+        &[
+            KilledResume::After(270),
+            KilledResume::After(300),
+            KilledResume::After(330),
+            KilledResume::After(360),
+            KilledResume::InReclaim,
+        ],
+    ),
 ];
 
 #[test]
@@ -714,9 +776,14 @@ fn a_memory_node_killed_again_and_again_loses_no_acknowledged_value() {
             j.take().into_iter().for_each(|e| model.apply(e));
         }
         model.settle();
-        if let Some(when) = killed_resume {
+        for &when in killed_resume {
+            let before = value_region_free(&f.pool).2;
             let said = resume_killed(&f, when);
-            eprintln!("injected: a resume killed ({when:?}); it said: {said}");
+            let after = value_region_free(&f.pool).2;
+            eprintln!(
+                "injected: a resume killed ({when:?}); it said: {said}; free stack head \
+                 {before:#x} before, {after:#x} after"
+            );
         }
         let (resumed, report) = Node::resumed(&f);
         node = resumed;
