@@ -6,13 +6,16 @@
 //! out of line) on fresh keys, one operation at a time or 8 in flight
 //! (`run_many_values`), journalling each operation as tried, acknowledged
 //! or failed (and whether it may have applied). Then something is killed
-//! with `SIGKILL`:
+//! with `SIGKILL` (or stopped):
 //!
 //! - [`a_memory_node_killed_again_and_again_loses_no_acknowledged_value`]:
-//!   the memory node, in several rounds at different moments, once
-//!   also while it resumes; each resume must serve every acknowledged
-//!   value byte for byte, and the writes that follow — on the space the
-//!   resume gave back — must never hand one block to two keys;
+//!   the memory node, in several rounds at different moments (some
+//!   mid-retraining), and resumes too — at their start, inside their
+//!   recovery, inside its value reclaim (step 6: the free-stack head
+//!   watched in the file), once recovered; each resume must serve every
+//!   acknowledged value byte for byte, and the writes that follow — on
+//!   the space the resume gave back — must never hand one block to two
+//!   keys;
 //! - [`a_memory_node_stopped_past_the_leases_loses_nothing_acknowledged`]:
 //!   the memory node stopped (`SIGSTOP`) for twice the lease, operations
 //!   in flight, then continued: its lease server ends the writers'
@@ -23,7 +26,8 @@
 //!   another, the memory node still running; then a verifying compute
 //!   node finds every acknowledged value, no chain locked once the
 //!   leases ended, and writes far more values without one block serving
-//!   two keys; and again after the memory node is killed and resumed.
+//!   two keys; and again after the memory node is killed and resumed,
+//!   and after two more writers are killed on the resumed node.
 //!
 //! A key's value after the kills must be one of its *candidates*: the
 //! last acknowledged one, or one written after it whose outcome is not
