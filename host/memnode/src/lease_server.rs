@@ -1,7 +1,11 @@
 //! The memory node's side of leases (the protocol, its timing and the
 //! compute node's side are `rolex_kv::lease`): one parked thread per
 //! connected compute node, blocked in a read of its renewals, bounded by
-//! the time left on its lease. A lease ends `duration` after the last
+//! the time left on its lease. A request must arrive whole within
+//! [`LeaseConfig::handshake_timeout`] (one bound for all its bytes), and
+//! at most [`MAX_HANDSHAKES`] requests are read at once (one more is
+//! refused at once): connections that send nothing, or a byte at a time,
+//! hold no thread for longer, nor more threads than that. A lease ends `duration` after the last
 //! renewal received (or when its connection closes); then the holder's
 //! locks are released twice, after [`LeaseConfig::grace`] and again after
 //! [`LeaseConfig::linger`]. Ids are handed out round-robin over the whole
@@ -39,7 +43,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,6 +52,9 @@ use rolex_core::entry::LockOwner;
 use rolex_core::wire::{MrDesc, Wire};
 use rolex_kv::lease::wire;
 use rolex_kv::lease::{io_err, LeaseError};
+
+/// Lease requests read at once; one more is refused at once.
+pub const MAX_HANDSHAKES: usize = 64;
 
 /// Options of a [`LeaseServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,6 +138,8 @@ struct ServerShared {
     released: AtomicU64,
     expired: AtomicU64,
     timed_out: AtomicU64,
+    /// Requests being read now (at most [`MAX_HANDSHAKES`]).
+    handshakes: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -158,6 +167,7 @@ impl ServerShared {
             released: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            handshakes: AtomicUsize::new(0),
         }
     }
 
@@ -301,7 +311,7 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
-        let stream = match conn {
+        let mut stream = match conn {
             Ok(s) => s,
             Err(_) => {
                 // Out of descriptors or an aborted connection: do not spin.
@@ -309,14 +319,40 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
                 continue;
             }
         };
+        if s.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
+            s.handshakes.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+            refuse(&mut stream, "too many lease requests at once: try again");
+            continue;
+        }
         let s2 = s.clone();
         // One parked thread per lease: compute nodes are few.
         let spawned = std::thread::Builder::new()
             .name("rolex-lease-conn".into())
             .spawn(move || serve_one(&s2, stream));
         if let Err(e) = spawned {
+            s.handshakes.fetch_sub(1, Ordering::SeqCst);
             eprintln!("lease: cannot start a connection thread: {e}");
         }
+    }
+}
+
+/// A socket whose reads share one deadline: each read may block only
+/// for what is left of it, so a request has one bound however the peer
+/// spaces its bytes.
+struct Deadline<'a> {
+    s: &'a TcpStream,
+    at: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&mut &*self.s).read(buf)
     }
 }
 
@@ -325,9 +361,14 @@ fn refuse(stream: &mut TcpStream, why: &str) {
 }
 
 fn serve_one(s: &ServerShared, mut stream: TcpStream) {
-    let _ = stream.set_read_timeout(Some(s.cfg.handshake_timeout));
     let _ = stream.set_write_timeout(Some(s.cfg.handshake_timeout));
-    let token = match wire::read_request(&mut stream) {
+    let read = wire::read_request(&mut Deadline {
+        s: &stream,
+        at: Instant::now() + s.cfg.handshake_timeout,
+    });
+    // The request is read (or given up on): the next one may be.
+    s.handshakes.fetch_sub(1, Ordering::SeqCst);
+    let token = match read {
         Ok(token) => token,
         Err(why) => {
             refuse(&mut stream, why);
@@ -563,6 +604,68 @@ mod tests {
         let _ = s.read_to_end(&mut reply);
         assert_eq!(reply.first(), Some(&1), "a stranger gets a refusal");
         assert_eq!(srv.active(), 0);
+    }
+
+    /// Regression: every connection got a thread whose reads each waited
+    /// up to the handshake bound, so connections sending a byte at a time
+    /// held a thread each for as long as they liked, as many as they were.
+    #[test]
+    fn a_trickling_request_is_cut_off_at_the_handshake_bound() {
+        let cfg = LeaseConfig {
+            handshake_timeout: Duration::from_millis(300),
+            ..quick("t")
+        };
+        let srv = LeaseServer::start("127.0.0.1:0", cfg, Arc::new(|_: LockOwner| Ok(0))).unwrap();
+        let mut s = TcpStream::connect(srv.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        // 100 ms a byte: 1.1 s for the whole request; the server gives up
+        // within its 300 ms, refusing it.
+        let mut reply = Vec::new();
+        for &b in &wire::request(b"t") {
+            if s.write_all(&[b]).is_err() {
+                break;
+            }
+            let mut got = [0u8; 64];
+            match s.read(&mut got) {
+                Ok(0) => break,
+                Ok(n) => reply.extend_from_slice(&got[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+            std::thread::sleep(Duration::from_millis(90));
+        }
+        assert_eq!(reply.first(), Some(&1), "refused: {reply:?}");
+        assert_eq!(srv.active(), 0);
+    }
+
+    #[test]
+    fn requests_beyond_the_bound_are_refused_and_the_server_recovers() {
+        let srv =
+            LeaseServer::start("127.0.0.1:0", quick("t"), Arc::new(|_: LockOwner| Ok(0))).unwrap();
+        let at = srv.local_addr().to_string();
+        let silent: Vec<TcpStream> = (0..MAX_HANDSHAKES)
+            .map(|_| TcpStream::connect(&at).unwrap())
+            .collect();
+        // Every silent one is being read (a hang guard, not a timing bound).
+        for _ in 0..500 {
+            if srv.shared.handshakes.load(Ordering::SeqCst) == MAX_HANDSHAKES {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        match LeaseClient::acquire(&at, "t", Duration::from_secs(5)) {
+            Err(LeaseError::Refused(why)) => assert!(why.contains("too many"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        drop(silent);
+        let got = (0..100).find_map(|_| {
+            let c = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).ok();
+            if c.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            c
+        });
+        assert!(got.is_some(), "no lease once the silent connections left");
     }
 
     #[test]

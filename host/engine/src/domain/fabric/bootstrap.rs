@@ -8,6 +8,10 @@
 //! gives an error within [`Bootstrap::timeout`], never a hang; a wrong
 //! token or layout version is refused with a message saying which; every
 //! length read from the peer is bounded before anything is allocated.
+//! The server answers each client on a thread of its own (at most
+//! [`MAX_CLIENTS`] at once) and gives a whole exchange one
+//! [`Bootstrap::timeout`], not each read: a client that sends nothing, or
+//! a byte at a time, neither delays the others nor holds a thread longer.
 //!
 //! Ends that could never talk are refused here, at once, rather than
 //! left to time out on their first operation: over a `*;ofi_rxm`
@@ -38,10 +42,10 @@
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rolex_core::wire::{MrDesc, NetAddr, Wire};
 
@@ -52,6 +56,8 @@ const MAX_TOKEN: usize = 1024;
 const MAX_DESCS: usize = 1024;
 const MAX_DESC_LEN: usize = 4096;
 const MAX_META: usize = 64 << 10;
+/// Clients a server answers at once; one more is refused at once.
+pub const MAX_CLIENTS: usize = 64;
 
 /// What a server offers its clients.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -458,20 +464,20 @@ impl BootstrapServer {
         let local = l.local_addr().map_err(fail)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let reply = encode_offer(&offer, &meta)?;
+        let reply: Arc<[u8]> = encode_offer(&offer, &meta)?.into();
+        let cfg = Arc::new(cfg);
+        let layout = offer.layout_version;
+        let busy = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("rolex-bootstrap".into())
             .spawn(move || {
                 while !stop2.load(SeqCst) {
                     match l.accept() {
-                        // One short exchange per client, bounded by the
-                        // timeouts: a slow client cannot stall the server
-                        // for longer than that.
                         Ok((s, _)) => {
                             if stop2.load(SeqCst) {
                                 break;
                             }
-                            let _ = serve(s, &cfg, offer.layout_version, &reply);
+                            answer(s, &cfg, layout, &reply, &busy);
                         }
                         // Nothing pending: block until a client knocks
                         // (dropping the server knocks too).
@@ -549,6 +555,55 @@ pub fn encode_offer(offer: &Offer, meta: &[u8]) -> Result<Vec<u8>, BootstrapErro
     Ok(r)
 }
 
+/// Answers the client on `s` from a thread of its own, or refuses it at
+/// once if [`MAX_CLIENTS`] are being answered (`busy`) or no thread can
+/// be started.
+fn answer(
+    mut s: TcpStream,
+    cfg: &Arc<Bootstrap>,
+    layout: u32,
+    reply: &Arc<[u8]>,
+    busy: &Arc<AtomicUsize>,
+) {
+    const BUSY: &str = "too many bootstrap clients at once: try again";
+    if busy.fetch_add(1, SeqCst) >= MAX_CLIENTS {
+        busy.fetch_sub(1, SeqCst);
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+        let _ = refuse(&mut s, BUSY);
+        return;
+    }
+    let (cfg, reply, done) = (cfg.clone(), reply.clone(), busy.clone());
+    let spawned = std::thread::Builder::new()
+        .name("rolex-bootstrap-client".into())
+        .spawn(move || {
+            let _ = serve(s, &cfg, layout, &reply);
+            done.fetch_sub(1, SeqCst);
+        });
+    if spawned.is_err() {
+        busy.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A socket whose reads share one deadline: each read may block only
+/// for what is left of it, so the whole message has one bound however
+/// the peer spaces its bytes.
+struct Deadline<'a> {
+    s: &'a TcpStream,
+    at: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&mut &*self.s).read(buf)
+    }
+}
+
 fn serve(
     mut s: TcpStream,
     cfg: &Bootstrap,
@@ -556,11 +611,13 @@ fn serve(
     reply: &[u8],
 ) -> Result<(), BootstrapError> {
     s.set_nonblocking(false).map_err(io("accepting"))?;
-    s.set_read_timeout(Some(cfg.timeout))
-        .map_err(io("setting timeouts"))?;
     s.set_write_timeout(Some(cfg.timeout))
         .map_err(io("setting timeouts"))?;
-    let req = match read_request(&mut s) {
+    let mut within = Deadline {
+        s: &s,
+        at: Instant::now() + cfg.timeout,
+    };
+    let req = match read_request(&mut within) {
         Ok(req) => req,
         Err(BootstrapError::Malformed { what }) => return refuse(&mut s, what),
         Err(e) => return Err(e),
@@ -765,6 +822,96 @@ mod tests {
                 reason: "no".into()
             })
         );
+    }
+
+    /// Regression: the server answered clients one after the other, each
+    /// read bounded by the timeout, so a few connections that sent nothing
+    /// made every client behind them time out (`rolex bench --memnode`
+    /// failed while three silent connections were open).
+    #[test]
+    fn silent_clients_do_not_delay_the_others() {
+        let srv = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let silent: Vec<TcpStream> = (0..3)
+            .map(|_| TcpStream::connect(srv.local_addr()).unwrap())
+            .collect();
+        // Half the server's bound: served only if nobody waits behind them.
+        let mut b = Bootstrap::new("t");
+        b.timeout = Duration::from_millis(2500);
+        assert_eq!(b.fetch(&srv.local_addr().to_string(), 3).unwrap(), offer());
+        drop(silent);
+    }
+
+    /// Regression: each read had its own bound, so a client sending a
+    /// byte at a time held the server for as long as it liked.
+    #[test]
+    fn a_trickling_client_is_cut_off_at_the_exchange_bound() {
+        let mut cfg = Bootstrap::new("t");
+        cfg.timeout = Duration::from_millis(300);
+        let srv = BootstrapServer::start("127.0.0.1:0", cfg, offer()).unwrap();
+        let mut s = TcpStream::connect(srv.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let req = Request {
+            token: b"t".to_vec(),
+            layout_version: 3,
+            rxm_buffer: 0,
+        }
+        .encode()
+        .unwrap();
+        // 100 ms a byte: the whole request would take 1.9 s; the server
+        // gives up on it within its 300 ms and closes the connection.
+        let mut closed = false;
+        for &b in &req {
+            if s.write_all(&[b]).is_err() {
+                closed = true;
+                break;
+            }
+            let mut got = [0u8; 1];
+            match s.read(&mut got) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(_) => panic!("the server answered a trickled request"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(90));
+        }
+        assert!(closed, "the server waited out a request trickled for 1.9 s");
+    }
+
+    #[test]
+    fn clients_beyond_the_bound_are_refused_with_a_reason() {
+        let srv = BootstrapServer::start("127.0.0.1:0", Bootstrap::new("t"), offer()).unwrap();
+        let silent: Vec<TcpStream> = (0..MAX_CLIENTS)
+            .map(|_| TcpStream::connect(srv.local_addr()).unwrap())
+            .collect();
+        let mut b = Bootstrap::new("t");
+        b.timeout = Duration::from_millis(2500);
+        match b.fetch(&srv.local_addr().to_string(), 3) {
+            Err(BootstrapError::Refused { reason }) => {
+                assert!(reason.contains("too many"), "{reason}")
+            }
+            // The refusal may be cut by the reset of the unread request.
+            Err(BootstrapError::Io { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        drop(silent);
+        // Once they are gone, clients are answered again.
+        // (Their threads see the close at once; a hang guard, not a timing
+        // bound.)
+        let ok = (0..100).find_map(|_| {
+            let got = b.fetch(&srv.local_addr().to_string(), 3).ok();
+            if got.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            got
+        });
+        assert_eq!(ok, Some(offer()));
     }
 
     #[test]
