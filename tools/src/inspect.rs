@@ -201,10 +201,14 @@ fn model_record(
             found: pool.len() as u64,
         },
     ))?;
+    // Checked as a compute node checks it: a record read from a wrong
+    // offset has fields (its leaf count, its tables' offsets) that would
+    // have `--models` walk 2^48 LT entries.
     let rec = pool
         .get(word as usize..)
         .ok_or(InspectError::Elf("directory word outside the pool"))
-        .and_then(|b| ModelRecord::read(b).map_err(InspectError::Layout));
+        .and_then(|b| ModelRecord::read(b).map_err(InspectError::Layout))
+        .and_then(|r| r.check(word, sb).map(|()| r).map_err(InspectError::Layout));
     Ok((word, rec))
 }
 
@@ -262,7 +266,8 @@ fn lock_summary(by: &BTreeMap<LockOwner, u64>) -> String {
 }
 
 fn read_u64(b: &[u8], at: u64) -> Option<u64> {
-    let s = b.get(at as usize..at as usize + 8)?;
+    let at = usize::try_from(at).ok()?;
+    let s = b.get(at..at.checked_add(8)?)?;
     Some(u64::from_le_bytes(s.try_into().ok()?))
 }
 
