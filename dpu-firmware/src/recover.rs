@@ -135,7 +135,8 @@ pub struct Recovery {
     /// Directory slots of a cut that had not committed, cleared.
     pub cut_dropped: u64,
     /// Whether the topology was published again (a cut had committed and
-    /// not been published).
+    /// not been published, or the superblock's `upper_len` did not match
+    /// the blob its `upper_offset` names).
     pub republished: bool,
     /// The value region's free space, rebuilt (step 6).
     pub values: ValueReclaim,
@@ -967,9 +968,12 @@ impl<M: PoolMemory> Agent<M> {
             .copied()
             .zip(published.ids.iter().copied())
             .collect();
-        let republished = entries != listed;
+        // A cut committed and not published when the agent died; or a
+        // length word that is not the blob's (the agent read the blob by
+        // its own count, compute nodes read `upper_len` bytes: every one
+        // of them would fail to decode it, forever).
+        let republished = entries != listed || sb.upper_len() != upper.1;
         if republished {
-            // A cut committed and not published when the agent died.
             agent.republish_topology(entries)?;
         }
         let report = Recovery {
@@ -1604,6 +1608,41 @@ mod tests {
             r.new_record < rec.next_free,
             "reused after the grace: {r:?}"
         );
+    }
+
+    /// Regression: the agent reads the topology blob by its own count, a
+    /// compute node by the superblock's `upper_len`; a pool whose
+    /// `upper_len` was damaged resumed and served, and every compute node
+    /// then failed to connect ("the topology blob does not decode").
+    #[test]
+    fn a_length_word_that_is_not_the_blobs_is_published_again() {
+        for more in [None, Some(8), Some(16)] {
+            let (mem, next_free) = load(40);
+            let (at, len) = (
+                mem.load(Superblock::UPPER_OFFSET_OFFSET).unwrap(),
+                mem.load(Superblock::UPPER_LEN_OFFSET).unwrap(),
+            );
+            let bad = more.map_or(0, |m| len + m);
+            mem.store(Superblock::UPPER_LEN_OFFSET, bad).unwrap();
+            let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+            assert!(rec.republished, "upper_len {bad}");
+            // What a compute node reads: both words, then that many bytes.
+            let (at2, len2) = (
+                mem.load(Superblock::UPPER_OFFSET_OFFSET).unwrap(),
+                mem.load(Superblock::UPPER_LEN_OFFSET).unwrap(),
+            );
+            assert_eq!(len2, len, "upper_len {bad}: the blob's length again");
+            let mut blob = vec![0u8; len2 as usize];
+            mem.read(at2, &mut blob).unwrap();
+            let mut head = [0u8; Superblock::SIZE as usize];
+            mem.read(0, &mut head).unwrap();
+            let sb = Superblock::read(&head).unwrap();
+            let t = topology::decode(&blob, sb.directory_capacity()).unwrap();
+            let mut old = vec![0u8; len as usize];
+            mem.read(at, &mut old).unwrap();
+            let was = topology::decode(&old, sb.directory_capacity()).unwrap();
+            assert_eq!((t.first_keys, t.ids), (was.first_keys, was.ids));
+        }
     }
 
     #[test]
