@@ -101,9 +101,13 @@ impl DataSetDesc {
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut m = std::collections::HashMap::new();
         for w in s.split_whitespace() {
-            let (k, v) = w
-                .split_once('=')
-                .ok_or_else(|| format!("data-set description word {w:?} is not key=value"))?;
+            let (k, v) = w.split_once('=').ok_or_else(|| {
+                // The start of it is enough to find it (a stray word
+                // may be a whole file's worth of bytes).
+                let start: String = w.chars().take(64).collect();
+                let more = if start.len() < w.len() { "…" } else { "" };
+                format!("data-set description word {start:?}{more} is not key=value")
+            })?;
             m.insert(k, v);
         }
         let get = |k: &str| {

@@ -615,9 +615,12 @@ fn serve(
         }
         Pool::Resume(path) => {
             // The pool file's problems first (missing, not a pool, another
-            // layout version): nothing is offered before the banner.
+            // layout version): nothing is offered before the banner. Then
+            // its description and the data-set arguments, before the
+            // recovery writes to the pool: a refused resume leaves the
+            // file as it was.
             let t = Instant::now();
-            let (node_, rec) = MemoryNode::resume(cfg)?;
+            MemoryNode::check_pool_file(path)?;
             let desc = load_desc(path)?;
             if args.data.is_given() {
                 let keys = args.data.load(0, EmptyFile::Accept)?;
@@ -639,6 +642,7 @@ fn serve(
                     .into());
                 }
             }
+            let (node_, rec) = MemoryNode::resume(cfg)?;
             eprintln!(
                 "resumed pool file {} in {:.2} s: {} models, {} keys in {} leaves; \
                  {} model(s) thawed ({} entries), {} rolled forward ({} entries), \

@@ -473,6 +473,18 @@ impl NodeShared {
     }
 }
 
+/// A pool file mapped and its headers checked (`MemoryNode::open_pool_file`).
+struct Opened {
+    mapping: FileMapping,
+    /// Its agent area's header.
+    area_header: AgentArea,
+    /// Where the pool starts in the file.
+    at: u64,
+    sb: Superblock,
+    /// The pool's bytes (from the superblock; inside the file).
+    pool_len: u64,
+}
+
 /// What [`MemoryNode::start`] and [`MemoryNode::resume`] hand to
 /// `MemoryNode::assemble`.
 struct Parts {
@@ -945,8 +957,72 @@ impl MemoryNode {
             field: "pool_file",
             reason: "resuming needs the pool file",
         })?;
-        let err = pool_file_error(&path);
-        let mapping = FileMapping::open(&path)?;
+        let Opened {
+            mapping,
+            area_header,
+            at,
+            sb,
+            pool_len,
+        } = Self::open_pool_file(&path)?;
+        let engine = TransferEngine::new(cfg.engine.clone())
+            .map_err(transfer("starting the memory node's engine"))?;
+        let base = mapping.ptr;
+        // SAFETY: `[base, base + at)` and `[base + at, base + at +
+        // pool_len)` lie in the mapping (checked by `open_pool_file`), which stays mapped
+        // until `_mapping` drops after the engine (field order), i.e. after
+        // every registration is gone. Nothing holds Rust references into
+        // it: all access goes through the engine.
+        let (am, _) = unsafe { engine.reg_mr(base, at, Access::LOCAL_WRITE) }
+            .map_err(transfer("registering the agent area"))?;
+        // SAFETY: as above; `at` is inside the file (checked by
+        // `open_pool_file`), so the pointer is inside.
+        let pool_ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(at as usize)) };
+        // SAFETY: as above. Compute nodes can reach the pool only once
+        // `assemble` returns and the caller offers its descriptor.
+        let (mr, desc) = unsafe { engine.reg_mr(pool_ptr, pool_len, pool_access()) }
+            .map_err(transfer("registering the pool"))?;
+        let pool = HostPool::with_route(mr.clone(), &engine, cfg.atomics)?;
+        let words = pool.share();
+        let (agent, recovery) = Agent::resume(pool, agent_config(&cfg), area_header.next_free())?;
+        am.store_u64(AgentArea::NEXT_FREE_OFFSET, agent.next_free())
+            .map_err(transfer("writing the agent area"))?;
+        let region = sb.leaf_region()?;
+        let allocated = mr.load_u64(region.alloc_num_offset()).unwrap_or(0);
+        let node = Self::assemble(
+            &cfg,
+            Parts {
+                engine,
+                mr,
+                desc,
+                area: Some((am, path.clone())),
+                mapping: Some(mapping),
+                agent,
+                models: sb.model_count(),
+                keys_loaded: recovery.keys,
+                leaves_loaded: allocated.min(region.capacity()),
+                region,
+                values: sb.value_region()?,
+                words,
+            },
+        )?;
+        Ok((node, recovery))
+    }
+
+    /// Checks that the file at `path` is a pool file [`MemoryNode::resume`]
+    /// could serve — there, not locked by another process, its agent area,
+    /// magic, layout version and superblock sound, as long as its layout
+    /// needs — without writing to it: a caller that has more to check
+    /// before resuming (the data set it holds) refuses with the file as it
+    /// was. Resuming checks the rest (models, leaves) as it recovers.
+    pub fn check_pool_file(path: &Path) -> Result<(), MemoryNodeError> {
+        Self::open_pool_file(path).map(drop)
+    }
+
+    /// Maps the pool file at `path` and checks its headers (see
+    /// [`MemoryNode::check_pool_file`]); writes nothing.
+    fn open_pool_file(path: &Path) -> Result<Opened, MemoryNodeError> {
+        let err = pool_file_error(path);
+        let mapping = FileMapping::open(path)?;
         let not_a_pool = |why| err(PoolFileProblem::NotAPool { why });
         let area_header = AgentArea::read(&mapping.copy(0, AgentArea::SIZE))
             .map_err(|e| not_a_pool(NotAPool::Area(e)))?;
@@ -983,47 +1059,13 @@ impl MemoryNode {
                 found: file_len,
             }));
         }
-        let engine = TransferEngine::new(cfg.engine.clone())
-            .map_err(transfer("starting the memory node's engine"))?;
-        let base = mapping.ptr;
-        // SAFETY: `[base, base + at)` and `[base + at, base + at +
-        // pool_len)` lie in the mapping (checked above), which stays mapped
-        // until `_mapping` drops after the engine (field order), i.e. after
-        // every registration is gone. Nothing holds Rust references into
-        // it: all access goes through the engine.
-        let (am, _) = unsafe { engine.reg_mr(base, at, Access::LOCAL_WRITE) }
-            .map_err(transfer("registering the agent area"))?;
-        // SAFETY: as above; `at < file_len`, so the pointer is inside.
-        let pool_ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(at as usize)) };
-        // SAFETY: as above. Compute nodes can reach the pool only once
-        // `assemble` returns and the caller offers its descriptor.
-        let (mr, desc) = unsafe { engine.reg_mr(pool_ptr, pool_len, pool_access()) }
-            .map_err(transfer("registering the pool"))?;
-        let pool = HostPool::with_route(mr.clone(), &engine, cfg.atomics)?;
-        let words = pool.share();
-        let (agent, recovery) = Agent::resume(pool, agent_config(&cfg), area_header.next_free())?;
-        am.store_u64(AgentArea::NEXT_FREE_OFFSET, agent.next_free())
-            .map_err(transfer("writing the agent area"))?;
-        let region = sb.leaf_region()?;
-        let allocated = mr.load_u64(region.alloc_num_offset()).unwrap_or(0);
-        let node = Self::assemble(
-            &cfg,
-            Parts {
-                engine,
-                mr,
-                desc,
-                area: Some((am, path.clone())),
-                mapping: Some(mapping),
-                agent,
-                models: sb.model_count(),
-                keys_loaded: recovery.keys,
-                leaves_loaded: allocated.min(region.capacity()),
-                region,
-                values: sb.value_region()?,
-                words,
-            },
-        )?;
-        Ok((node, recovery))
+        Ok(Opened {
+            mapping,
+            area_header,
+            at,
+            sb,
+            pool_len,
+        })
     }
 
     /// Starts serving: the agent's thread (if configured) and the node.
