@@ -134,6 +134,10 @@ pub struct Recovery {
     pub retired: Vec<(u64, u64)>,
     /// Directory slots of a cut that had not committed, cleared.
     pub cut_dropped: u64,
+    /// Leaves the leaf region's `alloc_num` was raised by, where the
+    /// models held leaves at or past it (a damaged word: new leaves would
+    /// have been claimed over live ones); 0 otherwise.
+    pub leaves_raised: u64,
     /// Whether the topology was published again (a cut had committed and
     /// not been published, or the superblock's `upper_len` did not match
     /// the blob its `upper_offset` names).
@@ -561,6 +565,8 @@ pub struct LeafCheck {
     pub damaged: Vec<DamagedLeaf>,
     /// Models whose chains (all valid) do not tile their key range.
     pub untiled: Vec<u64>,
+    /// The highest leaf index walked (`None`: no leaf).
+    pub highest: Option<u64>,
 }
 
 /// Which bytes of the value region's handed-out block area the leaves'
@@ -574,6 +580,9 @@ pub struct ValueMap {
     start: u64,
     /// Pool offset past the last byte handed out.
     end: u64,
+    /// Pool offset past the furthest range marked, unclamped (past `end`
+    /// where a slot names a block beyond `alloc`).
+    reach: u64,
     /// Bit `i`: granule `[start + 16 i, start + 16 i + 16)` is named.
     bits: Vec<u64>,
 }
@@ -588,13 +597,22 @@ impl ValueMap {
         ValueMap {
             start,
             end: end.max(start),
+            reach: start,
             bits: alloc::vec![0; granules.div_ceil(64) as usize],
         }
+    }
+
+    /// Pool offset past the furthest range marked, where that lies past
+    /// the map's end: a slot names a block beyond what `alloc` says was
+    /// handed out.
+    pub fn named_past_end(&self) -> Option<u64> {
+        (self.reach > self.end).then_some(self.reach)
     }
 
     /// Marks pool offsets `[s, e)` named (clamped to the map; every
     /// granule the range touches).
     pub fn mark(&mut self, s: u64, e: u64) {
+        self.reach = self.reach.max(e);
         let (s, e) = (s.clamp(self.start, self.end), e.clamp(self.start, self.end));
         if s >= e {
             return;
@@ -678,6 +696,7 @@ pub fn check_leaves<M: PoolMemory>(
                     error,
                 })?;
                 out.leaves += 1;
+                out.highest = out.highest.max(Some(addr.leaf()));
                 let valid = match leaf.validate() {
                     Ok(v) => v,
                     Err(error) => {
@@ -785,6 +804,10 @@ pub struct ValueReclaim {
     pub blocks: u64,
     /// Bundles they make.
     pub bundles: u64,
+    /// Bytes `alloc` was raised by before the rebuild, where the leaves'
+    /// slots named blocks past it (a damaged word: compute nodes would
+    /// have carved new blocks over those values); 0 otherwise.
+    pub raised: u64,
 }
 
 /// The largest block step 6 cuts a gap into.
@@ -810,6 +833,66 @@ impl ValueMap {
             region.area_offset(handed_out),
         ))
     }
+}
+
+/// Step 4's sequel for the leaf region: where a leaf the models hold —
+/// walked in their chains (`walked`: the highest index), or stashed in
+/// their SLT slots for compute nodes' splits — lies at or past
+/// `alloc_num` (a damaged word: compute nodes and the agent claim leaves
+/// from `alloc_num` on, and would split into live leaves), raises it past
+/// them (at most to the capacity). Returns by how many leaves.
+fn raise_alloc_num<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    records: &[LiveRecord],
+    walked: Option<u64>,
+) -> Result<u64, AgentError> {
+    let mut highest = walked;
+    let mut slt = alloc::vec![0u8; 8 * SltHeader::SLOTS];
+    for live in records {
+        mem.read(live.record.slt_offset(), &mut slt)?;
+        for w in slt.chunks_exact(8).skip(1) {
+            let raw = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            if raw != 0 {
+                highest = highest.max(Some(LtEntry::from_raw(raw).addr().leaf()));
+            }
+        }
+    }
+    let Some(highest) = highest else {
+        return Ok(0);
+    };
+    let want = highest.saturating_add(1).min(region.capacity());
+    let alloc_num = mem.load(region.alloc_num_offset())?;
+    if want <= alloc_num {
+        return Ok(0);
+    }
+    mem.store(region.alloc_num_offset(), want)?;
+    Ok(want - alloc_num)
+}
+
+/// Step 4's sequel: where `named` (step 4's walk) reaches past the value
+/// region's `alloc`, raises `alloc` past every block named (at most to the
+/// capacity) — else compute nodes, which carve new blocks from `alloc`
+/// on, would write over live values. Returns by how many bytes (0: no
+/// slot names a block past it).
+fn raise_alloc<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    named: &ValueMap,
+) -> Result<u64, AgentError> {
+    let Some(reach) = named.named_past_end() else {
+        return Ok(0);
+    };
+    let region = sb.value_region()?;
+    let want = reach
+        .saturating_sub(region.area_offset(0))
+        .min(region.capacity());
+    let alloc = mem.load(region.alloc_offset())?;
+    if want <= alloc {
+        return Ok(0);
+    }
+    mem.store(region.alloc_offset(), want)?;
+    Ok(want - alloc)
 }
 
 /// Step 6: rebuilds the value region's free stack of every byte of the
@@ -950,13 +1033,21 @@ impl<M: PoolMemory> Agent<M> {
         let entries = topology_of(&records)?;
         let released = release_compute_locks(&mem, &records)?;
         let mut named = ValueMap::of_pool(&mem, &sb)?;
-        let leaves = check_leaves(&mem, &region, &records, &mut named)?;
+        let mut leaves = check_leaves(&mem, &region, &records, &mut named)?;
+        let leaves_raised = raise_alloc_num(&mem, &region, &records, leaves.highest)?;
+        let raised = raise_alloc(&mem, &sb, &named)?;
+        if raised > 0 {
+            // The walk again, over the extent handed out now.
+            named = ValueMap::of_pool(&mem, &sb)?;
+            leaves = check_leaves(&mem, &region, &records, &mut named)?;
+        }
         let values = if leaves.damaged_count == 0 && leaves.untiled.is_empty() {
             let seed = mem.now_ns() ^ sb.pool_size().rotate_left(32);
             reclaim_values(&mem, &sb, &named, seed)?
         } else {
             ValueReclaim::default()
         };
+        let values = ValueReclaim { raised, ..values };
         let (bump, retired) = free_space(&sb, &records, upper, published_next_free)?;
         let mut agent = Agent::attach(mem, cfg, bump)?;
         for &(at, size) in &retired {
@@ -992,6 +1083,7 @@ impl<M: PoolMemory> Agent<M> {
             retired,
             cut_dropped,
             republished,
+            leaves_raised,
             values,
         };
         Ok((agent, report))
@@ -1315,6 +1407,68 @@ mod tests {
         assert_eq!(damaged.damaged_count, 1);
         assert!(!damaged.values.rebuilt);
         assert_eq!(mem.load(values.free_offset()).unwrap(), before);
+    }
+
+    /// Regression: a value region whose `alloc` word was damaged (lower
+    /// than the blocks the leaves name) resumed as if only that much had
+    /// been handed out — blocks past it neither kept nor given back — and
+    /// compute nodes then carved new blocks over live values (found with
+    /// `rolex memnode --resume` on a pool file whose `alloc` was halved:
+    /// a `rolex bench` ycsb-a run's gets spun through a million retries
+    /// on blocks another key's value had overwritten). The resume raises
+    /// `alloc` past every named block and rebuilds the stack from there.
+    #[test]
+    fn an_alloc_word_below_the_named_blocks_is_raised_past_them() {
+        let (mem, next_free, named, _, _) = value_pool();
+        let sb = superblock(&mem);
+        let values = sb.value_region().unwrap();
+        let reach = named.iter().map(|&(_, e)| e).max().unwrap();
+        let needed = reach - values.area_offset(0);
+        for damaged in [0, needed / 2, needed - 16] {
+            mem.store(values.alloc_offset(), damaged).unwrap();
+            let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+            let alloc = mem.load(values.alloc_offset()).unwrap();
+            assert_eq!(
+                alloc, needed,
+                "alloc {damaged}: raised to the last named block's end"
+            );
+            assert_eq!(rec.values.raised, needed - damaged);
+            assert!(rec.values.rebuilt);
+            // Nothing named is on the stack; every other byte below is.
+            assert_stack_is_the_unnamed_space(&mem, &named, alloc);
+        }
+        // Above the blocks named: left as it is.
+        mem.store(values.alloc_offset(), needed + 4096).unwrap();
+        let (_, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        assert_eq!(rec.values.raised, 0);
+        assert_eq!(mem.load(values.alloc_offset()).unwrap(), needed + 4096);
+    }
+
+    /// Regression: a leaf region whose `alloc_num` was damaged (below
+    /// leaves the models hold) resumed as it was, and the next split
+    /// claimed a live leaf and wrote over it (found with `rolex memnode
+    /// --resume` on a pool file with `alloc_num` 0: an insert-only `rolex
+    /// bench` failed with "a locked chain does not cover its key"). The
+    /// resume raises it past every leaf walked or stashed.
+    #[test]
+    fn an_alloc_num_below_the_leaves_held_is_raised_past_them() {
+        let (mem, next_free) = load(64);
+        let sb = superblock(&mem);
+        let region = sb.leaf_region().unwrap();
+        let loaded = mem.load(region.alloc_num_offset()).unwrap();
+        let (_, clean) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+        assert_eq!(clean.leaves_raised, 0);
+        for damaged in [0, loaded / 2, loaded - 1] {
+            mem.store(region.alloc_num_offset(), damaged).unwrap();
+            let (mut agent, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+            assert_eq!(rec.leaves_raised, loaded - damaged, "alloc_num {damaged}");
+            assert_eq!(mem.load(region.alloc_num_offset()).unwrap(), loaded);
+            // Retraining (which claims leaves) keeps every key.
+            agent.retrain(0).unwrap();
+            drop(agent);
+            let (_, after) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
+            assert_eq!((after.keys, after.damaged_count), (64, 0));
+        }
     }
 
     /// Step 6 writing its bundles every few blocks (3 here, 4096 in a

@@ -663,6 +663,16 @@ fn serve(
                 rec.retired_bytes() >> 10,
                 value_reclaim(&rec.values)
             );
+            if rec.leaves_raised > 0 || rec.values.raised > 0 {
+                eprintln!(
+                    "pool file {}: its allocation words were behind what its models hold \
+                     (damaged): leaf region alloc_num raised by {} leaves, value region \
+                     alloc by {} bytes, so that nothing live is handed out again",
+                    path.display(),
+                    rec.leaves_raised,
+                    rec.values.raised
+                );
+            }
             for d in &rec.damaged {
                 eprintln!(
                     "damaged leaf {} of model {}: {} (keys it held may be unreadable)",
