@@ -1463,6 +1463,10 @@ mod tests {
             let (mut agent, rec) = Agent::resume(&mem, AgentConfig::default(), next_free).unwrap();
             assert_eq!(rec.leaves_raised, loaded - damaged, "alloc_num {damaged}");
             assert_eq!(mem.load(region.alloc_num_offset()).unwrap(), loaded);
+            // A compute node's claim gets a leaf no model holds.
+            let claimed = mem.faa(region.alloc_num_offset(), 1).unwrap();
+            assert!(claimed >= loaded, "claimed live leaf {claimed}");
+            mem.store(region.alloc_num_offset(), loaded).unwrap();
             // Retraining (which claims leaves) keeps every key.
             agent.retrain(0).unwrap();
             drop(agent);
