@@ -7,8 +7,10 @@
 //! offers the pool only afterwards):
 //!
 //! 1. [`validate`]: the superblock (magic, layout version, parts in
-//!    bounds), the leaf region's header, and every directory record (it
-//!    checks, serves its own model, is not retired, and no two overlap).
+//!    bounds), the leaf region's header, every directory record (it
+//!    checks, serves its own model, is not retired, and no two overlap)
+//!    and every LT entry's leaf (in this pool's leaf region), before the
+//!    steps below write anything.
 //! 2. [`finish_retrainings`]: the retraining that was under way when the
 //!    agent died, following the protocol's point of no return
 //!    ([`crate::agent`], step 5):
@@ -251,6 +253,16 @@ pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
                 model_id: w[1].2,
                 what: Inconsistency::RecordsOverlap { other: w[0].2 },
             });
+        }
+    }
+    // Every LT entry names a leaf of this pool's leaf region, checked
+    // here, before steps 2 and 3 write: a damaged entry refuses the
+    // resume with the pool as it was (step 4 would refuse it too, after
+    // the lock release had written to that very word).
+    for r in &records {
+        for j in 0..r.record.leaf_count() {
+            let e = LtEntry::from_raw(mem.load(r.record.lt_entry_offset(j)?)?);
+            region.leaf_offset(e.addr())?;
         }
     }
     Ok(Validated {
@@ -1846,6 +1858,25 @@ mod tests {
             ))
         ));
         mem.store(8, word).unwrap();
+        // An LT entry naming another leaf region is refused before
+        // anything is written.
+        // (Locked by a compute node: the lock release of step 3 would
+        // write to it.)
+        let lt = record(&mem, recs[2]).lt_entry_offset(0).unwrap();
+        let entry = mem.load(lt).unwrap();
+        let id = sb.leaf_region().unwrap().id();
+        let elsewhere = LeafAddr::new(id ^ 1, LtEntry::from_raw(entry).leaf()).unwrap();
+        let bad = LtEntry::for_leaf(elsewhere).locked_by(LockOwner(7));
+        mem.store(lt, bad.raw()).unwrap();
+        let dump = |m: &VecPool| {
+            let mut b = vec![0u8; m.size() as usize];
+            m.read(0, &mut b).unwrap();
+            b
+        };
+        let before = dump(&mem);
+        assert!(Agent::resume(&mem, AgentConfig::default(), next_free).is_err());
+        assert!(dump(&mem) == before, "a refused resume wrote to the pool");
+        mem.store(lt, entry).unwrap();
         // A torn leaf is reported, not hidden.
         let region = sb.leaf_region().unwrap();
         let e = entries(&mem, recs[2])[0];
