@@ -57,6 +57,6 @@ pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
 pub use plug::Plug;
 pub use region::MrHandle;
 pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
-pub use timer::monotonic_ns;
+pub use timer::{monotonic_ns, DeadlineReader};
 pub use topology::{NicChoice, NicSelect, PciAddr};
 pub use watcher::Watcher;

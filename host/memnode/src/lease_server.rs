@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
 use rolex_core::wire::{MrDesc, Wire};
+use rolex_engine::DeadlineReader;
 use rolex_kv::lease::wire;
 use rolex_kv::lease::{io_err, LeaseError};
 
@@ -337,35 +338,13 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
     }
 }
 
-/// A socket whose reads share one deadline: each read may block only
-/// for what is left of it, so a request has one bound however the peer
-/// spaces its bytes.
-struct Deadline<'a> {
-    s: &'a TcpStream,
-    at: Instant,
-}
-
-impl Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.at.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ErrorKind::TimedOut.into());
-        }
-        self.s.set_read_timeout(Some(left))?;
-        (&mut &*self.s).read(buf)
-    }
-}
-
 fn refuse(stream: &mut TcpStream, why: &str) {
     let _ = stream.write_all(&wire::refused(why));
 }
 
 fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     let _ = stream.set_write_timeout(Some(s.cfg.handshake_timeout));
-    let read = wire::read_request(&mut Deadline {
-        s: &stream,
-        at: Instant::now() + s.cfg.handshake_timeout,
-    });
+    let read = wire::read_request(&mut DeadlineReader::new(&stream, s.cfg.handshake_timeout));
     // The request is read (or given up on): the next one may be.
     s.handshakes.fetch_sub(1, Ordering::SeqCst);
     let token = match read {

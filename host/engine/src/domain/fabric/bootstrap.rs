@@ -45,9 +45,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rolex_core::wire::{MrDesc, NetAddr, Wire};
+
+use crate::DeadlineReader;
 
 const MAGIC: &[u8; 8] = b"RLXBOOT2";
 /// The request's magic before the rxm buffer size was sent.
@@ -585,25 +587,6 @@ fn answer(
     }
 }
 
-/// A socket whose reads share one deadline: each read may block only
-/// for what is left of it, so the whole message has one bound however
-/// the peer spaces its bytes.
-struct Deadline<'a> {
-    s: &'a TcpStream,
-    at: Instant,
-}
-
-impl Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.at.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.s.set_read_timeout(Some(left))?;
-        (&mut &*self.s).read(buf)
-    }
-}
-
 fn serve(
     mut s: TcpStream,
     cfg: &Bootstrap,
@@ -613,11 +596,7 @@ fn serve(
     s.set_nonblocking(false).map_err(io("accepting"))?;
     s.set_write_timeout(Some(cfg.timeout))
         .map_err(io("setting timeouts"))?;
-    let mut within = Deadline {
-        s: &s,
-        at: Instant::now() + cfg.timeout,
-    };
-    let req = match read_request(&mut within) {
+    let req = match read_request(&mut DeadlineReader::new(&s, cfg.timeout)) {
         Ok(req) => req,
         Err(BootstrapError::Malformed { what }) => return refuse(&mut s, what),
         Err(e) => return Err(e),
