@@ -182,7 +182,11 @@ pub enum KvError {
         /// How long it waited.
         waited: core::time::Duration,
     },
-    /// A leaf's bytes are not a leaf of this pool.
+    /// A leaf's bytes are not a leaf of this pool — or a leaf stayed torn
+    /// (failing its checksum) on every read for longer than a live
+    /// writer's write leaves one torn (2 s): damaged, as a write torn by
+    /// a crash leaves it (a memory node resumed on its pool file names
+    /// such leaves).
     Leaf {
         /// The model whose chain it is in.
         model: u64,

@@ -21,7 +21,8 @@
 //! the fence search to its window); one doorbell batch READs the model's
 //! directory word and every leaf of the cached chain. Any order of those
 //! reads is safe (unordered fabric): each leaf is validated on its own
-//! (checksum, re-read alone while torn), and the chase accepts only a leaf
+//! (checksum, re-read alone while torn — for at most `TORN_LIMIT`: a leaf
+//! torn longer is reported damaged), and the chase accepts only a leaf
 //! whose fences contain `k`. The directory word only makes staleness cheap
 //! to notice: if it changed, the model is refreshed and the get redone (a
 //! view not seen live within `KvClientConfig::model_max_age` also READs
@@ -208,6 +209,18 @@ pub(crate) use lock::PostedUnlocks;
 
 /// Re-reads of one torn leaf before an operation gives up.
 const MAX_TORN: u32 = 100_000;
+/// How long a leaf may stay *torn* — failing its checksum on every read —
+/// before a reader calls it damaged ([`KvError::Leaf`]) instead of
+/// reading it again. A live writer's WRITE leaves a leaf torn only while
+/// it lands (microseconds; as long as a sender stopped part-way stays
+/// stopped); one torn for this long was most likely torn by a crash — a
+/// memory node killed while it placed a write, whose resume names the
+/// leaf — and would otherwise cost every get of its keys the whole
+/// [`MAX_TORN`] budget (about a minute of backed-off reads). The error
+/// is determinate (a read): a caller may try again.
+const TORN_LIMIT: Duration = Duration::from_secs(2);
+/// Torn reads a reader makes before [`TORN_LIMIT`] is looked at.
+const MIN_TORN: u32 = 16;
 /// Leaves a chase follows before it calls a chain broken.
 const MAX_HOPS: usize = SltHeader::SLOTS + 2;
 /// Chains a scan reads per batch.
@@ -968,7 +981,15 @@ impl KvSession {
 
     /// The validated bytes of the leaf at `addr`: from the batch if it was
     /// read there and is intact, else read alone until it validates.
-    fn leaf(&mut self, addr: LeafAddr, batch: &[(LeafAddr, u64)]) -> Result<Vec<u8>, KvError> {
+    ///
+    /// A leaf still torn after [`TORN_LIMIT`] of re-reads is reported as
+    /// damaged: [`KvError::Leaf`] naming `model`, the leaf and its fault.
+    fn leaf(
+        &mut self,
+        model: u64,
+        addr: LeafAddr,
+        batch: &[(LeafAddr, u64)],
+    ) -> Result<Vec<u8>, KvError> {
         // The get path hands its last owner leaf's buffer back (`hot`).
         let mut bytes = std::mem::take(&mut self.hot.leaf);
         bytes.resize(self.leaf_size as usize, 0);
@@ -980,6 +1001,7 @@ impl KvSession {
             self.io.cur.retries += 1;
         }
         let remote = self.shared.region.leaf_offset(addr)?;
+        let since = Instant::now();
         for attempt in 0..MAX_TORN {
             self.io.run(
                 &self.shared.pool,
@@ -996,6 +1018,12 @@ impl KvSession {
                 return Ok(bytes);
             }
             self.io.cur.retries += 1;
+            if attempt >= MIN_TORN && since.elapsed() >= TORN_LIMIT {
+                let fault = Leaf::from_bytes(&bytes).and_then(|l| l.validate().map(drop));
+                if let Err(error) = fault {
+                    return Err(bad_leaf(model, addr)(error));
+                }
+            }
             self.backoff(u64::from(attempt));
         }
         Err(KvError::TooManyRetries {
@@ -1017,7 +1045,7 @@ impl KvSession {
         let (mut addr, mut slot) = (start, slot);
         let mut path = Vec::new();
         for _ in 0..MAX_HOPS {
-            let bytes = self.leaf(addr, batch)?;
+            let bytes = self.leaf(model, addr, batch)?;
             let leaf = Leaf::from_bytes(&bytes).map_err(bad_leaf(model, addr))?;
             if key < leaf.fence_lo() || leaf.is_freed() {
                 // A freed leaf: retraining gave it back after the cache
