@@ -741,6 +741,8 @@ fn serve(
     // software provider's progress and the agent retrains meanwhile.
     let mut reported = 0;
     let mut leased = 0;
+    // Refusals of the bootstrap and lease servers already reported.
+    let mut refused = (0, 0);
     let mut progress = (0, 0);
     let mut ticks = 0u64;
     let mut last = (node_.stats(), Instant::now());
@@ -771,6 +773,25 @@ fn serve(
                     wall.as_secs_f64(),
                     share(agent, wall)
                 );
+            }
+        }
+        // Every 5 s: the peers the control servers refused meanwhile (a
+        // count and the last one, not a line per peer: a flood of
+        // connections would be a flood of lines).
+        if ticks % 25 == 0 {
+            for (what, r, seen) in [
+                ("bootstrap", srv.refusals(), &mut refused.0),
+                ("lease", leases.refusals(), &mut refused.1),
+            ] {
+                let n = r.count();
+                if n > *seen {
+                    eprintln!(
+                        "{what} server: refused {} peer(s) in the last 5 s (last: {})",
+                        n - *seen,
+                        r.last().unwrap_or_default()
+                    );
+                    *seen = n;
+                }
             }
         }
         // Every 5 s: locks held by ids with no lease (a dead node's lock

@@ -499,8 +499,20 @@ fn serve(args: &TeBenchArgs) -> Result<(), BenchError> {
     // CPU: say what serving costs, whenever it cost anything.
     let mut window = CpuWindow::start();
     let mut report = true;
+    let mut refused = 0;
     loop {
         std::thread::sleep(SERVE_REPORT);
+        // The peers the bootstrap server refused meanwhile: a count and
+        // the last one (a flood of connections is not a flood of lines).
+        let n = srv.refusals().count();
+        if n > refused {
+            eprintln!(
+                "te-bench serve: refused {} bootstrap peer(s) (last: {})",
+                n - refused,
+                srv.refusals().last().unwrap_or_default()
+            );
+            refused = n;
+        }
         let (cpu, wall) = window.take();
         if report && cpu >= Duration::from_millis(1) {
             let mut out = std::io::stdout().lock();

@@ -206,6 +206,17 @@ fn malformed_requests_on_both_ports_are_refused_and_the_node_serves_on() {
             node.assert_alive();
         }
     }
+    // Each server says on stderr that it refused peers, naming the last.
+    for what in ["bootstrap server: refused", "lease server: refused"] {
+        let said = wait_for(LIMIT, || {
+            let text = node.stderr.text();
+            text.lines()
+                .find(|l| l.contains(what) && l.contains("127.0.0.1:"))
+                .map(str::to_string)
+        });
+        let said = said.unwrap_or_else(|| panic!("no {what:?} line: {}", node.stderr.text()));
+        eprintln!("found: {said}");
+    }
     // A right lease request, then garbage in place of renewals: the lease
     // ends (connection closed) and the node releases what it held.
     let mut s = TcpStream::connect(&node.lease).unwrap();
@@ -359,5 +370,7 @@ fn te_bench_server_survives_hostile_peers() {
         "the server exited"
     );
     assert!(!stderr.text().contains("panicked"), "{}", stderr.text());
+    wait_for(LIMIT, || stderr.text().contains("refused").then_some(()))
+        .unwrap_or_else(|| panic!("no refusal reported: {}", stderr.text()));
     drop(silent);
 }

@@ -20,6 +20,8 @@
 //!   senders' abort notices.
 //! - [`region`]: registered memory and [`MrHandle`].
 //! - [`callback`]: [`OnDone`], [`OnValue`], [`CompletionFlag`].
+//! - [`control`]: what the TCP control servers share ([`DeadlineReader`],
+//!   [`Refusals`]).
 //! - [`batch`]: [`Channel`] and [`BatchOp`].
 //! - [`watcher`]: UVM watchers, [`Watcher`].
 //! - [`counters`]: per-engine and per-domain counters.
@@ -31,6 +33,7 @@
 pub mod atomics;
 pub mod batch;
 pub mod callback;
+pub mod control;
 pub mod counters;
 pub mod domain;
 pub mod engine;
@@ -47,6 +50,7 @@ pub mod watcher;
 pub use atomics::{AtomicProfile, AtomicRoute, AtomicScope, ReplyOrder, SharedWords};
 pub use batch::{BatchOp, Channel, Posted};
 pub use callback::{CompletionFlag, OnDone, OnValue};
+pub use control::{DeadlineReader, Refusals};
 pub use counters::{CounterSnapshot, DomainCounters, EngineCounters};
 pub use domain::loopback::{Faults, LoopbackConfig, Unordered};
 pub use engine::{
@@ -57,6 +61,6 @@ pub use error::{ConfigError, OpKind, ProtectionCheck, TransferError};
 pub use plug::Plug;
 pub use region::MrHandle;
 pub use rolex_core::wire::{Access, MrDesc, NetAddr, Pages, ScatterDst};
-pub use timer::{monotonic_ns, DeadlineReader};
+pub use timer::monotonic_ns;
 pub use topology::{NicChoice, NicSelect, PciAddr};
 pub use watcher::Watcher;

@@ -10,14 +10,11 @@
 //! cannot batch this thread's wake-ups with others'.
 //!
 //! Also here: [`monotonic_ns`], the monotonic clock as one number (the
-//! key-value store's views keep their ages in it), and [`DeadlineReader`],
-//! a TCP stream read under one deadline (the control servers' requests).
+//! key-value store's views keep their ages in it).
 
 use std::cell::Cell;
-use std::io::Read;
-use std::net::TcpStream;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Waits shorter than this are not worth a timed sleep: measured on this
 /// project's 2-core VMs, a 2 µs sleep takes about 20 µs with the slack
@@ -89,38 +86,6 @@ fn clock_gettime_ns(clock: libc::clockid_t) -> u64 {
 pub(crate) fn sleep(d: Duration) {
     precise_timers();
     thread::sleep(d);
-}
-
-/// A TCP stream whose reads share one deadline: each read may block only
-/// for what is left of it, so a whole message has one bound however its
-/// sender spaces the bytes (one a second would otherwise hold a reader
-/// bounded per read for as long as it liked). A read past the deadline
-/// fails with [`std::io::ErrorKind::TimedOut`]. It sets the stream's read
-/// timeout on each read.
-pub struct DeadlineReader<'a> {
-    s: &'a TcpStream,
-    at: Instant,
-}
-
-impl<'a> DeadlineReader<'a> {
-    /// Reads of `s` that must all end within `within` from now.
-    pub fn new(s: &'a TcpStream, within: Duration) -> Self {
-        Self {
-            s,
-            at: Instant::now() + within,
-        }
-    }
-}
-
-impl Read for DeadlineReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = self.at.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        self.s.set_read_timeout(Some(left))?;
-        (&mut &*self.s).read(buf)
-    }
 }
 
 #[cfg(test)]

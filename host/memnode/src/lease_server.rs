@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use rolex_core::entry::LockOwner;
 use rolex_core::wire::{MrDesc, Wire};
-use rolex_engine::DeadlineReader;
+use rolex_engine::{DeadlineReader, Refusals};
 use rolex_kv::lease::wire;
 use rolex_kv::lease::{io_err, LeaseError};
 
@@ -141,6 +141,8 @@ struct ServerShared {
     timed_out: AtomicU64,
     /// Requests being read now (at most [`MAX_HANDSHAKES`]).
     handshakes: AtomicUsize,
+    /// Requests refused.
+    refusals: Refusals,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -169,6 +171,7 @@ impl ServerShared {
             expired: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             handshakes: AtomicUsize::new(0),
+            refusals: Refusals::default(),
         }
     }
 
@@ -290,6 +293,13 @@ impl LeaseServer {
     pub fn released(&self) -> u64 {
         self.shared.released.load(Ordering::Relaxed)
     }
+
+    /// The requests it refused (malformed, a wrong token, too many at
+    /// once, no id or key to give, one that did not arrive whole in
+    /// time), for its operator.
+    pub fn refusals(&self) -> &Refusals {
+        &self.shared.refusals
+    }
 }
 
 impl Drop for LeaseServer {
@@ -323,7 +333,7 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
         if s.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
             s.handshakes.fetch_sub(1, Ordering::SeqCst);
             let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            refuse(&mut stream, "too many lease requests at once: try again");
+            refuse(s, &mut stream, "too many lease requests at once: try again");
             continue;
         }
         let s2 = s.clone();
@@ -338,7 +348,9 @@ fn accept_loop(s: &Arc<ServerShared>, listener: TcpListener) {
     }
 }
 
-fn refuse(stream: &mut TcpStream, why: &str) {
+/// Refuses the request on `stream`, saying `why`, and counts it.
+fn refuse(s: &ServerShared, stream: &mut TcpStream, why: &str) {
+    s.refusals.note(stream.peer_addr().ok(), why);
     let _ = stream.write_all(&wire::refused(why));
 }
 
@@ -350,16 +362,17 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
     let token = match read {
         Ok(token) => token,
         Err(why) => {
-            refuse(&mut stream, why);
+            refuse(s, &mut stream, why);
             return;
         }
     };
     if token != s.cfg.token.as_bytes() {
-        refuse(&mut stream, "wrong token");
+        refuse(s, &mut stream, "wrong token");
         return;
     }
     let Some(id) = s.allocate() else {
         refuse(
+            s,
             &mut stream,
             "no lease id is free (65534 held, or released within the reuse bound)",
         );
@@ -372,7 +385,7 @@ fn serve_one(s: &ServerShared, mut stream: TcpStream) {
         None | Some(Ok(None)) => Vec::new(),
         Some(Ok(Some(d))) => d.to_vec().unwrap_or_default(),
         Some(Err(e)) => {
-            refuse(&mut stream, &format!("no key to the pool: {e}"));
+            refuse(s, &mut stream, &format!("no key to the pool: {e}"));
             s.free(id);
             return;
         }
@@ -636,6 +649,12 @@ mod tests {
             Err(LeaseError::Refused(why)) => assert!(why.contains("too many"), "{why}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
+        // Counted for the operator, naming the peer.
+        let last = srv.refusals().last().unwrap();
+        assert!(
+            last.starts_with("127.0.0.1:") && last.contains("too many"),
+            "{last}"
+        );
         drop(silent);
         let got = (0..100).find_map(|_| {
             let c = LeaseClient::acquire(&at, "t", Duration::from_secs(5)).ok();

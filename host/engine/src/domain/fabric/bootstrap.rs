@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use rolex_core::wire::{MrDesc, NetAddr, Wire};
 
-use crate::DeadlineReader;
+use crate::{DeadlineReader, Refusals};
 
 const MAGIC: &[u8; 8] = b"RLXBOOT2";
 /// The request's magic before the rxm buffer size was sent.
@@ -439,6 +439,7 @@ fn wait_readable(l: &TcpListener, timeout: Duration) {
 pub struct BootstrapServer {
     local: SocketAddr,
     stop: Arc<AtomicBool>,
+    refusals: Arc<Refusals>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -470,6 +471,8 @@ impl BootstrapServer {
         let cfg = Arc::new(cfg);
         let layout = offer.layout_version;
         let busy = Arc::new(AtomicUsize::new(0));
+        let refusals = Arc::new(Refusals::default());
+        let noted = refusals.clone();
         let thread = std::thread::Builder::new()
             .name("rolex-bootstrap".into())
             .spawn(move || {
@@ -479,7 +482,7 @@ impl BootstrapServer {
                             if stop2.load(SeqCst) {
                                 break;
                             }
-                            answer(s, &cfg, layout, &reply, &busy);
+                            answer(s, &cfg, layout, &reply, &busy, &noted);
                         }
                         // Nothing pending: block until a client knocks
                         // (dropping the server knocks too).
@@ -496,6 +499,7 @@ impl BootstrapServer {
         Ok(BootstrapServer {
             local,
             stop,
+            refusals,
             thread: Some(thread),
         })
     }
@@ -503,6 +507,13 @@ impl BootstrapServer {
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// The clients it refused (a malformed request, a wrong token or
+    /// layout version, too many at once, a request that did not arrive
+    /// whole in time), for its operator.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
     }
 }
 
@@ -559,64 +570,77 @@ pub fn encode_offer(offer: &Offer, meta: &[u8]) -> Result<Vec<u8>, BootstrapErro
 
 /// Answers the client on `s` from a thread of its own, or refuses it at
 /// once if [`MAX_CLIENTS`] are being answered (`busy`) or no thread can
-/// be started.
+/// be started; every refusal is counted in `refusals`.
 fn answer(
     mut s: TcpStream,
     cfg: &Arc<Bootstrap>,
     layout: u32,
     reply: &Arc<[u8]>,
     busy: &Arc<AtomicUsize>,
+    refusals: &Arc<Refusals>,
 ) {
     const BUSY: &str = "too many bootstrap clients at once: try again";
+    let peer = s.peer_addr().ok();
     if busy.fetch_add(1, SeqCst) >= MAX_CLIENTS {
         busy.fetch_sub(1, SeqCst);
         let _ = s.set_nonblocking(false);
         let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
         let _ = refuse(&mut s, BUSY);
+        refusals.note(peer, BUSY);
         return;
     }
-    let (cfg, reply, done) = (cfg.clone(), reply.clone(), busy.clone());
+    let (cfg, reply, done, noted) = (cfg.clone(), reply.clone(), busy.clone(), refusals.clone());
     let spawned = std::thread::Builder::new()
         .name("rolex-bootstrap-client".into())
         .spawn(move || {
-            let _ = serve(s, &cfg, layout, &reply);
+            if let Err(e) = serve(s, &cfg, layout, &reply, &|why| noted.note(peer, why)) {
+                noted.note(peer, &e.to_string());
+            }
             done.fetch_sub(1, SeqCst);
         });
-    if spawned.is_err() {
+    if let Err(e) = spawned {
         busy.fetch_sub(1, SeqCst);
+        refusals.note(peer, &format!("no thread to answer it: {e}"));
     }
 }
 
+/// Serves the client on `s`: sends it the offer, or a refusal saying why
+/// (told to `refused` first).
 fn serve(
     mut s: TcpStream,
     cfg: &Bootstrap,
     layout: u32,
     reply: &[u8],
+    refused: &dyn Fn(&str),
 ) -> Result<(), BootstrapError> {
     s.set_nonblocking(false).map_err(io("accepting"))?;
     s.set_write_timeout(Some(cfg.timeout))
         .map_err(io("setting timeouts"))?;
-    let req = match read_request(&mut DeadlineReader::new(&s, cfg.timeout)) {
-        Ok(req) => req,
-        Err(BootstrapError::Malformed { what }) => return refuse(&mut s, what),
+    let why = match read_request(&mut DeadlineReader::new(&s, cfg.timeout)) {
+        Ok(req) => match refusal(&req, cfg, layout) {
+            None => return s.write_all(reply).map_err(io("sending the offer")),
+            Some(why) => why,
+        },
+        Err(BootstrapError::Malformed { what }) => what.to_string(),
         Err(e) => return Err(e),
     };
+    refused(&why);
+    refuse(&mut s, &why)
+}
+
+/// Why a well-formed request `req` is refused by a server of `cfg`
+/// offering `layout`, if it is.
+fn refusal(req: &Request, cfg: &Bootstrap, layout: u32) -> Option<String> {
     if req.token != cfg.token.as_bytes() {
-        return refuse(&mut s, "wrong token");
+        return Some("wrong token".into());
     }
     let want = req.layout_version;
     if want != layout {
-        return refuse(
-            &mut s,
-            &format!(
-                "pool layout version mismatch: the server has {layout}, the client expects {want}"
-            ),
-        );
+        return Some(format!(
+            "pool layout version mismatch: the server has {layout}, the client expects {want}"
+        ));
     }
-    if let Some(msg) = rxm_mismatch(cfg.rxm_buffer, req.rxm_buffer) {
-        return refuse(&mut s, &msg);
-    }
-    s.write_all(reply).map_err(io("sending the offer"))
+    rxm_mismatch(cfg.rxm_buffer, req.rxm_buffer)
 }
 
 /// Why a client whose rxm buffer size is `client` (0: none) cannot talk
@@ -704,6 +728,13 @@ mod tests {
             Err(BootstrapError::Refused { reason }) => assert!(reason.contains("layout")),
             other => panic!("{other:?}"),
         }
+        // Counted for the operator, with the last one's peer and reason.
+        assert_eq!(srv.refusals().count(), 2);
+        let last = srv.refusals().last().unwrap();
+        assert!(
+            last.starts_with("127.0.0.1:") && last.contains("layout"),
+            "{last}"
+        );
     }
 
     #[test]
