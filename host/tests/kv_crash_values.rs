@@ -20,7 +20,9 @@
 //!
 //! A leaf so damaged fails the gets of its keys within a bound, naming
 //! the leaf (`KvError::Leaf`), rather than spinning through every re-read
-//! a torn leaf is allowed (about a minute of backed-off reads each).
+//! a torn leaf is allowed (about a minute of backed-off reads each); a
+//! value block the leaf names that stays wrong likewise
+//! (`KvError::BadValuePointer`, where it used to take minutes).
 //!
 //! And a chunk claim that runs past the end of the value region takes
 //! the bytes left there instead of leaving them to no one (a writer killed
@@ -272,4 +274,51 @@ fn a_leaf_torn_for_good_fails_its_gets_naming_it() {
     // Far from it: still served.
     assert_eq!(s.get(100).unwrap(), Some(1));
     assert_eq!(s.get(40_000).unwrap(), Some(400));
+}
+
+/// A value block that stays wrong — a byte of its header flipped, so it
+/// fails its checksum while the leaf still names it — fails a get of its
+/// key with `KvError::BadValuePointer` naming it, after a bounded time of
+/// re-reads (a block is freed only once no leaf names it: a wrong one the
+/// leaf keeps naming is damage, not a race), where it used to re-read it
+/// up to `max_attempts` (a million) times, backing off, for minutes.
+#[test]
+fn a_value_block_wrong_for_good_fails_its_gets_naming_it() {
+    let pairs: Vec<(u64, u64)> = (1..=400u64).map(|i| (i * 100, i)).collect();
+    let node = MemoryNode::start(
+        MemoryNodeConfig {
+            retraining_thread: false,
+            value_spare: Some(1 << 20),
+            ..MemoryNodeConfig::default()
+        },
+        &pairs,
+    )
+    .unwrap();
+    let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+    let mut s = client.session().unwrap();
+    let (key, v) = (20_000, value(20_000, 9));
+    assert!(v.len() > 16, "out of line");
+    s.put(key, &v).unwrap();
+    s.put(30_000, &value(30_000, 9)).unwrap();
+    // The block holds the value's bytes right after its header: flip the
+    // header's last byte.
+    let mem = HostPool::new(node.pool_handle().clone());
+    let mut pool = vec![0u8; node.pool_handle().len() as usize];
+    mem.read(0, &mut pool).unwrap();
+    let at = pool
+        .windows(v.len())
+        .position(|w| w == v.as_slice())
+        .unwrap() as u64;
+    let mut b = [0u8; 1];
+    mem.read(at - 1, &mut b).unwrap();
+    mem.write(at - 1, &[b[0] ^ 0x5a]).unwrap();
+    match s.get_value(key) {
+        Err(KvError::BadValuePointer { key: k, offset, .. }) => {
+            assert_eq!(k, key);
+            eprintln!("found: {key}: block at {offset} reported")
+        }
+        other => panic!("a get of {key} whose block is damaged: {other:?}"),
+    }
+    // Another key's value: still served.
+    assert_eq!(s.get_value(30_000).unwrap(), Some(value(30_000, 9)));
 }

@@ -91,8 +91,11 @@ pub enum KvError {
         /// Bytes of the value region's block area.
         capacity: u64,
     },
-    /// A validated leaf names a value block outside the value region: the
-    /// pool is corrupt (or not this store's).
+    /// A validated leaf names a value block outside the value region — or
+    /// one that did not hold the key's value (another key, length or
+    /// generation in its header, or a failed checksum) on every read for
+    /// longer than a live writer leaves it so (2 s: a block is freed only
+    /// once no leaf names it): the pool is corrupt (or not this store's).
     BadValuePointer {
         /// The key.
         key: u64,

@@ -1609,6 +1609,11 @@ impl KvSession {
     /// its block when out of line, the whole get again while the block
     /// read is stale.
     fn get_bytes(&mut self, key: u64, out: &mut Vec<u8>) -> Result<bool, KvError> {
+        // The pointer whose block last did not hold the value, and since
+        // when the leaf has named it: a block is freed only once no leaf
+        // names it, so a leaf naming a block that stays wrong is damage
+        // (reported after `TORN_LIMIT`, as a torn leaf is), not a race.
+        let mut wrong: Option<(BlockRef, Instant, u32)> = None;
         for attempt in 0..self.shared.cfg.max_attempts {
             let at = match self.get_inner(key)? {
                 None => return Ok(false),
@@ -1627,6 +1632,18 @@ impl KvSession {
                 return Ok(true);
             }
             self.io.cur.retries += 1;
+            let (since, n) = match wrong {
+                Some((p, since, n)) if p == at => (since, n + 1),
+                _ => (Instant::now(), 1),
+            };
+            if n > MIN_TORN && since.elapsed() >= TORN_LIMIT {
+                return Err(KvError::BadValuePointer {
+                    key,
+                    offset: at.offset,
+                    len: at.len,
+                });
+            }
+            wrong = Some((at, since, n));
             self.backoff(attempt);
         }
         Err(KvError::TooManyRetries {
