@@ -69,9 +69,9 @@
 //! not have taken effect ([`final_possible`]), a key whose insert failed
 //! may be absent, and steps that only read (connecting, the final reads)
 //! are retried. Every run reports `locks_held_end`: the chains still
-//! locked once the threads stopped and the agent went idle, counted as
-//! `rolex inspect --models` counts them (`null` against a remote memory
-//! node, where other processes may still hold some).
+//! locked once the threads stopped, counted as `rolex inspect --models`
+//! counts them, between two steps of the retraining agent (`null` against
+//! a remote memory node, where other processes may still hold some).
 //!
 //! `--plot FILE.svg` draws the run (`crate::plot`): the latency CDF of each
 //! operation kind that ran and the throughput over the run. Each thread
@@ -2433,12 +2433,12 @@ fn run_workload(
 const SETTLE: Duration = Duration::from_secs(5);
 
 /// Step 4, once the threads stopped (their last posted unlocks awaited):
-/// the chains still locked when the run has settled — after the local
-/// memory node's agent was idle for a few looks in a row (at most
-/// [`SETTLE`]: an agent that never settles holds its locks, which then
-/// count) — over every model's current LT, as `rolex inspect --models`
-/// counts them. `None` when the memory node is remote: other processes
-/// may still be running there.
+/// the chains still locked, over every model's current LT
+/// ([`locks_between_steps`], exact whatever the agent is doing), once the
+/// local memory node's agent was idle for a few looks in a row (at most
+/// [`SETTLE`]) — the wait only lets a retraining under way finish, for the
+/// space figures read next ([`Space::settled`]). `None` when the memory
+/// node is remote: other processes may still be running there.
 fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
     if store.nodes.is_empty() {
         return Ok(None);
@@ -2452,11 +2452,26 @@ fn settled_locks(store: &Store) -> Result<Option<u64>, BenchError> {
     }
     let mut locked = 0;
     for node in &store.nodes {
-        let pool = node.pool_handle();
-        let bytes = pool.to_vec(0, pool.len() as usize)?;
-        locked += crate::inspect::locked_chains(&bytes)?.values().sum::<u64>();
+        locked += locks_between_steps(node)?;
     }
     Ok(Some(locked))
+}
+
+/// The chains locked in `node`'s pool over every model's current LT, as
+/// `rolex inspect --models` counts them, counted between two steps of its
+/// retraining agent ([`MemoryNode::between_agent_steps`]). Counted from a
+/// copy taken while a retraining ran, a model frozen at that moment would
+/// count whole — every LT entry locked by the agent — though no lock is
+/// left once the step ends; holding the agent makes the count exact
+/// whatever it was doing, where waiting for it to look idle does not (a
+/// model backed off after failed freezes is retrained when its backoff
+/// ends, long after the agent looked idle).
+fn locks_between_steps(node: &MemoryNode) -> Result<u64, BenchError> {
+    node.between_agent_steps(|| {
+        let pool = node.pool_handle();
+        let bytes = pool.to_vec(0, pool.len() as usize)?;
+        Ok(crate::inspect::locked_chains(&bytes)?.values().sum::<u64>())
+    })
 }
 
 /// Step 4, once the run settled: the local memory node's space.
@@ -3128,6 +3143,43 @@ fn ratio(a: u64, b: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lock count at the end of a run never counts a model the agent
+    /// froze for a retraining (a run under load once reported 131 chains
+    /// locked, every entry of the model the agent was retraining as the
+    /// count copied the pool): counted while another thread retrains the
+    /// same model over and over, it is always 0.
+    #[test]
+    fn the_lock_count_never_sees_a_retraining_in_progress() {
+        let pairs: Vec<(u64, u64)> = (1..20_000u64).map(|k| (k * 7, k)).collect();
+        let node = MemoryNode::start(
+            MemoryNodeConfig {
+                retraining_thread: false,
+                ..MemoryNodeConfig::default()
+            },
+            &pairs,
+        )
+        .unwrap();
+        // Each retraining takes a new record and retired ones wait out the
+        // grace period, so the model region holds only so many of them.
+        let retrains = 10;
+        let done = AtomicBool::new(false);
+        let counts = std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..retrains {
+                    node.retrain_now(0).unwrap();
+                }
+                done.store(true, Ordering::SeqCst);
+            });
+            let mut counts = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                counts.push(locks_between_steps(&node).unwrap());
+            }
+            counts
+        });
+        assert_eq!(node.stats().agent.retrains, retrains);
+        assert!(counts.iter().all(|&n| n == 0), "{counts:?}");
+    }
 
     #[test]
     fn histogram_buckets_are_contiguous_and_tight() {

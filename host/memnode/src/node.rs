@@ -1334,6 +1334,23 @@ impl MemoryNode {
         Ok(self.agent().slt_used(model)?)
     }
 
+    /// Runs `f` between two steps of the retraining agent: the agent is
+    /// held until `f` returns, so no freeze, switch or release of a model's
+    /// entries is under way meanwhile, and what `f` reads of the model
+    /// records and their LT entries is what the last step left (compute
+    /// nodes, if any still run, go on changing it). A copy of the pool
+    /// taken while a step runs may see a whole model frozen — every LT
+    /// entry locked by the agent — or a directory word from before a
+    /// switch beside its record's state from after it.
+    ///
+    /// `f` must not call this node's methods that use the agent
+    /// ([`MemoryNode::stats`], [`MemoryNode::model_count`],
+    /// [`MemoryNode::poll_once`], …): they would wait for it forever.
+    pub fn between_agent_steps<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _held = self.agent();
+        f()
+    }
+
     /// Wakes the retraining thread (it also wakes on its own every
     /// `idle_park`).
     pub fn wake(&self) {
