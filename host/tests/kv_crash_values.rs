@@ -31,27 +31,12 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::Scratch;
 
 use rolex_core::layout::Superblock;
 use rolex_dpu::PoolMemory;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError};
 use rolex_host::memnode::{HostPool, MemoryNode, MemoryNodeConfig};
-
-/// A scratch file removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        Self(std::env::temp_dir().join(format!("rolex-{}-{name}", std::process::id())))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn config(file: &Scratch) -> MemoryNodeConfig {
     MemoryNodeConfig {

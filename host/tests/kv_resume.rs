@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::Scratch;
 
 use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{ModelRecord, ModelState, Superblock};
@@ -17,21 +17,6 @@ use rolex_host::kv::{KvClient, KvClientConfig};
 use rolex_host::memnode::{
     HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeError, NotAPool, PoolFileProblem,
 };
-
-/// A scratch file removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        Self(std::env::temp_dir().join(format!("rolex-{}-{name}", std::process::id())))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn config(file: &Scratch) -> MemoryNodeConfig {
     MemoryNodeConfig {

@@ -584,3 +584,20 @@ pub fn value_node(
     )
     .unwrap()
 }
+
+/// A scratch file in the temporary directory, named for this process and
+/// `name`, removed on drop (a pool file for the resume tests).
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    /// The scratch file `name` (not created).
+    pub fn new(name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("rolex-{}-{name}", std::process::id())))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
