@@ -618,3 +618,40 @@ fn keys_at_the_ends_of_u64_survive_cuts_and_merges() {
     );
     assert_eq!(locked_entries(&node), 0);
 }
+
+/// A model retrained more often than a compute node's model fetch takes
+/// (two round trips: the directory word, then the record) can never be
+/// fetched: each try finds the record it read retired, and after 1000
+/// tries the fetch reports `KvError::Inconsistent` ("the directory keeps
+/// naming a retired or reused record") although the pool is sound.
+/// Ignored: it fails today (see /work/notes/agentteam.md).
+#[test]
+#[ignore = "a model retrained faster than a fetch's round trips starves the fetch"]
+fn a_model_retrained_faster_than_a_fetch_still_gets_fetched() {
+    let pairs: Vec<(u64, u64)> = (0..16u64).map(|i| (i * 1000, 1000 + i)).collect();
+    let node = byte_node(&pairs, false, |_| {});
+    let stop = AtomicBool::new(false);
+    let failed = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(SeqCst) {
+                node.retrain_now(0).unwrap();
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        let c = client(&node, None, Duration::from_micros(500));
+        let mut s = c.session().unwrap();
+        let mut failed = 0;
+        for k in 0..16u64 {
+            match s.get_value(k * 1000) {
+                Ok(v) => assert_eq!(v.map(|b| id_of(k * 1000, &b)), Some(1000 + k)),
+                Err(e) => {
+                    eprintln!("get {}: {e}", k * 1000);
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    });
+    assert_eq!(failed, 0, "gets that gave up");
+}
