@@ -655,3 +655,152 @@ fn a_model_retrained_faster_than_a_fetch_still_gets_fetched() {
     });
     assert_eq!(failed, 0, "gets that gave up");
 }
+
+/// [`byte_op`]'s writes and gets, an error recorded as the checker wants
+/// it (`KvError::may_have_applied`: unknown outcome, else failed).
+/// Returns whether it failed.
+fn faulty_byte_op(
+    s: &mut KvSession,
+    rec: &mut Recorder,
+    rng: &mut StdRng,
+    (key, id): (u64, u64),
+) -> bool {
+    let (call, r) = match rng.gen_range(0..10) {
+        0..=2 => {
+            let op = rec.invoke(Call::Get { key });
+            let r = s
+                .get_value(key)
+                .map(|v| Ret::Value(v.map(|b| id_of(key, &b))));
+            (op, r)
+        }
+        3..=5 => {
+            let op = rec.invoke(Call::Insert { key, value: id });
+            (op, s.put(key, &value(key, id)).map(|p| Ret::Applied(!p)))
+        }
+        6 => {
+            let op = rec.invoke(Call::Update { key, value: id });
+            let r = s.update_value(key, &value(key, id)).map(Ret::Applied);
+            (op, r)
+        }
+        _ => {
+            let op = rec.invoke(Call::Delete { key });
+            (op, s.remove(key).map(Ret::Applied))
+        }
+    };
+    match r {
+        Ok(ret) => {
+            rec.finish(call, ret);
+            false
+        }
+        Err(e) => {
+            rec.error(call, e.may_have_applied());
+            true
+        }
+    }
+}
+
+#[test]
+fn windows_of_a_failed_memory_node_under_cuts_and_merges() {
+    use rolex_core::entry::LockOwner;
+    const OWNER: LockOwner = LockOwner(7);
+    let pairs: Vec<(u64, u64)> = (0..16u64).map(|i| (i * 12 * 1000, 1000 + i)).collect();
+    let node = byte_node(&pairs, true, |_| {});
+    let cfg = KvClientConfig {
+        engine: rolex_host::EngineConfig {
+            fabric: rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
+                latency: Duration::from_micros(20),
+                ..rolex_host::LoopbackConfig::default()
+            }),
+            ..rolex_host::EngineConfig::default()
+        },
+        model_max_age: MAX_AGE,
+        lock_owner: OWNER,
+        ..KvClientConfig::default()
+    };
+    let clients = [
+        KvClient::connect(cfg.clone(), &node.pool()).unwrap(),
+        KvClient::connect(cfg, &node.pool()).unwrap(),
+    ];
+    let clock = Arc::new(Clock::new());
+    let stop = AtomicBool::new(false);
+    let passes = AtomicU64::new(0);
+    let mut history = History::new(pairs.iter().copied());
+    let (windows, failed) = std::thread::scope(|scope| {
+        let r = scope.spawn(|| retrainer(&node, &stop, &passes, Duration::from_micros(300)));
+        // The node refuses every operation for 2 ms in every 6 ms.
+        let failer = scope.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(4));
+                assert!(node.engine().set_failed(true), "loopback fails peers");
+                std::thread::sleep(Duration::from_millis(2));
+                node.engine().set_failed(false);
+                n += 1;
+            }
+            n
+        });
+        let _stop = StopOnDrop(&stop);
+        let workers: Vec<_> = (0..4usize)
+            .map(|t| {
+                let client = clients[t % 2].clone();
+                let clock = clock.clone();
+                scope.spawn(move || {
+                    let mut s = (0..1000)
+                        .find_map(|_| client.session().ok())
+                        .expect("a session");
+                    let mut rec = Recorder::new(t, clock);
+                    let mut rng = StdRng::seed_from_u64(77 + t as u64);
+                    let mut failed = 0u64;
+                    for i in 0..300u64 {
+                        let key = rng.gen_range(0..200u64) * 1000;
+                        let id = (t as u64) << 32 | (i + 1);
+                        failed += u64::from(faulty_byte_op(&mut s, &mut rec, &mut rng, (key, id)));
+                    }
+                    for _ in 0..1000 {
+                        if s.flush().is_ok() && client.locks_maybe_held() == 0 {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    (rec.into_records(), failed)
+                })
+            })
+            .collect();
+        let mut failed = 0;
+        for w in workers {
+            let (records, f) = w.join().unwrap();
+            history.extend(records);
+            failed += f;
+        }
+        stop.store(true, SeqCst);
+        r.join().unwrap();
+        (failer.join().unwrap(), failed)
+    });
+    node.engine().set_failed(false);
+    let leaked = node.release_locks_of(OWNER).unwrap();
+    let fresh = client(&node, None, Duration::ZERO);
+    let mut s = fresh.session().unwrap();
+    let mut rec = Recorder::new(4, clock);
+    for k in 0..200u64 {
+        let key = k * 1000;
+        let op = rec.invoke(Call::Get { key });
+        let got = s.get_value(key).unwrap().map(|b| id_of(key, &b));
+        rec.finish(op, Ret::Value(got));
+    }
+    history.extend(rec.into_records());
+    let st = node.stats();
+    eprintln!(
+        "windows {windows}, leaked locks {leaked}, cuts {}, freed {}, failures {failed}",
+        st.agent.models_cut, st.agent.leaves_freed
+    );
+    history
+        .check()
+        .unwrap_or_else(|v| panic!("not linearizable: {v}"));
+    assert!(windows > 0);
+    assert!(
+        node.last_agent_error().is_none(),
+        "{:?}",
+        node.last_agent_error()
+    );
+    assert_eq!(locked_entries(&node), 0, "a chain left locked");
+}
