@@ -188,8 +188,19 @@ fn operations_in_flight_together_verify_and_share_round_trips() {
             assert!(scan < 1.0, "{w} {extra:?}: scans share rounds: {j}");
             continue;
         }
+        // Alone, a get takes one round (u64 values) or two (an out-of-line
+        // value: the leaf, then the block). Shared, a call's gets take
+        // fewer — though every round of the call counts, the chunk claims
+        // and free-stack pops of its writes' value space included (more of
+        // them since a client's chunks grow only with what it claims:
+        // 0.92-1.05 per get for ycsb-f's values on an unordered fabric).
         let get = j["rtt_per_op"]["get"].as_f64().unwrap();
-        assert!(get < 1.0, "{w}: gets share batches: {j}");
+        let bound = if extra.contains(&"--value-size") {
+            1.5
+        } else {
+            1.0
+        };
+        assert!(get < bound, "{w} {extra:?}: gets share batches: {j}");
         if w == "ycsb-a" || w == "ycsb-f" {
             // Updates are pipelined with the gets (u64 values, and long
             // ones: `run_many_values`; a read-modify-write's get and
