@@ -1581,9 +1581,12 @@ fn destination_deregistered_under_concurrent_scatters(
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
+    // Threads whose scatter landed once (their slice of every peer's
+    // region written), before the deregistration.
+    let landed = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
-            let (a, descs, stop, done, failed, victim_addrs, key_error) = (
+            let (a, descs, stop, done, failed, victim_addrs, key_error, landed) = (
                 a.clone(),
                 descs.clone(),
                 stop.clone(),
@@ -1591,7 +1594,9 @@ fn destination_deregistered_under_concurrent_scatters(
                 failed.clone(),
                 victim_addrs.clone(),
                 key_error.clone(),
+                landed.clone(),
             );
+            let mut first = true;
             std::thread::spawn(move || {
                 let (src, _) = region(&a, 4096);
                 src.write(0, &[0xab; 4096]).unwrap();
@@ -1608,6 +1613,10 @@ fn destination_deregistered_under_concurrent_scatters(
                     let (f, d) = flag();
                     a.submit_scatter(None, d, Some(3), &src, &dst).unwrap();
                     match wait(&f) {
+                        Ok(_) if first => {
+                            first = false;
+                            landed.fetch_add(1, SeqCst);
+                        }
                         Ok(_) => {}
                         Err(e) if key_error(&e, &victim_addrs) => {
                             failed.fetch_add(1, SeqCst);
@@ -1619,7 +1628,11 @@ fn destination_deregistered_under_concurrent_scatters(
             })
         })
         .collect();
-    until("scatters to land", || done.load(SeqCst) >= 40);
+    // Every thread's slice landed once: a thread started late would
+    // otherwise meet only the stale descriptor, and write no peer.
+    until("scatters to land", || {
+        done.load(SeqCst) >= 40 && landed.load(SeqCst) == 4
+    });
     peers[1].dereg_mr(&regions[1].0).unwrap();
     let fresh: Vec<_> = (0..4).map(|_| region(&peers[1], 4096)).collect();
     let seen = failed.load(SeqCst);
