@@ -450,6 +450,7 @@ fn a_node_whose_batches_fail_leaves_the_other_nodes_answers_and_locks_alone() {
                     let faults = (i == 0).then_some(Faults {
                         probability: 0.25,
                         seed: seed * 1_000_003 + attempt,
+                        torn: 0.0,
                     });
                     let cfg = KvClientConfig {
                         engine: EngineConfig {
@@ -555,6 +556,7 @@ fn scans_read_together_across_a_failing_node_answer_right_or_name_it() {
                     let faults = (i == 1).then_some(Faults {
                         probability: 0.05,
                         seed: seed * 1_000_003 + attempt,
+                        torn: 0.0,
                     });
                     let cfg = KvClientConfig {
                         engine: EngineConfig {

@@ -135,7 +135,11 @@ fn round(s: &mut KvSession, rec: &mut Recorder, rng: &mut StdRng, t: usize, firs
 fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
     let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node(&pairs);
-    let faults = Faults { probability, seed };
+    let faults = Faults {
+        probability,
+        seed,
+        torn: 0.0,
+    };
     let cfg = KvClientConfig {
         engine: engine(Some(faults), unordered, seed),
         lock_owner: OWNER,

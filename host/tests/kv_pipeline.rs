@@ -381,8 +381,9 @@ fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
 /// linearizable, every key read back at the end included — so every
 /// acknowledged write is readable unless a later write replaced it — and
 /// once the threads flushed, no lock is maybe held and no LT word is
-/// locked.
-fn batches_under_injected_faults(unordered: bool) {
+/// locked. Faults at `probability`, and leaf writes torn at `torn` (a
+/// prefix lands, the rest of the batch fails: `Faults::torn`).
+fn batches_under_injected_faults(unordered: bool, (probability, torn): (f64, f64)) {
     const OWNER: LockOwner = LockOwner(9);
     let keys = 48u64;
     let all: Vec<u64> = (0..keys).map(|k| k * 1000).collect();
@@ -390,8 +391,8 @@ fn batches_under_injected_faults(unordered: bool) {
         let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
         let node = common::churning_node(&pairs);
         let clients = [0, 1].map(|client| {
-            common::faulty_client(&node, (seed, client, 0.01), OWNER, |faults| {
-                engine(unordered, Some(faults), seed)
+            common::faulty_client(&node, (seed, client, probability), OWNER, |faults| {
+                engine(unordered, Some(Faults { torn, ..faults }), seed)
             })
         });
         let (checked, f) = common::faulty_history(
@@ -443,12 +444,24 @@ fn batches_under_injected_faults(unordered: bool) {
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
-    batches_under_injected_faults(false);
+    batches_under_injected_faults(false, (0.01, 0.0));
 }
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_unordered() {
-    batches_under_injected_faults(true);
+    batches_under_injected_faults(true, (0.01, 0.0));
+}
+
+/// Leaf writes torn by a broken link are written again whole before
+/// their locks are released: every key reads back.
+#[test]
+fn batches_with_torn_leaf_writes_lose_no_write() {
+    batches_under_injected_faults(false, (0.0, 0.05));
+}
+
+#[test]
+fn batches_with_torn_leaf_writes_lose_no_write_unordered() {
+    batches_under_injected_faults(true, (0.0, 0.05));
 }
 
 /// Sessions dropped right after a call of writes on an unordered fabric,
@@ -473,6 +486,7 @@ fn sessions_dropped_with_unlocks_posted(faults: bool) {
                         faults.then_some(Faults {
                             probability: 0.02,
                             seed: seed * 1_000_003 + attempt,
+                            torn: 0.0,
                         }),
                         seed,
                     ),

@@ -452,6 +452,7 @@ fn crossed_writes_whose_unlocks_fail_in_flight_do_not_wait_for_each_other() {
                 let faults = Faults {
                     probability: 0.1,
                     seed: seed * 1_000_003 + attempt,
+                    torn: 0.0,
                 };
                 KvClient::connect(
                     KvClientConfig {

@@ -721,6 +721,7 @@ fn give_backs_under_injected_faults_never_hand_a_block_out_twice() {
                 faults: Some(rolex_host::Faults {
                     probability: 0.03,
                     seed,
+                    torn: 0.0,
                 }),
                 ..rolex_host::LoopbackConfig::default()
             }),

@@ -455,6 +455,7 @@ fn client_engine(args: &BenchArgs, mut engine: EngineConfig) -> EngineConfig {
         lb.faults = Some(Faults {
             probability,
             seed: args.data.seed,
+            torn: 0.0,
         });
     }
     engine

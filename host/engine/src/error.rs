@@ -115,9 +115,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroWindow => f.write_str("the unordered window must be at least 1"),
             ConfigError::Bandwidth => f.write_str("injected bandwidth must be positive and finite"),
             ConfigError::Verbs(why) => write!(f, "invalid verbs option: {why}"),
-            ConfigError::FaultProbability => {
-                f.write_str("the injected failure probability must be in [0, 1]")
-            }
+            ConfigError::FaultProbability => f.write_str(
+                "the injected failure probabilities (failed, torn and their sum) must be in [0, 1]",
+            ),
         }
     }
 }

@@ -388,6 +388,7 @@ pub fn faulty_client(
             let faults = rolex_host::Faults {
                 probability,
                 seed: seed * 1_000_003 + client * 1009 + attempt,
+                torn: 0.0,
             };
             let cfg = rolex_host::kv::KvClientConfig {
                 engine: engine(faults),

@@ -121,8 +121,9 @@ pub(super) type LeafWrite = (u64, Vec<u8>);
 /// [`KvSession::released_many`] must settle it, posted or not.
 #[must_use = "planned releases are settled by `released_many`"]
 pub(super) struct Releases {
-    /// Each lock's words, and whether it writes its leaf.
-    words: Vec<(LockWord, bool)>,
+    /// Each lock's words, and its leaf write if it has one (written
+    /// again before a retried release should it fail).
+    words: Vec<(LockWord, Option<LeafWrite>)>,
     /// The batch: each lock's leaf write (if any) then its unlock; `Err`
     /// when its writes could not be staged (nothing to post).
     pub(super) ops: Result<Vec<Op>, KvError>,
@@ -675,30 +676,30 @@ impl KvSession {
             Ok(r) => r[0].clone(),
             Err(e) => return self.lost_release(w, to, e, Vec::new()),
         };
-        self.unlocked(w, to, got, None)
+        self.unlocked(w, to, got, None, &[])
     }
 
     /// What an awaited unlocking `CAS` of `w` (meant to leave `to`) that
     /// returned `got` means, after writes that failed with `write_err` (if
-    /// any; then the operation may have taken effect).
+    /// any; then the operation may have taken effect). `rewrite`: those
+    /// writes (pool offset, bytes), written again before a retried
+    /// release when the `CAS` failed too: a write torn by a broken link
+    /// fails everything posted after it on that link, the `CAS` included,
+    /// and must not be left under a released lock (see
+    /// [`Self::release_exclusively`]). A `CAS` that completed tells the
+    /// link carried it, so the writes before it were placed whole, or not
+    /// at all where the target refused them.
     fn unlocked(
         &mut self,
         w: LockWord,
         to: u64,
         got: Result<u64, TransferError>,
         write_err: Option<KvError>,
+        rewrite: &[(u64, &[u8])],
     ) -> Result<(), KvError> {
-        let wrote = |r: Result<(), KvError>| match (&write_err, r) {
-            (None, r) => r,
-            (Some(e), Ok(())) => Err(e.clone().indeterminate()),
-            (Some(e), Err(KvError::LockMaybeHeld { model, release, .. })) => {
-                Err(KvError::LockMaybeHeld {
-                    model,
-                    release,
-                    after: Some(Box::new(e.clone().indeterminate())),
-                })
-            }
-            (Some(_), Err(other)) => Err(other.indeterminate()),
+        let wrote = |r: Result<(), KvError>| match &write_err {
+            None => r,
+            Some(e) => Err(after_writes(e, r.err().unwrap_or_else(|| e.clone()))),
         };
         match got {
             Ok(v) if v == w.locked => {
@@ -717,7 +718,12 @@ impl KvSession {
                     during: "unlocking a chain",
                     error,
                 };
-                wrote(self.lost_release(w, to, failed, Vec::new()))
+                let repair = if write_err.is_some() {
+                    owned(rewrite)
+                } else {
+                    Vec::new()
+                };
+                wrote(self.lost_release(w, to, failed, repair))
             }
         }
     }
@@ -760,9 +766,15 @@ impl KvSession {
 
     /// Writes `writes` and releases `w` (locked word → `to`): in one batch
     /// on an ordered fabric; on an unordered one, the unlock is posted
-    /// after the writes completed and not awaited. If a write fails, the
-    /// release leaves the word unchanged (`w`'s unlocked word) and the
-    /// error is indeterminate.
+    /// after the writes completed and not awaited. If a write fails, it
+    /// may have landed in part (a link that broke in the middle of it), so
+    /// the lock is kept until `writes` are written again whole, then
+    /// released to `to` ([`Self::lost_release`]): at once if that works,
+    /// else by a later operation of the client
+    /// ([`KvError::LockMaybeHeld`]); the error is indeterminate either way
+    /// (the operation takes effect once the writes land). Nothing posted
+    /// (staging failed, the lease lapsed): the word is released
+    /// unchanged.
     fn write_and_unlock(
         &mut self,
         w: LockWord,
@@ -777,7 +789,7 @@ impl KvSession {
             return match self.write(&ops, "writing a locked chain") {
                 Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
                 Written::Not(e) => Err(self.unlock_after(w, e)),
-                Written::Maybe(e) => Err(self.unlock_after(w, e.indeterminate())),
+                Written::Maybe(e) => Err(self.release_after_failed_writes(w, to, e, owned(writes))),
             };
         }
         let during = "writing and unlocking";
@@ -798,7 +810,7 @@ impl KvSession {
         };
         // The writes landed (or may have, with an error): whatever the
         // unlock's fate, the operation may have taken effect.
-        let r = self.unlocked(w, to, got, write_err.clone());
+        let r = self.unlocked(w, to, got, write_err.clone(), writes);
         match (write_err, r) {
             (None, Err(e)) => Err(e.indeterminate()),
             (_, r) => r,
@@ -821,22 +833,21 @@ impl KvSession {
         locks: Vec<(ChainLock, Option<LeafWrite>)>,
     ) -> Releases {
         let ordered = self.shared.ordered;
-        let words: Vec<(LockWord, bool)> =
-            locks.iter().map(|(l, w)| (l.word, w.is_some())).collect();
         let writes: Vec<(u64, &[u8])> = locks
             .iter()
             .filter_map(|(_, w)| w.as_ref().map(|(off, b)| (*off, b.as_slice())))
             .collect();
         let staged = self.io.stage_writes(&writes);
         drop(writes);
-        for (lock, _) in locks {
-            lock.spend();
-        }
+        let words: Vec<(LockWord, Option<LeafWrite>)> = locks
+            .into_iter()
+            .map(|(lock, write)| (lock.spend(), write))
+            .collect();
         let ops = staged.map(|data| {
             let mut ops = Vec::with_capacity(data.len() + words.len());
             let mut data = data.into_iter();
-            for &(w, wrote) in &words {
-                if wrote {
+            for (w, write) in &words {
+                if write.is_some() {
                     ops.extend(data.next());
                 }
                 if !ordered {
@@ -884,7 +895,8 @@ impl KvSession {
         };
         let mut results = results.iter().cloned();
         let mut out = Vec::with_capacity(words.len());
-        for (w, wrote) in words {
+        for (w, write) in words {
+            let wrote = write.is_some();
             let write_err = if wrote {
                 results
                     .next()
@@ -893,18 +905,20 @@ impl KvSession {
             } else {
                 None
             };
+            let to = w.unlocked.raw();
             if !self.shared.ordered {
-                out.push(match write_err {
-                    Some(e) => Err(self.unlock_after(w, e.indeterminate())),
-                    None if wrote => self
-                        .post_unlock(w, w.unlocked.raw())
-                        .map_err(KvError::indeterminate),
-                    None => self.post_unlock(w, w.unlocked.raw()),
+                out.push(match (write_err, write) {
+                    (Some(e), Some(write)) => {
+                        Err(self.release_after_failed_writes(w, to, e, vec![write]))
+                    }
+                    (_, Some(_)) => self.post_unlock(w, to).map_err(KvError::indeterminate),
+                    (_, None) => self.post_unlock(w, to),
                 });
                 continue;
             }
             let got = results.next().unwrap_or(Ok(w.locked));
-            let r = self.unlocked(w, w.unlocked.raw(), got, write_err.clone());
+            let rewrite = write.as_ref().map(|(off, b)| (*off, b.as_slice()));
+            let r = self.unlocked(w, to, got, write_err.clone(), rewrite.as_slice());
             out.push(match (wrote, write_err, r) {
                 // The write landed: whatever the unlock's fate, the
                 // operation may have taken effect.
@@ -924,6 +938,22 @@ impl KvSession {
             },
             Err(e) => Written::Not(e),
         }
+    }
+
+    /// Releases `w` to `to` after its `rewrite` writes failed with `error`
+    /// (they may have landed in part): once they are written again whole,
+    /// at once or by a later operation ([`Self::lost_release`]). Returns
+    /// the operation's error, indeterminate (it takes effect once the
+    /// writes land): `error`, or the lock maybe held after it.
+    fn release_after_failed_writes(
+        &mut self,
+        w: LockWord,
+        to: u64,
+        error: KvError,
+        rewrite: Vec<(u64, Vec<u8>)>,
+    ) -> KvError {
+        let released = self.lost_release(w, to, error.clone(), rewrite);
+        after_writes(&error, released.err().unwrap_or_else(|| error.clone()))
     }
 
     /// Releases `w` unchanged after `error` and returns `error` — or, if
@@ -1012,8 +1042,32 @@ impl KvSession {
     /// [`Self::retry_release`] holding `e`'s stripe: its repair writes,
     /// then the `CAS` from its locked word. A `CAS` that completes settles
     /// it: it released the lock, or the word was not ours any more.
+    ///
+    /// The repair writes go out only while the word is still ours: a `CAS`
+    /// leaving it as it is tells (a release of ours whose outcome was
+    /// unknown may have landed, and another writer may hold the chain
+    /// now). The word holding our locked value means the lock is ours —
+    /// no other session of this process holds a lock of this stripe, and
+    /// other processes lock with other owner ids — so nobody else writes
+    /// the chain until the `CAS` below. Any other value settles it: our
+    /// release landed, and a release lands only after the writes posted
+    /// before it on the same link were placed (a torn one fails what
+    /// follows it).
     fn release_exclusively(&mut self, e: &MaybeHeld) -> bool {
         if !e.repair.is_empty() {
+            let ours = Op::Cas {
+                remote: e.lt_off,
+                expected: e.locked,
+                new: e.locked,
+            };
+            match self
+                .io
+                .run_each(&self.shared.pool, &[ours], "checking a lock held")
+            {
+                Ok([Ok(word)]) if *word == e.locked => {}
+                Ok([Ok(_)]) => return true,
+                _ => return false,
+            }
             let writes: Vec<(u64, &[u8])> = e
                 .repair
                 .iter()
@@ -1023,7 +1077,10 @@ impl KvSession {
                 Ok(ops) => ops,
                 Err(_) => return false,
             };
-            if !matches!(self.write(&ops, "repairing a split"), Written::All) {
+            if !matches!(
+                self.write(&ops, "writing a locked chain again"),
+                Written::All
+            ) {
                 return false;
             }
         }
@@ -1096,6 +1153,21 @@ impl ChainLock {
         let w = self.spend();
         s.lost_release(w, w.unlocked.raw(), error, repair)
     }
+
+    /// Keeps the lock until `rewrite` — writes that failed with `error`
+    /// and may have landed in part — is written again whole, then
+    /// releases it to `to`, at once or by a later operation. Returns the
+    /// operation's error, indeterminate (see
+    /// [`KvSession::release_after_failed_writes`]).
+    pub(super) fn rewrite_then_release(
+        self,
+        s: &mut KvSession,
+        rewrite: Vec<(u64, Vec<u8>)>,
+        to: LtEntry,
+        error: KvError,
+    ) -> KvError {
+        s.release_after_failed_writes(self.spend(), to.raw(), error, rewrite)
+    }
 }
 
 impl Drop for ChainLock {
@@ -1142,5 +1214,26 @@ impl Drop for KvSession {
         if self.counted && self.shared.let_go() && !crate::reaper::Posted::adopt(&self.shared) {
             let _ = self.give_back_all_values();
         }
+    }
+}
+
+/// `writes` as owned bytes, for a release that must write them again
+/// first.
+pub(super) fn owned(writes: &[(u64, &[u8])]) -> Vec<(u64, Vec<u8>)> {
+    writes.iter().map(|&(off, b)| (off, b.to_vec())).collect()
+}
+
+/// The error of an operation whose writes failed with `write` (they may
+/// have landed, in part) and whose release then answered `release`: a
+/// lock maybe held carries the write's error as what came before it;
+/// anything else is indeterminate.
+fn after_writes(write: &KvError, release: KvError) -> KvError {
+    match release {
+        KvError::LockMaybeHeld { model, release, .. } => KvError::LockMaybeHeld {
+            model,
+            release,
+            after: Some(Box::new(write.clone().indeterminate())),
+        },
+        other => other.indeterminate(),
     }
 }

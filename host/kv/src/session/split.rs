@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use rolex_core::entry::{LeafAddr, LtEntry, SltHeader};
 use rolex_core::layout::{Leaf, LeafRegion, Slot};
 
-use super::lock::ChainLock;
+use super::lock::{owned, ChainLock};
 use super::{bad_leaf, first_error, KvSession, Locked, SplitInput};
 use crate::cache::ModelView;
 use crate::error::KvError;
@@ -154,10 +154,12 @@ impl SplitWrites {
     /// [`Self::new_leaf`] as owned bytes, for a release that must write
     /// them again first.
     fn new_leaf_owned(&self) -> Vec<(u64, Vec<u8>)> {
-        self.new_leaf()
-            .iter()
-            .map(|&(off, bytes)| (off, bytes.to_vec()))
-            .collect()
+        owned(&self.new_leaf())
+    }
+
+    /// [`Self::links`] as owned bytes, likewise.
+    fn links_owned(&self) -> Vec<(u64, Vec<u8>)> {
+        owned(&self.links())
     }
 }
 
@@ -326,7 +328,10 @@ impl KvSession {
                 );
             }
             if let Some(error) = link_err {
-                return Err(lock.abort(self, failed(error).indeterminate()));
+                // `A'` may have landed in part: whole again before the
+                // release (`B` is whole).
+                let rewrite = w.links_owned();
+                return Err(lock.rewrite_then_release(self, rewrite, w.unlock_to, failed(error)));
             }
         } else {
             match self
@@ -349,8 +354,15 @@ impl KvSession {
             {
                 Ok(r) => {
                     if let Some(error) = first_error(r) {
-                        // `A'` may have landed; either way `B` is whole.
-                        return Err(lock.abort(self, failed(error).indeterminate()));
+                        // `A'` may have landed, in part: whole again
+                        // before the release (`B` is whole).
+                        let rewrite = w.links_owned();
+                        return Err(lock.rewrite_then_release(
+                            self,
+                            rewrite,
+                            w.unlock_to,
+                            failed(error),
+                        ));
                     }
                 }
                 Err(e) => return Err(lock.abort(self, e)),

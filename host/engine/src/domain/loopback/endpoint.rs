@@ -48,6 +48,10 @@ enum Fault {
     Before,
     /// Run, then fail: the effect stays, the result is an error.
     After,
+    /// A WRITE of which only the first `n` bytes land (`0 < n < len`),
+    /// then fail; the rest of its doorbell batch fails [`Fault::Before`]
+    /// (see [`super::Faults`]).
+    Torn(u64),
 }
 
 /// A posted operation and the fault drawn for it.
@@ -231,28 +235,61 @@ impl LoopbackEndpoint {
         out.push(Completion { wr_id, result });
     }
 
-    /// The injected fault of the next operation posted, if any: one draw
-    /// per operation, so the faults of a seed do not depend on outcomes.
-    fn draw_fault(&mut self) -> Option<Fault> {
-        let p = self.cfg.faults?.probability;
-        let x: f64 = self.fault_rng.as_mut()?.gen();
-        if x < p / 2.0 {
-            Some(Fault::Before)
-        } else if x < p {
-            Some(Fault::After)
-        } else {
-            None
+    /// The injected fault of the next operation posted, `op`, if any: one
+    /// draw per operation (and one more for a torn write's prefix), so the
+    /// faults of a seed do not depend on outcomes.
+    fn draw_fault(&mut self, op: &WorkOp) -> Option<Fault> {
+        let f = self.cfg.faults?;
+        let rng = self.fault_rng.as_mut()?;
+        let x: f64 = rng.gen();
+        let (p, torn) = (f.probability, f.torn);
+        match *op {
+            _ if x < p / 2.0 => Some(Fault::Before),
+            _ if x < p => Some(Fault::After),
+            WorkOp::Write { len, .. } if len > 8 && x < p + torn => {
+                Some(Fault::Torn(rng.gen_range(1..len)))
+            }
+            _ => None,
         }
+    }
+
+    /// The faults of a doorbell batch's next operation, `op`, given whether
+    /// an earlier operation of the batch was torn (then it fails before it
+    /// runs: the connection is down).
+    fn batch_fault(&mut self, op: &WorkOp, broken: &mut bool) -> Option<Fault> {
+        let drawn = self.draw_fault(op);
+        if *broken {
+            return Some(Fault::Before);
+        }
+        *broken = matches!(drawn, Some(Fault::Torn(_)));
+        drawn
     }
 
     /// Runs one request now: completes it, or parks a send that found no
     /// receive buffer (`now`: the caller's clock, read here if `None`).
     fn run(&mut self, posted: Posted, now: Option<Instant>, out: &mut Vec<Completion>) {
         let Posted { wr, fault } = posted;
-        if fault == Some(Fault::Before) {
-            let err = injected(&wr.op);
-            self.finish(wr.wr_id, Err(err), out);
-            return;
+        match (fault, &wr.op) {
+            (Some(Fault::Before), _) => {
+                let err = injected(&wr.op);
+                self.finish(wr.wr_id, Err(err), out);
+                return;
+            }
+            (Some(Fault::Torn(n)), WorkOp::Write { local, remote, .. }) => {
+                // The prefix lands (protection checked on it alone, as a
+                // target checks what it places); the write fails either way.
+                let prefix = WorkOp::Write {
+                    local: local.clone(),
+                    remote: *remote,
+                    len: n,
+                    imm: None,
+                };
+                let _ = self.exec(&prefix);
+                let err = injected(&wr.op);
+                self.finish(wr.wr_id, Err(err), out);
+                return;
+            }
+            _ => {}
         }
         match self.exec(&wr.op) {
             Exec::Done(r) => self.finish(wr.wr_id, after(fault, &wr.op, r), out),
@@ -401,15 +438,17 @@ impl Endpoint for LoopbackEndpoint {
         if self.direct() {
             // No clock: a send parked for want of a buffer reads its own.
             let mut out = std::mem::take(&mut self.ready);
+            let mut broken = false;
             for wr in batch.drain(..) {
                 self.nic.counters.count_posted(&wr.op);
-                let fault = self.draw_fault();
+                let fault = self.batch_fault(&wr.op, &mut broken);
                 self.run(Posted { wr, fault }, None, &mut out);
             }
             self.ready = out;
             return;
         }
         let now = Instant::now();
+        let mut broken = false;
         for wr in batch.drain(..) {
             self.nic.counters.count_posted(&wr.op);
             let bytes = match &wr.op {
@@ -418,7 +457,7 @@ impl Endpoint for LoopbackEndpoint {
                 WorkOp::Send { data, .. } => data.len() as u64,
             };
             let due = self.due(now, bytes);
-            let fault = self.draw_fault();
+            let fault = self.batch_fault(&wr.op, &mut broken);
             self.inflight.push_back((due, Posted { wr, fault }));
         }
     }

@@ -52,15 +52,29 @@ pub struct Unordered {
 /// arrived), half before (nothing happened). Protection is kept: an
 /// operation that fails the NIC's checks changes nothing either way.
 ///
+/// With probability `torn` (on top of `probability`), a WRITE of more
+/// than 8 bytes is *torn*: only a prefix of its bytes lands (at least one
+/// byte, never all; no immediate is delivered) and it fails, and every
+/// later operation of the same doorbell batch fails before it runs. That
+/// is what a stream transport does when its connection breaks in the
+/// middle of a message (libfabric's `tcp` places an RMA write's payload in
+/// the target region as it arrives): the target keeps the prefix, and
+/// nothing posted after it on that connection is carried out. An 8-byte
+/// write, an atomic or a READ is never torn.
+///
 /// Deterministic for a seed: each endpoint draws from its own stream,
 /// derived from `seed` and the endpoint's number on its NIC, one draw per
-/// posted operation in posting order.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// posted operation in posting order (plus one for a torn write's
+/// prefix).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Faults {
     /// Probability that an operation fails, in `[0, 1]`.
     pub probability: f64,
     /// Seed of the draws.
     pub seed: u64,
+    /// Probability that a WRITE of more than 8 bytes is torn, in `[0, 1]`
+    /// with `probability + torn ≤ 1`.
+    pub torn: f64,
 }
 
 /// Options of the loopback NIC.
@@ -106,7 +120,8 @@ impl LoopbackConfig {
             }
         }
         if let Some(f) = self.faults {
-            if !(0.0..=1.0).contains(&f.probability) {
+            let ok = |p: f64| (0.0..=1.0).contains(&p);
+            if !(ok(f.probability) && ok(f.torn) && ok(f.probability + f.torn)) {
                 return Err(ConfigError::FaultProbability);
             }
         }
@@ -485,6 +500,7 @@ mod tests {
             let faults = Faults {
                 probability: 0.3,
                 seed: 11,
+                torn: 0.0,
             };
             let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
             let faa = WorkOp::Faa { remote, add: 1 };
@@ -512,11 +528,81 @@ mod tests {
     }
 
     #[test]
+    fn torn_writes_land_a_prefix_and_fail_the_rest_of_their_batch() {
+        // 64-byte writes of 0xAB into their own 64-byte slots, eight to a
+        // doorbell; 8-byte writes are never torn.
+        const N: usize = 800;
+        const SLOT: u64 = 64;
+        for unordered in [false, true] {
+            let faults = Faults {
+                probability: 0.0,
+                seed: 17,
+                torn: 0.1,
+            };
+            let Faulty { a, b, dst, remote } =
+                faulty_pair(faults, unordered, N as u64 * SLOT, Access::all());
+            let src = region(SLOT);
+            src.enter().unwrap().write(0, &[0xAB; SLOT as usize]);
+            let write = |i: usize, len: u64| WorkOp::Write {
+                local: Some(Local {
+                    region: src.clone(),
+                    offset: 0,
+                }),
+                remote: Remote {
+                    addr: remote.addr + i as u64 * SLOT,
+                    ..remote
+                },
+                len,
+                imm: None,
+            };
+            let results = run_all(&a, (0..N).map(|i| write(i, SLOT)).collect());
+            let (mut torn, mut after_torn) = (0, 0);
+            for (batch, rs) in results.chunks(8).enumerate() {
+                let mut broken = false;
+                for (k, r) in rs.iter().enumerate() {
+                    let i = batch * 8 + k;
+                    let mut got = [0u8; SLOT as usize];
+                    dst.enter().unwrap().read(i as u64 * SLOT, &mut got);
+                    let landed = got.iter().take_while(|&&b| b == 0xAB).count();
+                    assert!(got[landed..].iter().all(|&b| b == 0), "write {i}: a prefix");
+                    match r {
+                        Ok(_) => {
+                            assert!(!broken, "write {i} ran after a torn one of its batch");
+                            assert_eq!(landed, SLOT as usize, "write {i} completed whole");
+                        }
+                        Err(_) if broken => {
+                            assert_eq!(landed, 0, "write {i} after a torn one landed");
+                            after_torn += 1;
+                        }
+                        Err(e) => {
+                            assert!(is_injected(r, OpKind::Write), "write {i}: {e}");
+                            assert!(0 < landed && landed < SLOT as usize, "write {i} torn");
+                            torn += 1;
+                            broken = true;
+                        }
+                    }
+                }
+            }
+            println!("unordered {unordered}: {N} writes: {torn} torn, {after_torn} after one");
+            assert!(torn > 0 && after_torn > 0, "both occur");
+            // 8 bytes: never torn.
+            let small = run_all(&a, (0..N).map(|i| write(i, 8)).collect());
+            assert!(
+                small.iter().all(Result::is_ok),
+                "8-byte writes are never torn"
+            );
+            a.shutdown();
+            b.shutdown();
+        }
+    }
+
+    #[test]
     fn injected_faults_are_the_same_for_the_same_seed() {
         let outcome = |seed: u64, unordered: bool| {
             let faults = Faults {
                 probability: 0.2,
                 seed,
+                torn: 0.0,
             };
             let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
             let results = run_all(&a, vec![WorkOp::Faa { remote, add: 1 }; 500]);
@@ -540,6 +626,7 @@ mod tests {
         let faults = Faults {
             probability: 1.0,
             seed: 2,
+            torn: 0.0,
         };
         let Faulty { a, b, dst, remote } = faulty_pair(faults, false, WORDS * 8, Access::all());
         let cas: Vec<WorkOp> = (0..WORDS)
@@ -572,6 +659,7 @@ mod tests {
         let faults = Faults {
             probability: 1.0,
             seed: 9,
+            torn: 0.0,
         };
         let Faulty { a, b, dst, remote } = faulty_pair(faults, false, 64, Access::REMOTE_READ);
         let src = region(64);
@@ -630,6 +718,7 @@ mod tests {
                 faults: Some(Faults {
                     probability: p,
                     seed: 0,
+                    torn: 0.0,
                 }),
                 ..LoopbackConfig::default()
             };
@@ -643,6 +732,7 @@ mod tests {
             let faults = Some(Faults {
                 probability: p,
                 seed: 0,
+                torn: 0.0,
             });
             let cfg = LoopbackConfig {
                 faults,
@@ -655,6 +745,7 @@ mod tests {
             Faults {
                 probability: 0.0,
                 seed: 1,
+                torn: 0.0,
             },
             true,
             8,
