@@ -62,7 +62,8 @@ pub struct KvClientConfig {
     /// memory node reuses a retired record's space only after its grace
     /// period (`rolex_dpu::AgentConfig::record_grace`, 2 s by default),
     /// which must exceed this plus the longest a request stays in flight.
-    /// 500 ms by default.
+    /// It is also the longest a model fetch may take and still use a record
+    /// retired under it (see `fetch_model`). 500 ms by default.
     pub model_max_age: Duration,
     /// The id every chain lock of this client carries: the one its memory
     /// node's lease handed out ([`super::lease::LeaseClient::owner`]), so
@@ -434,7 +435,13 @@ impl KvClient {
             .map(|_| RwLock::new(None))
             .collect();
         for &m in &topology.ids {
-            let v = fetch_model(&mut io, desc, &sb, m)?;
+            let v = fetch_model(
+                &mut io,
+                desc,
+                &sb,
+                m,
+                FetchPlan::new(cfg.model_max_age, None),
+            )?;
             *views[m as usize].write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(v));
         }
         let ordered = engine.ordered();
@@ -560,37 +567,132 @@ impl KvClient {
     }
 }
 
-/// Reads model `m`'s current record and tables.
+/// How [`fetch_model`] reads a model's record.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FetchPlan {
+    /// `KvClientConfig::model_max_age` in nanoseconds: the longest a fetch
+    /// may take and still use a record that was retired under it.
+    pub(crate) max_age_ns: u64,
+    /// Bytes of the model's record as last cached (0: none): the record's
+    /// first READ takes this much and an eighth more, so a record that did
+    /// not grow by more comes whole in that READ.
+    pub(crate) len_hint: u64,
+}
+
+impl FetchPlan {
+    /// The plan for a model whose cached view (if any) is `cached`.
+    pub(crate) fn new(max_age: Duration, cached: Option<&ModelView>) -> Self {
+        Self {
+            max_age_ns: u64::try_from(max_age.as_nanos()).unwrap_or(u64::MAX),
+            len_hint: cached.map_or(0, |v| v.record.total_len().unwrap_or(0)),
+        }
+    }
+
+    /// Bytes the first READ of a record at `at` takes: the header, or the
+    /// hinted length with slack (256 bytes: 16 more training leaves), as
+    /// far as the model region goes.
+    fn first_len(&self, at: u64, sb: &Superblock) -> u64 {
+        if self.len_hint == 0 {
+            return ModelRecord::SIZE;
+        }
+        let end = sb.model_region_offset() + sb.model_region_len();
+        let want = self.len_hint + self.len_hint / 8 + 256;
+        want.min(end.saturating_sub(at)).max(ModelRecord::SIZE)
+    }
+}
+
+/// Tries [`fetch_model`] makes before it gives up.
+const FETCH_TRIES: u64 = 1000;
+
+/// Reads model `m`'s current record and tables: the directory word, then
+/// the record it names — with its tables in the same READ when
+/// `plan.len_hint` covers them, else in a second READ. 2 round trips for a
+/// model whose record did not grow since it was cached, 3 otherwise.
+///
+/// A record found **retired** by the time it is read (the agent retrained
+/// the model during the fetch) is used as it was read, provided the whole
+/// try took at most `model_max_age` from `t0`, the clock before the
+/// directory READ. Before, the fetch read the directory again, and a model
+/// retrained faster than a fetch's round trips was never fetched (every
+/// try found its record retired). Why such a view is safe:
+/// - its bytes are the record's own: the directory named it during the
+///   directory READ, and the agent retires a record only after the
+///   directory names its successor, so it was retired after `t0`; its
+///   space is reused only `record_grace` after that, and the grace
+///   exceeds `model_max_age` (`KvClientConfig::model_max_age`), so every
+///   byte read landed first. Each READ's header must also name `m` and the
+///   generation of the first (a record read past its reuse does not);
+/// - a retired record is a model not retrained since, which still finds
+///   every key (design §5.2), and every operation notices it is stale (its
+///   batch's directory word no longer names it) and refreshes;
+/// - the view counts as seen live at `t0` (it was live then or later), so
+///   writers lock through it only within `model_max_age` of `t0`, as the
+///   grace allows for, and no writer writes through it: a retired record's
+///   LT entries stay locked by the agent until its space is reused, and a
+///   lock's batch reads the record's state word and refreshes on
+///   `RETIRED`.
+///
+/// A record read live in its last READ is dated from the clock before that
+/// READ, as before. Fails with [`KvError::ModelFetchStarved`] when every
+/// try found the record retired (or reused) and took longer than
+/// `model_max_age`.
 pub(crate) fn fetch_model(
     io: &mut Io,
     pool: &MrDesc,
     sb: &Superblock,
     m: u64,
+    plan: FetchPlan,
 ) -> Result<ModelView, KvError> {
     let dir = sb.directory_entry_offset(m)?;
-    for _ in 0..1000 {
+    let (mut retired, mut reused) = (0, 0);
+    for _ in 0..FETCH_TRIES {
+        let t0 = clock_ns();
         let at = io.read_u64(pool, dir, "reading a directory word")?;
-        let head = io.read_bytes(pool, at, ModelRecord::SIZE, "reading a model record")?;
-        let r = ModelRecord::read(&head)?;
-        if r.model_id() != m || r.state().is_retired() {
-            // Retired (the directory was switched before the record was
-            // retired, so re-reading it finds the successor), or its space
-            // was reused since the directory word was read: stale.
+        let mut seen = clock_ns();
+        let mut bytes =
+            io.read_bytes(pool, at, plan.first_len(at, sb), "reading a model record")?;
+        let head = ModelRecord::read(&bytes)?;
+        let in_time = |now: u64| now.saturating_sub(t0) <= plan.max_age_ns;
+        if head.model_id() != m {
+            // Another model's record: the space was reused since the
+            // directory READ (only past the grace) and the directory
+            // names this model's newer record.
+            reused += 1;
             continue;
         }
-        r.check(at, sb)?;
-        let t = clock_ns();
-        let bytes = io.read_bytes(pool, at, r.total_len()?, "reading a model's tables")?;
+        head.check(at, sb)?;
+        let total = head.total_len()?;
+        if (bytes.len() as u64) < total {
+            if head.state().is_retired() && !in_time(clock_ns()) {
+                retired += 1;
+                continue;
+            }
+            seen = clock_ns();
+            bytes = io.read_bytes(pool, at, total, "reading a model's tables")?;
+        }
+        let done = clock_ns();
         let v = ModelView::parse(at, &bytes, sb)?;
-        if !v.is_current(v.record.state(), m) {
-            // Retired or reused between the two READs.
+        let state = v.record.state();
+        if v.record.model_id() != m || state.generation() != head.state().generation() {
+            // Reused between the two READs.
+            reused += 1;
             continue;
         }
-        v.seen_live(t);
+        if state.is_retired() {
+            if !in_time(done) {
+                retired += 1;
+                continue;
+            }
+            seen = t0;
+        }
+        v.seen_live(seen);
         return Ok(v);
     }
-    Err(KvError::Inconsistent {
-        what: "the directory keeps naming a retired or reused record",
+    Err(KvError::ModelFetchStarved {
         model: m,
+        tries: FETCH_TRIES,
+        retired,
+        reused,
+        max_age: Duration::from_nanos(plan.max_age_ns),
     })
 }

@@ -152,6 +152,27 @@ pub enum KvError {
         /// Attempts made.
         attempts: u64,
     },
+    /// Model `model`'s record could not be read while it was still safe
+    /// to use: on each of `tries` tries the record the directory named was
+    /// retired (`retired` tries) or its space reused by another record
+    /// (`reused`) by the time it was read, and the try took longer than
+    /// `KvClientConfig::model_max_age` (`max_age`), past which a retired
+    /// record's bytes are no longer known to be its own. The memory node
+    /// retrained the model faster than this client's round trips allow
+    /// for that age (a fabric or a thread slower than the age assumes);
+    /// the pool is sound. Nothing was written.
+    ModelFetchStarved {
+        /// The model.
+        model: u64,
+        /// Tries made.
+        tries: u64,
+        /// Tries that found the record retired, too late to use it.
+        retired: u64,
+        /// Tries that found the record's space reused.
+        reused: u64,
+        /// `KvClientConfig::model_max_age`.
+        max_age: core::time::Duration,
+    },
     /// The models' first keys (the pool's upper blob) cannot be indexed:
     /// they do not increase (the error names the model) or the upper
     /// levels' bound is too large.
@@ -369,6 +390,18 @@ impl fmt::Display for KvError {
             Self::TooManyRetries { op, attempts } => {
                 write!(f, "{op} gave up after {attempts} attempts")
             }
+            Self::ModelFetchStarved {
+                model,
+                tries,
+                retired,
+                reused,
+                max_age,
+            } => write!(
+                f,
+                "model {model}: retrained faster than it could be fetched: in {tries} tries its \
+                 record was read retired {retired} times and reused {reused} times, each try \
+                 taking longer than model_max_age ({max_age:?})"
+            ),
             Self::Locator(e) => write!(f, "model locator: {e}"),
             Self::PoolTooSmall {
                 described,

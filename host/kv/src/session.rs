@@ -31,7 +31,12 @@
 //! reader that did not notice (the switch landed after its word was read)
 //! is still right: retraining moves no data and changes no fence, and once
 //! it clears a link the chase stops at a leaf that does not cover `k`, which
-//! sends the reader to refresh.
+//! sends the reader to refresh. For the same reason a view that the refresh
+//! itself read already retired (a model retrained faster than a fetch's
+//! round trips, see `fetch_model`) answers gets while it is younger than
+//! `model_max_age` although its directory word never matches (then it is
+//! refreshed); a writer's lock through it meets the agent's lock on its
+//! entries and its `RETIRED` state word, and refreshes.
 //!
 //! # Writes: lock the chain, modify, unlock
 //!
@@ -199,7 +204,7 @@ use rolex_core::layout::{
 use rolex_engine::TransferError;
 
 use crate::cache::{clock_ns, ModelView};
-use crate::client::{fetch_model, ClientShared};
+use crate::client::{fetch_model, ClientShared, FetchPlan};
 use crate::error::KvError;
 use crate::io::{InFlight, Io, Op};
 use crate::stats::{KvOp, SessionCounters};
@@ -867,7 +872,8 @@ impl KvSession {
 
     fn refresh(&mut self, m: usize) -> Result<(), KvError> {
         let shared = self.shared.clone();
-        let v = fetch_model(&mut self.io, &shared.pool, &shared.sb, m as u64)?;
+        let plan = FetchPlan::new(shared.cfg.model_max_age, shared.view(m).as_deref());
+        let v = fetch_model(&mut self.io, &shared.pool, &shared.sb, m as u64, plan)?;
         shared.install(m, v);
         self.io.cur.refreshes += 1;
         Ok(())
@@ -1164,6 +1170,17 @@ impl KvSession {
     /// owns `key`, which answers the get. Anything else (a torn or freed
     /// leaf, a key past its fences) is left to the chase, which reads and
     /// checks the leaves again.
+    ///
+    /// A view `fetch_model` read already retired (the model was retrained
+    /// during the fetch) is stale by construction — the directory names its
+    /// successor — but still answers while it is younger than
+    /// `KvClientConfig::model_max_age`, as a view whose staleness a get did
+    /// not notice does (see the module docs): its leaves are not reused
+    /// within the grace, and the chase sends the get to refresh where the
+    /// retrainings since changed its chain. Without that, a get under a model
+    /// retrained faster than a fetch and a get's round trips would refresh
+    /// forever. Such a view never counts as seen live again, so it ages out
+    /// (then its record's state word is read and says `RETIRED`: refresh).
     fn landed(
         &self,
         key: u64,
@@ -1173,24 +1190,27 @@ impl KvSession {
         batch: &[(LeafAddr, u64)],
     ) -> Result<Landed, KvError> {
         let with_state = view.age_ns(posted) > self.max_age_ns();
+        let answers_stale = !with_state && view.record.state().is_retired();
         let first = batch.first().map(|&(_, local)| local);
         let leaf_size = self.leaf_size;
         let end = first.map_or(base, |local| local + leaf_size).max(base);
-        let landed = self
-            .io
-            .with_local(0, end, |bytes| -> Result<Landed, KvError> {
-                let word = |at: u64| Ok(le_word(bytes, at));
-                if !words_current(view, with_state, word)? {
-                    return Ok(Landed::Stale);
-                }
-                let Some(leaf) =
-                    first.and_then(|at| bytes.get(at as usize..(at + leaf_size) as usize))
-                else {
-                    return Ok(Landed::Chase);
-                };
-                Ok(owner_value(leaf, key).map_or(Landed::Chase, Landed::Found))
-            })??;
-        if !matches!(landed, Landed::Stale) {
+        let (current, landed) =
+            self.io
+                .with_local(0, end, |bytes| -> Result<(bool, Landed), KvError> {
+                    let word = |at: u64| Ok(le_word(bytes, at));
+                    let current = words_current(view, with_state, word)?;
+                    if !current && !answers_stale {
+                        return Ok((false, Landed::Stale));
+                    }
+                    let Some(leaf) =
+                        first.and_then(|at| bytes.get(at as usize..(at + leaf_size) as usize))
+                    else {
+                        return Ok((current, Landed::Chase));
+                    };
+                    let landed = owner_value(leaf, key).map_or(Landed::Chase, Landed::Found);
+                    Ok((current, landed))
+                })??;
+        if current {
             view.seen_live(posted);
         }
         Ok(landed)
