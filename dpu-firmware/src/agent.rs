@@ -75,6 +75,40 @@
 //! a model grown past twice [`AgentConfig::max_model_leaves`] is cut into
 //! several, in new directory slots, published by a new topology blob.
 //!
+//! **Leaf stashes.** A split takes the leaf stashed in the SLT slot it
+//! claims, or draws a new one from `alloc_num` when the agent left none
+//! there (compute nodes reach no other free leaf one-sidedly). Splits
+//! come in bursts, often before the agent notices any (it polls, and a
+//! compute node wakes it only at [`SltHeader::RETRAIN_SLOT`]), so a
+//! stash must already hold what the model's next record will take. Each
+//! model keeps its *demand*: the most SLT slots one of its records took
+//! (a cut shares it among the pieces by their leaves). A retraining gives
+//! the new record `demand + 1` leaves (at most
+//! [`AgentConfig::leaf_stash`]): first the old record's stashed leaves
+//! that no split claimed (never handed out, and no longer claimable: a
+//! claim needs a chain lock, and the old record is frozen, then retired),
+//! then free leaves past their grace period. So free leaves wait in the
+//! free list, not in the stashes of models that stopped splitting, and a
+//! model keeps what its bursts take across retrainings that saw no split.
+//!
+//! The bound this keeps, with `D` = [`AgentStats::stash_demand`] (each
+//! model's demand, or the slots its current record took if more, plus
+//! one; at most `leaf_stash` each). A split draws a new leaf only past
+//! its record's stash. A record stashed in full (`demand + 1`, within
+//! `leaf_stash`) draws fewer leaves than the slots by which it raises its
+//! model's demand: such draws total less than `D`. A record stashed short
+//! was made when the free list had no leaf ready, so every leaf handed
+//! out then was live, stashed (at most `D`), within its grace period or a
+//! compute node's spare; and from then on the records current at that
+//! moment draw at most the slots they take (less than `D`). So
+//! `alloc_num` stays below the most leaves ever live, plus the most freed
+//! within one grace period, plus the compute nodes' spares (at most one
+//! per session splitting at once), plus `3 * D`. Demands only rise, and
+//! at most to `leaf_stash`, so a store emptied and refilled again and
+//! again soon stops drawing new leaves: its free leaves wait in the free
+//! list and in stashes sized for the bursts its models saw
+//! (`host/tests/kv_leaf_reuse.rs`).
+//!
 //! Failures: a model whose retraining (or roll forward) failed is backed
 //! off — not tried again before [`AgentConfig::retry_backoff_min`], doubled
 //! with every consecutive failure up to [`AgentConfig::retry_backoff_max`],
@@ -141,9 +175,9 @@ pub struct AgentConfig {
     /// Most free leaves a new record gets in its SLT's unused slots (at
     /// most 255): the leaf of each slot for the compute node that claims
     /// it, so splits reuse the leaves retraining freed at no extra round
-    /// trip. A record gets as many as its model's splits took since its
-    /// last retraining and its share of the free leaves, up to this. 128 by default (the slots a model
-    /// uses before it is queued).
+    /// trip. A record gets one more than the most slots a record of its
+    /// model took (module docs, "Leaf stashes"), up to this. 128 by
+    /// default (the slots a model uses before it is queued).
     pub leaf_stash: u64,
     /// Leaves of a model a retraining cuts out: a model grown past twice
     /// this is cut into runs of at most this many leaves, each a model of
@@ -276,9 +310,12 @@ pub struct AgentStats {
     /// Models in the directory (grows when a retraining splits a model).
     pub models: u64,
     /// Leaves retraining gave back: emptied leaves dropped from their
-    /// chains, and leaves a record's SLT named that no chain linked.
+    /// chains, and leaves a record's SLT named that no chain linked (but
+    /// not stashed leaves no split claimed that the new record's stash
+    /// took over).
     pub leaves_freed: u64,
-    /// Free leaves stashed in new records' SLTs for splits to reuse.
+    /// Free leaves stashed in new records' SLTs for splits to reuse (a
+    /// leaf carried over from the old record's stash counts again).
     pub leaves_stashed: u64,
     /// Models cut into several by retraining (each adds
     /// [`RetrainReport::new_models`] models).
@@ -292,6 +329,13 @@ pub struct AgentStats {
     /// Leaves held by the agent as free: dropped from their chains by a
     /// retraining and not yet handed out again.
     pub leaves_free: u64,
+    /// Leaves the models' stashes are sized for: over every model, one
+    /// more than the most SLT slots one of its records took (its current
+    /// record included), at most [`AgentConfig::leaf_stash`]. The leaf
+    /// region's high-water mark stays within the most leaves ever live
+    /// plus a slack of three times this, plus leaves within their grace
+    /// period and compute nodes' spares (module docs, "Leaf stashes").
+    pub stash_demand: u64,
 }
 
 /// A retraining that failed in [`Agent::poll`], as [`AgentStats`] keeps
@@ -457,6 +501,9 @@ pub struct Agent<M: PoolMemory> {
     /// Leaves stashed in each model's current record (indexed like
     /// `records`).
     stash_len: Vec<u64>,
+    /// The most SLT slots one record of each model took before it was
+    /// retrained (indexed like `records`): what its stash is sized for.
+    demand: Vec<u64>,
     /// The published topology: (first key, directory slot) in key order,
     /// its blob's pool offset and bytes, and its epoch.
     topology: Vec<(u64, u64)>,
@@ -499,6 +546,7 @@ impl<M: PoolMemory> Agent<M> {
             backoff: Vec::new(),
             free_leaves: VecDeque::new(),
             stash_len: Vec::new(),
+            demand: Vec::new(),
             topology: Vec::new(),
             topology_at: (sb.upper_offset(), 0),
             epoch: 0,
@@ -515,6 +563,7 @@ impl<M: PoolMemory> Agent<M> {
             agent.slts.push(r.slt_offset());
             agent.backoff.push(Backoff::default());
             agent.stash_len.push(0);
+            agent.demand.push(0);
         }
         agent.stats.model_region_used = agent.space.extent();
         agent.stats.models = agent.records.len() as u64;
@@ -535,6 +584,13 @@ impl<M: PoolMemory> Agent<M> {
     pub fn stats(&self) -> AgentStats {
         let mut s = self.stats;
         s.leaves_free = self.free_leaves.len() as u64 + self.stashed_unclaimed();
+        let cap = self.cfg.leaf_stash.min(SltHeader::CAPACITY);
+        s.stash_demand = (0..self.records.len() as u64)
+            .map(|m| {
+                let used = self.slt_used(m).unwrap_or(0);
+                self.demand[m as usize].max(used).saturating_add(1).min(cap)
+            })
+            .sum();
         s
     }
 
@@ -1151,26 +1207,40 @@ impl<M: PoolMemory> Agent<M> {
         let walked = self.rewalk(r, p)?;
         let (leaves, dropped) = self.drop_empty(&walked)?;
         let orphans = self.orphans(r, &walked)?;
-        // As many free leaves as the model's splits took since its last
-        // retraining, plus one, plus its share of the free leaves: a model
-        // that splits often gets many, and every model some, as splits
-        // land where they will. Stashes not claimed come back when their
-        // model is retrained again, so free leaves circulate instead of
-        // piling up while splits draw new ones.
+        // The stash is sized for the most slots one record of the model
+        // took (see "Leaf stashes" in the module docs), its own unclaimed
+        // stash carried over first.
         let splits = SltHeader::from_raw(self.mem.load(r.slt_offset())?).used();
-        let share = (self.free_leaves.len() as u64).div_ceil(self.records.len().max(1) as u64);
-        let want = splits.saturating_add(1).saturating_add(share);
+        let demand = &mut self.demand[model_id as usize];
+        *demand = (*demand).max(splits);
+        let plan = StashPlan {
+            want: demand.saturating_add(1),
+            carry: orphans
+                .iter()
+                .filter(|(_, claimed)| !claimed)
+                .map(|&(a, _)| a)
+                .collect(),
+        };
         let starts = self.cut_points(&leaves);
-        let made = match self.build_pieces(r, state, p, &leaves, &starts, want) {
+        let made = match self.build_pieces(r, state, p, &leaves, &starts, plan.clone()) {
             // No room for the cut: retrain the model whole (the region
             // may have room for that, or the model is refused as usual).
             Err(AgentError::ModelRegionFull { .. }) if !starts.is_empty() => {
                 self.stats.cuts_refused += 1;
-                self.build_pieces(r, state, p, &leaves, &[], want)
+                self.build_pieces(r, state, p, &leaves, &[], plan)
             }
             made => made,
         };
         let (pieces, topology, keys, segment_count) = made?;
+        // Orphans carried over into a new stash stay stashed: not freed.
+        let carried: BTreeSet<LeafAddr> = pieces
+            .iter()
+            .flat_map(|p| p.stash.carried().iter().map(|&(a, _)| a))
+            .collect();
+        let orphans = orphans
+            .into_iter()
+            .filter(|(a, _)| !carried.contains(a))
+            .collect();
         let n = leaves.len() as u64;
         let new_at = pieces[0].at;
         Ok(Built {
@@ -1199,7 +1269,8 @@ impl<M: PoolMemory> Agent<M> {
 
     /// Step 4 for a model of `leaves` cut at `starts` (see
     /// [`Self::cut_points`]; none: one record): the new records, each
-    /// with its share of `want` stashed leaves, and the topology blob
+    /// with its share of `plan`'s stashed leaves (the old stash carried
+    /// over first), and the topology blob
     /// that lists them when there are several. Nothing points at any of
     /// it yet; on an error nothing of it is kept. Returns them with the
     /// keys the leaves hold and the segments of all the records.
@@ -1210,8 +1281,9 @@ impl<M: PoolMemory> Agent<M> {
         p: &Prepared,
         leaves: &[LeafInfo],
         starts: &[usize],
-        want: u64,
+        plan: StashPlan,
     ) -> Result<(Vec<Piece>, Option<NewTopology>, u64, u64), AgentError> {
+        let StashPlan { want, mut carry } = plan;
         let model_id = r.model_id();
         let n = leaves.len() as u64;
         if !starts.is_empty() && !p.kept_unchanged(leaves) {
@@ -1246,7 +1318,7 @@ impl<M: PoolMemory> Agent<M> {
             let share = want.saturating_mul(part.len() as u64) / n.max(1);
             let made = segments.and_then(|segments| {
                 segment_count += segments.len() as u64;
-                self.build_record(&params, part, &segments, share)
+                self.build_record(&params, part, &segments, share, &mut carry)
             });
             match made {
                 Ok((at, record, k, stash)) => {
@@ -1353,7 +1425,8 @@ impl<M: PoolMemory> Agent<M> {
     }
 
     /// Gives back what a build that never went live took: its records'
-    /// space and stashes, and its topology blob's space.
+    /// space and stashes (leaves carried over from the old record stay
+    /// in its SLT, where they are), and its topology blob's space.
     fn unbuild(&mut self, pieces: Vec<Piece>, topology: Option<NewTopology>) {
         for p in pieces {
             self.space.unused(p.at, p.size);
@@ -1437,14 +1510,16 @@ impl<M: PoolMemory> Agent<M> {
     /// region ([`RecordSpace::alloc`]: no compute node can still use it) —
     /// LT = every leaf of `leaves` in key order, *locked* by the agent;
     /// fences = their `fence_lo`; an empty SLT; `segments`. Nothing points
-    /// at it yet (its space is given back if writing it fails). Returns its
-    /// offset, its header and the keys its leaves hold.
+    /// at it yet (its space is given back if writing it fails). Its stash:
+    /// up to `want_stash` leaves, from `carry` first (see [`StashPlan`]).
+    /// Returns its offset, its header and the keys its leaves hold.
     fn build_record(
         &mut self,
         piece: &PieceParams,
         leaves: &[LeafInfo],
         segments: &[ModelSegment],
         want_stash: u64,
+        carry: &mut Vec<LeafAddr>,
     ) -> Result<(u64, ModelRecord, u64, Stash), AgentError> {
         let n = leaves.len() as u64;
         let keys: u64 = leaves.iter().map(|l| u64::from(l.count)).sum();
@@ -1456,41 +1531,50 @@ impl<M: PoolMemory> Agent<M> {
                 left: self.space.largest(now),
             });
         };
-        let stash = self.take_stash(now, want_stash);
+        let stash = self.take_stash(now, want_stash, carry);
         let written = self
             .write_record(new_at, piece, leaves, segments, keys)
-            .and_then(|nr| self.write_stash(&nr, &stash).map(|()| nr));
+            .and_then(|nr| self.write_stash(&nr, &stash.leaves).map(|()| nr));
         match written {
             Ok(nr) => Ok((new_at, nr, keys, stash)),
             Err(e) => {
                 self.space.unused(new_at, size);
-                self.give_back_stash(stash);
+                carry.extend(self.give_back_stash(stash));
                 Err(e)
             }
         }
     }
 
-    /// Up to `want` (at most [`AgentConfig::leaf_stash`]) free leaves
-    /// whose grace period is over at `now`, for a new record's SLT.
-    fn take_stash(&mut self, now: u64, want: u64) -> Vec<(LeafAddr, u64)> {
+    /// Up to `want` (at most [`AgentConfig::leaf_stash`]) leaves for a new
+    /// record's SLT: those of `carry` first, then free leaves whose grace
+    /// period is over at `now`.
+    fn take_stash(&mut self, now: u64, want: u64, carry: &mut Vec<LeafAddr>) -> Stash {
         let cap = want.min(self.cfg.leaf_stash).min(SltHeader::CAPACITY) as usize;
-        let mut stash = Vec::new();
-        while stash.len() < cap {
+        let carried = carry.len().min(cap);
+        let mut leaves: Vec<(LeafAddr, u64)> = carry.drain(..carried).map(|a| (a, now)).collect();
+        while leaves.len() < cap {
             match self.free_leaves.front() {
                 Some(&(_, ready_at)) if ready_at <= now => {
-                    stash.extend(self.free_leaves.pop_front());
+                    leaves.extend(self.free_leaves.pop_front());
                 }
                 _ => break,
             }
         }
-        stash
+        Stash { leaves, carried }
     }
 
-    /// Leaves taken for a stash that did not go live: free again, first.
-    fn give_back_stash(&mut self, stash: Vec<(LeafAddr, u64)>) {
-        for l in stash.into_iter().rev() {
+    /// Leaves taken for a stash that did not go live: those from the free
+    /// list free again, first; returns those carried over (still in the
+    /// old record's SLT).
+    fn give_back_stash(&mut self, stash: Stash) -> Vec<LeafAddr> {
+        let Stash {
+            mut leaves,
+            carried,
+        } = stash;
+        for l in leaves.drain(carried..).rev() {
             self.free_leaves.push_front(l);
         }
+        leaves.into_iter().map(|(a, _)| a).collect()
     }
 
     /// Writes `stash` into the unused SLT slots 1, 2, … of the new record
@@ -1671,11 +1755,25 @@ impl<M: PoolMemory> Agent<M> {
             .store(self.sb.directory_entry_offset(m)?, first.at)?;
         self.records[m as usize] = first.at;
         self.slts[m as usize] = first.record.slt_offset();
-        for p in new {
+        // A cut model's demand is shared among its pieces by their leaves.
+        let n = built.leaves.len().max(1) as u64;
+        let demand = self.demand[m as usize];
+        let part = |i: usize| {
+            let end = built
+                .pieces
+                .get(i + 1)
+                .map_or(built.leaves.len(), |q| q.start);
+            demand * (end - built.pieces[i].start) as u64 / n
+        };
+        if !new.is_empty() {
+            self.demand[m as usize] = part(0);
+        }
+        for (i, p) in new.iter().enumerate() {
             self.records.push(p.at);
             self.slts.push(p.record.slt_offset());
             self.backoff.push(Backoff::default());
             self.stash_len.push(0);
+            self.demand.push(part(i + 1));
         }
         self.stats.models = self.records.len() as u64;
         Ok(())
@@ -1846,9 +1944,39 @@ impl<M: PoolMemory> Agent<M> {
     }
 }
 
-/// Free leaves stashed in a record's SLT, each with the clock from which
-/// it was free.
-type Stash = Vec<(LeafAddr, u64)>;
+/// Free leaves stashed in a record's SLT, in slot order, each with the
+/// clock from which it was free: first `carried` leaves carried over from
+/// the old record's own stash (never handed out), then leaves from the
+/// free list.
+struct Stash {
+    leaves: Vec<(LeafAddr, u64)>,
+    carried: usize,
+}
+
+impl Stash {
+    /// Leaves stashed.
+    fn len(&self) -> usize {
+        self.leaves.len()
+    }
+
+    /// Those carried over from the old record's stash.
+    fn carried(&self) -> &[(LeafAddr, u64)] {
+        &self.leaves[..self.carried]
+    }
+}
+
+/// What a retraining stashes in its new records: `want` leaves in all,
+/// taking first `carry`, the old record's stashed leaves that no split
+/// claimed. They were never handed out, and no compute node claims them
+/// any more (claims are made under a chain lock, and the old record is
+/// frozen, then retired), so they are free at once; a new record that
+/// takes them keeps them where splits of its model find them, instead of
+/// drawing from the free list what its own stash already held.
+#[derive(Clone)]
+struct StashPlan {
+    want: u64,
+    carry: Vec<LeafAddr>,
+}
 
 /// A leaf retraining dropped, with the index (among the kept leaves) of
 /// the leaf that takes its range.
