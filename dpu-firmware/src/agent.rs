@@ -588,7 +588,8 @@ impl<M: PoolMemory> Agent<M> {
         s.stash_demand = (0..self.records.len() as u64)
             .map(|m| {
                 let used = self.slt_used(m).unwrap_or(0);
-                self.demand[m as usize].max(used).saturating_add(1).min(cap)
+                let demand = self.demand.get(m as usize).copied().unwrap_or(0);
+                demand.max(used).saturating_add(1).min(cap)
             })
             .sum();
         s
@@ -1211,8 +1212,13 @@ impl<M: PoolMemory> Agent<M> {
         // took (see "Leaf stashes" in the module docs), its own unclaimed
         // stash carried over first.
         let splits = SltHeader::from_raw(self.mem.load(r.slt_offset())?).used();
-        let demand = &mut self.demand[model_id as usize];
-        *demand = (*demand).max(splits);
+        let demand = match self.demand.get_mut(model_id as usize) {
+            Some(d) => {
+                *d = (*d).max(splits);
+                *d
+            }
+            None => splits,
+        };
         let plan = StashPlan {
             want: demand.saturating_add(1),
             carry: orphans
@@ -1757,7 +1763,7 @@ impl<M: PoolMemory> Agent<M> {
         self.slts[m as usize] = first.record.slt_offset();
         // A cut model's demand is shared among its pieces by their leaves.
         let n = built.leaves.len().max(1) as u64;
-        let demand = self.demand[m as usize];
+        let demand = self.demand.get(m as usize).copied().unwrap_or(0);
         let part = |i: usize| {
             let end = built
                 .pieces
@@ -1765,8 +1771,8 @@ impl<M: PoolMemory> Agent<M> {
                 .map_or(built.leaves.len(), |q| q.start);
             demand * (end - built.pieces[i].start) as u64 / n
         };
-        if !new.is_empty() {
-            self.demand[m as usize] = part(0);
+        if let (false, Some(d)) = (new.is_empty(), self.demand.get_mut(m as usize)) {
+            *d = part(0);
         }
         for (i, p) in new.iter().enumerate() {
             self.records.push(p.at);
