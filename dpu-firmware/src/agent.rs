@@ -2332,6 +2332,93 @@ mod tests {
         assert_eq!(keys, 40);
     }
 
+    /// The leaf words of `record`'s SLT slots 1 to `n`.
+    fn stash_words(mem: &VecPool, agent: &Agent<&VecPool>, record: u64, n: u64) -> Vec<LeafAddr> {
+        let r = agent.record(record).unwrap();
+        (1..=n as u8)
+            .map(|i| LtEntry::from_raw(mem.load(r.slt_slot_offset(i).unwrap()).unwrap()).addr())
+            .collect()
+    }
+
+    /// Splits a training leaf of model 0's current record (the first from
+    /// `j` on with room for a key between its keys or after them),
+    /// inserting a key in the middle of that room.
+    fn split_leaf(mem: &VecPool, agent: &Agent<&VecPool>, j: u64) {
+        let sb = *agent.superblock();
+        let at = agent.records()[0];
+        let r = agent.record(at).unwrap();
+        let region = sb.leaf_region().unwrap();
+        let mut buf = leaf_buffer(&region);
+        for j in (j..r.leaf_count()).chain(0..j) {
+            let e = LtEntry::from_raw(mem.load(r.lt_entry_offset(j).unwrap()).unwrap());
+            read_leaf(mem, &region, e.addr(), &mut buf).unwrap();
+            let leaf = Leaf::from_bytes(&buf).unwrap();
+            let mut keys: Vec<u64> = leaf
+                .validate()
+                .unwrap()
+                .entries()
+                .iter()
+                .map(|s| s.key())
+                .collect();
+            keys.push(leaf.fence_hi().saturating_add(1));
+            if let Some(w) = keys.windows(2).find(|w| w[1] - w[0] >= 2) {
+                client_split(mem, &sb, at, j, w[0] + (w[1] - w[0]) / 2);
+                return;
+            }
+        }
+        panic!("no leaf of model 0 has room for a key");
+    }
+
+    #[test]
+    fn an_unclaimed_stash_is_carried_over_and_survives_a_failed_switch() {
+        let (mem, next_free) = load(40);
+        let grace = 1_000;
+        let cfg = AgentConfig {
+            record_grace: Duration::from_nanos(grace),
+            ..AgentConfig::default()
+        };
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        // Each split leaves a leaf of one key that the retraining merges
+        // into the leaf before it: a leaf freed, ready after the grace (so
+        // none is stashed yet: `client_split` ignores stashes).
+        for _ in 0..6 {
+            split_leaf(&mem, &agent, 1);
+            agent.retrain(0).unwrap();
+        }
+        assert!(agent.free_leaves.len() >= 3, "{:?}", agent.stats());
+        assert_eq!(agent.stash_len[0], 0);
+        mem.advance(2 * grace);
+        // Two splits: the demand is 2, and the new record gets 3 leaves.
+        split_leaf(&mem, &agent, 1);
+        split_leaf(&mem, &agent, 2);
+        agent.retrain(0).unwrap();
+        assert_eq!((agent.demand[0], agent.stash_len[0]), (2, 3));
+        let stashed = stash_words(&mem, &agent, agent.records()[0], 3);
+        let free = agent.free_leaves.len();
+        let freed = agent.stats().leaves_freed;
+        // A failed switch leaves the stash in the old record, live again,
+        // and none of it in the free list.
+        let dir = sb.directory_entry_offset(0).unwrap();
+        mem.fail_writes(dir..dir + 8, 1);
+        let old = agent.records()[0];
+        assert!(agent.retrain(0).is_err());
+        assert_eq!(agent.records()[0], old);
+        assert_eq!(stash_words(&mem, &agent, old, 3), stashed);
+        assert_eq!(agent.free_leaves.len(), free);
+        assert!(agent.free_leaves.iter().all(|(a, _)| !stashed.contains(a)));
+        // A retraining that saw no split keeps the demand and carries the
+        // same leaves over: none freed, none taken from the free list.
+        mem.advance(2 * grace);
+        agent.retrain(0).unwrap();
+        assert_ne!(agent.records()[0], old);
+        assert_eq!(stash_words(&mem, &agent, agent.records()[0], 3), stashed);
+        assert_eq!(agent.free_leaves.len(), free);
+        assert_eq!(agent.stats().leaves_freed, freed);
+        let others = agent.records().len() as u64 - 1;
+        assert_eq!(agent.stats().stash_demand, 3 + others);
+    }
+
     #[test]
     fn a_full_model_region_is_refused_before_freezing() {
         let (mem, _) = load(40);
