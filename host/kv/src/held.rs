@@ -26,7 +26,15 @@
 //!   taken under the retry;
 //! - an in-flight `CAS` of ours (an unlock not confirmed in time, or posted
 //!   by a dropped or panicking session) keeps its count until its
-//!   completion is seen: nothing is retried while it may still land.
+//!   completion is seen: nothing is retried while it may still land;
+//! - a lock kept for *repair* — writes of its holder that failed and may
+//!   have landed in part (a torn leaf), to be written again whole before
+//!   the release — keeps its count until its release is settled, and its
+//!   own retry holds the stripe exclusively with that count alone in it
+//!   ([`Stripe::exclusively_pinned`]). Otherwise another session's record
+//!   of the same word (a lock `CAS` of its that failed against our held
+//!   lock, and may have landed as far as it knows) could be retried first
+//!   and release our lock over the torn leaf.
 //!
 //! Owner ids are per process: a leased id is held by one process at a
 //! time, and [`rolex_core::entry::LockOwner::ANONYMOUS`] clients live in
@@ -98,6 +106,27 @@ impl Stripe {
         self.0.fetch_and(!EXCLUSIVE, AcqRel);
     }
 
+    /// [`Stripe::exclusively`] for a record that counts in the stripe
+    /// itself (a lock kept for repair): runs `f` if that count is the
+    /// stripe's only one, holding it exclusively; `f` says whether the
+    /// lock was settled, and then its count goes. `None` (without running
+    /// it) if another lock of this process is counted.
+    pub(crate) fn exclusively_pinned(self, f: impl FnOnce() -> bool) -> Option<bool> {
+        if self
+            .0
+            .compare_exchange(1, EXCLUSIVE | 1, AcqRel, Acquire)
+            .is_err()
+        {
+            return None;
+        }
+        let settled = f();
+        if settled {
+            self.leave();
+        }
+        self.end_exclusive();
+        Some(settled)
+    }
+
     /// Runs `f` holding the stripe exclusively; `None` (without running
     /// it) if a lock of this process is counted in the stripe.
     pub(crate) fn exclusively<T>(self, f: impl FnOnce() -> T) -> Option<T> {
@@ -125,7 +154,16 @@ pub(crate) struct MaybeHeld {
     /// still counts in the stripe.
     pub(crate) inflight: Option<Arc<CompletionFlag>>,
     /// Writes that must land before the release: (pool offset, bytes).
+    /// While there are any, the lock counts in its stripe (module docs).
     pub(crate) repair: Vec<(u64, Vec<u8>)>,
+}
+
+impl MaybeHeld {
+    /// Whether this record counts in its stripe: its `CAS` is in flight,
+    /// or it is kept for repair.
+    fn counts(&self) -> bool {
+        self.inflight.is_some() || !self.repair.is_empty()
+    }
 }
 
 /// The locks a client may still hold.
@@ -195,7 +233,7 @@ impl Drop for HeldLocks {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
-            if e.inflight.is_some() {
+            if e.counts() {
                 e.stripe.leave();
             }
         }
@@ -226,6 +264,32 @@ mod tests {
         assert!(s.enter(), "taken again once the retry ended");
         s.leave();
         assert_eq!(s.0.load(Acquire), 0);
+    }
+
+    #[test]
+    fn a_lock_kept_for_repair_excludes_other_retries_until_settled() {
+        let s = {
+            static MINE: AtomicU64 = AtomicU64::new(0);
+            Stripe(&MINE)
+        };
+        assert!(s.enter(), "the lock kept for repair");
+        assert_eq!(s.exclusively(|| ()), None, "another record waits");
+        assert!(s.enter(), "a lock being taken");
+        assert_eq!(
+            s.exclusively_pinned(|| true),
+            None,
+            "the repair waits for it"
+        );
+        s.leave();
+        let kept = s.exclusively_pinned(|| {
+            assert!(!s.enter(), "no lock is taken under the repair");
+            false
+        });
+        assert_eq!(kept, Some(false), "not settled: still counted");
+        assert_eq!(s.exclusively(|| ()), None);
+        assert_eq!(s.exclusively_pinned(|| true), Some(true));
+        assert_eq!(s.0.load(Acquire), 0, "settled: its count went");
+        assert_eq!(s.exclusively(|| 1), Some(1), "other records go on");
     }
 
     #[test]

@@ -979,8 +979,10 @@ impl KvSession {
 
     /// The release of `w` (to `to`, after the `repair` writes) failed with
     /// `error` without saying whether its `CAS` landed, or the lock `CAS`
-    /// did: stop counting it as a live lock, retry the release once at
-    /// once, and record it as maybe held if that does not settle it.
+    /// did: stop counting it as a live lock (unless it is kept for
+    /// `repair`: then it counts until settled, see module `held`), retry
+    /// the release once at once, and record it as maybe held if that does
+    /// not settle it.
     /// `Ok` if the retry settled it; else [`KvError::LockMaybeHeld`].
     pub(super) fn lost_release(
         &mut self,
@@ -989,7 +991,11 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        w.stripe.leave();
+        // A lock kept for repair goes on counting in its stripe until its
+        // release is settled (module `held`).
+        if repair.is_empty() {
+            w.stripe.leave();
+        }
         let mut e = w.maybe_held(to, repair);
         if self.retry_release(&mut e) {
             self.shared.held.note_resolved();
@@ -1033,6 +1039,12 @@ impl KvSession {
                     }
                 }
             }
+        }
+        if !e.repair.is_empty() {
+            return e
+                .stripe
+                .exclusively_pinned(|| self.release_exclusively(e))
+                .unwrap_or(false);
         }
         e.stripe
             .exclusively(|| self.release_exclusively(e))
