@@ -19,7 +19,7 @@ mod common;
 
 use std::time::Duration;
 
-use rolex_host::kv::{KvClient, KvClientConfig, KvSession};
+use rolex_host::kv::{KvClient, KvSession};
 use rolex_host::memnode::{
     AgentError, MemoryNode, MemoryNodeConfig, MemoryNodeError, MemoryNodeStats,
 };
@@ -64,23 +64,8 @@ fn value(key: u64, id: u64) -> Vec<u8> {
 /// A client of `node`: ordered loopback, or unordered with `seed`'s
 /// shuffle and 10 us of latency.
 fn client(node: &MemoryNode, unordered: Option<u64>) -> KvClient {
-    let engine = rolex_host::EngineConfig {
-        fabric: rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: unordered.map(|seed| rolex_host::Unordered { seed, window: 8 }),
-            latency: unordered.map_or(Duration::ZERO, |_| Duration::from_micros(10)),
-            ..rolex_host::LoopbackConfig::default()
-        }),
-        ..rolex_host::EngineConfig::default()
-    };
-    KvClient::connect(
-        KvClientConfig {
-            engine,
-            model_max_age: MAX_AGE,
-            ..KvClientConfig::default()
-        },
-        &node.pool(),
-    )
-    .unwrap()
+    let latency = unordered.map_or(Duration::ZERO, |_| Duration::from_micros(10));
+    common::loopback_client(node, unordered, latency, MAX_AGE)
 }
 
 /// Retrains every model, waiting out freezes that met a lock and record

@@ -602,3 +602,31 @@ impl Drop for Scratch {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A client of `node` on the loopback fabric — ordered, or unordered with
+/// `unordered`'s shuffle seed — with `latency` of modelled latency, whose
+/// cached views count as fresh for `model_max_age`.
+pub fn loopback_client(
+    node: &rolex_host::memnode::MemoryNode,
+    unordered: Option<u64>,
+    latency: std::time::Duration,
+    model_max_age: std::time::Duration,
+) -> rolex_host::kv::KvClient {
+    let engine = rolex_host::EngineConfig {
+        fabric: rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
+            unordered: unordered.map(|seed| rolex_host::Unordered { seed, window: 8 }),
+            latency,
+            ..rolex_host::LoopbackConfig::default()
+        }),
+        ..rolex_host::EngineConfig::default()
+    };
+    rolex_host::kv::KvClient::connect(
+        rolex_host::kv::KvClientConfig {
+            engine,
+            model_max_age,
+            ..rolex_host::kv::KvClientConfig::default()
+        },
+        &node.pool(),
+    )
+    .expect("connecting a loopback client")
+}
