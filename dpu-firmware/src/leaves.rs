@@ -19,6 +19,16 @@ use crate::memory::PoolMemory;
 /// microseconds; this bounds a read of a corrupted leaf).
 pub const MAX_LEAF_RETRIES: u32 = 100_000;
 
+/// How long, on a platform with a clock ([`PoolMemory::now_ns`]), a leaf
+/// is re-read while torn before the read fails: a live writer writes a
+/// torn leaf again whole within its round trips, while one its holder
+/// left torn as it died stays so (the retraining fails, and its model is
+/// backed off). At least [`MIN_TORN_READS`] re-reads are made first.
+pub const TORN_LEAF_LIMIT_NS: u64 = 2_000_000_000;
+
+/// Re-reads of a torn leaf made before [`TORN_LEAF_LIMIT_NS`] is looked at.
+pub const MIN_TORN_READS: u32 = 16;
+
 /// What the agent needs to know about one leaf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeafInfo {
@@ -47,6 +57,12 @@ pub fn read_leaf<M: PoolMemory>(
     let offset = region.leaf_offset(addr)?;
     buf.resize(region.leaf_size() as usize, 0);
     let mut attempt = 0u32;
+    let start = mem.now_ns();
+    let too_long = |attempt: u32| {
+        start != 0
+            && attempt >= MIN_TORN_READS
+            && mem.now_ns().saturating_sub(start) >= TORN_LEAF_LIMIT_NS
+    };
     loop {
         mem.read(offset, buf)?;
         let leaf = Leaf::from_bytes(buf).map_err(|error| PoolError::Leaf {
@@ -64,7 +80,7 @@ pub fn read_leaf<M: PoolMemory>(
                     version: leaf.version(),
                 })
             }
-            Err(error) if attempt >= MAX_LEAF_RETRIES => {
+            Err(error) if attempt >= MAX_LEAF_RETRIES || too_long(attempt) => {
                 return Err(PoolError::Leaf {
                     leaf: addr.leaf(),
                     error,
@@ -136,4 +152,39 @@ pub fn check_tiling(record: &ModelRecord, leaves: &[LeafInfo]) -> Result<(), Age
 /// A zeroed leaf-sized buffer.
 pub fn leaf_buffer(region: &LeafRegion) -> Vec<u8> {
     vec![0u8; region.leaf_size() as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::testing::small_pool;
+    use rolex_core::layout::Superblock;
+
+    #[test]
+    fn a_leaf_torn_for_good_fails_its_read_after_the_time_limit() {
+        let (mem, _) = small_pool(16);
+        let mut sbb = [0u8; Superblock::SIZE as usize];
+        mem.read(0, &mut sbb).unwrap();
+        let region = Superblock::read(&sbb).unwrap().leaf_region().unwrap();
+        let addr = region.claim(0).unwrap();
+        let off = region.leaf_offset(addr).unwrap();
+        let mut buf = Vec::new();
+        read_leaf(&mem, &region, addr, &mut buf).expect("a whole leaf reads");
+        // A byte of its slots flipped: the checksum no longer matches.
+        let last = off + region.leaf_size() - 1;
+        let mut b = [0u8; 1];
+        mem.read(last, &mut b).unwrap();
+        mem.write(last, &[b[0] ^ 0xff]).unwrap();
+        // The clock moves 1 ms per re-read: the limit is reached after
+        // about 2,000 of them, long before MAX_LEAF_RETRIES.
+        mem.advance(1);
+        mem.tick_on_relax(1_000_000);
+        let err = read_leaf(&mem, &region, addr, &mut buf).expect_err("torn for good");
+        assert!(matches!(err, PoolError::Leaf { leaf: 0, .. }), "{err:?}");
+        let waited = mem.now_ns() - 1;
+        assert!(
+            (TORN_LEAF_LIMIT_NS..TORN_LEAF_LIMIT_NS + 2_000_000).contains(&waited),
+            "{waited} ns of re-reads"
+        );
+    }
 }

@@ -44,7 +44,7 @@ pub use bulk::{BulkConfig, BulkPlan};
 pub use error::{AgentError, Inconsistency, PoolError};
 pub use histogram::Histogram;
 pub use memory::{MemError, PoolMemory, SharedBytes};
-pub use reap::{release_locks_of, release_locks_where};
+pub use reap::{release_locks_of, release_locks_reporting, release_locks_where};
 pub use record_space::RecordSpace;
 pub use recover::{DamagedLeaf, Recovery, ValueReclaim};
 

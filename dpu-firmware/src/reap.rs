@@ -17,12 +17,25 @@
 //! either its old chain or its new one — the unlock it never posted only
 //! carried a synonym *hint*; readers and the next writer follow the leaves'
 //! own links.
+//!
+//! Except for one case, which the reaper reports and cannot mend: a leaf
+//! WRITE the dead node's connection carried only in part. A transport
+//! that places a write's payload as it arrives (libfabric's `tcp`) keeps
+//! the prefix that arrived before the connection broke, over the old
+//! leaf: the leaf fails its checksum, and its keys are unreadable (a live
+//! writer writes such a leaf again whole before it releases its lock; a
+//! dead one cannot). [`release_locks_reporting`] checks each chain it
+//! releases, before the release (while no writer can change it), and
+//! names every leaf that does not validate.
 
-use rolex_core::entry::{LockOwner, LtEntry};
-use rolex_core::layout::{ModelRecord, Superblock};
+use alloc::vec::Vec;
+
+use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
+use rolex_core::layout::{Leaf, LeafRegion, ModelRecord, Superblock};
 
 use crate::error::AgentError;
 use crate::memory::PoolMemory;
+use crate::recover::DamagedLeaf;
 
 /// Clears every lock of a live model (the directory's) held by `owner`;
 /// returns how many it cleared. Locks of [`LockOwner::ANONYMOUS`] and
@@ -47,6 +60,22 @@ pub fn release_locks_where<M: PoolMemory>(
     sb: &Superblock,
     dead: impl Fn(LockOwner) -> bool,
 ) -> Result<u64, AgentError> {
+    release_locks_reporting(mem, sb, dead, |_| {})
+}
+
+/// [`release_locks_where`], checking first each chain it releases: every
+/// leaf of it that does not validate goes to `torn` (module docs: a write
+/// the dead holder's connection carried in part). The chain is released
+/// either way — kept locked it would stop every writer of it and the
+/// agent's freezes of its model for good.
+pub fn release_locks_reporting<M: PoolMemory>(
+    mem: &M,
+    sb: &Superblock,
+    dead: impl Fn(LockOwner) -> bool,
+    mut torn: impl FnMut(DamagedLeaf),
+) -> Result<u64, AgentError> {
+    let region = sb.leaf_region()?;
+    let mut buf = Vec::new();
     let mut released = 0;
     let mut rb = [0u8; ModelRecord::SIZE as usize];
     for m in 0..sb.model_count() {
@@ -57,16 +86,56 @@ pub fn release_locks_where<M: PoolMemory>(
         for j in 0..r.leaf_count() {
             let off = r.lt_entry_offset(j)?;
             let v = LtEntry::from_raw(mem.load(off)?);
-            if v.is_locked()
-                && v.owner().is_leased()
-                && dead(v.owner())
-                && mem.cas(off, v.raw(), v.without_lock().raw())? == v.raw()
-            {
+            if !(v.is_locked() && v.owner().is_leased() && dead(v.owner())) {
+                continue;
+            }
+            if let Some(bad) = torn_leaf(mem, &region, v, &mut buf)? {
+                torn(DamagedLeaf {
+                    model_id: r.model_id(),
+                    ..bad
+                });
+            }
+            if mem.cas(off, v.raw(), v.without_lock().raw())? == v.raw() {
                 released += 1;
             }
         }
     }
     Ok(released)
+}
+
+/// The first leaf of the chain that `entry` heads that does not validate
+/// (read once: the chain is locked, so nothing writes it), with model id
+/// 0 for the caller to fill in; `None` if every leaf does. A walk that
+/// finds no leaf at a link (damage, not a tear) stops there.
+fn torn_leaf<M: PoolMemory>(
+    mem: &M,
+    region: &LeafRegion,
+    entry: LtEntry,
+    buf: &mut Vec<u8>,
+) -> Result<Option<DamagedLeaf>, AgentError> {
+    buf.resize(region.leaf_size() as usize, 0);
+    let mut addr = entry.addr();
+    for _ in 0..=SltHeader::CAPACITY {
+        let Ok(offset) = region.leaf_offset(addr) else {
+            return Ok(None);
+        };
+        mem.read(offset, buf)?;
+        let next = match Leaf::from_bytes(buf).and_then(|l| l.validate().map(|v| v.leaf().next())) {
+            Ok(next) => next,
+            Err(error) => {
+                return Ok(Some(DamagedLeaf {
+                    model_id: 0,
+                    leaf: addr,
+                    error,
+                }))
+            }
+        };
+        if next.pointer() == 0 {
+            break;
+        }
+        addr = next.addr();
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

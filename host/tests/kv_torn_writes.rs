@@ -18,7 +18,9 @@ mod common;
 use rand::Rng;
 use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
+use rolex_core::layout::{Leaf, Superblock};
 use rolex_host::kv::KvError;
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
 
 /// Keys `0, 1000, …`; the even ones loaded.
@@ -120,4 +122,70 @@ fn torn_leaf_writes_are_repaired_before_the_lock_is_released() {
 #[test]
 fn torn_leaf_writes_are_repaired_before_the_lock_is_released_unordered() {
     single_writes_torn(true, 0.05);
+}
+
+/// A writer that dies with a leaf torn under its lock (every leaf write of
+/// it lands only in part, its repairs too) leaves the leaf for good: the
+/// memory node's reaper, releasing the dead owner's lock, names it. (A
+/// prefix short enough to hold only bytes the old and new leaf share
+/// leaves the old leaf whole: then nothing is torn; some seeds do that.)
+#[test]
+fn the_reaper_names_a_leaf_its_dead_holder_left_torn() {
+    const DEAD: LockOwner = LockOwner(12);
+    let mut named = 0;
+    for seed in 1..=8 {
+        let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
+        // No retraining: the agent would re-read the torn leaf for 2 s
+        // before failing its model's retraining.
+        let node = MemoryNode::start(
+            MemoryNodeConfig {
+                retraining_thread: false,
+                ..common::churning_config()
+            },
+            &pairs,
+        )
+        .unwrap();
+        let writer = common::faulty_client(&node, (seed, 0, 0.0), DEAD, |faults| {
+            engine(false, 1.0, faults)
+        });
+        let mut s = writer.session().unwrap();
+        // An update: its leaf is rewritten in place (a split's new leaf,
+        // torn, would be linked by nothing).
+        let err = s.update(2000, 7).expect_err("every leaf write is torn");
+        assert!(err.may_have_applied() && err.lock_may_be_held(), "{err}");
+        assert_eq!(writer.locks_maybe_held(), 1);
+        // The writer dies: nothing of it lands any more (its client's
+        // reaper would go on writing the leaf again), nobody writes the
+        // leaf again.
+        node.engine().set_failed(true);
+        drop(s);
+        drop(writer);
+        let (released, torn) = node.release_locks_reporting(DEAD).unwrap();
+        node.engine().set_failed(false);
+        assert_eq!(released, 1, "seed {seed}");
+        assert!(torn.len() <= 1, "seed {seed}: {torn:?}");
+        for d in &torn {
+            // What it names fails its checks, as every reader finds.
+            let mut sbb = vec![0u8; Superblock::SIZE as usize];
+            node.pool_handle().read(0, &mut sbb).unwrap();
+            let region = Superblock::read(&sbb).unwrap().leaf_region().unwrap();
+            let mut leaf = vec![0u8; region.leaf_size() as usize];
+            let off = region.leaf_offset(d.leaf).unwrap();
+            node.pool_handle().read(off, &mut leaf).unwrap();
+            assert!(
+                Leaf::from_bytes(&leaf)
+                    .and_then(|l| l.validate().map(drop))
+                    .is_err(),
+                "seed {seed}: {d:?} validates"
+            );
+            println!("seed {seed}: the reaper released 1 lock and named {d:?}");
+            named += 1;
+        }
+        // A live writer's lock is never released: nothing else is named.
+        assert_eq!(
+            node.release_locks_reporting(OWNER).unwrap(),
+            (0, Vec::new())
+        );
+    }
+    assert!(named > 0, "no seed left a leaf torn");
 }

@@ -699,7 +699,17 @@ fn serve(
         .map(|(h, _)| h)
         .filter(|h| !h.is_empty())
         .unwrap_or("0.0.0.0");
-    let release = node_.lock_releaser();
+    let release = node_.lock_releaser_with(|owner, d| {
+        eprintln!(
+            "compute node {} died mid-write: leaf {} of region {} (model {}) was left \
+             torn ({}); its chain is released, the leaf's keys are unreadable",
+            owner.0,
+            d.leaf.leaf(),
+            d.leaf.region(),
+            d.model_id,
+            d.error
+        )
+    });
     // A pool in a file: each lease gets a key of its own, closed when the
     // lease ends, so a stalled compute node's late RMA is refused here.
     let keys = LeaseKeys::new(node_.clone()).map(|k| k as Arc<dyn PoolKeys>);

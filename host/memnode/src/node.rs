@@ -43,8 +43,8 @@ use rolex_core::layout::{
 };
 use rolex_core::wire::{Access, MrDesc};
 use rolex_dpu::{
-    Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, MemError, PoolMemory,
-    Prepared, RetrainReport, SharedBytes,
+    Agent, AgentConfig, AgentError, AgentStats, BulkConfig, BulkPlan, DamagedLeaf, MemError,
+    PoolMemory, Prepared, RetrainReport, SharedBytes,
 };
 
 use rolex_engine::{AtomicRoute, EngineConfig, MrHandle, SharedWords, TransferEngine};
@@ -338,10 +338,21 @@ impl HostPool {
     }
 }
 
-/// Releases `owner`'s locks in every live model.
-fn release_locks(pool: &HostPool, owner: LockOwner) -> Result<u64, MemoryNodeError> {
+/// Releases `owner`'s locks in every live model; each leaf of a released
+/// chain that does not validate goes to `torn` first (see
+/// [`rolex_dpu::release_locks_reporting`]).
+fn release_locks(
+    pool: &HostPool,
+    owner: LockOwner,
+    torn: impl FnMut(DamagedLeaf),
+) -> Result<u64, MemoryNodeError> {
     let sb = superblock_of(pool)?;
-    Ok(rolex_dpu::release_locks_of(pool, &sb, owner)?)
+    Ok(rolex_dpu::release_locks_reporting(
+        pool,
+        &sb,
+        |o| o == owner,
+        torn,
+    )?)
 }
 
 fn superblock_of(pool: &HostPool) -> Result<Superblock, MemoryNodeError> {
@@ -1212,7 +1223,20 @@ impl MemoryNode {
     /// for the retraining agent (whose freeze may be the one waiting for
     /// those locks).
     pub fn release_locks_of(&self, owner: LockOwner) -> Result<u64, MemoryNodeError> {
-        release_locks(&self.words, owner)
+        release_locks(&self.words, owner, |_| {})
+    }
+
+    /// [`MemoryNode::release_locks_of`], also naming the leaves of the
+    /// chains it released that do not validate: writes `owner`'s
+    /// connection carried only in part before it died (their keys are
+    /// unreadable; see [`rolex_dpu::release_locks_reporting`]).
+    pub fn release_locks_reporting(
+        &self,
+        owner: LockOwner,
+    ) -> Result<(u64, Vec<DamagedLeaf>), MemoryNodeError> {
+        let mut torn = Vec::new();
+        let n = release_locks(&self.words, owner, |d| torn.push(d))?;
+        Ok((n, torn))
     }
 
     /// Releases every chain lock whose leased holder `dead` says is dead
@@ -1229,8 +1253,20 @@ impl MemoryNode {
     /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
     /// keeps the pool's registration alive, so it may outlive the node.
     pub fn lock_releaser(&self) -> Arc<crate::lease_server::OnExpire> {
+        self.lock_releaser_with(|_, _| {})
+    }
+
+    /// [`MemoryNode::lock_releaser`] that hands every torn leaf of a chain
+    /// it releases to `torn`, with the dead owner (see
+    /// [`MemoryNode::release_locks_reporting`]).
+    pub fn lock_releaser_with(
+        &self,
+        torn: impl Fn(LockOwner, DamagedLeaf) + Send + Sync + 'static,
+    ) -> Arc<crate::lease_server::OnExpire> {
         let pool = self.words.share();
-        Arc::new(move |owner| release_locks(&pool, owner).map_err(|e| e.to_string()))
+        Arc::new(move |owner| {
+            release_locks(&pool, owner, |d| torn(owner, d)).map_err(|e| e.to_string())
+        })
     }
 
     fn agent(&self) -> std::sync::MutexGuard<'_, Agent<HostPool>> {
