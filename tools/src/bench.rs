@@ -68,7 +68,12 @@
 //! counted (`failed_ops`), the write it attempted is one that may or may
 //! not have taken effect ([`final_possible`]), a key whose insert failed
 //! may be absent, and steps that only read (connecting, the final reads)
-//! are retried. Every run reports `locks_held_end`: the chains still
+//! are retried. `--inject-torn P` (loopback only, alone or beside it)
+//! tears each WRITE of more than 8 bytes with probability P: only a
+//! prefix lands and the rest of its doorbell batch fails, as a stream
+//! transport's connection breaking mid-message does (`Faults::torn`);
+//! writers write a torn leaf again whole before they release its lock, and
+//! the run checks as above. Every run reports `locks_held_end`: the chains still
 //! locked once the threads stopped, counted as `rolex inspect --models`
 //! counts them, between two steps of the retraining agent (`null` against
 //! a remote memory node, where other processes may still hold some).
@@ -196,6 +201,12 @@ pub struct BenchArgs {
     /// and the run goes on; its key's outcome is unknown to the checks.
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     inject_failures: Option<f64>,
+    /// Tear each WRITE of more than 8 bytes the compute nodes post with
+    /// probability P (loopback only): a prefix lands, it fails, and the
+    /// rest of its doorbell batch fails before running — a connection
+    /// broken mid-write. Counted and checked as `--inject-failures`.
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    inject_torn: Option<f64>,
     /// With several memory nodes: go on past operations that fail because
     /// a memory node is lost — down (its peer failed or vanished, as the
     /// cluster client judges: `ClusterClient::is_down`), or its lease
@@ -358,14 +369,26 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
             return Err("--grow appends above the loaded range, where --workload append's keys go: use another workload".into());
         }
     }
-    if let Some(p) = args.inject_failures {
+    for (flag, p) in [
+        ("--inject-failures", args.inject_failures),
+        ("--inject-torn", args.inject_torn),
+    ] {
+        let Some(p) = p else { continue };
         if !(0.0..=1.0).contains(&p) {
-            return Err(format!("--inject-failures {p} must be in [0, 1]").into());
+            return Err(format!("{flag} {p} must be in [0, 1]").into());
         }
         if !matches!(args.fabric, FabricArg::Loopback) || args.memnode.is_some() {
             return Err(format!(
-                "--inject-failures fails operations of the loopback NIC: it needs --fabric loopback, not {}",
+                "{flag} fails operations of the loopback NIC: it needs --fabric loopback, not {}",
                 args.fabric.name()
+            )
+            .into());
+        }
+    }
+    if let (Some(p), Some(t)) = (args.inject_failures, args.inject_torn) {
+        if p + t > 1.0 {
+            return Err(format!(
+                "--inject-failures {p} and --inject-torn {t} add up to more than 1"
             )
             .into());
         }
@@ -449,16 +472,24 @@ fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
 }
 
 /// The compute nodes' engine: `engine` (the memory node's), with
-/// `--inject-failures`'s faults on its loopback NIC.
+/// `--inject-failures`'s and `--inject-torn`'s faults on its loopback NIC.
 fn client_engine(args: &BenchArgs, mut engine: EngineConfig) -> EngineConfig {
-    if let (Some(probability), Fabric::Loopback(lb)) = (args.inject_failures, &mut engine.fabric) {
+    if let (true, Fabric::Loopback(lb)) = (args.injects(), &mut engine.fabric) {
         lb.faults = Some(Faults {
-            probability,
+            probability: args.inject_failures.unwrap_or(0.0),
             seed: args.data.seed,
-            torn: 0.0,
+            torn: args.inject_torn.unwrap_or(0.0),
         });
     }
     engine
+}
+
+impl BenchArgs {
+    /// Whether the run injects faults (`--inject-failures`,
+    /// `--inject-torn`).
+    fn injects(&self) -> bool {
+        self.inject_failures.is_some() || self.inject_torn.is_some()
+    }
 }
 
 /// The local address this machine would use to reach `server`
@@ -1929,7 +1960,7 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         epoch: Instant::now(),
         start: Barrier::new(args.threads),
         activity: store.nodes.iter().map(MemoryNode::activity).collect(),
-        faults: args.inject_failures.is_some(),
+        faults: args.injects(),
         keep_going: args.keep_going,
         lost: Mutex::default(),
         value_size: setup.value_size,
@@ -2609,7 +2640,7 @@ impl Figures {
             &ctx.streams[setup.mine(args)],
             RawSpec {
                 batches: merged.gets.clamp(RAW_MIN, RAW_MAX),
-                faults: args.inject_failures.is_some(),
+                faults: args.injects(),
                 keep_going: args.keep_going,
             },
             args.json,
@@ -2960,14 +2991,17 @@ impl Report<'_> {
             model_bytes.total as f64 * 1e6 / held as f64,
             model_bytes.learned
         );
-        match self.args.inject_failures {
-            Some(p) => println!(
-                "failed ops      {} (each operation failed with probability {p})",
-                self.merged.failed
-            ),
-            None => println!(
+        match (self.args.inject_failures, self.args.inject_torn) {
+            (None, None) => println!(
                 "failed ops      {} (no failures injected)",
                 self.merged.failed
+            ),
+            (p, t) => println!(
+                "failed ops      {} (each operation failed with probability {}, each write \
+                 of more than 8 bytes torn with probability {})",
+                self.merged.failed,
+                p.unwrap_or(0.0),
+                t.unwrap_or(0.0)
             ),
         }
         let lost = self.nodes_lost();

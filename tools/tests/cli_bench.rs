@@ -383,6 +383,37 @@ fn churn_and_delete_only_with_injected_failures_still_verify() {
     }
 }
 
+/// Writes torn by a broken link (`--inject-torn`), alone and beside
+/// other faults, on both fabrics: every written key verifies (a torn leaf
+/// left behind would fail its gets and the final check) and no chain is
+/// left locked.
+#[test]
+fn torn_writes_still_verify_and_leave_no_lock() {
+    for extra in [
+        &["--inject-torn", "0.02"][..],
+        &["--inject-torn", "0.01", "--inject-failures", "0.005"][..],
+        &["--inject-torn", "0.02", "--unordered"][..],
+    ] {
+        let mut a = vec![
+            "--workload",
+            "ycsb-a",
+            "--dist",
+            "lognormal",
+            "-n",
+            "3000",
+            "--ops",
+            "3000",
+            "--leaf-slots",
+            "4",
+        ];
+        a.extend_from_slice(extra);
+        let j = bench_json(&a);
+        assert_eq!(j["verified"], true, "{extra:?}: {j}");
+        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
+        assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
+    }
+}
+
 /// Connecting reads every model record; a store of many models under
 /// injected faults connects anyway: a try that met a fault is made again
 /// with faults drawn from another seed. (Each try used to draw the same
@@ -701,6 +732,23 @@ fn bad_arguments_are_refused() {
         (
             vec!["--ops", "10", "--threads", "1", "--inject-failures", "-0.1"],
             "--inject-failures",
+        ),
+        (
+            vec!["--ops", "10", "--threads", "1", "--inject-torn", "2"],
+            "--inject-torn",
+        ),
+        (
+            vec![
+                "--ops",
+                "10",
+                "--threads",
+                "1",
+                "--inject-torn",
+                "0.6",
+                "--inject-failures",
+                "0.6",
+            ],
+            "add up to more than 1",
         ),
         (
             vec!["--ops", "10", "--threads", "1", "--memnodes", "0"],
