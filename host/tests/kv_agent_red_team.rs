@@ -31,19 +31,7 @@ const MAX_AGE: Duration = Duration::from_millis(5);
 /// past 16), retrained at 2 SLT slots, with room for many records and
 /// leaves.
 fn tiny_config(thread: bool) -> MemoryNodeConfig {
-    MemoryNodeConfig {
-        leaf_slots: 4,
-        fill: 0.5,
-        epsilon: 2,
-        max_model_leaves: 8,
-        retrain_trigger: 2,
-        retraining_thread: thread,
-        record_grace: GRACE,
-        spare_leaf_factor: 40.0,
-        model_region_spare: Some(64 << 20),
-        value_spare: Some(32 << 20),
-        ..MemoryNodeConfig::default()
-    }
+    common::tiny_churn_config(thread, GRACE)
 }
 
 /// The length of value `id` of `key`: 8 to 300 bytes (in line at 8).

@@ -20,9 +20,7 @@ mod common;
 use std::time::Duration;
 
 use rolex_host::kv::{KvClient, KvSession};
-use rolex_host::memnode::{
-    AgentError, MemoryNode, MemoryNodeConfig, MemoryNodeError, MemoryNodeStats,
-};
+use rolex_host::memnode::{AgentError, MemoryNode, MemoryNodeError, MemoryNodeStats};
 
 /// Grace period of retired records and freed leaves; the clients refresh
 /// views older than [`MAX_AGE`], well within it.
@@ -35,19 +33,7 @@ const KEYS: u64 = 600;
 /// Leaves of 4 slots, models of at most 8 leaves (cut past 16), retrained
 /// at 2 SLT slots; the agent's own thread on or off.
 fn tiny_node(thread: bool) -> MemoryNode {
-    let cfg = MemoryNodeConfig {
-        leaf_slots: 4,
-        fill: 0.5,
-        epsilon: 2,
-        max_model_leaves: 8,
-        retrain_trigger: 2,
-        retraining_thread: thread,
-        record_grace: GRACE,
-        spare_leaf_factor: 40.0,
-        model_region_spare: Some(64 << 20),
-        value_spare: Some(32 << 20),
-        ..MemoryNodeConfig::default()
-    };
+    let cfg = common::tiny_churn_config(thread, GRACE);
     MemoryNode::start_with_values(cfg, &[], &mut |k, id, out| {
         out.extend_from_slice(&value(k, id))
     })

@@ -630,3 +630,26 @@ pub fn loopback_client(
     )
     .expect("connecting a loopback client")
 }
+
+/// A node configuration for churn at its hardest: leaves of 4 slots
+/// loaded half full, models of at most 8 leaves (cut past 16) retrained
+/// at 2 SLT slots, records and freed leaves reused after `grace`, room
+/// for many records, leaves and values; the agent's own thread on or off.
+pub fn tiny_churn_config(
+    thread: bool,
+    grace: std::time::Duration,
+) -> rolex_host::memnode::MemoryNodeConfig {
+    rolex_host::memnode::MemoryNodeConfig {
+        leaf_slots: 4,
+        fill: 0.5,
+        epsilon: 2,
+        max_model_leaves: 8,
+        retrain_trigger: 2,
+        retraining_thread: thread,
+        record_grace: grace,
+        spare_leaf_factor: 40.0,
+        model_region_spare: Some(64 << 20),
+        value_spare: Some(32 << 20),
+        ..rolex_host::memnode::MemoryNodeConfig::default()
+    }
+}
