@@ -686,8 +686,7 @@ impl KvSession {
     /// release when the `CAS` failed too: a write torn by a broken link
     /// fails everything posted after it on that link, the `CAS` included,
     /// and must not be left under a released lock (see
-    /// [`Self::release_exclusively`]); `Ok` when that retry wrote them and
-    /// released the lock at once (the operation took effect). A `CAS` that completed tells the
+    /// [`Self::release_exclusively`]). A `CAS` that completed tells the
     /// link carried it, so the writes before it were placed whole, or not
     /// at all where the target refused them.
     fn unlocked(
@@ -719,18 +718,12 @@ impl KvSession {
                     during: "unlocking a chain",
                     error,
                 };
-                match &write_err {
-                    // Written again whole and released at once: the
-                    // operation took effect.
-                    Some(e) if !rewrite.is_empty() => {
-                        match self.lost_release_settle(w, to, failed, owned(rewrite)) {
-                            Ok(Settle::Released) => Ok(()),
-                            Ok(_) => Err(e.clone().indeterminate()),
-                            Err(released) => Err(after_writes(e, released)),
-                        }
-                    }
-                    _ => wrote(self.lost_release(w, to, failed, Vec::new())),
-                }
+                let repair = if write_err.is_some() {
+                    owned(rewrite)
+                } else {
+                    Vec::new()
+                };
+                wrote(self.lost_release(w, to, failed, repair))
             }
         }
     }
@@ -776,12 +769,12 @@ impl KvSession {
     /// after the writes completed and not awaited. If a write fails, it
     /// may have landed in part (a link that broke in the middle of it), so
     /// the lock is kept until `writes` are written again whole, then
-    /// released to `to` ([`Self::lost_release`]): at once if that works
-    /// (`Ok`: the operation took effect), else by a later operation of the
-    /// client (an indeterminate error: the operation takes effect once the
-    /// writes land; [`KvError::LockMaybeHeld`] if the lock is still held).
-    /// Nothing posted (staging failed, the lease lapsed): the word is
-    /// released unchanged.
+    /// released to `to` ([`Self::lost_release`]): at once if that works,
+    /// else by a later operation of the client
+    /// ([`KvError::LockMaybeHeld`]); the error is indeterminate either way
+    /// (the operation takes effect once the writes land). Nothing posted
+    /// (staging failed, the lease lapsed): the word is released
+    /// unchanged.
     fn write_and_unlock(
         &mut self,
         w: LockWord,
@@ -796,7 +789,7 @@ impl KvSession {
             return match self.write(&ops, "writing a locked chain") {
                 Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
                 Written::Not(e) => Err(self.unlock_after(w, e)),
-                Written::Maybe(e) => self.release_after_failed_writes(w, to, e, owned(writes)),
+                Written::Maybe(e) => Err(self.release_after_failed_writes(w, to, e, owned(writes))),
             };
         }
         let during = "writing and unlocking";
@@ -916,7 +909,7 @@ impl KvSession {
             if !self.shared.ordered {
                 out.push(match (write_err, write) {
                     (Some(e), Some(write)) => {
-                        self.release_after_failed_writes(w, to, e, vec![write])
+                        Err(self.release_after_failed_writes(w, to, e, vec![write]))
                     }
                     (_, Some(_)) => self.post_unlock(w, to).map_err(KvError::indeterminate),
                     (_, None) => self.post_unlock(w, to),
@@ -949,23 +942,18 @@ impl KvSession {
 
     /// Releases `w` to `to` after its `rewrite` writes failed with `error`
     /// (they may have landed in part): once they are written again whole,
-    /// at once or by a later operation ([`Self::lost_release`]). `Ok` when
-    /// that happened at once — the writes are whole and this release
-    /// landed: the operation took effect; else the operation's error,
-    /// indeterminate (it takes effect once the writes land): `error`, or
-    /// the lock maybe held after it.
+    /// at once or by a later operation ([`Self::lost_release`]). Returns
+    /// the operation's error, indeterminate (it takes effect once the
+    /// writes land): `error`, or the lock maybe held after it.
     fn release_after_failed_writes(
         &mut self,
         w: LockWord,
         to: u64,
         error: KvError,
         rewrite: Vec<(u64, Vec<u8>)>,
-    ) -> Result<(), KvError> {
-        match self.lost_release_settle(w, to, error.clone(), rewrite) {
-            Ok(Settle::Released) => Ok(()),
-            Ok(_) => Err(error.indeterminate()),
-            Err(released) => Err(after_writes(&error, released)),
-        }
+    ) -> KvError {
+        let released = self.lost_release(w, to, error.clone(), rewrite);
+        after_writes(&error, released.err().unwrap_or_else(|| error.clone()))
     }
 
     /// Releases `w` unchanged after `error` and returns `error` — or, if
@@ -1003,27 +991,15 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        self.lost_release_settle(w, to, error, repair).map(drop)
-    }
-
-    /// [`Self::lost_release`], saying how the retry settled it.
-    fn lost_release_settle(
-        &mut self,
-        w: LockWord,
-        to: u64,
-        error: KvError,
-        repair: Vec<(u64, Vec<u8>)>,
-    ) -> Result<Settle, KvError> {
         // A lock kept for repair goes on counting in its stripe until its
         // release is settled (module `held`).
         if repair.is_empty() {
             w.stripe.leave();
         }
         let mut e = w.maybe_held(to, repair);
-        let how = self.retry_release(&mut e);
-        if how != Settle::Pending {
+        if self.retry_release(&mut e) {
             self.shared.held.note_resolved();
-            return Ok(how);
+            return Ok(());
         }
         self.shared.held.record(e);
         Err(KvError::LockMaybeHeld {
@@ -1043,39 +1019,36 @@ impl KvSession {
         }
         let mut entries = self.shared.held.take();
         let before = entries.len();
-        entries.retain_mut(|e| self.retry_release(e) == Settle::Pending);
+        entries.retain_mut(|e| !self.retry_release(e));
         let resolved = before - entries.len();
         self.shared.held.put_back(entries, resolved);
     }
 
-    /// Tries to settle `e`: [`Settle::Pending`] while this client may
-    /// still hold it.
-    fn retry_release(&mut self, e: &mut MaybeHeld) -> Settle {
+    /// Tries to settle `e`; `true` when this client no longer holds it.
+    fn retry_release(&mut self, e: &mut MaybeHeld) -> bool {
         if let Some(flag) = &e.inflight {
             match flag.result() {
-                None => return Settle::Pending,
+                None => return false,
                 Some(r) => {
                     e.inflight = None;
                     e.stripe.leave();
                     if r.is_ok() {
                         // It landed (released) or found the word changed
                         // (not ours any more, or never was).
-                        return Settle::Gone;
+                        return true;
                     }
                 }
             }
         }
         if !e.repair.is_empty() {
-            let mut how = Settle::Pending;
-            e.stripe.exclusively_pinned(|| {
-                how = self.release_exclusively(e);
-                how != Settle::Pending
-            });
-            return how;
+            return e
+                .stripe
+                .exclusively_pinned(|| self.release_exclusively(e))
+                .unwrap_or(false);
         }
         e.stripe
             .exclusively(|| self.release_exclusively(e))
-            .unwrap_or(Settle::Pending)
+            .unwrap_or(false)
     }
 
     /// [`Self::retry_release`] holding `e`'s stripe: its repair writes,
@@ -1092,7 +1065,7 @@ impl KvSession {
     /// release landed, and a release lands only after the writes posted
     /// before it on the same link were placed (a torn one fails what
     /// follows it).
-    fn release_exclusively(&mut self, e: &MaybeHeld) -> Settle {
+    fn release_exclusively(&mut self, e: &MaybeHeld) -> bool {
         if !e.repair.is_empty() {
             let ours = Op::Cas {
                 remote: e.lt_off,
@@ -1104,8 +1077,8 @@ impl KvSession {
                 .run_each(&self.shared.pool, &[ours], "checking a lock held")
             {
                 Ok([Ok(word)]) if *word == e.locked => {}
-                Ok([Ok(_)]) => return Settle::Gone,
-                _ => return Settle::Pending,
+                Ok([Ok(_)]) => return true,
+                _ => return false,
             }
             let writes: Vec<(u64, &[u8])> = e
                 .repair
@@ -1114,13 +1087,13 @@ impl KvSession {
                 .collect();
             let ops = match self.io.stage_writes(&writes) {
                 Ok(ops) => ops,
-                Err(_) => return Settle::Pending,
+                Err(_) => return false,
             };
             if !matches!(
                 self.write(&ops, "writing a locked chain again"),
                 Written::All
             ) {
-                return Settle::Pending;
+                return false;
             }
         }
         let cas = Op::Cas {
@@ -1129,28 +1102,12 @@ impl KvSession {
             new: e.to,
         };
         self.io.cur.retries += 1;
-        match self
-            .io
-            .run_each(&self.shared.pool, &[cas], "releasing a chain lock again")
-        {
-            Ok([Ok(old)]) if *old == e.locked => Settle::Released,
-            Ok([Ok(_)]) => Settle::Gone,
-            _ => Settle::Pending,
-        }
+        matches!(
+            self.io
+                .run_each(&self.shared.pool, &[cas], "releasing a chain lock again"),
+            Ok([Ok(_)])
+        )
     }
-}
-
-/// How a retried release of a lock maybe held ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Settle {
-    /// Not settled: this client may still hold the lock.
-    Pending,
-    /// Released by this retry (its repair writes, if any, written whole
-    /// first).
-    Released,
-    /// The word was not ours any more (or never was): a release of ours
-    /// landed earlier, or the lock `CAS` never did.
-    Gone,
 }
 
 impl ChainLock {
@@ -1211,8 +1168,7 @@ impl ChainLock {
 
     /// Keeps the lock until `rewrite` — writes that failed with `error`
     /// and may have landed in part — is written again whole, then
-    /// releases it to `to`, at once or by a later operation. `Ok` when
-    /// that happened at once (the writes took effect); else the
+    /// releases it to `to`, at once or by a later operation. Returns the
     /// operation's error, indeterminate (see
     /// [`KvSession::release_after_failed_writes`]).
     pub(super) fn rewrite_then_release(
@@ -1221,7 +1177,7 @@ impl ChainLock {
         rewrite: Vec<(u64, Vec<u8>)>,
         to: LtEntry,
         error: KvError,
-    ) -> Result<(), KvError> {
+    ) -> KvError {
         s.release_after_failed_writes(self.spend(), to.raw(), error, rewrite)
     }
 }
