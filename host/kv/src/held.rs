@@ -29,12 +29,15 @@
 //!   completion is seen: nothing is retried while it may still land;
 //! - a lock kept for *repair* — writes of its holder that failed and may
 //!   have landed in part (a torn leaf), to be written again whole before
-//!   the release — keeps its count until its release is settled, and its
-//!   own retry holds the stripe exclusively with that count alone in it
-//!   ([`Stripe::exclusively_pinned`]). Otherwise another session's record
-//!   of the same word (a lock `CAS` of its that failed against our held
-//!   lock, and may have landed as far as it knows) could be retried first
-//!   and release our lock over the torn leaf.
+//!   the release — is *pinned* in its stripe until its release is settled
+//!   ([`Stripe::pin`]: counted apart from the locks), and its own retry
+//!   holds the stripe exclusively while no lock is counted
+//!   ([`Stripe::exclusively_pinned`]; other pinned records may be: each
+//!   is on a chain of its own). A plain record's retry waits for pinned
+//!   ones too: otherwise another session's record of the same word (a lock
+//!   `CAS` of its that failed against our held lock, and may have landed
+//!   as far as it knows) could be retried first and release our lock over
+//!   the torn leaf.
 //!
 //! Owner ids are per process: a leased id is held by one process at a
 //! time, and [`rolex_core::entry::LockOwner::ANONYMOUS`] clients live in
@@ -49,8 +52,13 @@ use rolex_engine::callback::CompletionFlag;
 
 /// Stripes of the process-wide table.
 const STRIPES: usize = 4096;
-/// The stripe word's bit for "a retry holds it"; the rest counts locks.
+/// The stripe word's bit for "a retry holds it"; bits 32 to 62 count
+/// pinned records ([`PIN`] each), bits 0 to 31 the locks.
 const EXCLUSIVE: u64 = 1 << 63;
+/// One pinned record in a stripe word.
+const PIN: u64 = 1 << 32;
+/// The lock count's bits of a stripe word.
+const LOCKS: u64 = PIN - 1;
 
 static TABLE: [AtomicU64; STRIPES] = [const { AtomicU64::new(0) }; STRIPES];
 
@@ -106,22 +114,40 @@ impl Stripe {
         self.0.fetch_and(!EXCLUSIVE, AcqRel);
     }
 
-    /// [`Stripe::exclusively`] for a record that counts in the stripe
-    /// itself (a lock kept for repair): runs `f` if that count is the
-    /// stripe's only one, holding it exclusively; `f` says whether the
-    /// lock was settled, and then its count goes. `None` (without running
-    /// it) if another lock of this process is counted.
+    /// Turns a lock this stripe counts into a pinned record (a lock kept
+    /// for repair: module docs).
+    pub(crate) fn pin(self) {
+        self.0.fetch_add(PIN - 1, AcqRel);
+    }
+
+    /// Uncounts a pinned record ([`Stripe::pin`]) whose release settled or
+    /// that is dropped.
+    pub(crate) fn unpin(self) {
+        self.0.fetch_sub(PIN, AcqRel);
+    }
+
+    /// [`Stripe::exclusively`] for a pinned record: runs `f` while no
+    /// lock of this process is counted in the stripe (pinned records may
+    /// be), holding it exclusively; `f` says whether the lock was settled,
+    /// and then the record is unpinned. `None` (without running it) if a
+    /// lock is counted or another retry holds the stripe.
     pub(crate) fn exclusively_pinned(self, f: impl FnOnce() -> bool) -> Option<bool> {
-        if self
-            .0
-            .compare_exchange(1, EXCLUSIVE | 1, AcqRel, Acquire)
-            .is_err()
-        {
-            return None;
+        let mut v = self.0.load(Acquire);
+        loop {
+            if v & (EXCLUSIVE | LOCKS) != 0 {
+                return None;
+            }
+            match self
+                .0
+                .compare_exchange_weak(v, v | EXCLUSIVE, AcqRel, Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => v = now,
+            }
         }
         let settled = f();
         if settled {
-            self.leave();
+            self.unpin();
         }
         self.end_exclusive();
         Some(settled)
@@ -159,10 +185,15 @@ pub(crate) struct MaybeHeld {
 }
 
 impl MaybeHeld {
-    /// Whether this record counts in its stripe: its `CAS` is in flight,
-    /// or it is kept for repair.
-    fn counts(&self) -> bool {
-        self.inflight.is_some() || !self.repair.is_empty()
+    /// Uncounts what this record counts in its stripe: its `CAS` in
+    /// flight, its pin (kept for repair).
+    fn leave_stripe(&self) {
+        if self.inflight.is_some() {
+            self.stripe.leave();
+        }
+        if !self.repair.is_empty() {
+            self.stripe.unpin();
+        }
     }
 }
 
@@ -233,9 +264,7 @@ impl Drop for HeldLocks {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
-            if e.counts() {
-                e.stripe.leave();
-            }
+            e.leave_stripe();
         }
     }
 }
@@ -273,6 +302,7 @@ mod tests {
             Stripe(&MINE)
         };
         assert!(s.enter(), "the lock kept for repair");
+        s.pin();
         assert_eq!(s.exclusively(|| ()), None, "another record waits");
         assert!(s.enter(), "a lock being taken");
         assert_eq!(
@@ -285,10 +315,16 @@ mod tests {
             assert!(!s.enter(), "no lock is taken under the repair");
             false
         });
-        assert_eq!(kept, Some(false), "not settled: still counted");
+        assert_eq!(kept, Some(false), "not settled: still pinned");
         assert_eq!(s.exclusively(|| ()), None);
+        // A second lock kept for repair in the same stripe (another
+        // chain): neither waits for the other.
+        assert!(s.enter());
+        s.pin();
         assert_eq!(s.exclusively_pinned(|| true), Some(true));
-        assert_eq!(s.0.load(Acquire), 0, "settled: its count went");
+        assert_eq!(s.exclusively(|| ()), None, "one still pinned");
+        assert_eq!(s.exclusively_pinned(|| true), Some(true));
+        assert_eq!(s.0.load(Acquire), 0, "settled: both unpinned");
         assert_eq!(s.exclusively(|| 1), Some(1), "other records go on");
     }
 

@@ -979,8 +979,8 @@ impl KvSession {
 
     /// The release of `w` (to `to`, after the `repair` writes) failed with
     /// `error` without saying whether its `CAS` landed, or the lock `CAS`
-    /// did: stop counting it as a live lock (unless it is kept for
-    /// `repair`: then it counts until settled, see module `held`), retry
+    /// did: stop counting it as a live lock (if it is kept for `repair`,
+    /// it stays pinned in its stripe until settled, see module `held`), retry
     /// the release once at once, and record it as maybe held if that does
     /// not settle it.
     /// `Ok` if the retry settled it; else [`KvError::LockMaybeHeld`].
@@ -991,10 +991,12 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        // A lock kept for repair goes on counting in its stripe until its
+        // A lock kept for repair stays pinned in its stripe until its
         // release is settled (module `held`).
         if repair.is_empty() {
             w.stripe.leave();
+        } else {
+            w.stripe.pin();
         }
         let mut e = w.maybe_held(to, repair);
         if self.retry_release(&mut e) {
