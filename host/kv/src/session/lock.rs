@@ -1020,6 +1020,9 @@ impl KvSession {
             return;
         }
         let mut entries = self.shared.held.take();
+        // Locks kept for repair first: a plain record of the same stripe
+        // waits for them (module `held`), so one pass settles both.
+        entries.sort_by_key(|e| e.repair.is_empty());
         let before = entries.len();
         entries.retain_mut(|e| !self.retry_release(e));
         let resolved = before - entries.len();
