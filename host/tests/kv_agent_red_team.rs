@@ -328,17 +328,7 @@ const REFILL_KEYS: u64 = 600;
 /// Retrains every model, waiting out freezes that met a lock and record
 /// regions full of records retired too recently.
 fn retrain_all(node: &MemoryNode) {
-    for m in 0..node.model_count() {
-        for tries in 0.. {
-            match node.retrain_now(m) {
-                Ok(_) => break,
-                Err(MemoryNodeError::Agent(
-                    AgentError::FreezeDeadline { .. } | AgentError::ModelRegionFull { .. },
-                )) if tries < 100 => std::thread::sleep(GRACE),
-                Err(e) => panic!("retraining model {m}: {e}"),
-            }
-        }
-    }
+    common::retrain_all(node, GRACE);
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod common;
 use std::time::Duration;
 
 use rolex_host::kv::{KvClient, KvSession};
-use rolex_host::memnode::{AgentError, MemoryNode, MemoryNodeError, MemoryNodeStats};
+use rolex_host::memnode::{MemoryNode, MemoryNodeStats};
 
 /// Grace period of retired records and freed leaves; the clients refresh
 /// views older than [`MAX_AGE`], well within it.
@@ -57,17 +57,7 @@ fn client(node: &MemoryNode, unordered: Option<u64>) -> KvClient {
 /// Retrains every model, waiting out freezes that met a lock and record
 /// regions full of records retired too recently.
 fn retrain_all(node: &MemoryNode) {
-    for m in 0..node.model_count() {
-        for tries in 0.. {
-            match node.retrain_now(m) {
-                Ok(_) => break,
-                Err(MemoryNodeError::Agent(
-                    AgentError::FreezeDeadline { .. } | AgentError::ModelRegionFull { .. },
-                )) if tries < 100 => std::thread::sleep(GRACE),
-                Err(e) => panic!("retraining model {m}: {e}"),
-            }
-        }
-    }
+    common::retrain_all(node, GRACE);
 }
 
 /// One round's figures: the node's when full and when empty again, and

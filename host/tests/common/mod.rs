@@ -663,3 +663,21 @@ pub fn tiny_churn_config(
         ..rolex_host::memnode::MemoryNodeConfig::default()
     }
 }
+
+/// Retrains every model of `node`, waiting `wait` after a freeze that met
+/// a lock or a model region full of records retired too recently (100
+/// tries each at most; any other error fails the test).
+pub fn retrain_all(node: &rolex_host::memnode::MemoryNode, wait: std::time::Duration) {
+    use rolex_host::memnode::{AgentError, MemoryNodeError};
+    for m in 0..node.model_count() {
+        for tries in 0.. {
+            match node.retrain_now(m) {
+                Ok(_) => break,
+                Err(MemoryNodeError::Agent(
+                    AgentError::FreezeDeadline { .. } | AgentError::ModelRegionFull { .. },
+                )) if tries < 100 => std::thread::sleep(wait),
+                Err(e) => panic!("retraining model {m}: {e}"),
+            }
+        }
+    }
+}
