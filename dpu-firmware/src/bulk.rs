@@ -57,6 +57,11 @@ pub struct BulkConfig {
     /// values' blocks ([`value_bytes`]) plus room for the values compute
     /// nodes will write.
     pub value_capacity: u64,
+    /// Blocks of the redo log (`PoolParams::redo_blocks`: compute clients
+    /// connected at once; 0 for none).
+    pub redo_blocks: u32,
+    /// Slots per redo block (`PoolParams::redo_slots`).
+    pub redo_slots: u32,
 }
 
 /// Bytes the blocks of out-of-line values of lengths `lens` take (values
@@ -162,6 +167,8 @@ impl BulkPlan {
             cirq_capacity: model_count.saturating_add(cfg.directory_spare),
             model_region_len,
             value_capacity: cfg.value_capacity,
+            redo_blocks: cfg.redo_blocks,
+            redo_slots: cfg.redo_slots,
         })?;
         sb.set_model_count(model_count);
         sb.set_upper_levels(sb.model_region_offset(), upper_len);
@@ -388,6 +395,8 @@ mod tests {
             model_region_spare: 1 << 16,
             directory_spare: 64,
             value_capacity: 1 << 16,
+            redo_blocks: 4,
+            redo_slots: 4,
         }
     }
 

@@ -394,6 +394,8 @@ pub(crate) mod testing {
             model_region_spare: 1 << 16,
             directory_spare: 64,
             value_capacity: 1 << 16,
+            redo_blocks: 4,
+            redo_slots: 4,
         };
         let pairs: Vec<(u64, u64)> = (0..n).map(|i| (i * 10, i)).collect();
         let keys: Vec<u64> = pairs.iter().map(|p| p.0).collect();

@@ -1163,6 +1163,8 @@ mod tests {
             model_region_spare: 1 << 16,
             directory_spare: 64,
             value_capacity: 1 << 16,
+            redo_blocks: 4,
+            redo_slots: 4,
         };
         let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
         let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();
@@ -1262,6 +1264,8 @@ mod tests {
             model_region_spare: 1 << 16,
             directory_spare: 64,
             value_capacity: 12 << 20,
+            redo_blocks: 4,
+            redo_slots: 4,
         };
         let pairs: Vec<(u64, u64)> = (0..keys).map(|i| (i * 10, i)).collect();
         let ks: Vec<u64> = pairs.iter().map(|p| p.0).collect();

@@ -28,6 +28,7 @@ pub mod free;
 mod leaf;
 mod leaf_region;
 mod model_record;
+mod redo;
 mod superblock;
 pub mod topology;
 pub mod value;
@@ -42,6 +43,7 @@ pub use free::{FreeBlock, FreeBundle, FreeError, FreeHead};
 pub use leaf::{EditError, Leaf, LeafError, Slot, ValidLeaf};
 pub use leaf_region::{LeafRegion, LeafRegionHeader};
 pub use model_record::{ModelFlags, ModelRecord, ModelRecordParams, ModelSegment, ModelState};
+pub use redo::{RedoClaim, RedoEntry, RedoError, RedoHeader, RedoRegion, REDO_MAGIC};
 pub use superblock::{PoolParams, Superblock, LAYOUT_VERSION, MAGIC};
 pub use value::{
     block_class, cut_class, largest_class_within, BlockRef, SlotValue, ValueBlock,
@@ -67,6 +69,8 @@ pub enum Part {
     LeafRegion,
     /// The value region (out-of-line values).
     ValueRegion,
+    /// The redo log ([`RedoRegion`]).
+    RedoLog,
     /// The blob of upper-level segments.
     UpperLevels,
     /// A model record's header.
@@ -90,6 +94,7 @@ impl fmt::Display for Part {
             Self::ModelRegion => "model region",
             Self::LeafRegion => "leaf region",
             Self::ValueRegion => "value region",
+            Self::RedoLog => "redo log",
             Self::UpperLevels => "upper-level blob",
             Self::ModelRecord => "model record",
             Self::LeafTable => "leaf table",
@@ -141,6 +146,8 @@ pub enum Field {
     SegmentCount,
     /// A checksum word.
     Checksum,
+    /// The redo log's blocks and slots per block.
+    RedoGeometry,
 }
 
 impl fmt::Display for Field {
@@ -164,6 +171,7 @@ impl fmt::Display for Field {
             Self::LabelStride => "label stride",
             Self::SegmentCount => "segment count",
             Self::Checksum => "checksum",
+            Self::RedoGeometry => "redo log geometry (blocks << 32 | slots per block)",
         })
     }
 }

@@ -707,6 +707,8 @@ mod tests {
             cirq_capacity: 4,
             model_region_len: 1 << 16,
             value_capacity: 0,
+            redo_blocks: 0,
+            redo_slots: 0,
         })
         .unwrap()
     }

@@ -12,8 +12,8 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::{
-    CirqHeader, Field, LayoutError, Leaf, LeafRegion, LeafRegionHeader, Part, Span, ValueRegion,
-    ValueRegionHeader,
+    CirqHeader, Field, LayoutError, Leaf, LeafRegion, LeafRegionHeader, Part, RedoRegion, Span,
+    ValueRegion, ValueRegionHeader,
 };
 use crate::entry::LtEntry;
 
@@ -34,7 +34,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"RLXPOOL\0");
 /// (the slot's leaf, for the compute node that claims it). Version 7:
 /// values are byte strings — a slot is 24 bytes (key, value word, length,
 /// generation: inline bytes or a pointer to a value block), and the pool
-/// has a value region (the superblock is 160 bytes).
+/// has a value region (the superblock is 160 bytes). Still version 7: the
+/// superblock's two reserved words place the redo log
+/// ([`RedoRegion`](super::RedoRegion)); 0 in both (older pools) means none.
 pub const LAYOUT_VERSION: u32 = 7;
 
 /// The parameters [`Superblock::plan`] lays a fresh pool out from.
@@ -60,6 +62,14 @@ pub struct PoolParams {
     /// Bytes of the value region's block area (out-of-line values; may be
     /// 0: then only values of up to `INLINE_MAX` bytes can be stored).
     pub value_capacity: u64,
+    /// Blocks of the redo log ([`RedoRegion`]): one per compute client
+    /// connected at once. 0: no redo log (leaf writes are not copied, and
+    /// a leaf torn by a death stays torn).
+    pub redo_blocks: u32,
+    /// Slots per redo block: leaf writes one client keeps in flight, and
+    /// failed ones it has not written again yet (at least 1 when
+    /// `redo_blocks` is not 0).
+    pub redo_slots: u32,
 }
 
 /// The pool's first 160 bytes.
@@ -86,7 +96,8 @@ pub struct PoolParams {
 ///    124     4  keys_per_leaf       keys per leaf at training
 ///    128     8  value_region_offset ValueRegionHeader, then value blocks
 ///    136     8  value_region_len
-///    144    16  reserved            0
+///    144     8  redo_offset         the redo log (0 with redo_geometry 0: none)
+///    152     8  redo_geometry       blocks << 32 | slots per block
 /// ```
 ///
 /// The retraining agent switches a model by one 8-byte write to its
@@ -114,7 +125,8 @@ pub struct Superblock {
     keys_per_leaf: U32,
     value_region_offset: U64,
     value_region_len: U64,
-    reserved: [U64; 2],
+    redo_offset: U64,
+    redo_geometry: U64,
 }
 
 const _: () = assert!(core::mem::size_of::<Superblock>() == 160);
@@ -151,6 +163,7 @@ impl Superblock {
         let model_len = align8(p.model_region_len, Part::ModelRegion)?;
         let leaf_len = LeafRegion::len_for(p.leaf_capacity, p.leaf_slots)?;
         let value_len = ValueRegion::len_for(p.value_capacity)?;
+        let redo_len = RedoRegion::len_for(p.redo_blocks, p.redo_slots, p.leaf_slots)?;
         let mut at = Self::SIZE;
         let mut place = |len: u64, part: Part| {
             let offset = at;
@@ -162,6 +175,11 @@ impl Superblock {
         let model_region_offset = place(model_len, Part::ModelRegion)?;
         let leaf_region_offset = place(leaf_len, Part::LeafRegion)?;
         let value_region_offset = place(value_len, Part::ValueRegion)?;
+        let redo_offset = if redo_len == 0 {
+            0
+        } else {
+            place(redo_len, Part::RedoLog)?
+        };
         let sb = Self {
             magic: U64::new(MAGIC),
             version: U32::new(LAYOUT_VERSION),
@@ -183,7 +201,12 @@ impl Superblock {
             keys_per_leaf: U32::new(p.keys_per_leaf),
             value_region_offset: U64::new(value_region_offset),
             value_region_len: U64::new(value_len),
-            reserved: [U64::new(0); 2],
+            redo_offset: U64::new(redo_offset),
+            redo_geometry: U64::new(if redo_len == 0 {
+                0
+            } else {
+                u64::from(p.redo_blocks) << 32 | u64::from(p.redo_slots)
+            }),
         };
         sb.check()?;
         Ok(sb)
@@ -200,8 +223,9 @@ impl Superblock {
         Ok(sb)
     }
 
-    /// The spans of the six top-level parts.
-    fn spans(&self) -> Result<[Span; 6], LayoutError> {
+    /// The spans of the seven top-level parts (the redo log's empty when
+    /// the pool has none).
+    fn spans(&self) -> Result<[Span; 7], LayoutError> {
         let directory_len =
             self.directory_capacity()
                 .checked_mul(8)
@@ -227,6 +251,10 @@ impl Superblock {
                 self.value_region_offset(),
                 self.value_region_len(),
             ),
+            match self.redo_region()? {
+                Some(r) => Span::new(Part::RedoLog, r.offset(), r.len()),
+                None => Span::new(Part::RedoLog, 0, 0),
+            },
         ])
     }
 
@@ -305,6 +333,17 @@ impl Superblock {
     /// The leaf region's id (`0..=127` once checked).
     pub fn leaf_region_id(&self) -> u8 {
         u8::try_from(self.leaf_region_id.get()).unwrap_or(u8::MAX)
+    }
+
+    /// The redo log, if the pool has one (both words 0: none). Its span
+    /// is checked by [`check`](Self::check).
+    pub fn redo_region(&self) -> Result<Option<RedoRegion>, LayoutError> {
+        let geometry = self.redo_geometry.get();
+        if geometry == 0 && self.redo_offset.get() == 0 {
+            return Ok(None);
+        }
+        let (blocks, slots) = ((geometry >> 32) as u32, geometry as u32);
+        RedoRegion::new(self.redo_offset.get(), blocks, slots, self.leaf_slots()).map(Some)
     }
 
     /// Bytes of the pool.
@@ -473,6 +512,8 @@ mod tests {
             cirq_capacity: 64,
             model_region_len: 1 << 16,
             value_capacity: 1 << 12,
+            redo_blocks: 2,
+            redo_slots: 3,
         }
     }
 
@@ -506,11 +547,26 @@ mod tests {
             back.value_region_offset(),
             back.leaf_region_offset() + back.leaf_region_len()
         );
+        let redo = back.redo_region().unwrap().unwrap();
         assert_eq!(
-            back.pool_size(),
+            redo.offset(),
             back.value_region_offset() + back.value_region_len()
         );
+        assert_eq!((redo.blocks(), redo.slots()), (2, 3));
+        assert_eq!(back.pool_size(), redo.offset() + redo.len());
         assert_eq!(back.value_region().unwrap().capacity(), 1 << 12);
+        // Without a redo log the words are 0 and the pool ends with the
+        // value region (as pools laid out before the log read).
+        let none = Superblock::plan(&PoolParams {
+            redo_blocks: 0,
+            ..params()
+        })
+        .unwrap();
+        assert_eq!(none.redo_region(), Ok(None));
+        assert_eq!(
+            none.pool_size(),
+            none.value_region_offset() + none.value_region_len()
+        );
         assert_eq!(back.directory_entry_offset(0), Ok(160));
         assert!(back.directory_entry_offset(64).is_err());
     }
@@ -541,10 +597,30 @@ mod tests {
         assert!(matches!(
             sb.check(),
             Err(LayoutError::OutOfPool {
-                part: Part::ValueRegion,
+                part: Part::RedoLog,
                 ..
             })
         ));
+
+        let mut sb = good;
+        sb.redo_offset.set(good.value_region_offset());
+        assert!(matches!(
+            sb.check(),
+            Err(LayoutError::Overlap {
+                b: Part::RedoLog,
+                ..
+            })
+        ));
+
+        let mut sb = good;
+        sb.redo_geometry.set(5 << 32);
+        assert_eq!(
+            sb.check(),
+            Err(LayoutError::InvalidField {
+                field: Field::RedoGeometry,
+                value: 5 << 32
+            })
+        );
 
         let mut sb = good;
         sb.cirq_offset.set(good.directory_offset() + 8);
@@ -653,6 +729,8 @@ mod tests {
                 cirq_capacity: directory.max(1) + extra_cirq,
                 model_region_len: model_len,
                 value_capacity: model_len / 2,
+                redo_blocks: 0,
+                redo_slots: 0,
             };
             let sb = Superblock::plan(&p).unwrap();
             prop_assert_eq!(sb.check(), Ok(()));

@@ -129,6 +129,15 @@ pub struct MemoryNodeConfig {
     /// live out-of-line bytes plus a few chunks per client. `None`: half
     /// the loaded values' bytes, at least 16 MiB.
     pub value_spare: Option<u64>,
+    /// Blocks of the redo log (`rolex_core::layout::RedoRegion`): compute
+    /// clients connected at once whose leaf writes are copied there first,
+    /// so a leaf torn by a death is written again whole (a client finding
+    /// none free connects without a copy, see `KvClient`). 0: no redo log.
+    /// 64 by default.
+    pub redo_blocks: u32,
+    /// Slots of each redo block: leaf writes one client has in flight,
+    /// and failed ones not yet written again. 64 by default.
+    pub redo_slots: u32,
     /// Where the node applies its own atomics on pool words (see
     /// [`AtomicsRoute`]; `Auto` by default).
     pub atomics: AtomicsRoute,
@@ -155,6 +164,8 @@ impl Default for MemoryNodeConfig {
             pool_file: None,
             log_capacity: 64 << 10,
             value_spare: None,
+            redo_blocks: 64,
+            redo_slots: 64,
             atomics: AtomicsRoute::Auto,
         }
     }
@@ -842,6 +853,8 @@ impl MemoryNode {
             model_region_spare: 0,
             directory_spare: 0,
             value_capacity: 0,
+            redo_blocks: cfg.redo_blocks,
+            redo_slots: cfg.redo_slots,
         };
         let mut buf = Vec::new();
         let loaded = rolex_dpu::bulk::value_bytes(pairs.iter().map(|&(k, w)| {
