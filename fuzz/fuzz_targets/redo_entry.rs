@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
             let mut whole = vec![0u8; RedoHeader::SIZE as usize + image.len()];
             let entry = RedoEntry {
                 owner: rolex_core::entry::LockOwner(u16::from(cut)),
+                nonce: u32::from(cut) << 8,
                 seq: u64::from(mode),
                 target: 8 * u64::from(cut),
                 image,

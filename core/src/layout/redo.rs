@@ -15,7 +15,8 @@
 //! entry means the leaf write had not started; a torn leaf means its entry
 //! is whole. Whoever finds a torn leaf in a chain locked by a dead holder
 //! (the memory node's lease reaper, or its resume after its own death)
-//! writes the newest whole entry of that holder naming it (writes to a
+//! writes the newest whole entry of that holder naming it, among the
+//! entries written under its blocks' present claims (writes to a
 //! leaf are serialized by its chain's lock, so that entry is the torn
 //! write's whole image). No extra round trip; twice a leaf's bytes per
 //! leaf write.
@@ -34,7 +35,9 @@
 //!               0    4  magic     REDO_MAGIC (0: never written)
 //!               4    4  len       bytes of the image
 //!               8    4  owner     the writer's lock owner (16 bits)
-//!              12    4  reserved  0
+//!              12    4  nonce     the nonce of the block's claim it was
+//!                                   written under (older claims' entries
+//!                                   are not the present claimer's)
 //!              16    8  seq       the writer's sequence number (newest wins)
 //!              24    8  target    pool offset the image belongs at
 //!              32    8  checksum  xxh3-64 of the image, seeded with the
@@ -132,7 +135,7 @@ pub struct RedoHeader {
     magic: U32,
     len: U32,
     owner: U32,
-    reserved: U32,
+    nonce: U32,
     seq: U64,
     target: U64,
     checksum: U64,
@@ -158,6 +161,10 @@ fn entry_checksum(head: &[u8], image: &[u8]) -> u64 {
 pub struct RedoEntry<'a> {
     /// Who wrote it: the lock owner of the chain lock it wrote under.
     pub owner: LockOwner,
+    /// The nonce of the claim of the block it was written in
+    /// ([`RedoClaim::nonce`]): an entry whose nonce is not the block's
+    /// present claim's was left by an earlier claimer.
+    pub nonce: u32,
     /// Its writer's sequence number: of two entries of one writer naming
     /// one target, the greater is the newer.
     pub seq: u64,
@@ -187,7 +194,7 @@ impl<'a> RedoEntry<'a> {
             magic: U32::new(REDO_MAGIC),
             len: U32::new(image_len),
             owner: U32::new(self.owner.0.into()),
-            reserved: U32::new(0),
+            nonce: U32::new(self.nonce),
             seq: U64::new(self.seq),
             target: U64::new(self.target),
             checksum: U64::new(0),
@@ -227,6 +234,7 @@ impl<'a> RedoEntry<'a> {
         }
         Ok(Self {
             owner: LockOwner(owner),
+            nonce: head.nonce.get(),
             seq: head.seq.get(),
             target: head.target.get(),
             image,
@@ -260,6 +268,11 @@ impl RedoClaim {
     /// The raw word.
     pub const fn raw(self) -> u64 {
         self.0
+    }
+
+    /// The claiming client's nonce (0 for a free block).
+    pub const fn nonce(self) -> u32 {
+        (self.0 >> 16) as u32
     }
 
     /// The claimer's owner, `None` for a free block (or a word that is
@@ -402,6 +415,7 @@ mod tests {
     fn entry(image: &[u8], seq: u64) -> RedoEntry<'_> {
         RedoEntry {
             owner: LockOwner(7),
+            nonce: 0x00C0_FFEE,
             seq,
             target: 4096,
             image,
@@ -451,6 +465,7 @@ mod tests {
     fn claims_name_their_owner() {
         let c = RedoClaim::new(LockOwner(0xBEEF), 0x1234_5678);
         assert_eq!(c.owner(), Some(LockOwner(0xBEEF)));
+        assert_eq!(c.nonce(), 0x1234_5678);
         assert_ne!(c, RedoClaim::new(LockOwner(0xBEEF), 0x1234_5679));
         assert_eq!(RedoClaim::FREE.owner(), None);
         assert_eq!(RedoClaim::from_raw(c.raw()), c);

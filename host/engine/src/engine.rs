@@ -335,6 +335,15 @@ impl TransferEngine {
             .all(|g| g.domains.iter().all(|d| d.ordered()))
     }
 
+    /// Whether every NIC places the writes of one post call to a peer in
+    /// posting order ([`Domain::writes_ordered`](crate::domain::Domain::writes_ordered)).
+    pub fn writes_ordered(&self) -> bool {
+        self.shared
+            .groups
+            .iter()
+            .all(|g| g.domains.iter().all(|d| d.writes_ordered()))
+    }
+
     /// Whether every NIC's writes can carry a 32-bit immediate (EFA: 4
     /// bytes of CQ data; a provider with fewer fails such writes with
     /// [`TransferError::NoImmediates`]).

@@ -264,6 +264,15 @@ pub trait Domain: Send + Sync {
     /// Whether operations posted on one endpoint take effect in order
     /// (RC-like); `false` for SRD-like unordered delivery.
     fn ordered(&self) -> bool;
+    /// Whether the writes of one post call to one peer are placed at the
+    /// target in posting order, each one's data before the next one's
+    /// (a write cut in the middle leaves the later ones unplaced): true
+    /// wherever [`Domain::ordered`] is, and where only writes after
+    /// writes are ordered (`tcp;ofi_rxm` orders RMA apart from atomics).
+    /// The store's redo copy of a leaf write relies on it.
+    fn writes_ordered(&self) -> bool {
+        self.ordered()
+    }
     /// Whether writes can carry a 32-bit immediate; where not, a write
     /// with one completes with [`TransferError::NoImmediates`]. The
     /// default: yes.
@@ -429,6 +438,9 @@ impl Domain for AnyDomain {
     }
     fn ordered(&self) -> bool {
         dispatch!(self, d => d.ordered())
+    }
+    fn writes_ordered(&self) -> bool {
+        dispatch!(self, d => d.writes_ordered())
     }
 
     fn immediates(&self) -> bool {

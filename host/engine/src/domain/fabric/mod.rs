@@ -1729,6 +1729,13 @@ impl Domain for LibfabricDomain {
         self.inner.claims.ordered
     }
 
+    fn writes_ordered(&self) -> bool {
+        // The order covered writes rely on too (module `cover`: rxm keeps
+        // one connection per peer, and the target reads each stream in
+        // order, placing a write's data before it parses the next header).
+        self.inner.claims.ordered || writes_ordered(self.inner.order.tx_msg_order)
+    }
+
     fn immediates(&self) -> bool {
         self.inner.claims.immediates
     }
