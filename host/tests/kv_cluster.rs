@@ -451,6 +451,7 @@ fn a_node_whose_batches_fail_leaves_the_other_nodes_answers_and_locks_alone() {
                         probability: 0.25,
                         seed: seed * 1_000_003 + attempt,
                         torn: 0.0,
+                        tear_kills: false,
                     });
                     let cfg = KvClientConfig {
                         engine: EngineConfig {
@@ -557,6 +558,7 @@ fn scans_read_together_across_a_failing_node_answer_right_or_name_it() {
                         probability: 0.05,
                         seed: seed * 1_000_003 + attempt,
                         torn: 0.0,
+                        tear_kills: false,
                     });
                     let cfg = KvClientConfig {
                         engine: EngineConfig {

@@ -139,6 +139,7 @@ fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
         probability,
         seed,
         torn: 0.0,
+        tear_kills: false,
     };
     let cfg = KvClientConfig {
         engine: engine(Some(faults), unordered, seed),

@@ -487,6 +487,7 @@ fn sessions_dropped_with_unlocks_posted(faults: bool) {
                             probability: 0.02,
                             seed: seed * 1_000_003 + attempt,
                             torn: 0.0,
+                            tear_kills: false,
                         }),
                         seed,
                     ),

@@ -353,6 +353,7 @@ fn value_calls_under_injected_faults(unordered: bool) {
                     probability: 0.02,
                     seed: seed * 1_000_003 + attempt,
                     torn: 0.0,
+                    tear_kills: false,
                 };
                 let cfg = KvClientConfig {
                     engine: engine(unordered.then_some(seed), Some(faults)),

@@ -453,6 +453,7 @@ fn crossed_writes_whose_unlocks_fail_in_flight_do_not_wait_for_each_other() {
                     probability: 0.1,
                     seed: seed * 1_000_003 + attempt,
                     torn: 0.0,
+                    tear_kills: false,
                 };
                 KvClient::connect(
                     KvClientConfig {

@@ -125,10 +125,12 @@ fn torn_leaf_writes_are_repaired_before_the_lock_is_released_unordered() {
 }
 
 /// A writer that dies with a leaf torn under its lock (every leaf write of
-/// it lands only in part, its repairs too) leaves the leaf for good: the
-/// memory node's reaper, releasing the dead owner's lock, names it. (A
-/// prefix short enough to hold only bytes the old and new leaf share
-/// leaves the old leaf whole: then nothing is torn; some seeds do that.)
+/// it lands only in part, its repairs too) on a pool without a redo log
+/// leaves the leaf for good: the memory node's reaper, releasing the dead
+/// owner's lock, names it. (A prefix short enough to hold only bytes the
+/// old and new leaf share leaves the old leaf whole: then nothing is
+/// torn; some seeds do that.) With a redo log the leaf is written again
+/// from its copy: `kv_redo.rs`.
 #[test]
 fn the_reaper_names_a_leaf_its_dead_holder_left_torn() {
     const DEAD: LockOwner = LockOwner(12);
@@ -140,6 +142,7 @@ fn the_reaper_names_a_leaf_its_dead_holder_left_torn() {
         let node = MemoryNode::start(
             MemoryNodeConfig {
                 retraining_thread: false,
+                redo_blocks: 0,
                 ..common::churning_config()
             },
             &pairs,

@@ -722,6 +722,7 @@ fn give_backs_under_injected_faults_never_hand_a_block_out_twice() {
                     probability: 0.03,
                     seed,
                     torn: 0.0,
+                    tear_kills: false,
                 }),
                 ..rolex_host::LoopbackConfig::default()
             }),

@@ -479,6 +479,7 @@ fn client_engine(args: &BenchArgs, mut engine: EngineConfig) -> EngineConfig {
             probability: args.inject_failures.unwrap_or(0.0),
             seed: args.data.seed,
             torn: args.inject_torn.unwrap_or(0.0),
+            tear_kills: false,
         });
     }
     engine

@@ -374,6 +374,7 @@ fn faulty_shuffled_senders_end_every_expectation_once_and_consistently() {
                     probability: 0.15,
                     seed: 3 + receiver_nics as u64,
                     torn: 0.0,
+                    tear_kills: false,
                 }),
                 ..LoopbackConfig::default()
             };

@@ -37,6 +37,7 @@ use crate::io::Io;
 use crate::lease::{LeaseClient, LeaseFence};
 use crate::pool_info::PoolInfo;
 use crate::reaper::Posted;
+use crate::redo::RedoLog;
 use crate::session::KvSession;
 use crate::stats::{KvStats, ModelBytes, SessionCounters};
 use crate::values::ValueSpace;
@@ -128,7 +129,9 @@ pub(crate) struct ClientShared {
     // Sessions hold channels of this engine.
     pub(crate) engine: TransferEngine,
     /// Dropped after the engine (see its `Drop`).
-    pub(crate) held: HeldLocks,
+    pub(crate) held: Arc<HeldLocks>,
+    /// The redo block this client claimed, if any (module `redo`).
+    pub(crate) redo: Option<Arc<RedoLog>>,
     /// Each live session's posted unlocks (`KvSession::pending`): a lock
     /// that meets one of them failed settles it, whichever session posted
     /// it (module `session::lock`), and the client's reaper releases them
@@ -329,7 +332,9 @@ impl Drop for KvClient {
         // A lock maybe held goes to the client's reaper first, which
         // closes the client once it released it (module `reaper`).
         if self.shared.let_go() && !Posted::adopt(&self.shared) {
-            let _ = self.close();
+            if let Ok(mut s) = KvSession::uncounted(self.shared.clone()) {
+                s.close_for_good();
+            }
         }
     }
 }
@@ -445,6 +450,14 @@ impl KvClient {
             *views[m as usize].write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(v));
         }
         let ordered = engine.ordered();
+        let held = Arc::new(HeldLocks::default());
+        // The last READ or CAS of the connect: nothing after it fails, so
+        // a block claimed is a block this client will free.
+        let redo = if engine.writes_ordered() {
+            RedoLog::claim(&mut io, desc, &sb, cfg.lock_owner, held.clone())?.map(Arc::new)
+        } else {
+            None
+        };
         let shared = ClientShared {
             pool: desc.clone(),
             sb,
@@ -460,7 +473,8 @@ impl KvClient {
             sessions: Mutex::new(Vec::new()),
             spare_leaves: Mutex::new(Vec::new()),
             engine,
-            held: HeldLocks::default(),
+            held,
+            redo,
             posted: Arc::default(),
             handles: AtomicUsize::new(1),
             values,
@@ -501,10 +515,24 @@ impl KvClient {
     }
 
     /// Forgets the value space this client holds free without giving it
-    /// back (its memory node is gone): dropping the client then costs no
-    /// round trip.
+    /// back, and its redo block without freeing it (its memory node is
+    /// gone): dropping the client then costs no round trip.
     pub fn abandon_values(&self) {
         drop(self.shared.values.take_all());
+        if let Some(redo) = &self.shared.redo {
+            redo.abandon();
+        }
+    }
+
+    /// Whether this client's leaf writes go out behind a whole copy in
+    /// the pool's redo log, so the memory node can write a leaf torn by a
+    /// death again (module `redo` of this crate; `rolex_core::layout::
+    /// redo`): where the fabric places a peer's writes in posting order,
+    /// the pool has a redo log, and one of its blocks was free when this
+    /// client connected. Leaf writes that found no free slot of the
+    /// block went out alone (`KvStats::redo_unlogged`).
+    pub fn redo_logged(&self) -> bool {
+        self.shared.redo.is_some()
     }
 
     /// Whether the client's fabric keeps posting order (2-RTT writes) or
@@ -563,6 +591,10 @@ impl KvClient {
         s.locks_released_late = self.shared.held.resolved();
         s.value_space = self.shared.values.usage();
         s.model_bytes = self.model_bytes();
+        if let Some(redo) = &self.shared.redo {
+            s.redo_logged = redo.logged();
+            s.redo_unlogged = redo.unlogged();
+        }
         s
     }
 }

@@ -29,8 +29,11 @@ use rolex_engine::batch::{BatchOp, Channel, Posted};
 use rolex_engine::engine::TransferEngine;
 use rolex_engine::{MrHandle, TransferError};
 
+use std::sync::Arc;
+
 use crate::error::{transfer, KvError};
 use crate::lease::LeaseFence;
+use crate::redo::{Outcome, RedoLog};
 use crate::stats::OpStats;
 
 /// One operation of a doorbell batch, by pool and local offsets.
@@ -70,6 +73,26 @@ pub(crate) struct Io {
     wbuf_tainted: bool,
     /// What the current operation has cost so far.
     pub(crate) cur: OpStats,
+    /// The client's redo block, where its leaf writes are copied first
+    /// (module `redo`).
+    redo: Option<Arc<RedoLog>>,
+    /// Redo entries staged by the last [`Io::stage_writes`]: the next
+    /// batch posts their WRITEs first, ahead of every op it was given.
+    logged: Vec<Logged>,
+    /// The next batch with its redo entries in front.
+    batch: Vec<Op>,
+    /// Scratch for encoding a redo entry.
+    entry: Vec<u8>,
+}
+
+/// A redo entry staged for the next batch.
+#[derive(Clone, Copy, Debug)]
+struct Logged {
+    /// Its WRITE (from the write buffer to its slot).
+    op: Op,
+    slot: u32,
+    /// Pool offset of the leaf write it copies.
+    target: u64,
 }
 
 /// A batch [`Io::post_each`] posted and nobody waited for yet: it holds
@@ -80,7 +103,10 @@ pub(crate) struct Io {
 pub(crate) struct InFlight<'a> {
     /// `Some` until waited for.
     posted: Option<Posted<'a>>,
+    /// The batch as posted: redo entries first (`logged`), then the ops.
     ops: &'a [Op],
+    logged: &'a mut Vec<Logged>,
+    redo: Option<&'a RedoLog>,
     rbuf_tainted: &'a mut bool,
     wbuf_tainted: &'a mut bool,
 }
@@ -94,7 +120,9 @@ impl<'a> InFlight<'a> {
         };
         let results = posted.wait();
         taint(self.ops, results, self.rbuf_tainted, self.wbuf_tainted);
-        results
+        let skip = self.logged.len();
+        settle_logged(self.redo, self.logged, self.ops, Some(results));
+        results.get(skip..).unwrap_or(&[])
     }
 }
 
@@ -105,6 +133,8 @@ impl Drop for InFlight<'_> {
             drop(posted);
             *self.rbuf_tainted = true;
             *self.wbuf_tainted = true;
+            // Outcomes not looked at: every copied leaf may be torn.
+            settle_logged(self.redo, self.logged, self.ops, None);
         }
     }
 }
@@ -135,7 +165,17 @@ impl Io {
             rbuf_tainted: false,
             wbuf_tainted: false,
             cur: OpStats::default(),
+            redo: None,
+            logged: Vec::new(),
+            batch: Vec::new(),
+            entry: Vec::new(),
         })
+    }
+
+    /// Copies this `Io`'s leaf writes into `redo` from now on (module
+    /// `redo`).
+    pub(crate) fn set_redo(&mut self, redo: Option<Arc<RedoLog>>) {
+        self.redo = redo;
     }
 
     /// Bytes the read buffer holds.
@@ -209,7 +249,12 @@ impl Io {
         ops: &[Op],
         during: &'static str,
     ) -> Result<(), KvError> {
-        self.check_lease_for(ops)?;
+        if let Err(e) = self.check_lease_for(ops) {
+            settle_logged(self.redo.as_deref(), &mut self.logged, &[], None);
+            return Err(e);
+        }
+        let mut all = std::mem::take(&mut self.batch);
+        let ops = with_logged(&self.logged, ops, &mut all);
         let batch = batch_ops(ops, pool, &self.rbuf, &self.wbuf, &mut self.cur);
         let done = self.ch.run_iter(batch, &mut self.results);
         self.cur.rtts += 1;
@@ -217,6 +262,7 @@ impl Io {
             // Nothing was posted; still, trust neither buffer in place.
             self.rbuf_tainted = true;
             self.wbuf_tainted = true;
+            settle_logged(self.redo.as_deref(), &mut self.logged, &[], None);
         } else {
             taint(
                 ops,
@@ -224,7 +270,17 @@ impl Io {
                 &mut self.rbuf_tainted,
                 &mut self.wbuf_tainted,
             );
+            let skip = self.logged.len();
+            settle_logged(
+                self.redo.as_deref(),
+                &mut self.logged,
+                ops,
+                Some(&self.results),
+            );
+            // The entries' own outcomes are not the caller's.
+            self.results.drain(..skip);
         }
+        self.batch = all;
         done.map_err(transfer(during))
     }
 
@@ -242,7 +298,10 @@ impl Io {
         ops: &'a [Op],
         during: &'static str,
     ) -> Result<InFlight<'a>, KvError> {
-        self.check_lease_for(ops)?;
+        if let Err(e) = self.check_lease_for(ops) {
+            settle_logged(self.redo.as_deref(), &mut self.logged, &[], None);
+            return Err(e);
+        }
         let Io {
             ch,
             rbuf,
@@ -251,15 +310,21 @@ impl Io {
             rbuf_tainted,
             wbuf_tainted,
             cur,
+            redo,
+            logged,
+            batch,
             ..
         } = self;
-        let batch = batch_ops(ops, pool, rbuf, wbuf, cur);
-        let posted = ch.post_iter(batch, results);
+        let ops = with_logged(logged, ops, batch);
+        let posted = ch.post_iter(batch_ops(ops, pool, rbuf, wbuf, cur), results);
         cur.rtts += 1;
+        let redo = redo.as_deref();
         match posted {
             Ok(posted) => Ok(InFlight {
                 posted: Some(posted),
                 ops,
+                logged,
+                redo,
                 rbuf_tainted,
                 wbuf_tainted,
             }),
@@ -267,6 +332,7 @@ impl Io {
                 // Nothing was posted; still, trust neither buffer in place.
                 *rbuf_tainted = true;
                 *wbuf_tainted = true;
+                settle_logged(redo, logged, &[], None);
                 Err(transfer(during)(e))
             }
         }
@@ -389,9 +455,16 @@ impl Io {
         unsafe { self.wbuf.with_bytes_mut(local, len, f) }.map_err(transfer(during))
     }
 
-    /// Stages `writes` (pool offset, bytes) one after another in the write
-    /// buffer and returns their WRITEs, in the same order.
-    pub(crate) fn stage_writes(&self, writes: &[(u64, &[u8])]) -> Result<Vec<Op>, KvError> {
+    /// Stages `writes` (pool offset, bytes: leaf writes) one after
+    /// another in the write buffer and returns their WRITEs, in the same
+    /// order. With a redo block, each write's copy is staged too, behind
+    /// them in the buffer: the next batch posted ([`Io::run`],
+    /// [`Io::run_each`], [`Io::post_each`]) sends the copies' WRITEs
+    /// first, and its results are the given ops' alone (module `redo`).
+    pub(crate) fn stage_writes(&mut self, writes: &[(u64, &[u8])]) -> Result<Vec<Op>, KvError> {
+        // Copies staged and never posted (the caller gave up): nothing
+        // of them was written.
+        settle_logged(self.redo.as_deref(), &mut self.logged, &[], None);
         let mut ops = Vec::with_capacity(writes.len() + 1);
         let mut local = 0u64;
         for &(remote, bytes) in writes {
@@ -403,7 +476,41 @@ impl Io {
             });
             local += (bytes.len() as u64).next_multiple_of(8);
         }
+        let Some(redo) = self.redo.clone() else {
+            return Ok(ops);
+        };
+        let mut entry = std::mem::take(&mut self.entry);
+        for &(target, bytes) in writes {
+            let Some(taken) = redo.take(target, bytes.len() as u64) else {
+                continue;
+            };
+            let len = redo.encode(target, bytes, &mut entry) as u64;
+            let staged = self.stage(local, &entry);
+            self.logged.push(Logged {
+                op: Op::Write {
+                    remote: taken.remote,
+                    local,
+                    len,
+                },
+                slot: taken.slot,
+                target,
+            });
+            if let Err(e) = staged {
+                self.entry = entry;
+                settle_logged(Some(&redo), &mut self.logged, &[], None);
+                return Err(e);
+            }
+            local += len.next_multiple_of(8);
+        }
+        self.entry = entry;
         Ok(ops)
+    }
+
+    /// The leaf at `target` is known whole (module `redo`).
+    pub(crate) fn redo_whole(&self, target: u64) {
+        if let Some(redo) = &self.redo {
+            redo.whole(target);
+        }
     }
 
     /// Reads `len` pool bytes at `remote`: one round trip per read-buffer
@@ -509,6 +616,56 @@ fn batch_ops<'a>(
             }
         }
     })
+}
+
+/// `ops` with the WRITEs of `logged` in front, built in `scratch`; `ops`
+/// itself when nothing is logged.
+fn with_logged<'a>(logged: &[Logged], ops: &'a [Op], scratch: &'a mut Vec<Op>) -> &'a [Op] {
+    if logged.is_empty() {
+        return ops;
+    }
+    scratch.clear();
+    scratch.extend(logged.iter().map(|l| l.op));
+    scratch.extend_from_slice(ops);
+    scratch
+}
+
+/// Settles the slots of `logged` (then empties it) after the batch `all`
+/// (`logged`'s WRITEs first, then the caller's ops) completed with
+/// `results`; `None`: not posted (`all` empty) or not looked at (every
+/// copied leaf may be torn).
+fn settle_logged(
+    redo: Option<&RedoLog>,
+    logged: &mut Vec<Logged>,
+    all: &[Op],
+    results: Option<&[Result<u64, TransferError>]>,
+) {
+    let Some(redo) = redo else {
+        logged.clear();
+        return;
+    };
+    let skip = logged.len();
+    for l in logged.drain(..) {
+        let outcome = match results {
+            _ if all.is_empty() => Outcome::NotPosted,
+            None => Outcome::MaybeTorn,
+            Some(results) => {
+                // The leaf write it copies: the caller's WRITE to `target`.
+                let written = all
+                    .iter()
+                    .zip(results)
+                    .skip(skip)
+                    .filter(|(op, _)| matches!(op, Op::Write { remote, .. } if *remote == l.target))
+                    .all(|(_, r)| r.is_ok());
+                if written {
+                    Outcome::Written
+                } else {
+                    Outcome::MaybeTorn
+                }
+            }
+        };
+        redo.settle(l.slot, l.target, outcome);
+    }
 }
 
 /// After a batch of `ops` completed with `results`: a failed READ may

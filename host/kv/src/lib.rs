@@ -53,6 +53,7 @@ mod io;
 pub mod lease;
 pub mod pool_info;
 mod reaper;
+mod redo;
 pub mod session;
 pub mod stats;
 mod values;

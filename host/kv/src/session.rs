@@ -516,11 +516,12 @@ impl KvSession {
     /// A session of `shared` that is not a handle on the client (the one
     /// `KvClient::close` gives space back through).
     pub(crate) fn uncounted(shared: Arc<ClientShared>) -> Result<Self, KvError> {
-        let io = Io::new(
+        let mut io = Io::new(
             &shared.engine,
             shared.cfg.session_buffer,
             shared.cfg.lease.clone(),
         )?;
+        io.set_redo(shared.redo.clone());
         let counters = Arc::new(SessionCounters::default());
         shared
             .sessions

@@ -219,6 +219,13 @@ pub struct KvStats {
     /// Chain locks whose lock or release failed without saying whether it
     /// landed, and which a retry released since (or found not held).
     pub locks_released_late: u64,
+    /// Leaf writes that went out behind a whole copy in the pool's redo
+    /// log (see [`crate::KvClient::redo_logged`]).
+    pub redo_logged: u64,
+    /// Leaf writes that went out without one: the client's redo block had
+    /// no free slot (or the client has none: then 0 here, see
+    /// `redo_logged`).
+    pub redo_unlogged: u64,
     /// The client engine's own counters.
     pub engine: CounterSnapshot,
     /// What the client caches.
@@ -252,6 +259,8 @@ impl KvStats {
         self.slt_full_waits += other.slt_full_waits;
         self.locks_maybe_held += other.locks_maybe_held;
         self.locks_released_late += other.locks_released_late;
+        self.redo_logged += other.redo_logged;
+        self.redo_unlogged += other.redo_unlogged;
         self.value_space.0 += other.value_space.0;
         self.value_space.1 += other.value_space.1;
         self.engine += other.engine;

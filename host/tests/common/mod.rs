@@ -389,6 +389,7 @@ pub fn faulty_client(
                 probability,
                 seed: seed * 1_000_003 + client * 1009 + attempt,
                 torn: 0.0,
+                tear_kills: false,
             };
             let cfg = rolex_host::kv::KvClientConfig {
                 engine: engine(faults),

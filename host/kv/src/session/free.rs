@@ -252,6 +252,18 @@ impl KvSession {
         }
     }
 
+    /// What the last handle on the client does (a `KvClient`'s or a
+    /// session's drop, the reaper's once it released the locks maybe
+    /// held): gives the value space held free back and frees the redo
+    /// block, ignoring errors (the memory node's lease reaper frees what
+    /// a failure left).
+    pub(crate) fn close_for_good(&mut self) {
+        let _ = self.give_back_all_values();
+        if let Some(redo) = self.shared.redo.clone() {
+            let _ = redo.release(&mut self.io, &self.shared.pool);
+        }
+    }
+
     /// Gives everything this client holds free back to the pool (see
     /// `KvClient::close`); returns the bytes given back.
     pub(crate) fn give_back_all_values(&mut self) -> Result<u64, KvError> {

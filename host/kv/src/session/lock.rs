@@ -1082,7 +1082,13 @@ impl KvSession {
                 .run_each(&self.shared.pool, &[ours], "checking a lock held")
             {
                 Ok([Ok(word)]) if *word == e.locked => {}
-                Ok([Ok(_)]) => return true,
+                Ok([Ok(_)]) => {
+                    // Our release landed: the writes before it are whole.
+                    for (target, _) in &e.repair {
+                        self.io.redo_whole(*target);
+                    }
+                    return true;
+                }
                 _ => return false,
             }
             let writes: Vec<(u64, &[u8])> = e
@@ -1229,7 +1235,7 @@ impl Drop for KvSession {
         // the client holds free goes back, as `KvClient`'s drop would —
         // by the client's reaper, once it released the locks maybe held.
         if self.counted && self.shared.let_go() && !crate::reaper::Posted::adopt(&self.shared) {
-            let _ = self.give_back_all_values();
+            self.close_for_good();
         }
     }
 }

@@ -87,6 +87,8 @@ pub struct LoopbackEndpoint {
     done_scratch: Vec<Completion>,
     /// The region the last operation hit (see [`RegionCache`]).
     regions: RegionCache,
+    /// A torn write broke this endpoint for good (`Faults::tear_kills`).
+    severed: bool,
 }
 
 impl LoopbackEndpoint {
@@ -111,6 +113,7 @@ impl LoopbackEndpoint {
             scratch: Vec::new(),
             done_scratch: Vec::new(),
             regions: RegionCache::default(),
+            severed: false,
         }
     }
 
@@ -258,10 +261,11 @@ impl LoopbackEndpoint {
     /// runs: the connection is down).
     fn batch_fault(&mut self, op: &WorkOp, broken: &mut bool) -> Option<Fault> {
         let drawn = self.draw_fault(op);
-        if *broken {
+        if *broken || self.severed {
             return Some(Fault::Before);
         }
         *broken = matches!(drawn, Some(Fault::Torn(_)));
+        self.severed = *broken && self.cfg.faults.is_some_and(|f| f.tear_kills);
         drawn
     }
 

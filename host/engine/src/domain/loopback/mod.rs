@@ -75,6 +75,11 @@ pub struct Faults {
     /// Probability that a WRITE of more than 8 bytes is torn, in `[0, 1]`
     /// with `probability + torn ≤ 1`.
     pub torn: f64,
+    /// A torn write breaks the endpoint for good: every later operation
+    /// posted on it fails before it runs, as when the process that wrote
+    /// died in the middle of the write (nothing it would post next, a
+    /// repair included, goes out). Other endpoints of the NIC go on.
+    pub tear_kills: bool,
 }
 
 /// Options of the loopback NIC.
@@ -501,6 +506,7 @@ mod tests {
                 probability: 0.3,
                 seed: 11,
                 torn: 0.0,
+                tear_kills: false,
             };
             let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
             let faa = WorkOp::Faa { remote, add: 1 };
@@ -538,6 +544,7 @@ mod tests {
                 probability: 0.0,
                 seed: 17,
                 torn: 0.1,
+                tear_kills: false,
             };
             let Faulty { a, b, dst, remote } =
                 faulty_pair(faults, unordered, N as u64 * SLOT, Access::all());
@@ -603,6 +610,7 @@ mod tests {
                 probability: 0.2,
                 seed,
                 torn: 0.0,
+                tear_kills: false,
             };
             let Faulty { a, b, dst, remote } = faulty_pair(faults, unordered, 8, Access::all());
             let results = run_all(&a, vec![WorkOp::Faa { remote, add: 1 }; 500]);
@@ -627,6 +635,7 @@ mod tests {
             probability: 1.0,
             seed: 2,
             torn: 0.0,
+            tear_kills: false,
         };
         let Faulty { a, b, dst, remote } = faulty_pair(faults, false, WORDS * 8, Access::all());
         let cas: Vec<WorkOp> = (0..WORDS)
@@ -660,6 +669,7 @@ mod tests {
             probability: 1.0,
             seed: 9,
             torn: 0.0,
+            tear_kills: false,
         };
         let Faulty { a, b, dst, remote } = faulty_pair(faults, false, 64, Access::REMOTE_READ);
         let src = region(64);
@@ -719,6 +729,7 @@ mod tests {
                     probability: p,
                     seed: 0,
                     torn: 0.0,
+                    tear_kills: false,
                 }),
                 ..LoopbackConfig::default()
             };
@@ -733,6 +744,7 @@ mod tests {
                 probability: p,
                 seed: 0,
                 torn: 0.0,
+                tear_kills: false,
             });
             let cfg = LoopbackConfig {
                 faults,
@@ -746,6 +758,7 @@ mod tests {
                 probability: 0.0,
                 seed: 1,
                 torn: 0.0,
+                tear_kills: false,
             },
             true,
             8,
