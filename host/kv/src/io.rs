@@ -481,6 +481,10 @@ impl Io {
         };
         let mut entry = std::mem::take(&mut self.entry);
         for &(target, bytes) in writes {
+            // A word is never torn (atomic at the target): no copy.
+            if bytes.len() <= 8 {
+                continue;
+            }
             let Some(taken) = redo.take(target, bytes.len() as u64) else {
                 continue;
             };

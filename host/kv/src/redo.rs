@@ -132,7 +132,14 @@ impl RedoLog {
         for i in 0..blocks {
             let block = (first + i) % blocks;
             let at = region.claim_offset(block)?;
-            if swap(io, pool, at, RedoClaim::FREE.raw(), claim.raw(), "claiming a redo block")? {
+            if swap(
+                io,
+                pool,
+                at,
+                RedoClaim::FREE.raw(),
+                claim.raw(),
+                "claiming a redo block",
+            )? {
                 return Ok(Some(Self {
                     region,
                     block,
@@ -238,7 +245,10 @@ impl RedoLog {
     /// before it had landed): the entries of its failed writes are not
     /// needed.
     pub(crate) fn whole(&self, target: u64) {
-        free_failed(&mut self.slots.lock().unwrap_or_else(|e| e.into_inner()), target);
+        free_failed(
+            &mut self.slots.lock().unwrap_or_else(|e| e.into_inner()),
+            target,
+        );
     }
 
     /// Never frees the block: the memory node is gone.
@@ -264,7 +274,14 @@ impl RedoLog {
             return Ok(false);
         }
         let at = self.region.claim_offset(self.block)?;
-        swap(io, pool, at, self.claim.raw(), RedoClaim::FREE.raw(), "freeing a redo block")
+        swap(
+            io,
+            pool,
+            at,
+            self.claim.raw(),
+            RedoClaim::FREE.raw(),
+            "freeing a redo block",
+        )
     }
 }
 
