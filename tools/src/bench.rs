@@ -2727,6 +2727,18 @@ struct Report<'a> {
     space: Option<Space>,
 }
 
+impl Report<'_> {
+    /// Leaf writes of the run copied into the redo log first, and those
+    /// that found no free slot of their client's block.
+    fn redo(&self) -> (u64, u64) {
+        let (before, after) = self.counters;
+        (
+            after.clients.redo_logged - before.clients.redo_logged,
+            after.clients.redo_unlogged - before.clients.redo_unlogged,
+        )
+    }
+}
+
 /// `x` rounded to 2 decimals.
 fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
@@ -2803,6 +2815,8 @@ impl Report<'_> {
             ("model_bytes", v(f.model_bytes.total.into())),
             ("raw_read_mops", v(r3(f.raw_mops).into())),
             ("failed_ops", v(self.merged.failed.into())),
+            ("redo_logged", v(self.redo().0.into())),
+            ("redo_unlogged", v(self.redo().1.into())),
             ("locks_held_end", v(self.locks_held_end.into())),
             ("pool_bytes_start", v(space.map(|s| s.bytes_start).into())),
             ("pool_bytes_end", v(space.map(|s| s.bytes_end).into())),
@@ -3003,6 +3017,15 @@ impl Report<'_> {
                 self.merged.failed,
                 p.unwrap_or(0.0),
                 t.unwrap_or(0.0)
+            ),
+        }
+        match self.redo() {
+            (0, 0) => println!(
+                "redo log        off (the fabric does not place a peer's writes in order, or \
+                 the pool has none: a leaf torn by a death stays torn)"
+            ),
+            (copied, alone) => println!(
+                "redo log        {copied} leaf writes copied whole first, {alone} not (no free slot)"
             ),
         }
         let lost = self.nodes_lost();
