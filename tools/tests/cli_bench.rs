@@ -28,7 +28,7 @@ fn bench_json(extra: &[&str]) -> serde_json::Value {
     j
 }
 
-const FIELDS: [&str; 28] = [
+const FIELDS: [&str; 30] = [
     "workload",
     "keys",
     "ops",
@@ -46,6 +46,8 @@ const FIELDS: [&str; 28] = [
     "model_bytes",
     "raw_read_mops",
     "failed_ops",
+    "redo_logged",
+    "redo_unlogged",
     "locks_held_end",
     "pool_bytes_start",
     "pool_bytes_end",

@@ -77,11 +77,11 @@ fn bench_plot_has_a_cdf_per_kind_that_ran_and_the_throughput() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // --plot leaves the JSON line as it was: one line, the same 28 keys.
+    // --plot leaves the JSON line as it was: one line, the same 30 keys.
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     let j: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(j.as_object().unwrap().len(), 28);
+    assert_eq!(j.as_object().unwrap().len(), 30);
     assert_eq!(j["verified"], true);
 
     let s = svg(&path);

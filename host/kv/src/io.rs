@@ -34,6 +34,7 @@ use std::sync::Arc;
 use crate::error::{transfer, KvError};
 use crate::lease::LeaseFence;
 use crate::redo::{Outcome, RedoLog};
+use rolex_core::layout::RedoHeader;
 use crate::stats::OpStats;
 
 /// One operation of a doorbell batch, by pool and local offsets.
@@ -460,7 +461,9 @@ impl Io {
     /// order. With a redo block, each write's copy is staged too, behind
     /// them in the buffer: the next batch posted ([`Io::run`],
     /// [`Io::run_each`], [`Io::post_each`]) sends the copies' WRITEs
-    /// first, and its results are the given ops' alone (module `redo`).
+    /// first, and its results are the given ops' alone (module `redo`):
+    /// that batch must be the one that carries these writes. A copy that
+    /// does not fit the write buffer ([`Io::copy_len`]) is left out.
     pub(crate) fn stage_writes(&mut self, writes: &[(u64, &[u8])]) -> Result<Vec<Op>, KvError> {
         // Copies staged and never posted (the caller gave up): nothing
         // of them was written.
@@ -485,7 +488,9 @@ impl Io {
             if bytes.len() <= 8 {
                 continue;
             }
-            let Some(taken) = redo.take(target, bytes.len() as u64) else {
+            let room = local + RedoHeader::SIZE + bytes.len() as u64 <= self.wbuf.len();
+            let Some(taken) = room.then(|| redo.take(target, bytes.len() as u64)).flatten() else {
+                redo.unstaged(room);
                 continue;
             };
             let len = redo.encode(target, bytes, &mut entry) as u64;
@@ -508,6 +513,16 @@ impl Io {
         }
         self.entry = entry;
         Ok(ops)
+    }
+
+    /// Bytes [`Io::stage_writes`] stages beside a write of `len` bytes:
+    /// its redo copy, if this `Io` makes one (reserve the write buffer
+    /// for it, or the copy is left out).
+    pub(crate) fn copy_len(&self, len: u64) -> u64 {
+        match &self.redo {
+            Some(_) if len > 8 => (RedoHeader::SIZE + len).next_multiple_of(8),
+            _ => 0,
+        }
     }
 
     /// The leaf at `target` is known whole (module `redo`).

@@ -171,6 +171,15 @@ impl RedoLog {
         self.logged.load(Relaxed)
     }
 
+    /// Counts a leaf write staged without a copy: it did not fit the
+    /// write buffer (`room` false), or [`Self::take`] found no slot (it
+    /// counted it already).
+    pub(crate) fn unstaged(&self, room: bool) {
+        if !room {
+            self.unlogged.fetch_add(1, Relaxed);
+        }
+    }
+
     /// Takes a slot for a write of `len` bytes at pool offset `target`;
     /// `None` (counted) when none is free or the write does not fit one.
     pub(crate) fn take(&self, target: u64, len: u64) -> Option<Taken> {

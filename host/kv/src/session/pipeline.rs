@@ -777,7 +777,7 @@ impl KvSession {
             return None;
         }
         let writes = plan.members.iter().filter(|m| m.lock.is_some()).count() as u64;
-        let step = self.leaf_size.next_multiple_of(8);
+        let step = self.leaf_size.next_multiple_of(8) + self.io.copy_len(self.leaf_size);
         if let Err(e) = self.io.reserve(
             &self.shared.engine,
             plan.end,
@@ -848,7 +848,7 @@ impl KvSession {
         batch: &mut Vec<(usize, ChainAt)>,
         p: &mut Pipe<'_>,
     ) -> (Vec<(usize, Op, SlotValue)>, u64) {
-        let step = self.leaf_size.next_multiple_of(8);
+        let step = self.leaf_size.next_multiple_of(8) + self.io.copy_len(self.leaf_size);
         let base = self.value_local.max(batch.len() as u64 * step);
         let mut end = base;
         let mut staged: Vec<(usize, Op, SlotValue)> = Vec::new();
