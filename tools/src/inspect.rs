@@ -279,13 +279,14 @@ fn redo_summary(pool: &[u8], sb: &Superblock) -> String {
     let mut past_file = 0;
     for b in 0..redo.blocks() {
         let word = redo.claim_offset(b).ok().and_then(|at| read_u64(pool, at));
-        match word.map(RedoClaim::from_raw) {
-            Some(c) => {
-                if let Some(o) = c.owner() {
-                    *by.entry(o).or_default() += 1;
-                }
-            }
-            None => past_file += 1,
+        let Some(c) = word.map(RedoClaim::from_raw) else {
+            // Blocks lie in order: the rest are past the end too (a
+            // damaged geometry may name billions).
+            past_file = redo.blocks() - b;
+            break;
+        };
+        if let Some(o) = c.owner() {
+            *by.entry(o).or_default() += 1;
         }
     }
     let who: Vec<String> = by
