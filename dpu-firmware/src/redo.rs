@@ -688,6 +688,43 @@ mod tests {
         }
     }
 
+    /// A resume killed after each of its mutations in turn (the restore,
+    /// the lock releases, the blocks freed, the later steps): the next one
+    /// finds the leaf whole, nothing damaged, every block free.
+    #[test]
+    fn a_resume_killed_after_each_mutation_is_resumed_with_the_leaf_restored() {
+        let mut completed_at = None;
+        for crash in 0..500u64 {
+            let s = setup();
+            let new = s.image_with(3);
+            s.claim(0, DEAD);
+            s.claim(2, LockOwner::ANONYMOUS);
+            s.put(0, 1, entry(DEAD, 2, s.at, &new));
+            s.tear(DEAD, &new);
+            s.mem.crash_after(crash);
+            let died = Agent::resume(&s.mem, AgentConfig::default(), s.next_free).is_err();
+            s.mem.revive();
+            let (_, rec) = Agent::resume(&s.mem, AgentConfig::default(), s.next_free)
+                .unwrap_or_else(|e| panic!("resume after a death at {crash} mutations: {e}"));
+            assert_eq!(rec.damaged_count, 0, "after a death at {crash}: {rec:?}");
+            assert_eq!(s.leaf(), new, "after a death at {crash}");
+            assert!(!LtEntry::from_raw(s.mem.load(s.lt).unwrap()).is_locked());
+            for b in 0..s.redo.blocks() {
+                assert_eq!(s.claim_word(b), 0, "block {b} after a death at {crash}");
+            }
+            if !died {
+                completed_at = Some(crash);
+                break;
+            }
+        }
+        let n = completed_at.expect("a resume completed");
+        eprintln!("a resume killed after each of its first {n} mutations: every next one whole");
+        assert!(
+            n > 3,
+            "the restore, the release and two frees are mutations"
+        );
+    }
+
     #[test]
     fn the_resume_reports_a_torn_leaf_without_a_copy_as_damaged() {
         let s = setup();
