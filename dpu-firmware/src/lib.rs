@@ -21,6 +21,10 @@
 //! - [`recover`] — [`Agent::resume`]: attaching to a pool whose previous
 //!   agent died (validation, thaw or roll forward, compute-node locks
 //!   released, free space retired at the restart).
+//! - [`reap`] — releasing the chain locks of a compute node whose lease
+//!   ended, mending the leaves it left torn.
+//! - [`redo`] — the redo log's memory-node side: the newest whole copy of
+//!   a torn leaf, written over it; blocks of dead holders freed.
 //! - [`histogram`] — [`Histogram`], the freeze-time histogram.
 //! - [`error`] — [`AgentError`].
 #![cfg_attr(not(test), no_std)]
@@ -38,6 +42,7 @@ pub mod memory;
 pub mod reap;
 pub mod record_space;
 pub mod recover;
+pub mod redo;
 
 pub use agent::{Agent, AgentConfig, AgentStats, Failure, Notice, Prepared, RetrainReport};
 pub use bulk::{BulkConfig, BulkPlan};
@@ -47,6 +52,7 @@ pub use memory::{MemError, PoolMemory, SharedBytes};
 pub use reap::{release_locks_of, release_locks_reporting, release_locks_where};
 pub use record_space::RecordSpace;
 pub use recover::{DamagedLeaf, Recovery, ValueReclaim};
+pub use redo::{Mender, RedoCopies, Restored};
 
 /// The pool layout version this agent understands (the superblock's).
 pub const LAYOUT_VERSION: u32 = rolex_core::layout::LAYOUT_VERSION;

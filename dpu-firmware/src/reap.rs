@@ -18,24 +18,26 @@
 //! carried a synonym *hint*; readers and the next writer follow the leaves'
 //! own links.
 //!
-//! Except for one case, which the reaper reports and cannot mend: a leaf
-//! WRITE the dead node's connection carried only in part. A transport
-//! that places a write's payload as it arrives (libfabric's `tcp`) keeps
-//! the prefix that arrived before the connection broke, over the old
-//! leaf: the leaf fails its checksum, and its keys are unreadable (a live
-//! writer writes such a leaf again whole before it releases its lock; a
-//! dead one cannot). [`release_locks_reporting`] checks each chain it
-//! releases, before the release (while no writer can change it), and
-//! names every leaf that does not validate.
+//! Except for one case: a leaf WRITE the dead node's connection carried
+//! only in part. A transport that places a write's payload as it arrives
+//! (libfabric's `tcp`) keeps the prefix that arrived before the
+//! connection broke, over the old leaf: the leaf fails its checksum, and
+//! its keys are unreadable (a live writer writes such a leaf again whole
+//! before it releases its lock; a dead one cannot). [`release_locks_reporting`]
+//! checks each chain it releases, before the release (while no writer can
+//! change it): a leaf that does not validate is written again whole from
+//! the newest copy the dead holder left of it in the redo log
+//! ([`crate::redo`]), where the pool has one and the holder wrote one, and
+//! is named either way ([`DamagedLeaf::restored`] says which). Then the
+//! dead holder's redo blocks are freed.
 
-use alloc::vec::Vec;
-
-use rolex_core::entry::{LockOwner, LtEntry, SltHeader};
-use rolex_core::layout::{Leaf, LeafRegion, ModelRecord, Superblock};
+use rolex_core::entry::{LockOwner, LtEntry};
+use rolex_core::layout::{ModelRecord, Superblock};
 
 use crate::error::AgentError;
 use crate::memory::PoolMemory;
 use crate::recover::DamagedLeaf;
+use crate::redo::{free_blocks_of, Mender};
 
 /// Clears every lock of a live model (the directory's) held by `owner`;
 /// returns how many it cleared. Locks of [`LockOwner::ANONYMOUS`] and
@@ -64,18 +66,23 @@ pub fn release_locks_where<M: PoolMemory>(
 }
 
 /// [`release_locks_where`], checking first each chain it releases: every
-/// leaf of it that does not validate goes to `torn` (module docs: a write
-/// the dead holder's connection carried in part). The chain is released
-/// either way — kept locked it would stop every writer of it and the
-/// agent's freezes of its model for good.
+/// leaf of it that does not validate (module docs: a write the dead
+/// holder's connection carried in part) is written again whole from the
+/// holder's newest redo copy of it where there is one, and goes to `torn`
+/// either way ([`DamagedLeaf::restored`]). The chain is released whether
+/// or not it was mended — kept locked it would stop every writer of it
+/// and the agent's freezes of its model for good. Last, the redo blocks
+/// claimed by dead holders are freed (also those of a holder that held no
+/// lock). Idempotent.
 pub fn release_locks_reporting<M: PoolMemory>(
     mem: &M,
     sb: &Superblock,
     dead: impl Fn(LockOwner) -> bool,
     mut torn: impl FnMut(DamagedLeaf),
 ) -> Result<u64, AgentError> {
-    let region = sb.leaf_region()?;
-    let mut buf = Vec::new();
+    let is_dead = |o: LockOwner| o.is_leased() && dead(o);
+    let redo = sb.redo_region()?;
+    let mut mender = Mender::new(sb.leaf_region()?, redo, is_dead);
     let mut released = 0;
     let mut rb = [0u8; ModelRecord::SIZE as usize];
     for m in 0..sb.model_count() {
@@ -86,56 +93,19 @@ pub fn release_locks_reporting<M: PoolMemory>(
         for j in 0..r.leaf_count() {
             let off = r.lt_entry_offset(j)?;
             let v = LtEntry::from_raw(mem.load(off)?);
-            if !(v.is_locked() && v.owner().is_leased() && dead(v.owner())) {
+            if !(v.is_locked() && is_dead(v.owner())) {
                 continue;
             }
-            if let Some(bad) = torn_leaf(mem, &region, v, &mut buf)? {
-                torn(DamagedLeaf {
-                    model_id: r.model_id(),
-                    ..bad
-                });
-            }
+            mender.mend_chain(mem, r.model_id(), v, &mut torn)?;
             if mem.cas(off, v.raw(), v.without_lock().raw())? == v.raw() {
                 released += 1;
             }
         }
     }
-    Ok(released)
-}
-
-/// The first leaf of the chain that `entry` heads that does not validate
-/// (read once: the chain is locked, so nothing writes it), with model id
-/// 0 for the caller to fill in; `None` if every leaf does. A walk that
-/// finds no leaf at a link (damage, not a tear) stops there.
-fn torn_leaf<M: PoolMemory>(
-    mem: &M,
-    region: &LeafRegion,
-    entry: LtEntry,
-    buf: &mut Vec<u8>,
-) -> Result<Option<DamagedLeaf>, AgentError> {
-    buf.resize(region.leaf_size() as usize, 0);
-    let mut addr = entry.addr();
-    for _ in 0..=SltHeader::CAPACITY {
-        let Ok(offset) = region.leaf_offset(addr) else {
-            return Ok(None);
-        };
-        mem.read(offset, buf)?;
-        let next = match Leaf::from_bytes(buf).and_then(|l| l.validate().map(|v| v.leaf().next())) {
-            Ok(next) => next,
-            Err(error) => {
-                return Ok(Some(DamagedLeaf {
-                    model_id: 0,
-                    leaf: addr,
-                    error,
-                }))
-            }
-        };
-        if next.pointer() == 0 {
-            break;
-        }
-        addr = next.addr();
+    if let Some(redo) = &redo {
+        free_blocks_of(mem, redo, is_dead)?;
     }
-    Ok(None)
+    Ok(released)
 }
 
 #[cfg(test)]

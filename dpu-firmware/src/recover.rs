@@ -26,7 +26,11 @@
 //!      agent died between the switch and the retire): nothing leads to
 //!      it any more.
 //! 3. [`release_compute_locks`]: every other lock of a directory record
-//!    (any compute node's: leased or anonymous) is released, at once. The
+//!    (any compute node's: leased or anonymous) is released, at once,
+//!    each chain's torn leaves first written again whole from the redo
+//!    copies of its lock owner ([`crate::redo`]; in-process clients died
+//!    with the node too), and then every redo block is freed (clients
+//!    claim anew when they reconnect). The
 //!    choice, and why no window for returning compute nodes is needed: an
 //!    operation issued before the restart can never land after it — the
 //!    old process's fabric endpoints and memory keys died with it, and a
@@ -87,11 +91,13 @@ use crate::agent::{Agent, AgentConfig};
 use crate::error::{AgentError, Inconsistency, PoolError};
 use crate::leaves::{check_tiling, leaf_buffer, LeafInfo};
 use crate::memory::PoolMemory;
+use crate::redo::Restored;
 
 /// Leaves [`Recovery::damaged`] names at most (the count is kept whole).
 pub const MAX_DAMAGED_NAMED: usize = 16;
 
-/// A leaf that did not validate on resume.
+/// A leaf that did not validate: found on resume, or in a chain whose
+/// dead holder's locks were released ([`crate::reap`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DamagedLeaf {
     /// The model whose chain leads to it.
@@ -101,6 +107,10 @@ pub struct DamagedLeaf {
     /// What was wrong (e.g. a checksum mismatch: a write torn by the
     /// death).
     pub error: LeafError,
+    /// `Some` when it was then written again whole from the redo copy of
+    /// its chain's lock owner ([`crate::redo`]) and validates now; `None`
+    /// when it stays as it was found.
+    pub restored: Option<Restored>,
 }
 
 /// What [`Agent::resume`] found and did.
@@ -119,6 +129,14 @@ pub struct Recovery {
     pub entries_finished: u64,
     /// Compute nodes' chain locks released.
     pub compute_locks_released: u64,
+    /// Torn leaves of those chains written again whole from their
+    /// holders' redo copies before the release (step 3; they count among
+    /// [`Recovery::leaves`], not among the damaged).
+    pub restored_count: u64,
+    /// The first [`MAX_DAMAGED_NAMED`] of them.
+    pub restored: Vec<DamagedLeaf>,
+    /// Redo blocks freed at the restart (every claimed one).
+    pub redo_blocks_freed: u64,
     /// Leaves walked (every chain of every model).
     pub leaves: u64,
     /// Keys those leaves hold (the damaged ones' not counted).
@@ -195,6 +213,9 @@ pub fn validate<M: PoolMemory>(mem: &M) -> Result<Validated, AgentError> {
             value: sb.pool_size(),
         });
     }
+    // The redo log's geometry, before steps 2 and 3 write (step 3 reads
+    // the log).
+    sb.redo_region()?;
     let region = crate::agent::read_leaf_region(mem, &sb)?;
     let (upper_at, upper_len, published) = crate::agent::read_topology(mem, &sb)?;
     let mut records = Vec::with_capacity(sb.model_count() as usize);
@@ -543,25 +564,59 @@ fn finish_leaf<M: PoolMemory>(
     Ok(())
 }
 
+/// What [`release_compute_locks`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Compute nodes' chain locks released.
+    pub locks: u64,
+    /// Torn leaves of those chains written again whole from their
+    /// holders' redo copies.
+    pub restored_count: u64,
+    /// The first [`MAX_DAMAGED_NAMED`] of them.
+    pub restored: Vec<DamagedLeaf>,
+    /// Redo blocks freed (every claimed one).
+    pub redo_blocks_freed: u64,
+}
+
 /// Step 3: releases every compute node's lock (leased or anonymous) in
-/// the directory records; returns how many. The agent's own locks are
-/// [`finish_retrainings`]' business (run it first).
+/// the directory records. Before it releases a chain it mends its torn
+/// leaves from the redo log, keyed by the chain's lock owner (see
+/// [`crate::redo`]: in-process clients died with the node too, so
+/// [`LockOwner::ANONYMOUS`]'s chains are mended as well); leaves left
+/// torn are step 4's to report. Then it frees every redo block: no client
+/// survives the restart, each claims a block anew when it reconnects. The
+/// agent's own locks are [`finish_retrainings`]' business (run it first).
 pub fn release_compute_locks<M: PoolMemory>(
     mem: &M,
+    sb: &Superblock,
+    region: &LeafRegion,
     records: &[LiveRecord],
-) -> Result<u64, AgentError> {
-    let mut released = 0;
+) -> Result<Released, AgentError> {
+    let redo = sb.redo_region()?;
+    let mut mender = crate::redo::Mender::new(*region, redo, |o| o != LockOwner::AGENT);
+    let mut out = Released::default();
     for live in records {
         for j in 0..live.record.leaf_count() {
             let off = live.record.lt_entry_offset(j)?;
             let v = LtEntry::from_raw(mem.load(off)?);
             if v.is_locked() && v.owner() != LockOwner::AGENT {
+                mender.mend_chain(mem, live.model_id, v, |d| {
+                    if d.restored.is_some() {
+                        out.restored_count += 1;
+                        if out.restored.len() < MAX_DAMAGED_NAMED {
+                            out.restored.push(d);
+                        }
+                    }
+                })?;
                 mem.store(off, v.without_lock().raw())?;
-                released += 1;
+                out.locks += 1;
             }
         }
     }
-    Ok(released)
+    if let Some(redo) = &redo {
+        out.redo_blocks_freed = crate::redo::free_all_blocks(mem, redo)?;
+    }
+    Ok(out)
 }
 
 /// What [`check_leaves`] found.
@@ -718,6 +773,7 @@ pub fn check_leaves<M: PoolMemory>(
                                 model_id: live.model_id,
                                 leaf: addr,
                                 error,
+                                restored: None,
                             });
                         }
                         whole = false;
@@ -1043,7 +1099,7 @@ impl<M: PoolMemory> Agent<M> {
         } = validate(&mem)?;
         let finished = finish_retrainings(&mem, &region, &mut records)?;
         let entries = topology_of(&records)?;
-        let released = release_compute_locks(&mem, &records)?;
+        let released = release_compute_locks(&mem, &sb, &region, &records)?;
         let mut named = ValueMap::of_pool(&mem, &sb)?;
         let mut leaves = check_leaves(&mem, &region, &records, &mut named)?;
         let leaves_raised = raise_alloc_num(&mem, &region, &records, leaves.highest)?;
@@ -1085,7 +1141,10 @@ impl<M: PoolMemory> Agent<M> {
             thaw_unlocked: finished.thaw_unlocked,
             rolled_forward: finished.rolled_forward,
             entries_finished: finished.entries_finished,
-            compute_locks_released: released,
+            compute_locks_released: released.locks,
+            restored_count: released.restored_count,
+            restored: released.restored,
+            redo_blocks_freed: released.redo_blocks_freed,
             leaves: leaves.leaves,
             keys: leaves.keys,
             damaged_count: leaves.damaged_count,

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use clap::Args;
 use rolex_core::entry::{LockOwner, LtEntry};
 use rolex_core::layout::{
-    AgentArea, AgentAreaError, ModelRecord, ModelState, Superblock, ValueRegionHeader,
+    AgentArea, AgentAreaError, ModelRecord, ModelState, RedoClaim, Superblock, ValueRegionHeader,
 };
 
 /// Arguments of `rolex inspect`.
@@ -135,6 +135,7 @@ pub fn run(args: InspectArgs) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 None => println!("values: the value region header lies past the file"),
             }
+            println!("redo: {}", redo_summary(pool, &sb));
             if args.models {
                 print_models(pool, &sb)?;
             }
@@ -263,6 +264,54 @@ fn lock_summary(by: &BTreeMap<LockOwner, u64>) -> String {
         })
         .collect();
     format!(", {total} chains locked ({})", who.join(", "))
+}
+
+/// The redo log: its geometry and the blocks claimed, per holder (the
+/// compute clients connected, or dead ones whose blocks the memory node
+/// has not freed yet); "none" for a pool without one.
+fn redo_summary(pool: &[u8], sb: &Superblock) -> String {
+    let redo = match sb.redo_region() {
+        Ok(Some(r)) => r,
+        Ok(None) => return "none (leaf writes are not copied)".into(),
+        Err(e) => return format!("unreadable geometry: {e}"),
+    };
+    let mut by: BTreeMap<LockOwner, u64> = BTreeMap::new();
+    let mut past_file = 0;
+    for b in 0..redo.blocks() {
+        let word = redo.claim_offset(b).ok().and_then(|at| read_u64(pool, at));
+        let Some(c) = word.map(RedoClaim::from_raw) else {
+            // Blocks lie in order: the rest are past the end too (a
+            // damaged geometry may name billions).
+            past_file = redo.blocks() - b;
+            break;
+        };
+        if let Some(o) = c.owner() {
+            *by.entry(o).or_default() += 1;
+        }
+    }
+    let who: Vec<String> = by
+        .iter()
+        .map(|(o, n)| match *o {
+            LockOwner::ANONYMOUS => format!("in-process clients: {n}"),
+            LockOwner(id) => format!("compute node {id}: {n}"),
+        })
+        .collect();
+    let claimed: u64 = by.values().sum();
+    let mut line = format!(
+        "{} blocks of {} slots of {} bytes ({} bytes at {}), {claimed} claimed",
+        redo.blocks(),
+        redo.slots(),
+        redo.slot_len(),
+        redo.len(),
+        redo.offset()
+    );
+    if !who.is_empty() {
+        line += &format!(" ({})", who.join(", "));
+    }
+    if past_file > 0 {
+        line += &format!(", {past_file} past the end of the file");
+    }
+    line
 }
 
 fn read_u64(b: &[u8], at: u64) -> Option<u64> {
@@ -611,6 +660,55 @@ mod tests {
         assert_eq!(
             lock_summary(&count_locks(held.into_iter())),
             ", 4 chains locked (unrecorded: 1, compute node 3: 2, agent: 1)"
+        );
+    }
+
+    #[test]
+    fn redo_summary_counts_claimed_blocks_per_holder() {
+        let params = |redo_blocks| rolex_core::layout::PoolParams {
+            leaf_region_id: 0,
+            leaf_slots: 4,
+            keys_per_leaf: 2,
+            epsilon: 1,
+            leaf_capacity: 8,
+            directory_capacity: 4,
+            cirq_capacity: 4,
+            model_region_len: 1 << 12,
+            value_capacity: 1 << 12,
+            redo_blocks,
+            redo_slots: 2,
+        };
+        let none = Superblock::plan(&params(0)).unwrap();
+        let pool = vec![0u8; none.pool_size() as usize];
+        assert_eq!(
+            redo_summary(&pool, &none),
+            "none (leaf writes are not copied)"
+        );
+        let sb = Superblock::plan(&params(3)).unwrap();
+        let redo = sb.redo_region().unwrap().unwrap();
+        let mut pool = vec![0u8; sb.pool_size() as usize];
+        let claims = [
+            RedoClaim::new(LockOwner(7), 1),
+            RedoClaim::FREE,
+            RedoClaim::new(LockOwner::ANONYMOUS, 2),
+        ];
+        for (b, c) in claims.iter().enumerate() {
+            let at = redo.claim_offset(b as u32).unwrap() as usize;
+            pool[at..at + 8].copy_from_slice(&c.raw().to_le_bytes());
+        }
+        let line = redo_summary(&pool, &sb);
+        assert!(
+            line.starts_with("3 blocks of 2 slots of ")
+                && line.ends_with("2 claimed (in-process clients: 1, compute node 7: 1)"),
+            "{line}"
+        );
+        // A file cut short: the blocks past its end are said to be.
+        let cut = &pool[..redo.claim_offset(1).unwrap() as usize + 8];
+        assert!(
+            redo_summary(cut, &sb)
+                .ends_with("1 claimed (compute node 7: 1), 1 past the end of the file"),
+            "{}",
+            redo_summary(cut, &sb)
         );
     }
 

@@ -49,9 +49,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rolex_core::entry::LockOwner;
+use rolex_core::layout::RedoRegion;
 use rolex_host::domain::fabric::bootstrap::{Bootstrap, BootstrapServer};
 use rolex_host::kv::{KvClient, KvClientConfig, PartitionMap};
-use rolex_host::memnode::{AgentStats, AtomicsRoute, MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::{AgentStats, AtomicsRoute, DamagedLeaf, MemoryNode, MemoryNodeConfig};
 use rolex_host::memnode::{LeaseConfig, LeaseKeys, LeaseServer, PoolKeys};
 use rolex_host::Fabric;
 
@@ -100,6 +101,23 @@ pub struct MemnodeArgs {
     /// Synonym-leaf room, as a multiple of the loaded leaves.
     #[arg(long, default_value_t = 2.0)]
     spare_leaves: f64,
+    /// Blocks of the redo log: compute clients connected at once whose
+    /// leaf writes are first copied whole into the pool, so that a leaf
+    /// torn by a death (a compute node's, or this node's) is written again
+    /// whole before its chain is released (a client finding no block free
+    /// writes without a copy). Costs pool memory, 8 bytes a block plus
+    /// `--redo-slots` slots of a leaf and 40 bytes each (64 x 64 slots of
+    /// 16-slot leaves: about 2 MiB), and every leaf write carries the leaf
+    /// twice (no extra round trip). 0 disables the redo log. With
+    /// `--resume` the pool file's are kept.
+    #[arg(long, value_name = "N", default_value_t = MemoryNodeConfig::default().redo_blocks,
+          value_parser = clap::value_parser!(u32).range(0..=65536), conflicts_with = "resume")]
+    redo_blocks: u32,
+    /// Slots of each redo block: leaf writes one client keeps in flight,
+    /// and failed ones not yet written again (at least 1).
+    #[arg(long, value_name = "N", default_value_t = MemoryNodeConfig::default().redo_slots,
+          value_parser = clap::value_parser!(u32).range(1..=65536), conflicts_with = "resume")]
+    redo_slots: u32,
     /// Lay the pool out in this file (agent area, then pool; created or
     /// emptied) so `rolex inspect` or the firmware image can read it, and,
     /// with `--fabric`, so that a node that died can be restarted on it
@@ -199,6 +217,41 @@ impl From<Atomics> for AtomicsRoute {
     }
 }
 
+/// Bytes of the redo log `--redo-blocks` and `--redo-slots` ask for
+/// (0: none), refused when they do not fit the pool's 64-bit offsets.
+fn redo_log_bytes(args: &MemnodeArgs) -> Result<u64, String> {
+    RedoRegion::len_for(args.redo_blocks, args.redo_slots, args.leaf_slots).map_err(|e| {
+        format!(
+            "--redo-blocks {} --redo-slots {} with --leaf-slots {}: {e} (fewer blocks or \
+             slots; --redo-blocks 0 disables the redo log)",
+            args.redo_blocks, args.redo_slots, args.leaf_slots
+        )
+    })
+}
+
+/// The line for a leaf found torn in a chain whose holder died (`who`
+/// says how): written again whole from its redo copy, or left torn.
+fn torn_line(who: &str, d: &DamagedLeaf) -> String {
+    let leaf = format!(
+        "leaf {} of region {} (model {})",
+        d.leaf.leaf(),
+        d.leaf.region(),
+        d.model_id
+    );
+    match d.restored {
+        Some(r) => format!(
+            "{who}: {leaf} was torn ({}); written again whole from its redo copy \
+             (holder {}, seq {}), its chain is released",
+            d.error, r.owner.0, r.seq
+        ),
+        None => format!(
+            "{who}: {leaf} was left torn ({}) and has no redo copy; its chain is released, \
+             the leaf's keys are unreadable",
+            d.error
+        ),
+    }
+}
+
 /// Percentiles of a set of freeze times, in µs.
 fn us(ns: u64) -> f64 {
     ns as f64 / 1e3
@@ -219,6 +272,9 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("--fabric verbs: {}", crate::fabric::NO_VERBS).into())
         }
         _ => {}
+    }
+    if !args.resume {
+        redo_log_bytes(&args)?;
     }
     if args.resume {
         let Some(path) = &args.pool_file else {
@@ -241,6 +297,8 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = MemoryNodeConfig {
         leaf_slots: args.leaf_slots,
         retrain_trigger: args.trigger,
+        redo_blocks: args.redo_blocks,
+        redo_slots: args.redo_slots,
         cores: args.cores as usize,
         pool_file: args.pool_file.clone(),
         spare_leaf_factor: args.spare_leaves,
@@ -557,6 +615,8 @@ fn serve(
         engine,
         leaf_slots: args.leaf_slots,
         retrain_trigger: args.trigger,
+        redo_blocks: args.redo_blocks,
+        redo_slots: args.redo_slots,
         cores: args.cores as usize,
         spare_leaf_factor: args.spare_leaves,
         fill: args.fill.unwrap_or(defaults.fill),
@@ -646,8 +706,10 @@ fn serve(
             eprintln!(
                 "resumed pool file {} in {:.2} s: {} models, {} keys in {} leaves; \
                  {} model(s) thawed ({} entries), {} rolled forward ({} entries), \
-                 {} compute-node lock(s) released, {} damaged leaves, {} untiled models, \
-                 {} KiB of model region retired until the grace period passes; {}",
+                 {} compute-node lock(s) released ({} torn leaves written again whole from \
+                 their redo copies, {} redo blocks freed), {} damaged leaves, \
+                 {} untiled models, {} KiB of model region retired until the grace period \
+                 passes; {}",
                 path.display(),
                 t.elapsed().as_secs_f64(),
                 rec.models,
@@ -658,6 +720,8 @@ fn serve(
                 rec.rolled_forward,
                 rec.entries_finished,
                 rec.compute_locks_released,
+                rec.restored_count,
+                rec.redo_blocks_freed,
                 rec.damaged_count,
                 rec.untiled.len(),
                 rec.retired_bytes() >> 10,
@@ -671,6 +735,15 @@ fn serve(
                     path.display(),
                     rec.leaves_raised,
                     rec.values.raised
+                );
+            }
+            for d in &rec.restored {
+                eprintln!("{}", torn_line("the memory node died mid-write", d));
+            }
+            if rec.restored_count > rec.restored.len() as u64 {
+                eprintln!(
+                    "... {} torn leaves in all written again whole from their redo copies",
+                    rec.restored_count
                 );
             }
             for d in &rec.damaged {
@@ -701,13 +774,8 @@ fn serve(
         .unwrap_or("0.0.0.0");
     let release = node_.lock_releaser_with(|owner, d| {
         eprintln!(
-            "compute node {} died mid-write: leaf {} of region {} (model {}) was left \
-             torn ({}); its chain is released, the leaf's keys are unreadable",
-            owner.0,
-            d.leaf.leaf(),
-            d.leaf.region(),
-            d.model_id,
-            d.error
+            "{}",
+            torn_line(&format!("compute node {} died mid-write", owner.0), &d)
         )
     });
     // A pool in a file: each lease gets a key of its own, closed when the
@@ -807,7 +875,8 @@ fn serve(
         // Every 5 s: locks held by ids with no lease (a dead node's lock
         // CAS that landed after both releases of its lease).
         if ticks % 25 == 0 {
-            match node_.release_locks_where(|o| !leases.holds(o)) {
+            let torn = |d| eprintln!("{}", torn_line("a holder without a lease", &d));
+            match node_.release_locks_where_reporting(|o| !leases.holds(o), torn) {
                 Ok(0) => {}
                 Ok(n) => eprintln!("released {n} orphaned chain lock(s) (holders without a lease)"),
                 Err(e) => eprintln!("sweeping orphaned chain locks failed: {e}"),

@@ -27,6 +27,7 @@ pub use node::{
     AgentActivity, AtomicsRoute, HostPool, MemoryNode, MemoryNodeConfig, MemoryNodeStats,
 };
 pub use rolex_dpu::{
-    AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, RetrainReport, ValueReclaim,
+    AgentError, AgentStats, DamagedLeaf, Notice, Prepared, Recovery, Restored, RetrainReport,
+    ValueReclaim,
 };
 pub use rolex_kv::PoolInfo;

@@ -350,8 +350,9 @@ impl HostPool {
 }
 
 /// Releases `owner`'s locks in every live model; each leaf of a released
-/// chain that does not validate goes to `torn` first (see
-/// [`rolex_dpu::release_locks_reporting`]).
+/// chain that does not validate is mended from `owner`'s redo copy where
+/// it can be and goes to `torn` first; then `owner`'s redo blocks are
+/// freed (see [`rolex_dpu::release_locks_reporting`]).
 fn release_locks(
     pool: &HostPool,
     owner: LockOwner,
@@ -1240,9 +1241,13 @@ impl MemoryNode {
     }
 
     /// [`MemoryNode::release_locks_of`], also naming the leaves of the
-    /// chains it released that do not validate: writes `owner`'s
-    /// connection carried only in part before it died (their keys are
-    /// unreadable; see [`rolex_dpu::release_locks_reporting`]).
+    /// chains it released that did not validate: writes `owner`'s
+    /// connection carried only in part before it died. Each was written
+    /// again whole from `owner`'s newest redo copy of it before the
+    /// release where there was one ([`DamagedLeaf::restored`]); one left
+    /// torn keeps its keys unreadable (see
+    /// [`rolex_dpu::release_locks_reporting`]). `owner`'s redo blocks are
+    /// freed.
     pub fn release_locks_reporting(
         &self,
         owner: LockOwner,
@@ -1255,12 +1260,31 @@ impl MemoryNode {
     /// Releases every chain lock whose leased holder `dead` says is dead
     /// (a periodic sweep: "holds no lease now", for a dead node's operation
     /// that landed after both releases of its lease); returns how many.
+    /// Torn leaves of those chains are mended as
+    /// [`MemoryNode::release_locks_reporting`] does, and the dead holders'
+    /// redo blocks freed.
     pub fn release_locks_where(
         &self,
         dead: impl Fn(LockOwner) -> bool,
     ) -> Result<u64, MemoryNodeError> {
+        self.release_locks_where_reporting(dead, |_| {})
+    }
+
+    /// [`MemoryNode::release_locks_where`], handing every leaf of a
+    /// released chain that did not validate to `torn` (restored or not,
+    /// as [`MemoryNode::release_locks_reporting`]).
+    pub fn release_locks_where_reporting(
+        &self,
+        dead: impl Fn(LockOwner) -> bool,
+        torn: impl FnMut(DamagedLeaf),
+    ) -> Result<u64, MemoryNodeError> {
         let sb = superblock_of(&self.words)?;
-        Ok(rolex_dpu::release_locks_where(&self.words, &sb, dead)?)
+        Ok(rolex_dpu::release_locks_reporting(
+            &self.words,
+            &sb,
+            dead,
+            torn,
+        )?)
     }
 
     /// [`MemoryNode::release_locks_of`] as a lease server's callback: it
@@ -1270,7 +1294,8 @@ impl MemoryNode {
     }
 
     /// [`MemoryNode::lock_releaser`] that hands every torn leaf of a chain
-    /// it releases to `torn`, with the dead owner (see
+    /// it releases to `torn` (written again whole from the redo log, or
+    /// left torn: [`DamagedLeaf::restored`]), with the dead owner (see
     /// [`MemoryNode::release_locks_reporting`]).
     pub fn lock_releaser_with(
         &self,
@@ -1507,5 +1532,84 @@ mod tests {
             ..offer
         };
         assert_eq!(PoolInfo::from_offer(&empty), None);
+    }
+
+    /// A compute node dies with its leaf write torn and its redo entry
+    /// whole: the reaper writes the leaf again whole before it releases
+    /// the chain, and a client reads every key of it, the torn write's
+    /// key included.
+    #[test]
+    fn the_reaper_mends_a_dead_nodes_torn_leaf_from_its_redo_copy() {
+        use rolex_core::entry::LtEntry;
+        use rolex_core::layout::{Leaf, ModelRecord, RedoClaim, RedoEntry, SlotValue};
+        use rolex_dpu::Restored;
+        use rolex_kv::{KvClient, KvClientConfig};
+
+        const DEAD: LockOwner = LockOwner(41);
+        let pairs: Vec<(u64, u64)> = (1..400u64).map(|k| (k * 10, k)).collect();
+        let node = MemoryNode::start(
+            MemoryNodeConfig {
+                retraining_thread: false,
+                ..MemoryNodeConfig::default()
+            },
+            &pairs,
+        )
+        .unwrap();
+        let pool = &node.words;
+        let sb = superblock_of(pool).unwrap();
+        let redo = sb.redo_region().unwrap().expect("a redo log by default");
+        let region = sb.leaf_region().unwrap();
+        let mut rb = [0u8; ModelRecord::SIZE as usize];
+        let at = pool.load(sb.directory_entry_offset(0).unwrap()).unwrap();
+        pool.read(at, &mut rb).unwrap();
+        let lt = ModelRecord::read(&rb).unwrap().lt_entry_offset(0).unwrap();
+        let entry = LtEntry::from_raw(pool.load(lt).unwrap());
+        let leaf_at = region.leaf_offset(entry.addr()).unwrap();
+        let mut old = vec![0u8; region.leaf_size() as usize];
+        pool.read(leaf_at, &mut old).unwrap();
+        // The write: a key between two loaded ones.
+        let mut new = old.clone();
+        let leaf = Leaf::from_bytes_mut(&mut new).unwrap();
+        let key = leaf.used_entries()[0].key() + 1;
+        leaf.upsert(key, SlotValue::from_u64(7777)).unwrap();
+        leaf.seal();
+        let keys: Vec<u64> = leaf.used_entries().iter().map(|s| s.key()).collect();
+        // What the dead node's batch left: its block, its entry, the chain
+        // locked, the leaf torn half way.
+        pool.store(redo.claim_offset(5).unwrap(), RedoClaim::new(DEAD, 3).raw())
+            .unwrap();
+        let mut slot = vec![0u8; redo.slot_len() as usize];
+        RedoEntry {
+            owner: DEAD,
+            nonce: 3,
+            seq: 12,
+            target: leaf_at,
+            image: &new,
+        }
+        .encode(&mut slot)
+        .unwrap();
+        pool.write(redo.slot_offset(5, 1).unwrap(), &slot).unwrap();
+        pool.store(lt, entry.locked_by(DEAD).raw()).unwrap();
+        let mut torn = old.clone();
+        torn[..new.len() / 2].copy_from_slice(&new[..new.len() / 2]);
+        pool.write(leaf_at, &torn).unwrap();
+
+        let (released, named) = node.release_locks_reporting(DEAD).unwrap();
+        assert_eq!(released, 1);
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(
+            named[0].restored,
+            Some(Restored {
+                owner: DEAD,
+                seq: 12
+            })
+        );
+        assert_eq!(pool.load(redo.claim_offset(5).unwrap()).unwrap(), 0);
+        let client = KvClient::connect(KvClientConfig::default(), &node.pool()).unwrap();
+        let mut s = client.session().unwrap();
+        for k in keys {
+            let want = if k == key { 7777 } else { k / 10 };
+            assert_eq!(s.get(k).unwrap(), Some(want), "key {k}");
+        }
     }
 }
