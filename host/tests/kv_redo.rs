@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use rolex_core::entry::LockOwner;
 use rolex_core::layout::{Leaf, RedoClaim, RedoEntry, Superblock};
 use rolex_host::kv::{KvClient, KvClientConfig};
-use rolex_host::memnode::{MemoryNode, MemoryNodeConfig};
+use rolex_host::memnode::{MemoryNode, MemoryNodeConfig, Restored};
 use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 /// The pool's superblock.
@@ -251,7 +251,7 @@ fn torn_writes_with_copies_lose_nothing() {
 fn a_writer_dead_mid_write_loses_no_acknowledged_key() {
     const DEAD: LockOwner = LockOwner(12);
     let (mut restored, mut copy_torn) = (0, 0);
-    for seed in 1..=12u64 {
+    for seed in 1..=24u64 {
         let pairs: Vec<(u64, u64)> = (0..200).map(|i| (i * 2 * 1000, i)).collect();
         // No retraining: the agent would re-read a torn leaf for 2 s
         // before failing its model's retraining.
@@ -283,7 +283,11 @@ fn a_writer_dead_mid_write_loses_no_acknowledged_key() {
             // beside one (a leaf of 2 slots holding 1: the second such
             // insert splits it).
             let j = i * 7919 % 40;
-            let key = if i % 40 == 39 { j * 2000 + 1 + i } else { j * 2000 };
+            let key = if i % 40 == 39 {
+                j * 2000 + 1 + i
+            } else {
+                j * 2000
+            };
             let value = seed << 32 | (i + 1);
             match s.insert(key, value) {
                 Ok(_) => {
@@ -305,7 +309,10 @@ fn a_writer_dead_mid_write_loses_no_acknowledged_key() {
         let (_, damaged) = node.release_locks_reporting(DEAD).unwrap();
         node.engine().set_failed(false);
         for d in &damaged {
-            assert!(d.restored.is_some(), "seed {seed}: left torn: {d:?}");
+            assert!(
+                matches!(d.restored, Some(Restored { owner: DEAD, .. })),
+                "seed {seed}: left torn: {d:?}"
+            );
             restored += 1;
         }
         if damaged.is_empty() {
@@ -320,15 +327,23 @@ fn a_writer_dead_mid_write_loses_no_acknowledged_key() {
         for (k, v) in &acked {
             let got = r.get(*k).unwrap();
             if *k == key {
-                assert!(got == Some(*v) || got == Some(value), "seed {seed}: key {k}: {got:?}");
+                assert!(
+                    got == Some(*v) || got == Some(value),
+                    "seed {seed}: key {k}: {got:?}"
+                );
             } else {
                 assert_eq!(got, Some(*v), "seed {seed}: key {k}");
             }
         }
         // The store goes on: the dead writer's chain takes writes again.
         r.insert(key, 1).unwrap();
-        println!("seed {seed}: {} leaves written again from their copies", damaged.len());
+        println!(
+            "seed {seed}: {} leaves written again from their copies",
+            damaged.len()
+        );
     }
-    println!("{restored} leaves restored; {copy_torn} deaths tore a copy (or a prefix of no effect)");
+    println!(
+        "{restored} leaves restored; {copy_torn} deaths tore a copy (or a prefix of no effect)"
+    );
     assert!(restored > 0, "no death tore a leaf behind a whole copy");
 }

@@ -34,8 +34,8 @@ use std::sync::Arc;
 use crate::error::{transfer, KvError};
 use crate::lease::LeaseFence;
 use crate::redo::{Outcome, RedoLog};
-use rolex_core::layout::RedoHeader;
 use crate::stats::OpStats;
+use rolex_core::layout::RedoHeader;
 
 /// One operation of a doorbell batch, by pool and local offsets.
 #[derive(Clone, Copy, Debug)]
@@ -489,7 +489,10 @@ impl Io {
                 continue;
             }
             let room = local + RedoHeader::SIZE + bytes.len() as u64 <= self.wbuf.len();
-            let Some(taken) = room.then(|| redo.take(target, bytes.len() as u64)).flatten() else {
+            let Some(taken) = room
+                .then(|| redo.take(target, bytes.len() as u64))
+                .flatten()
+            else {
                 redo.unstaged(room);
                 continue;
             };
