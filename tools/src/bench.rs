@@ -207,6 +207,12 @@ pub struct BenchArgs {
     /// broken mid-write. Counted and checked as `--inject-failures`.
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     inject_torn: Option<f64>,
+    /// Blocks of the in-process memory node's redo log (`rolex memnode
+    /// --redo-blocks`): where the fabric places a peer's writes in order,
+    /// each leaf write goes out behind a whole copy there. 0 turns it off
+    /// (to measure what the copies cost). A remote node has its own.
+    #[arg(long, value_name = "N")]
+    redo_blocks: Option<u32>,
     /// With several memory nodes: go on past operations that fail because
     /// a memory node is lost — down (its peer failed or vanished, as the
     /// cluster client judges: `ClusterClient::is_down`), or its lease
@@ -384,6 +390,11 @@ fn validate(args: &BenchArgs) -> Result<(), BenchError> {
             )
             .into());
         }
+    }
+    if args.redo_blocks.is_some() && args.memnode.is_some() {
+        return Err(
+            "--redo-blocks sizes the memory node this run starts: a --memnode has its own (rolex memnode --redo-blocks)".into(),
+        );
     }
     if let (Some(p), Some(t)) = (args.inject_failures, args.inject_torn) {
         if p + t > 1.0 {
@@ -2340,6 +2351,7 @@ fn memory_node_config(
             .spare_leaf_factor
             .max(0.25 + insert_leaves / loaded_leaves),
         value_spare,
+        redo_blocks: args.redo_blocks.unwrap_or(defaults.redo_blocks),
         ..defaults
     }
 }

@@ -413,7 +413,41 @@ fn torn_writes_still_verify_and_leave_no_lock() {
         assert_eq!(j["verified"], true, "{extra:?}: {j}");
         assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
         assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
+        // Ordered: leaf writes go out behind their redo copies.
+        let copied = j["redo_logged"].as_u64().unwrap();
+        assert_eq!(
+            copied > 0,
+            !extra.contains(&"--unordered"),
+            "{extra:?}: {j}"
+        );
     }
+}
+
+/// `--redo-blocks 0` runs the store without a redo log: no leaf write is
+/// copied, an update moves fewer bytes, and the run verifies.
+#[test]
+fn the_redo_log_can_be_turned_off() {
+    let run = |blocks: &str| {
+        bench_json(&[
+            "--workload",
+            "ycsb-a",
+            "--dist",
+            "uniform",
+            "-n",
+            "3000",
+            "--ops",
+            "2000",
+            "--redo-blocks",
+            blocks,
+        ])
+    };
+    let (on, off) = (run("64"), run("0"));
+    assert!(on["redo_logged"].as_u64().unwrap() > 0, "{on}");
+    assert_eq!(off["redo_logged"], 0, "{off}");
+    assert_eq!(off["redo_unlogged"], 0, "{off}");
+    let bytes = |j: &serde_json::Value| j["bytes_per_op"]["update"].as_f64().unwrap();
+    assert!(bytes(&off) < bytes(&on), "{on} {off}");
+    assert_eq!(off["verified"], true);
 }
 
 /// Connecting reads every model record; a store of many models under
@@ -755,6 +789,19 @@ fn bad_arguments_are_refused() {
         (
             vec!["--ops", "10", "--threads", "1", "--memnodes", "0"],
             "--memnodes",
+        ),
+        (
+            vec![
+                "--ops",
+                "10",
+                "--fabric",
+                "libfabric:tcp",
+                "--memnode",
+                "127.0.0.1:1",
+                "--redo-blocks",
+                "0",
+            ],
+            "--redo-blocks",
         ),
         (
             vec![
