@@ -56,7 +56,7 @@ fn newest_entries(node: &MemoryNode, owner: LockOwner) -> BTreeMap<u64, Vec<u8>>
             };
             assert_eq!(e.owner, owner);
             assert_eq!(e.nonce, claim.nonce(), "an entry of this claim");
-            if newest.get(&e.target).is_none_or(|(seq, _)| e.seq > *seq) {
+            if newest.get(&e.target).map_or(true, |(seq, _)| e.seq > *seq) {
                 newest.insert(e.target, (e.seq, e.image.to_vec()));
             }
         }
