@@ -336,7 +336,7 @@ impl TransferEngine {
     }
 
     /// Whether every NIC places the writes of one post call to a peer in
-    /// posting order ([`Domain::writes_ordered`](crate::domain::Domain::writes_ordered)).
+    /// posting order ([`Domain::writes_ordered`]).
     pub fn writes_ordered(&self) -> bool {
         self.shared
             .groups
