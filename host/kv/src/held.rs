@@ -37,7 +37,20 @@
 //!   ones too: otherwise another session's record of the same word (a lock
 //!   `CAS` of its that failed against our held lock, and may have landed
 //!   as far as it knows) could be retried first and release our lock over
-//!   the torn leaf.
+//!   the torn leaf;
+//! - a record is kept for repair only while its lock is surely still held:
+//!   no release of it that may have landed was posted. A plain record is
+//!   not counted in its stripe, and its lock may still be held (its
+//!   release failed before it landed): a repair retried after a release
+//!   of its own that may have landed would find that other session's lock
+//!   under the same word, take it for its own, and write its old leaf
+//!   image over that session's acknowledged writes. So once a retry wrote
+//!   the repair whole and its release `CAS` then failed, the record drops
+//!   its repair and is unpinned: a plain record from then on.
+//!   One path still breaks this: on an ordered fabric a leaf write and its
+//!   unlock go in one batch, and when both fail the unlock may have landed
+//!   (after a torn write it cannot: the link carries nothing after it, but
+//!   a failure of the write alone does not say it was torn).
 //!
 //! Owner ids are per process: a leased id is held by one process at a
 //! time, and [`rolex_core::entry::LockOwner::ANONYMOUS`] clients live in
@@ -128,8 +141,9 @@ impl Stripe {
 
     /// [`Stripe::exclusively`] for a pinned record: runs `f` while no
     /// lock of this process is counted in the stripe (pinned records may
-    /// be), holding it exclusively; `f` says whether the lock was settled,
-    /// and then the record is unpinned. `None` (without running it) if a
+    /// be), holding it exclusively; `f` says whether the record is done
+    /// with its pin (its lock settled, or its repair written: module
+    /// docs), and then it is unpinned. `None` (without running it) if a
     /// lock is counted or another retry holds the stripe.
     pub(crate) fn exclusively_pinned(self, f: impl FnOnce() -> bool) -> Option<bool> {
         let mut v = self.0.load(Acquire);
@@ -180,7 +194,7 @@ pub(crate) struct MaybeHeld {
     /// still counts in the stripe.
     pub(crate) inflight: Option<Arc<CompletionFlag>>,
     /// Writes that must land before the release: (pool offset, bytes).
-    /// While there are any, the lock counts in its stripe (module docs).
+    /// While there are any, the record is pinned in its stripe (module docs).
     pub(crate) repair: Vec<(u64, Vec<u8>)>,
 }
 

@@ -1045,13 +1045,18 @@ impl KvSession {
                 }
             }
         }
+        let stripe = e.stripe;
         if !e.repair.is_empty() {
-            return e
-                .stripe
-                .exclusively_pinned(|| self.release_exclusively(e))
-                .unwrap_or(false);
+            let mut settled = false;
+            stripe.exclusively_pinned(|| {
+                settled = self.release_exclusively(e);
+                // Unpinned once settled, or once its repair is written
+                // and only a plain release is left to retry.
+                settled || e.repair.is_empty()
+            });
+            return settled;
         }
-        e.stripe
+        stripe
             .exclusively(|| self.release_exclusively(e))
             .unwrap_or(false)
     }
@@ -1061,16 +1066,27 @@ impl KvSession {
     /// it: it released the lock, or the word was not ours any more.
     ///
     /// The repair writes go out only while the word is still ours: a `CAS`
-    /// leaving it as it is tells (a release of ours whose outcome was
-    /// unknown may have landed, and another writer may hold the chain
-    /// now). The word holding our locked value means the lock is ours —
-    /// no other session of this process holds a lock of this stripe, and
-    /// other processes lock with other owner ids — so nobody else writes
-    /// the chain until the `CAS` below. Any other value settles it: our
-    /// release landed, and a release lands only after the writes posted
-    /// before it on the same link were placed (a torn one fails what
-    /// follows it).
-    fn release_exclusively(&mut self, e: &MaybeHeld) -> bool {
+    /// leaving it as it is tells. The word holding our locked value means
+    /// the lock is ours: a record kept for repair never had a release
+    /// that may have landed (module `held`, which notes one exception on
+    /// an ordered fabric), no other session of this
+    /// process holds a lock of this stripe that it counts, and other
+    /// processes lock with other owner ids — so nobody else writes the
+    /// chain until the `CAS` below. Any other value settles it: the lock
+    /// `CAS` never landed, or a release of ours did after the writes
+    /// before it were placed (a torn write fails what follows it on its
+    /// link).
+    ///
+    /// Once the repair writes are whole, a release `CAS` whose outcome is
+    /// unknown may have landed: the lock may be another session's from
+    /// then on (same owner id, same word), and writing this record's
+    /// leaves again would put an old image over that session's writes.
+    /// So the record drops its repair then (its leaves are whole): it is
+    /// a plain record, whose retry only releases the word, and only
+    /// while no lock of this process is counted or kept for repair in
+    /// its stripe (a lock left held by another session's failed release
+    /// has its writes whole too: releasing it is harmless).
+    fn release_exclusively(&mut self, e: &mut MaybeHeld) -> bool {
         if !e.repair.is_empty() {
             let ours = Op::Cas {
                 remote: e.lt_off,
@@ -1107,11 +1123,16 @@ impl KvSession {
             new: e.to,
         };
         self.io.cur.retries += 1;
-        matches!(
+        let released = matches!(
             self.io
                 .run_each(&self.shared.pool, &[cas], "releasing a chain lock again"),
             Ok([Ok(_)])
-        )
+        );
+        if !released {
+            // Whole now: a plain record from here on (see above).
+            e.repair = Vec::new();
+        }
+        released
     }
 }
 
