@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rolex_core::entry::LtEntry;
-use rolex_core::layout::{ModelRecord, ModelState};
+use rolex_core::layout::{Leaf, ModelRecord, ModelState};
 use rolex_engine::callback::{CompletionFlag, OnValue};
 use rolex_engine::TransferError;
 
@@ -23,7 +23,7 @@ use super::{ChainAt, KvSession, LeafReads};
 use crate::cache::clock_ns;
 use crate::client::ClientShared;
 use crate::error::KvError;
-use crate::held::{MaybeHeld, Stripe};
+use crate::held::{next_lock_seq, MaybeHeld, Repair, Stripe, WordId};
 use crate::io::Op;
 
 /// How long an operation that settles a posted unlock waits for it
@@ -48,12 +48,15 @@ pub(super) struct LockWord {
     stripe: Stripe,
     unlocked: LtEntry,
     locked: u64,
+    /// Its sequence number once it was seen taken (module `held`); 0
+    /// before.
+    seq: u64,
 }
 
 impl LockWord {
     /// This lock as maybe held, its release leaving `to` once `repair` is
     /// written.
-    fn maybe_held(self, to: u64, repair: Vec<(u64, Vec<u8>)>) -> MaybeHeld {
+    fn maybe_held(self, to: u64, repair: Option<Repair>) -> MaybeHeld {
         MaybeHeld {
             lt_off: self.lt_off,
             stripe: self.stripe,
@@ -188,7 +191,7 @@ impl PendingUnlock {
     fn in_flight(self) -> MaybeHeld {
         MaybeHeld {
             inflight: Some(self.flag),
-            ..self.word.maybe_held(self.to, Vec::new())
+            ..self.word.maybe_held(self.to, None)
         }
     }
 }
@@ -309,6 +312,7 @@ impl KvSession {
             stripe: Stripe::of(&self.shared.pool, lt_off),
             unlocked: exp,
             locked,
+            seq: 0,
         };
         if !word.stripe.enter() {
             // A retried release of this process holds the stripe.
@@ -482,7 +486,10 @@ impl KvSession {
             return Ok(None);
         }
         let lock = ChainLock {
-            word,
+            word: LockWord {
+                seq: next_lock_seq(),
+                ..word
+            },
             shared: Some(self.shared.clone()),
         };
         if let Err(e) = record {
@@ -718,12 +725,14 @@ impl KvSession {
                     during: "unlocking a chain",
                     error,
                 };
+                // After writes that failed, kept for repair; but this
+                // `CAS` may have landed: unsure (module `held`).
                 let repair = if write_err.is_some() {
                     owned(rewrite)
                 } else {
                     Vec::new()
                 };
-                wrote(self.lost_release(w, to, failed, repair))
+                wrote(self.lost_release_kept(w, to, failed, repair, true))
             }
         }
     }
@@ -991,13 +1000,30 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        // A lock kept for repair stays pinned in its stripe until its
-        // release is settled (module `held`).
-        if repair.is_empty() {
+        self.lost_release_kept(w, to, error, repair, false)
+    }
+
+    /// [`Self::lost_release`], the lock kept for `repair` marked `unsure`
+    /// if a release of it may have landed (module `held`).
+    fn lost_release_kept(
+        &mut self,
+        w: LockWord,
+        to: u64,
+        error: KvError,
+        repair: Vec<(u64, Vec<u8>)>,
+        unsure: bool,
+    ) -> Result<(), KvError> {
+        // A lock kept for repair is listed, then stays pinned in its
+        // stripe until its release is settled (module `held`).
+        let repair = if repair.is_empty() {
             w.stripe.leave();
+            None
         } else {
+            let word = WordId::of(&self.shared.pool, w.lt_off);
+            let listed = Repair::new(repair, unsure, word, w.seq);
             w.stripe.pin();
-        }
+            Some(listed)
+        };
         let mut e = w.maybe_held(to, repair);
         if self.retry_release(&mut e) {
             self.shared.held.note_resolved();
@@ -1022,7 +1048,7 @@ impl KvSession {
         let mut entries = self.shared.held.take();
         // Locks kept for repair first: a plain record of the same stripe
         // waits for them (module `held`), so one pass settles both.
-        entries.sort_by_key(|e| e.repair.is_empty());
+        entries.sort_by_key(|e| e.repair.is_none());
         let before = entries.len();
         entries.retain_mut(|e| !self.retry_release(e));
         let resolved = before - entries.len();
@@ -1046,13 +1072,13 @@ impl KvSession {
             }
         }
         let stripe = e.stripe;
-        if !e.repair.is_empty() {
+        if e.repair.is_some() {
             let mut settled = false;
             stripe.exclusively_pinned(|| {
                 settled = self.release_exclusively(e);
-                // Unpinned once settled, or once its repair is written
+                // Unpinned once settled, or once its repair is dropped
                 // and only a plain release is left to retry.
-                settled || e.repair.is_empty()
+                settled || e.repair.is_none()
             });
             return settled;
         }
@@ -1068,14 +1094,17 @@ impl KvSession {
     /// The repair writes go out only while the word is still ours: a `CAS`
     /// leaving it as it is tells. The word holding our locked value means
     /// the lock is ours: a record kept for repair never had a release
-    /// that may have landed (module `held`, which notes one exception on
-    /// an ordered fabric), no other session of this
+    /// that may have landed (module `held`), no other session of this
     /// process holds a lock of this stripe that it counts, and other
     /// processes lock with other owner ids — so nobody else writes the
     /// chain until the `CAS` below. Any other value settles it: the lock
     /// `CAS` never landed, or a release of ours did after the writes
     /// before it were placed (a torn write fails what follows it on its
-    /// link).
+    /// link). An *unsure* record (its unlock went in one batch with the
+    /// writes and may have landed) also reads its leaves: whole ones need
+    /// no writes (it turns plain), and torn ones are its own to write
+    /// unless a lock of its word kept for repair was taken after it
+    /// (module `held`).
     ///
     /// Once the repair writes are whole, a release `CAS` whose outcome is
     /// unknown may have landed: the lock may be another session's from
@@ -1087,7 +1116,7 @@ impl KvSession {
     /// its stripe (a lock left held by another session's failed release
     /// has its writes whole too: releasing it is harmless).
     fn release_exclusively(&mut self, e: &mut MaybeHeld) -> bool {
-        if !e.repair.is_empty() {
+        if let Some(repair) = &e.repair {
             let ours = Op::Cas {
                 remote: e.lt_off,
                 expected: e.locked,
@@ -1101,8 +1130,26 @@ impl KvSession {
                 Ok([Ok(_)]) => return true,
                 _ => return false,
             }
-            let writes: Vec<(u64, &[u8])> = e
-                .repair
+            if repair.unsure {
+                if repair.superseded() {
+                    // Our release landed: a lock of this word was taken
+                    // since (and kept for repair: it wrote the leaf).
+                    return true;
+                }
+                match self.torn(&repair.writes) {
+                    Some(true) => {}
+                    Some(false) => {
+                        // Nothing torn to write again; the word may be
+                        // another session's (ours released, then taken):
+                        // a plain record from here on.
+                        e.repair = None;
+                        return false;
+                    }
+                    None => return false,
+                }
+            }
+            let writes: Vec<(u64, &[u8])> = repair
+                .writes
                 .iter()
                 .map(|(off, b)| (*off, b.as_slice()))
                 .collect();
@@ -1130,9 +1177,33 @@ impl KvSession {
         );
         if !released {
             // Whole now: a plain record from here on (see above).
-            e.repair = Vec::new();
+            e.repair = None;
         }
         released
+    }
+
+    /// Whether a leaf of `writes` (whole leaves: pool offset, bytes) is
+    /// torn in the pool now — it does not validate (its checksum covers
+    /// every other byte); `None` if a READ failed.
+    fn torn(&mut self, writes: &[(u64, Vec<u8>)]) -> Option<bool> {
+        for (off, bytes) in writes {
+            let now = self
+                .io
+                .read_bytes(
+                    &self.shared.pool,
+                    *off,
+                    bytes.len() as u64,
+                    "reading a leaf kept for repair",
+                )
+                .ok()?;
+            if Leaf::from_bytes(&now)
+                .and_then(|leaf| leaf.validate().map(drop))
+                .is_err()
+            {
+                return Some(true);
+            }
+        }
+        Some(false)
     }
 }
 
@@ -1230,7 +1301,7 @@ impl Drop for ChainLock {
                         OnValue::flag(&flag),
                     )
                     .is_ok();
-            let mut held = w.maybe_held(w.unlocked.raw(), Vec::new());
+            let mut held = w.maybe_held(w.unlocked.raw(), None);
             if posted {
                 held.inflight = Some(flag);
             } else {
