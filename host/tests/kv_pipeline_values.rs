@@ -340,7 +340,8 @@ fn a_call_of_long_value_puts_on_distinct_chains_costs_three_round_trips_unordere
 /// block handed out twice); and the blocks the client holds out of its
 /// free lists are those the store's slots name, plus at most two per
 /// indeterminate failed write (its new block, and the one it may have
-/// replaced: kept out of use for good).
+/// replaced: kept out of use for good), plus what closes that failed
+/// part-way lost of their give-back (measured at each close).
 fn value_calls_under_injected_faults(unordered: bool) {
     const OWNER: LockOwner = LockOwner(13);
     let pairs = loaded(600, 8);
@@ -371,7 +372,7 @@ fn value_calls_under_injected_faults(unordered: bool) {
         };
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n = 1 << 40;
-        let (mut failed, mut unknown) = (0u64, 0u64);
+        let (mut failed, mut unknown, mut lost) = (0u64, 0u64, 0u64);
         for call in 0..200 {
             let call_data = random_call(&mut rng, max, 16, &mut n);
             let reqs: Vec<ValueRequest<'_>> = call_data.iter().map(request).collect();
@@ -393,8 +394,12 @@ fn value_calls_under_injected_faults(unordered: bool) {
             }
             if call % 25 == 24 {
                 // An error here may lose blocks of the give-back, never
-                // hand one out twice.
-                let _ = c.close();
+                // hand one out twice: what it lost stays out of the free
+                // lists (a whole give-back leaves `held` as it was).
+                let before = held(&c);
+                if c.close().is_err() {
+                    lost += held(&c).saturating_sub(before);
+                }
             }
         }
         assert!(failed > 0, "seed {seed}: faults were injected");
@@ -428,13 +433,13 @@ fn value_calls_under_injected_faults(unordered: bool) {
         let held = held(&c);
         let biggest = block_class(200).unwrap();
         assert!(
-            held >= named && held - named <= 2 * unknown * biggest,
+            held >= named && held - named <= 2 * unknown * biggest + lost,
             "seed {seed}: client holds {held} bytes out of its free lists, slots name {named}, \
-             {unknown} writes indeterminate"
+             {unknown} writes indeterminate, {lost} bytes lost by failed closes"
         );
         println!(
             "unordered {unordered} seed {seed}: {failed} requests failed ({unknown} writes \
-             indeterminate); {} bytes kept out of use",
+             indeterminate); {} bytes kept out of use, {lost} of them lost by failed closes",
             held - named
         );
     }

@@ -37,7 +37,30 @@
 //!   ones too: otherwise another session's record of the same word (a lock
 //!   `CAS` of its that failed against our held lock, and may have landed
 //!   as far as it knows) could be retried first and release our lock over
-//!   the torn leaf.
+//!   the torn leaf;
+//! - a record is kept for repair only while its lock is surely still held:
+//!   no release of it that may have landed was posted. A plain record is
+//!   not counted in its stripe, and its lock may still be held (its
+//!   release failed before it landed): a repair retried after a release
+//!   of its own that may have landed would find that other session's lock
+//!   under the same word, take it for its own, and write its old leaf
+//!   image over that session's acknowledged writes. So once a retry wrote
+//!   the repair whole and its release `CAS` then failed, the record drops
+//!   its repair and is unpinned: a plain record from then on;
+//! - one record kept for repair is *unsure* ([`Repair::unsure`]): on an
+//!   ordered fabric a leaf write and its unlock go in one batch, and when
+//!   both fail the unlock may have landed (a torn write lets nothing after
+//!   it land, but a failed write does not say it was torn). Such a record
+//!   rewrites its leaves only if they are torn now (a leaf carries a
+//!   checksum: whole leaves need nothing written, and the record turns
+//!   plain) and no lock kept for repair on the same LT word was taken
+//!   after it ([`Repair::superseded`]: then its own release landed, and
+//!   that later lock wrote the torn leaf). A torn leaf under a held word
+//!   was written by the word's holder, whose record stays kept for repair
+//!   until the leaf is whole: the latest lock on that word among those
+//!   kept for repair. Each such record is listed process-wide with the
+//!   sequence number its lock took when it was seen taken
+//!   ([`next_lock_seq`]).
 //!
 //! Owner ids are per process: a leased id is held by one process at a
 //! time, and [`rolex_core::entry::LockOwner::ANONYMOUS`] clients live in
@@ -128,8 +151,9 @@ impl Stripe {
 
     /// [`Stripe::exclusively`] for a pinned record: runs `f` while no
     /// lock of this process is counted in the stripe (pinned records may
-    /// be), holding it exclusively; `f` says whether the lock was settled,
-    /// and then the record is unpinned. `None` (without running it) if a
+    /// be), holding it exclusively; `f` says whether the record is done
+    /// with its pin (its lock settled, or its repair written: module
+    /// docs), and then it is unpinned. `None` (without running it) if a
     /// lock is counted or another retry holds the stripe.
     pub(crate) fn exclusively_pinned(self, f: impl FnOnce() -> bool) -> Option<bool> {
         let mut v = self.0.load(Acquire);
@@ -165,6 +189,94 @@ impl Stripe {
     }
 }
 
+/// The locks kept for repair in this process: each one's LT word and the
+/// sequence number of its lock (module docs).
+static KEPT: Mutex<Vec<(WordId, u64)>> = Mutex::new(Vec::new());
+
+/// The last sequence number [`next_lock_seq`] gave.
+static LOCK_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The next lock sequence number, taken once a lock `CAS` of this process
+/// was seen to land: a lock of the same word seen taken later numbers
+/// higher (it landed after this one was released).
+pub(crate) fn next_lock_seq() -> u64 {
+    LOCK_SEQ.fetch_add(1, AcqRel) + 1
+}
+
+/// One LT word in the memory nodes: its address and its pool's first
+/// remote key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WordId {
+    addr: u64,
+    rkey: u64,
+}
+
+impl WordId {
+    /// The LT word at `lt_off` in `pool`.
+    pub(crate) fn of(pool: &MrDesc, lt_off: u64) -> Self {
+        Self {
+            addr: pool.ptr.wrapping_add(lt_off),
+            rkey: pool.nics.first().map_or(0, |&(_, rkey)| rkey),
+        }
+    }
+}
+
+/// What a lock kept for repair writes before its release, listed in
+/// [`KEPT`] while it exists.
+#[derive(Debug)]
+pub(crate) struct Repair {
+    /// The writes: (pool offset, bytes).
+    pub(crate) writes: Vec<(u64, Vec<u8>)>,
+    /// A release of the lock may have landed (module docs): the writes
+    /// go out only over a torn leaf, and only if the record is not
+    /// [`Repair::superseded`].
+    pub(crate) unsure: bool,
+    word: WordId,
+    seq: u64,
+}
+
+impl Repair {
+    /// `writes` for the lock of `word` numbered `seq`, listed as kept for
+    /// repair (before its stripe pins it: a retry that finds no lock
+    /// counted there sees it listed).
+    pub(crate) fn new(writes: Vec<(u64, Vec<u8>)>, unsure: bool, word: WordId, seq: u64) -> Self {
+        kept().push((word, seq));
+        Self {
+            writes,
+            unsure,
+            word,
+            seq,
+        }
+    }
+
+    /// Leaves the lock listed for good (its record is dropped with it
+    /// maybe held over a torn leaf: its client closed).
+    fn stay_listed(mut self) {
+        drop(std::mem::take(&mut self.writes));
+        std::mem::forget(self);
+    }
+
+    /// Whether a lock of the same word, kept for repair, was seen taken
+    /// after this one: then this one was released before it.
+    pub(crate) fn superseded(&self) -> bool {
+        kept().iter().any(|&(w, s)| w == self.word && s > self.seq)
+    }
+}
+
+impl Drop for Repair {
+    fn drop(&mut self) {
+        let mut kept = kept();
+        if let Some(i) = kept.iter().position(|&k| k == (self.word, self.seq)) {
+            kept.swap_remove(i);
+        }
+    }
+}
+
+/// [`KEPT`], locked.
+fn kept() -> std::sync::MutexGuard<'static, Vec<(WordId, u64)>> {
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A chain lock this client may still hold (see the module docs).
 #[derive(Debug)]
 pub(crate) struct MaybeHeld {
@@ -179,9 +291,9 @@ pub(crate) struct MaybeHeld {
     /// A `CAS` of ours on the word whose completion has not been seen; it
     /// still counts in the stripe.
     pub(crate) inflight: Option<Arc<CompletionFlag>>,
-    /// Writes that must land before the release: (pool offset, bytes).
-    /// While there are any, the lock counts in its stripe (module docs).
-    pub(crate) repair: Vec<(u64, Vec<u8>)>,
+    /// Writes that must land before the release, if it is kept for
+    /// repair: then the record is pinned in its stripe (module docs).
+    pub(crate) repair: Option<Repair>,
 }
 
 impl MaybeHeld {
@@ -191,7 +303,7 @@ impl MaybeHeld {
         if self.inflight.is_some() {
             self.stripe.leave();
         }
-        if !self.repair.is_empty() {
+        if self.repair.is_some() {
             self.stripe.unpin();
         }
     }
@@ -257,14 +369,19 @@ impl Drop for HeldLocks {
         // Dropped after the client's engine, which failed every operation
         // still in flight: no `CAS` of ours can land any more, so the
         // stripes may forget them (the locks themselves are the lease
-        // reaper's now).
-        for e in self
+        // reaper's now). A lock kept for repair stays listed: it may hold
+        // its word over a torn leaf, which an unsure record of the same
+        // word must not take for its own.
+        for mut e in self
             .list
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
             e.leave_stripe();
+            if let Some(r) = e.repair.take() {
+                r.stay_listed();
+            }
         }
     }
 }
@@ -326,6 +443,30 @@ mod tests {
         assert_eq!(s.exclusively_pinned(|| true), Some(true));
         assert_eq!(s.0.load(Acquire), 0, "settled: both unpinned");
         assert_eq!(s.exclusively(|| 1), Some(1), "other records go on");
+    }
+
+    #[test]
+    fn a_lock_kept_for_repair_is_superseded_by_a_later_one_of_its_word() {
+        // Words of their own: no other test of this process lists them.
+        let word = WordId {
+            addr: 0xdead_0000,
+            rkey: 7,
+        };
+        let other = WordId {
+            addr: 0xdead_0008,
+            ..word
+        };
+        let first = Repair::new(vec![(0, vec![1])], true, word, 10);
+        let elsewhere = Repair::new(Vec::new(), false, other, 30);
+        assert!(!first.superseded(), "a later lock of another word");
+        let later = Repair::new(Vec::new(), false, word, 20);
+        assert!(first.superseded());
+        assert!(!later.superseded(), "the latest of its word");
+        drop(later);
+        assert!(!first.superseded(), "unlisted once dropped");
+        Repair::new(Vec::new(), false, word, 21).stay_listed();
+        assert!(first.superseded(), "listed for good");
+        drop((first, elsewhere));
     }
 
     #[test]

@@ -1776,11 +1776,14 @@ impl KvSession {
                     }
                 }
             }
-            Err(_) => {
+            Err(e) => {
                 // Once a leaf write naming it was posted, a slot may name
                 // it: never handed out again (nor is the block it may have
-                // replaced freed).
-                if let Some(b) = block.filter(|_| !self.slot_posted) {
+                // replaced freed) — unless the error is determinate: the
+                // write did not happen, and no slot a reader can reach
+                // names it (a split's new leaf that failed is linked by
+                // nothing).
+                if let Some(b) = block.filter(|_| !self.slot_posted || !e.may_have_applied()) {
                     values.give_back(b);
                 }
             }

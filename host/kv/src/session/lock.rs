@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rolex_core::entry::LtEntry;
-use rolex_core::layout::{ModelRecord, ModelState};
+use rolex_core::layout::{Leaf, ModelRecord, ModelState};
 use rolex_engine::callback::{CompletionFlag, OnValue};
 use rolex_engine::TransferError;
 
@@ -23,7 +23,7 @@ use super::{ChainAt, KvSession, LeafReads};
 use crate::cache::clock_ns;
 use crate::client::ClientShared;
 use crate::error::KvError;
-use crate::held::{MaybeHeld, Stripe};
+use crate::held::{next_lock_seq, MaybeHeld, Repair, Stripe, WordId};
 use crate::io::Op;
 
 /// How long an operation that settles a posted unlock waits for it
@@ -48,12 +48,15 @@ pub(super) struct LockWord {
     stripe: Stripe,
     unlocked: LtEntry,
     locked: u64,
+    /// Its sequence number once it was seen taken (module `held`); 0
+    /// before.
+    seq: u64,
 }
 
 impl LockWord {
     /// This lock as maybe held, its release leaving `to` once `repair` is
     /// written.
-    fn maybe_held(self, to: u64, repair: Vec<(u64, Vec<u8>)>) -> MaybeHeld {
+    fn maybe_held(self, to: u64, repair: Option<Repair>) -> MaybeHeld {
         MaybeHeld {
             lt_off: self.lt_off,
             stripe: self.stripe,
@@ -188,7 +191,7 @@ impl PendingUnlock {
     fn in_flight(self) -> MaybeHeld {
         MaybeHeld {
             inflight: Some(self.flag),
-            ..self.word.maybe_held(self.to, Vec::new())
+            ..self.word.maybe_held(self.to, None)
         }
     }
 }
@@ -309,6 +312,7 @@ impl KvSession {
             stripe: Stripe::of(&self.shared.pool, lt_off),
             unlocked: exp,
             locked,
+            seq: 0,
         };
         if !word.stripe.enter() {
             // A retried release of this process holds the stripe.
@@ -482,7 +486,10 @@ impl KvSession {
             return Ok(None);
         }
         let lock = ChainLock {
-            word,
+            word: LockWord {
+                seq: next_lock_seq(),
+                ..word
+            },
             shared: Some(self.shared.clone()),
         };
         if let Err(e) = record {
@@ -718,12 +725,14 @@ impl KvSession {
                     during: "unlocking a chain",
                     error,
                 };
+                // After writes that failed, kept for repair; but this
+                // `CAS` may have landed: unsure (module `held`).
                 let repair = if write_err.is_some() {
                     owned(rewrite)
                 } else {
                     Vec::new()
                 };
-                wrote(self.lost_release(w, to, failed, repair))
+                wrote(self.lost_release_kept(w, to, failed, repair, true))
             }
         }
     }
@@ -991,13 +1000,30 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        // A lock kept for repair stays pinned in its stripe until its
-        // release is settled (module `held`).
-        if repair.is_empty() {
+        self.lost_release_kept(w, to, error, repair, false)
+    }
+
+    /// [`Self::lost_release`], the lock kept for `repair` marked `unsure`
+    /// if a release of it may have landed (module `held`).
+    fn lost_release_kept(
+        &mut self,
+        w: LockWord,
+        to: u64,
+        error: KvError,
+        repair: Vec<(u64, Vec<u8>)>,
+        unsure: bool,
+    ) -> Result<(), KvError> {
+        // A lock kept for repair is listed, then stays pinned in its
+        // stripe until its release is settled (module `held`).
+        let repair = if repair.is_empty() {
             w.stripe.leave();
+            None
         } else {
+            let word = WordId::of(&self.shared.pool, w.lt_off);
+            let listed = Repair::new(repair, unsure, word, w.seq);
             w.stripe.pin();
-        }
+            Some(listed)
+        };
         let mut e = w.maybe_held(to, repair);
         if self.retry_release(&mut e) {
             self.shared.held.note_resolved();
@@ -1022,7 +1048,7 @@ impl KvSession {
         let mut entries = self.shared.held.take();
         // Locks kept for repair first: a plain record of the same stripe
         // waits for them (module `held`), so one pass settles both.
-        entries.sort_by_key(|e| e.repair.is_empty());
+        entries.sort_by_key(|e| e.repair.is_none());
         let before = entries.len();
         entries.retain_mut(|e| !self.retry_release(e));
         let resolved = before - entries.len();
@@ -1045,13 +1071,18 @@ impl KvSession {
                 }
             }
         }
-        if !e.repair.is_empty() {
-            return e
-                .stripe
-                .exclusively_pinned(|| self.release_exclusively(e))
-                .unwrap_or(false);
+        let stripe = e.stripe;
+        if e.repair.is_some() {
+            let mut settled = false;
+            stripe.exclusively_pinned(|| {
+                settled = self.release_exclusively(e);
+                // Unpinned once settled, or once its repair is dropped
+                // and only a plain release is left to retry.
+                settled || e.repair.is_none()
+            });
+            return settled;
         }
-        e.stripe
+        stripe
             .exclusively(|| self.release_exclusively(e))
             .unwrap_or(false)
     }
@@ -1061,17 +1092,31 @@ impl KvSession {
     /// it: it released the lock, or the word was not ours any more.
     ///
     /// The repair writes go out only while the word is still ours: a `CAS`
-    /// leaving it as it is tells (a release of ours whose outcome was
-    /// unknown may have landed, and another writer may hold the chain
-    /// now). The word holding our locked value means the lock is ours —
-    /// no other session of this process holds a lock of this stripe, and
-    /// other processes lock with other owner ids — so nobody else writes
-    /// the chain until the `CAS` below. Any other value settles it: our
-    /// release landed, and a release lands only after the writes posted
-    /// before it on the same link were placed (a torn one fails what
-    /// follows it).
-    fn release_exclusively(&mut self, e: &MaybeHeld) -> bool {
-        if !e.repair.is_empty() {
+    /// leaving it as it is tells. The word holding our locked value means
+    /// the lock is ours: a record kept for repair never had a release
+    /// that may have landed (module `held`), no other session of this
+    /// process holds a lock of this stripe that it counts, and other
+    /// processes lock with other owner ids — so nobody else writes the
+    /// chain until the `CAS` below. Any other value settles it: the lock
+    /// `CAS` never landed, or a release of ours did after the writes
+    /// before it were placed (a torn write fails what follows it on its
+    /// link). An *unsure* record (its unlock went in one batch with the
+    /// writes and may have landed) also reads its leaves: whole ones need
+    /// no writes (it turns plain), and torn ones are its own to write
+    /// unless a lock of its word kept for repair was taken after it
+    /// (module `held`).
+    ///
+    /// Once the repair writes are whole, a release `CAS` whose outcome is
+    /// unknown may have landed: the lock may be another session's from
+    /// then on (same owner id, same word), and writing this record's
+    /// leaves again would put an old image over that session's writes.
+    /// So the record drops its repair then (its leaves are whole): it is
+    /// a plain record, whose retry only releases the word, and only
+    /// while no lock of this process is counted or kept for repair in
+    /// its stripe (a lock left held by another session's failed release
+    /// has its writes whole too: releasing it is harmless).
+    fn release_exclusively(&mut self, e: &mut MaybeHeld) -> bool {
+        if let Some(repair) = &e.repair {
             let ours = Op::Cas {
                 remote: e.lt_off,
                 expected: e.locked,
@@ -1091,8 +1136,26 @@ impl KvSession {
                 }
                 _ => return false,
             }
-            let writes: Vec<(u64, &[u8])> = e
-                .repair
+            if repair.unsure {
+                if repair.superseded() {
+                    // Our release landed: a lock of this word was taken
+                    // since (and kept for repair: it wrote the leaf).
+                    return true;
+                }
+                match self.torn(&repair.writes) {
+                    Some(true) => {}
+                    Some(false) => {
+                        // Nothing torn to write again; the word may be
+                        // another session's (ours released, then taken):
+                        // a plain record from here on.
+                        e.repair = None;
+                        return false;
+                    }
+                    None => return false,
+                }
+            }
+            let writes: Vec<(u64, &[u8])> = repair
+                .writes
                 .iter()
                 .map(|(off, b)| (*off, b.as_slice()))
                 .collect();
@@ -1113,11 +1176,40 @@ impl KvSession {
             new: e.to,
         };
         self.io.cur.retries += 1;
-        matches!(
+        let released = matches!(
             self.io
                 .run_each(&self.shared.pool, &[cas], "releasing a chain lock again"),
             Ok([Ok(_)])
-        )
+        );
+        if !released {
+            // Whole now: a plain record from here on (see above).
+            e.repair = None;
+        }
+        released
+    }
+
+    /// Whether a leaf of `writes` (whole leaves: pool offset, bytes) is
+    /// torn in the pool now — it does not validate (its checksum covers
+    /// every other byte); `None` if a READ failed.
+    fn torn(&mut self, writes: &[(u64, Vec<u8>)]) -> Option<bool> {
+        for (off, bytes) in writes {
+            let now = self
+                .io
+                .read_bytes(
+                    &self.shared.pool,
+                    *off,
+                    bytes.len() as u64,
+                    "reading a leaf kept for repair",
+                )
+                .ok()?;
+            if Leaf::from_bytes(&now)
+                .and_then(|leaf| leaf.validate().map(drop))
+                .is_err()
+            {
+                return Some(true);
+            }
+        }
+        Some(false)
     }
 }
 
@@ -1215,7 +1307,7 @@ impl Drop for ChainLock {
                         OnValue::flag(&flag),
                     )
                     .is_ok();
-            let mut held = w.maybe_held(w.unlocked.raw(), Vec::new());
+            let mut held = w.maybe_held(w.unlocked.raw(), None);
             if posted {
                 held.inflight = Some(flag);
             } else {

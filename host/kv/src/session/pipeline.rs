@@ -1373,10 +1373,11 @@ impl KvSession {
         for ((i, next, wrote), r) in then.into_iter().zip(released) {
             p.out[i] = match (r, next) {
                 (Err(e), _) => {
-                    if wrote && posted {
+                    if wrote && posted && e.may_have_applied() {
                         // Its outcome unknown: its block is never handed
                         // out again (nor the one it may have replaced
-                        // freed).
+                        // freed). A determinate error wrote no slot: the
+                        // block goes back after the batch.
                         p.blocks[i] = None;
                     }
                     Some(Err(e))
