@@ -1129,9 +1129,7 @@ impl KvSession {
                 Ok([Ok(word)]) if *word == e.locked => {}
                 Ok([Ok(_)]) => {
                     // Our release landed: the writes before it are whole.
-                    for (target, _) in &e.repair {
-                        self.io.redo_whole(*target);
-                    }
+                    self.redo_whole(&repair.writes);
                     return true;
                 }
                 _ => return false,
@@ -1140,6 +1138,7 @@ impl KvSession {
                 if repair.superseded() {
                     // Our release landed: a lock of this word was taken
                     // since (and kept for repair: it wrote the leaf).
+                    self.redo_whole(&repair.writes);
                     return true;
                 }
                 match self.torn(&repair.writes) {
@@ -1148,6 +1147,7 @@ impl KvSession {
                         // Nothing torn to write again; the word may be
                         // another session's (ours released, then taken):
                         // a plain record from here on.
+                        self.redo_whole(&repair.writes);
                         e.repair = None;
                         return false;
                     }
@@ -1186,6 +1186,14 @@ impl KvSession {
             e.repair = None;
         }
         released
+    }
+
+    /// The leaves `writes` wrote are whole (or were found so): the redo
+    /// copies of their failed writes are not needed (module `redo`).
+    fn redo_whole(&self, writes: &[(u64, Vec<u8>)]) {
+        for (target, _) in writes {
+            self.io.redo_whole(*target);
+        }
     }
 
     /// Whether a leaf of `writes` (whole leaves: pool offset, bytes) is
