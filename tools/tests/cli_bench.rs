@@ -411,7 +411,11 @@ fn torn_writes_still_verify_and_leave_no_lock() {
         a.extend_from_slice(extra);
         let j = bench_json(&a);
         assert_eq!(j["verified"], true, "{extra:?}: {j}");
-        assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
+        // A write torn and written again at once succeeds: only the other
+        // faults surely fail operations.
+        if extra.contains(&"--inject-failures") {
+            assert!(j["failed_ops"].as_u64().unwrap() > 0, "{extra:?}: {j}");
+        }
         assert_eq!(j["locks_held_end"], 0, "{extra:?}: {j}");
         // Ordered: leaf writes go out behind their redo copies.
         let copied = j["redo_logged"].as_u64().unwrap();

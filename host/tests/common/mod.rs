@@ -481,7 +481,10 @@ pub fn faulty_history(
         stop.store(true, SeqCst);
         retrainer.join().unwrap();
     });
-    assert!(total.failed > 0, "seed {seed}: faults were injected");
+    // Faults were injected (an operation whose torn write was written again
+    // at once succeeds: count the NICs' errors, not the failed calls).
+    let errors: u64 = clients.iter().map(|c| c.stats().engine.errors).sum();
+    assert!(errors > 0, "seed {seed}: faults were injected");
     // A lock kept for repair waits for every other lock of this process
     // in its stripe (module `held` of rolex-kv): threads still working
     // when another flushed may have kept it; every thread is done now.

@@ -693,9 +693,10 @@ impl KvSession {
     /// release when the `CAS` failed too: a write torn by a broken link
     /// fails everything posted after it on that link, the `CAS` included,
     /// and must not be left under a released lock (see
-    /// [`Self::release_exclusively`]). A `CAS` that completed tells the
-    /// link carried it, so the writes before it were placed whole, or not
-    /// at all where the target refused them.
+    /// [`Self::release_exclusively`]); `Ok` when that retry wrote them
+    /// and released the lock at once (the operation took effect). A `CAS`
+    /// that completed tells the link carried it, so the writes before it
+    /// were placed whole, or not at all where the target refused them.
     fn unlocked(
         &mut self,
         w: LockWord,
@@ -725,14 +726,20 @@ impl KvSession {
                     during: "unlocking a chain",
                     error,
                 };
-                // After writes that failed, kept for repair; but this
-                // `CAS` may have landed: unsure (module `held`).
-                let repair = if write_err.is_some() {
-                    owned(rewrite)
-                } else {
-                    Vec::new()
-                };
-                wrote(self.lost_release_kept(w, to, failed, repair, true))
+                match &write_err {
+                    // After writes that failed, kept for repair; but this
+                    // `CAS` may have landed: unsure (module `held`).
+                    // Written again whole and released at once: the
+                    // operation took effect.
+                    Some(e) if !rewrite.is_empty() => {
+                        match self.lost_release_kept(w, to, failed, owned(rewrite), true) {
+                            Ok(Settle::Released) => Ok(()),
+                            Ok(_) => Err(e.clone().indeterminate()),
+                            Err(released) => Err(after_writes(e, released)),
+                        }
+                    }
+                    _ => wrote(self.lost_release(w, to, failed, Vec::new())),
+                }
             }
         }
     }
@@ -778,12 +785,12 @@ impl KvSession {
     /// after the writes completed and not awaited. If a write fails, it
     /// may have landed in part (a link that broke in the middle of it), so
     /// the lock is kept until `writes` are written again whole, then
-    /// released to `to` ([`Self::lost_release`]): at once if that works,
-    /// else by a later operation of the client
-    /// ([`KvError::LockMaybeHeld`]); the error is indeterminate either way
-    /// (the operation takes effect once the writes land). Nothing posted
-    /// (staging failed, the lease lapsed): the word is released
-    /// unchanged.
+    /// released to `to` ([`Self::lost_release`]): at once if that works
+    /// (`Ok`: the operation took effect), else by a later operation of the
+    /// client (an indeterminate error: the operation takes effect once the
+    /// writes land; [`KvError::LockMaybeHeld`] if the lock is still held).
+    /// Nothing posted (staging failed, the lease lapsed): the word is
+    /// released unchanged.
     fn write_and_unlock(
         &mut self,
         w: LockWord,
@@ -798,7 +805,7 @@ impl KvSession {
             return match self.write(&ops, "writing a locked chain") {
                 Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
                 Written::Not(e) => Err(self.unlock_after(w, e)),
-                Written::Maybe(e) => Err(self.release_after_failed_writes(w, to, e, owned(writes))),
+                Written::Maybe(e) => self.release_after_failed_writes(w, to, e, owned(writes)),
             };
         }
         let during = "writing and unlocking";
@@ -918,7 +925,7 @@ impl KvSession {
             if !self.shared.ordered {
                 out.push(match (write_err, write) {
                     (Some(e), Some(write)) => {
-                        Err(self.release_after_failed_writes(w, to, e, vec![write]))
+                        self.release_after_failed_writes(w, to, e, vec![write])
                     }
                     (_, Some(_)) => self.post_unlock(w, to).map_err(KvError::indeterminate),
                     (_, None) => self.post_unlock(w, to),
@@ -951,18 +958,23 @@ impl KvSession {
 
     /// Releases `w` to `to` after its `rewrite` writes failed with `error`
     /// (they may have landed in part): once they are written again whole,
-    /// at once or by a later operation ([`Self::lost_release`]). Returns
-    /// the operation's error, indeterminate (it takes effect once the
-    /// writes land): `error`, or the lock maybe held after it.
+    /// at once or by a later operation ([`Self::lost_release`]). `Ok` when
+    /// that happened at once — the writes are whole and this release
+    /// landed: the operation took effect; else the operation's error,
+    /// indeterminate (it takes effect once the writes land): `error`, or
+    /// the lock maybe held after it.
     fn release_after_failed_writes(
         &mut self,
         w: LockWord,
         to: u64,
         error: KvError,
         rewrite: Vec<(u64, Vec<u8>)>,
-    ) -> KvError {
-        let released = self.lost_release(w, to, error.clone(), rewrite);
-        after_writes(&error, released.err().unwrap_or_else(|| error.clone()))
+    ) -> Result<(), KvError> {
+        match self.lost_release_kept(w, to, error.clone(), rewrite, false) {
+            Ok(Settle::Released) => Ok(()),
+            Ok(_) => Err(error.indeterminate()),
+            Err(released) => Err(after_writes(&error, released)),
+        }
     }
 
     /// Releases `w` unchanged after `error` and returns `error` — or, if
@@ -1001,10 +1013,12 @@ impl KvSession {
         repair: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), KvError> {
         self.lost_release_kept(w, to, error, repair, false)
+            .map(drop)
     }
 
     /// [`Self::lost_release`], the lock kept for `repair` marked `unsure`
-    /// if a release of it may have landed (module `held`).
+    /// if a release of it may have landed (module `held`), saying how the
+    /// retry settled it.
     fn lost_release_kept(
         &mut self,
         w: LockWord,
@@ -1012,7 +1026,7 @@ impl KvSession {
         error: KvError,
         repair: Vec<(u64, Vec<u8>)>,
         unsure: bool,
-    ) -> Result<(), KvError> {
+    ) -> Result<Settle, KvError> {
         // A lock kept for repair is listed, then stays pinned in its
         // stripe until its release is settled (module `held`).
         let repair = if repair.is_empty() {
@@ -1025,9 +1039,10 @@ impl KvSession {
             Some(listed)
         };
         let mut e = w.maybe_held(to, repair);
-        if self.retry_release(&mut e) {
+        let how = self.retry_release(&mut e);
+        if how != Settle::Pending {
             self.shared.held.note_resolved();
-            return Ok(());
+            return Ok(how);
         }
         self.shared.held.record(e);
         Err(KvError::LockMaybeHeld {
@@ -1050,41 +1065,42 @@ impl KvSession {
         // waits for them (module `held`), so one pass settles both.
         entries.sort_by_key(|e| e.repair.is_none());
         let before = entries.len();
-        entries.retain_mut(|e| !self.retry_release(e));
+        entries.retain_mut(|e| self.retry_release(e) == Settle::Pending);
         let resolved = before - entries.len();
         self.shared.held.put_back(entries, resolved);
     }
 
-    /// Tries to settle `e`; `true` when this client no longer holds it.
-    fn retry_release(&mut self, e: &mut MaybeHeld) -> bool {
+    /// Tries to settle `e`: [`Settle::Pending`] while this client may
+    /// still hold it.
+    fn retry_release(&mut self, e: &mut MaybeHeld) -> Settle {
         if let Some(flag) = &e.inflight {
             match flag.result() {
-                None => return false,
+                None => return Settle::Pending,
                 Some(r) => {
                     e.inflight = None;
                     e.stripe.leave();
                     if r.is_ok() {
                         // It landed (released) or found the word changed
                         // (not ours any more, or never was).
-                        return true;
+                        return Settle::Gone;
                     }
                 }
             }
         }
         let stripe = e.stripe;
         if e.repair.is_some() {
-            let mut settled = false;
+            let mut how = Settle::Pending;
             stripe.exclusively_pinned(|| {
-                settled = self.release_exclusively(e);
+                how = self.release_exclusively(e);
                 // Unpinned once settled, or once its repair is dropped
                 // and only a plain release is left to retry.
-                settled || e.repair.is_none()
+                how != Settle::Pending || e.repair.is_none()
             });
-            return settled;
+            return how;
         }
         stripe
             .exclusively(|| self.release_exclusively(e))
-            .unwrap_or(false)
+            .unwrap_or(Settle::Pending)
     }
 
     /// [`Self::retry_release`] holding `e`'s stripe: its repair writes,
@@ -1115,7 +1131,7 @@ impl KvSession {
     /// while no lock of this process is counted or kept for repair in
     /// its stripe (a lock left held by another session's failed release
     /// has its writes whole too: releasing it is harmless).
-    fn release_exclusively(&mut self, e: &mut MaybeHeld) -> bool {
+    fn release_exclusively(&mut self, e: &mut MaybeHeld) -> Settle {
         if let Some(repair) = &e.repair {
             let ours = Op::Cas {
                 remote: e.lt_off,
@@ -1130,16 +1146,16 @@ impl KvSession {
                 Ok([Ok(_)]) => {
                     // Our release landed: the writes before it are whole.
                     self.redo_whole(&repair.writes);
-                    return true;
+                    return Settle::Gone;
                 }
-                _ => return false,
+                _ => return Settle::Pending,
             }
             if repair.unsure {
                 if repair.superseded() {
                     // Our release landed: a lock of this word was taken
                     // since (and kept for repair: it wrote the leaf).
                     self.redo_whole(&repair.writes);
-                    return true;
+                    return Settle::Gone;
                 }
                 match self.torn(&repair.writes) {
                     Some(true) => {}
@@ -1149,9 +1165,9 @@ impl KvSession {
                         // a plain record from here on.
                         self.redo_whole(&repair.writes);
                         e.repair = None;
-                        return false;
+                        return Settle::Pending;
                     }
-                    None => return false,
+                    None => return Settle::Pending,
                 }
             }
             let writes: Vec<(u64, &[u8])> = repair
@@ -1161,13 +1177,13 @@ impl KvSession {
                 .collect();
             let ops = match self.io.stage_writes(&writes) {
                 Ok(ops) => ops,
-                Err(_) => return false,
+                Err(_) => return Settle::Pending,
             };
             if !matches!(
                 self.write(&ops, "writing a locked chain again"),
                 Written::All
             ) {
-                return false;
+                return Settle::Pending;
             }
         }
         let cas = Op::Cas {
@@ -1176,16 +1192,18 @@ impl KvSession {
             new: e.to,
         };
         self.io.cur.retries += 1;
-        let released = matches!(
-            self.io
-                .run_each(&self.shared.pool, &[cas], "releasing a chain lock again"),
-            Ok([Ok(_)])
-        );
-        if !released {
-            // Whole now: a plain record from here on (see above).
-            e.repair = None;
+        match self
+            .io
+            .run_each(&self.shared.pool, &[cas], "releasing a chain lock again")
+        {
+            Ok([Ok(old)]) if *old == e.locked => Settle::Released,
+            Ok([Ok(_)]) => Settle::Gone,
+            _ => {
+                // Whole now: a plain record from here on (see above).
+                e.repair = None;
+                Settle::Pending
+            }
         }
-        released
     }
 
     /// The leaves `writes` wrote are whole (or were found so): the redo
@@ -1219,6 +1237,19 @@ impl KvSession {
         }
         Some(false)
     }
+}
+
+/// How a retried release of a lock maybe held ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settle {
+    /// Not settled: this client may still hold the lock.
+    Pending,
+    /// Released by this retry (its repair writes, if any, written whole
+    /// first).
+    Released,
+    /// The word was not ours any more (or never was): a release of ours
+    /// landed earlier, or the lock `CAS` never did.
+    Gone,
 }
 
 impl ChainLock {
@@ -1279,7 +1310,8 @@ impl ChainLock {
 
     /// Keeps the lock until `rewrite` — writes that failed with `error`
     /// and may have landed in part — is written again whole, then
-    /// releases it to `to`, at once or by a later operation. Returns the
+    /// releases it to `to`, at once or by a later operation. `Ok` when
+    /// that happened at once (the writes took effect); else the
     /// operation's error, indeterminate (see
     /// [`KvSession::release_after_failed_writes`]).
     pub(super) fn rewrite_then_release(
@@ -1288,7 +1320,7 @@ impl ChainLock {
         rewrite: Vec<(u64, Vec<u8>)>,
         to: LtEntry,
         error: KvError,
-    ) -> KvError {
+    ) -> Result<(), KvError> {
         s.release_after_failed_writes(self.spend(), to.raw(), error, rewrite)
     }
 }

@@ -331,7 +331,7 @@ impl KvSession {
                 // `A'` may have landed in part: whole again before the
                 // release (`B` is whole).
                 let rewrite = w.links_owned();
-                return Err(lock.rewrite_then_release(self, rewrite, w.unlock_to, failed(error)));
+                return lock.rewrite_then_release(self, rewrite, w.unlock_to, failed(error));
             }
         } else {
             match self
@@ -357,12 +357,12 @@ impl KvSession {
                         // `A'` may have landed, in part: whole again
                         // before the release (`B` is whole).
                         let rewrite = w.links_owned();
-                        return Err(lock.rewrite_then_release(
+                        return lock.rewrite_then_release(
                             self,
                             rewrite,
                             w.unlock_to,
                             failed(error),
-                        ));
+                        );
                     }
                 }
                 Err(e) => return Err(lock.abort(self, e)),
