@@ -38,27 +38,28 @@
 //!   `CAS` of its that failed against our held lock, and may have landed
 //!   as far as it knows) could be retried first and release our lock over
 //!   the torn leaf;
-//! - a record is kept for repair only while its lock is surely still held:
-//!   no release of it that may have landed was posted. A plain record is
-//!   not counted in its stripe, and its lock may still be held (its
-//!   release failed before it landed): a repair retried after a release
-//!   of its own that may have landed would find that other session's lock
-//!   under the same word, take it for its own, and write its old leaf
-//!   image over that session's acknowledged writes. So once a retry wrote
-//!   the repair whole and its release `CAS` then failed, the record drops
-//!   its repair and is unpinned: a plain record from then on;
-//! - one record kept for repair is *unsure* ([`Repair::unsure`]): on an
-//!   ordered fabric a leaf write and its unlock go in one batch, and when
-//!   both fail the unlock may have landed (a torn write lets nothing after
-//!   it land, but a failed write does not say it was torn). Such a record
-//!   rewrites its leaves only if they are torn now (a leaf carries a
-//!   checksum: whole leaves need nothing written, and the record turns
-//!   plain) and no lock kept for repair on the same LT word was taken
-//!   after it ([`Repair::superseded`]: then its own release landed, and
-//!   that later lock wrote the torn leaf). A torn leaf under a held word
-//!   was written by the word's holder, whose record stays kept for repair
-//!   until the leaf is whole: the latest lock on that word among those
-//!   kept for repair. Each such record is listed process-wide with the
+//! - a record kept for repair whose lock is not surely held any more is
+//!   *unsure* ([`Repair::unsure`]). A plain record is not counted in its
+//!   stripe, and its lock may still be held (its release failed before it
+//!   landed): a repair retried after a release of its own that may have
+//!   landed could find that other session's lock under the same word,
+//!   take it for its own, and write its old leaf image over that
+//!   session's acknowledged writes. A record turns unsure when a retry
+//!   wrote its repair whole and its release `CAS` then failed; and it is
+//!   unsure from the start on an ordered fabric when a leaf write and its
+//!   unlock, in one batch, both failed (a torn write lets nothing after it
+//!   land, but a failed write does not say it was torn). An unsure
+//!   record's retry, once it found its locked word, reads what its repair
+//!   writes: if nothing is torn (a leaf carries a checksum of every other
+//!   byte) it writes nothing and releases the word — harmless whoever
+//!   holds it: no lock of this process is counted in the stripe, and a
+//!   lock left held over whole leaves has its writes done. A torn leaf
+//!   under a held word was written by the word's holder, which stays kept
+//!   for repair until the leaf is whole: the latest lock of that word
+//!   among those kept for repair. So the record writes its repair again
+//!   only if no lock of its word kept for repair was taken after it
+//!   ([`Repair::superseded`]; else its own release landed, and it is
+//!   settled). Each record kept for repair is listed process-wide with the
 //!   sequence number its lock took when it was seen taken
 //!   ([`next_lock_seq`]).
 //!
@@ -151,9 +152,8 @@ impl Stripe {
 
     /// [`Stripe::exclusively`] for a pinned record: runs `f` while no
     /// lock of this process is counted in the stripe (pinned records may
-    /// be), holding it exclusively; `f` says whether the record is done
-    /// with its pin (its lock settled, or its repair written: module
-    /// docs), and then it is unpinned. `None` (without running it) if a
+    /// be), holding it exclusively; `f` says whether the lock was settled,
+    /// and then the record is unpinned. `None` (without running it) if a
     /// lock is counted or another retry holds the stripe.
     pub(crate) fn exclusively_pinned(self, f: impl FnOnce() -> bool) -> Option<bool> {
         let mut v = self.0.load(Acquire);
@@ -229,7 +229,7 @@ pub(crate) struct Repair {
     pub(crate) writes: Vec<(u64, Vec<u8>)>,
     /// A release of the lock may have landed (module docs): the writes
     /// go out only over a torn leaf, and only if the record is not
-    /// [`Repair::superseded`].
+    /// [`Repair::superseded`]; over whole ones the word is released.
     pub(crate) unsure: bool,
     word: WordId,
     seq: u64,

@@ -1092,9 +1092,8 @@ impl KvSession {
             let mut how = Settle::Pending;
             stripe.exclusively_pinned(|| {
                 how = self.release_exclusively(e);
-                // Unpinned once settled, or once its repair is dropped
-                // and only a plain release is left to retry.
-                how != Settle::Pending || e.repair.is_none()
+                // Unpinned once settled.
+                how != Settle::Pending
             });
             return how;
         }
@@ -1109,29 +1108,31 @@ impl KvSession {
     ///
     /// The repair writes go out only while the word is still ours: a `CAS`
     /// leaving it as it is tells. The word holding our locked value means
-    /// the lock is ours: a record kept for repair never had a release
-    /// that may have landed (module `held`), no other session of this
+    /// the lock is ours if no release of it may have landed (else the
+    /// record is unsure, below): no other session of this
     /// process holds a lock of this stripe that it counts, and other
     /// processes lock with other owner ids — so nobody else writes the
     /// chain until the `CAS` below. Any other value settles it: the lock
     /// `CAS` never landed, or a release of ours did after the writes
     /// before it were placed (a torn write fails what follows it on its
-    /// link). An *unsure* record (its unlock went in one batch with the
-    /// writes and may have landed) also reads its leaves: whole ones need
-    /// no writes (it turns plain), and torn ones are its own to write
-    /// unless a lock of its word kept for repair was taken after it
-    /// (module `held`).
+    /// link).
     ///
     /// Once the repair writes are whole, a release `CAS` whose outcome is
     /// unknown may have landed: the lock may be another session's from
     /// then on (same owner id, same word), and writing this record's
     /// leaves again would put an old image over that session's writes.
-    /// So the record drops its repair then (its leaves are whole): it is
-    /// a plain record, whose retry only releases the word, and only
-    /// while no lock of this process is counted or kept for repair in
-    /// its stripe (a lock left held by another session's failed release
-    /// has its writes whole too: releasing it is harmless).
+    /// So the record turns *unsure* then, as one whose unlock went in one
+    /// batch with failed writes is from the start (module `held`): its
+    /// retry reads what it would write; over whole leaves it only releases
+    /// the word (harmless whoever holds it: no lock of this process is
+    /// counted in the stripe, and a lock left held over whole leaves has
+    /// its writes done); torn ones are its own to write again unless a
+    /// lock of its word kept for repair was taken after it. Only a retry
+    /// that wrote the repair and released the word says
+    /// [`Settle::Released`].
     fn release_exclusively(&mut self, e: &mut MaybeHeld) -> Settle {
+        // Whether this retry wrote the record's repair.
+        let mut wrote = false;
         if let Some(repair) = &e.repair {
             let ours = Op::Cas {
                 remote: e.lt_off,
@@ -1150,6 +1151,7 @@ impl KvSession {
                 }
                 _ => return Settle::Pending,
             }
+            let mut rewrite = true;
             if repair.unsure {
                 if repair.superseded() {
                     // Our release landed: a lock of this word was taken
@@ -1157,34 +1159,36 @@ impl KvSession {
                     self.redo_whole(&repair.writes);
                     return Settle::Gone;
                 }
-                match self.torn(&repair.writes) {
-                    Some(true) => {}
-                    Some(false) => {
-                        // Nothing torn to write again; the word may be
-                        // another session's (ours released, then taken):
-                        // a plain record from here on.
+                match self.in_place(&repair.writes) {
+                    // Nothing torn: nothing to write again, and releasing
+                    // the word is harmless even if it is another
+                    // session's by now (see above).
+                    Some(true) => {
                         self.redo_whole(&repair.writes);
-                        e.repair = None;
-                        return Settle::Pending;
+                        rewrite = false;
                     }
+                    Some(false) => {}
                     None => return Settle::Pending,
                 }
             }
-            let writes: Vec<(u64, &[u8])> = repair
-                .writes
-                .iter()
-                .map(|(off, b)| (*off, b.as_slice()))
-                .collect();
-            let ops = match self.io.stage_writes(&writes) {
-                Ok(ops) => ops,
-                Err(_) => return Settle::Pending,
-            };
-            if !matches!(
-                self.write(&ops, "writing a locked chain again"),
-                Written::All
-            ) {
-                return Settle::Pending;
+            if rewrite {
+                let writes: Vec<(u64, &[u8])> = repair
+                    .writes
+                    .iter()
+                    .map(|(off, b)| (*off, b.as_slice()))
+                    .collect();
+                let ops = match self.io.stage_writes(&writes) {
+                    Ok(ops) => ops,
+                    Err(_) => return Settle::Pending,
+                };
+                if !matches!(
+                    self.write(&ops, "writing a locked chain again"),
+                    Written::All
+                ) {
+                    return Settle::Pending;
+                }
             }
+            wrote = rewrite;
         }
         let cas = Op::Cas {
             remote: e.lt_off,
@@ -1196,11 +1200,13 @@ impl KvSession {
             .io
             .run_each(&self.shared.pool, &[cas], "releasing a chain lock again")
         {
-            Ok([Ok(old)]) if *old == e.locked => Settle::Released,
+            Ok([Ok(old)]) if *old == e.locked && (wrote || e.repair.is_none()) => Settle::Released,
             Ok([Ok(_)]) => Settle::Gone,
             _ => {
-                // Whole now: a plain record from here on (see above).
-                e.repair = None;
+                // It may have landed: unsure from here on (see above).
+                if let Some(repair) = &mut e.repair {
+                    repair.unsure = true;
+                }
                 Settle::Pending
             }
         }
@@ -1214,10 +1220,11 @@ impl KvSession {
         }
     }
 
-    /// Whether a leaf of `writes` (whole leaves: pool offset, bytes) is
-    /// torn in the pool now — it does not validate (its checksum covers
-    /// every other byte); `None` if a READ failed.
-    fn torn(&mut self, writes: &[(u64, Vec<u8>)]) -> Option<bool> {
+    /// Whether nothing `writes` (pool offset, bytes) target is torn in
+    /// the pool now: each leaf validates (its checksum covers every other
+    /// byte), each other write reads back as written; `None` if a READ
+    /// failed.
+    fn in_place(&mut self, writes: &[(u64, Vec<u8>)]) -> Option<bool> {
         for (off, bytes) in writes {
             let now = self
                 .io
@@ -1228,14 +1235,15 @@ impl KvSession {
                     "reading a leaf kept for repair",
                 )
                 .ok()?;
-            if Leaf::from_bytes(&now)
-                .and_then(|leaf| leaf.validate().map(drop))
-                .is_err()
-            {
-                return Some(true);
+            let whole = match Leaf::from_bytes(bytes) {
+                Ok(_) => Leaf::from_bytes(&now).is_ok_and(|leaf| leaf.validate().is_ok()),
+                Err(_) => now == *bytes,
+            };
+            if !whole {
+                return Some(false);
             }
         }
-        Some(false)
+        Some(true)
     }
 }
 
@@ -1244,11 +1252,11 @@ impl KvSession {
 enum Settle {
     /// Not settled: this client may still hold the lock.
     Pending,
-    /// Released by this retry (its repair writes, if any, written whole
-    /// first).
+    /// Released by this retry, after its repair writes if it has any.
     Released,
-    /// The word was not ours any more (or never was): a release of ours
-    /// landed earlier, or the lock `CAS` never did.
+    /// Settled otherwise: the word was not ours any more (or never was:
+    /// a release of ours landed earlier, or the lock `CAS` never did), or
+    /// an unsure record released it without writing (module `held`).
     Gone,
 }
 
