@@ -188,6 +188,10 @@ fn run(client: &Weak<ClientShared>, posted: &Weak<Posted>) {
                 session = KvSession::new(shared).ok();
             }
         }
+        // A lock some session recorded as maybe held (a repair its own
+        // operation could not finish, say) while every session went idle.
+        let recorded = !held && client.upgrade().is_some_and(|c| worth_lingering(&c));
+        held |= recorded;
         if held || failed_unlocks(&list) {
             if session.is_none() {
                 let Some(shared) = client.upgrade() else {
