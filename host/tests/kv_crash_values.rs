@@ -9,14 +9,17 @@
 //! the leaf also holds keys whose writes were: the resume
 //! (`MemoryNode::resume`) must still serve every one of them.
 //!
-//! Ignored: a known gap, not fixed. The resume reports such a leaf as
-//! damaged (checksum mismatch) and leaves it: every key it held is
-//! unreadable (a get fails with `KvError::Leaf` naming it, after 2 s of
-//! re-reads), and the value region's free stack is not rebuilt.
-//! A leaf is written in place, sorted, with no copy of what it held, so
-//! a torn insert can overwrite a neighbour's slot with the shifted next
-//! one: no repair from the leaf's bytes alone can bring that key back.
-//! Run with `--ignored` to see it fail.
+//! A leaf is written in place, sorted, so a torn insert can overwrite a
+//! neighbour's slot with the shifted next one: no repair from the leaf's
+//! bytes alone can bring that key back. The write's redo copy does
+//! (`rolex_core::layout::redo`): the client wrote it whole just before the
+//! leaf, and the resume writes it over the torn leaf of a chain the dead
+//! node's client still locked, before it releases compute locks. The test
+//! tears each leaf after its put returned (the copy is then the newest
+//! naming it) and locks its chain as the writer's death before the unlock
+//! would have left it. (Without a copy — an unordered fabric, no free
+//! block — the resume still reports such a leaf as damaged, every key it
+//! held unreadable.)
 //!
 //! A leaf so damaged fails the gets of its keys within a bound, naming
 //! the leaf (`KvError::Leaf`), rather than spinning through every re-read
@@ -74,6 +77,46 @@ fn leaf_region(mem: &HostPool) -> (u64, Vec<u8>) {
     (at, b)
 }
 
+/// Locks, as the anonymous owner (the in-process clients'), the chain of
+/// the leaf holding pool byte `byte` (a leaf a write was torn in).
+fn lock_chain_of(mem: &HostPool, byte: u64) {
+    use rolex_core::entry::{LockOwner, LtEntry};
+    use rolex_core::layout::{Leaf, ModelRecord};
+    let mut sbb = [0u8; Superblock::SIZE as usize];
+    mem.read(0, &mut sbb).unwrap();
+    let sb = Superblock::read(&sbb).unwrap();
+    let region = sb.leaf_region().unwrap();
+    let size = region.leaf_size();
+    let leaf_at = |e: LtEntry| region.leaf_offset(e.addr()).unwrap();
+    let mut rb = vec![0u8; ModelRecord::SIZE as usize];
+    for m in 0..sb.model_count() {
+        let rec = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+        mem.read(rec, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        for j in 0..r.leaf_count() {
+            let lt = r.lt_entry_offset(j).unwrap();
+            let head = LtEntry::from_raw(mem.load(lt).unwrap());
+            // The chain: the head's leaf, then each leaf's synonym link.
+            let mut e = head;
+            for _ in 0..64 {
+                let off = leaf_at(e);
+                if (off..off + size).contains(&byte) {
+                    mem.store(lt, head.locked_by(LockOwner::ANONYMOUS).raw())
+                        .unwrap();
+                    return;
+                }
+                let mut lb = vec![0u8; size as usize];
+                mem.read(off, &mut lb).unwrap();
+                match Leaf::from_bytes(&lb) {
+                    Ok(leaf) if leaf.next().pointer() != 0 => e = leaf.next(),
+                    _ => break,
+                }
+            }
+        }
+    }
+    panic!("no chain holds pool byte {byte}");
+}
+
 /// Puts to keys whose leaves hold acknowledged values; each leaf write is
 /// torn at `cut` (a fraction of the bytes it changed) and the node
 /// resumed: returns (the keys whose acknowledged value was not served,
@@ -93,13 +136,22 @@ fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
     for &(k, ver) in &acked {
         s.put(k, &value(k, ver)).unwrap();
     }
-    // The writes the death tears: one per leaf region of keys, far apart.
+    // Puts to keys far apart, acknowledged; the last one is the write the
+    // death tears (a death tears only writes in flight, and this client
+    // has one at a time: the redo slot of a write that completed is
+    // reused by the next).
     let mem = HostPool::new(node.pool_handle().clone());
     let mut torn = Vec::new();
-    for i in (7..400u64).step_by(40) {
-        let key = i * 100;
+    let keys: Vec<u64> = (7..400u64).step_by(40).map(|i| i * 100).collect();
+    for (n, &key) in keys.iter().enumerate() {
         let (at, before) = leaf_region(&mem);
         s.put(key, &value(key, 3)).unwrap();
+        if n + 1 < keys.len() {
+            if let Some(a) = acked.iter_mut().find(|a| a.0 == key) {
+                a.1 = 3;
+            }
+            continue;
+        }
         let (_, after) = leaf_region(&mem);
         let changed: Vec<usize> = (0..before.len())
             .filter(|&j| before[j] != after[j])
@@ -107,6 +159,9 @@ fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
         let (first, last) = (changed[0], *changed.last().unwrap());
         let keep = first + ((last + 1 - first) as f64 * cut) as usize;
         mem.write(at + keep as u64, &before[keep..=last]).unwrap();
+        // The death came before the unlock: the chain is still locked by
+        // the writer (an in-process client: the anonymous owner).
+        lock_chain_of(&mem, at + first as u64);
         torn.push((key, first, last, keep));
     }
     eprintln!(
@@ -115,6 +170,9 @@ fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
         cut * 100.0,
         torn[0]
     );
+    // The memory node dies with its in-process client: nothing of the
+    // client is closed (its redo block stays claimed, as at a death).
+    client.abandon_values();
     drop(s);
     drop(client);
     drop(mem);
@@ -128,6 +186,12 @@ fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
         rec.damaged_count,
         rec.damaged.first(),
         rec.untiled
+    );
+    assert_eq!(
+        rec.restored_count,
+        torn.len() as u64,
+        "each torn leaf written again from its copy: {:?}",
+        rec.restored
     );
     if rec.damaged_count > 0 {
         // A get of a key there fails (after 2 s of re-reads).
@@ -163,7 +227,6 @@ fn torn_leaf_writes_then_resume(name: &str, cut: f64) -> (Vec<String>, u64) {
 }
 
 #[test]
-#[ignore = "known gap: a leaf write torn by the memory node's death leaves the leaf damaged"]
 fn a_leaf_write_torn_by_the_death_loses_no_acknowledged_neighbour() {
     for (name, cut) in [("torn-half.pool", 0.5), ("torn-most.pool", 0.9)] {
         let (lost, damaged) = torn_leaf_writes_then_resume(name, cut);
