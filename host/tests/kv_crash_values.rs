@@ -81,36 +81,27 @@ fn leaf_region(mem: &HostPool) -> (u64, Vec<u8>) {
 /// the leaf holding pool byte `byte` (a leaf a write was torn in).
 fn lock_chain_of(mem: &HostPool, byte: u64) {
     use rolex_core::entry::{LockOwner, LtEntry};
-    use rolex_core::layout::{Leaf, ModelRecord};
+    use rolex_core::layout::Leaf;
     let mut sbb = [0u8; Superblock::SIZE as usize];
     mem.read(0, &mut sbb).unwrap();
-    let sb = Superblock::read(&sbb).unwrap();
-    let region = sb.leaf_region().unwrap();
+    let region = Superblock::read(&sbb).unwrap().leaf_region().unwrap();
     let size = region.leaf_size();
-    let leaf_at = |e: LtEntry| region.leaf_offset(e.addr()).unwrap();
-    let mut rb = vec![0u8; ModelRecord::SIZE as usize];
-    for m in 0..sb.model_count() {
-        let rec = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
-        mem.read(rec, &mut rb).unwrap();
-        let r = ModelRecord::read(&rb).unwrap();
-        for j in 0..r.leaf_count() {
-            let lt = r.lt_entry_offset(j).unwrap();
-            let head = LtEntry::from_raw(mem.load(lt).unwrap());
-            // The chain: the head's leaf, then each leaf's synonym link.
-            let mut e = head;
-            for _ in 0..64 {
-                let off = leaf_at(e);
-                if (off..off + size).contains(&byte) {
-                    mem.store(lt, head.locked_by(LockOwner::ANONYMOUS).raw())
-                        .unwrap();
-                    return;
-                }
-                let mut lb = vec![0u8; size as usize];
-                mem.read(off, &mut lb).unwrap();
-                match Leaf::from_bytes(&lb) {
-                    Ok(leaf) if leaf.next().pointer() != 0 => e = leaf.next(),
-                    _ => break,
-                }
+    for lt in common::lt_entry_offsets(mem) {
+        let head = LtEntry::from_raw(mem.load(lt).unwrap());
+        // The chain: the head's leaf, then each leaf's synonym link.
+        let mut e = head;
+        for _ in 0..64 {
+            let off = region.leaf_offset(e.addr()).unwrap();
+            if (off..off + size).contains(&byte) {
+                mem.store(lt, head.locked_by(LockOwner::ANONYMOUS).raw())
+                    .unwrap();
+                return;
+            }
+            let mut lb = vec![0u8; size as usize];
+            mem.read(off, &mut lb).unwrap();
+            match Leaf::from_bytes(&lb) {
+                Ok(leaf) if leaf.next().pointer() != 0 => e = leaf.next(),
+                _ => break,
             }
         }
     }

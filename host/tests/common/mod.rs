@@ -325,6 +325,25 @@ pub fn random_op(
     }
 }
 
+/// The pool offsets of every leaf-table entry of every model of the pool
+/// `mem` (the directory's records).
+pub fn lt_entry_offsets(mem: &rolex_host::memnode::HostPool) -> Vec<u64> {
+    use rolex_core::layout::{ModelRecord, Superblock};
+    use rolex_dpu::PoolMemory;
+    let mut sbb = [0u8; Superblock::SIZE as usize];
+    mem.read(0, &mut sbb).unwrap();
+    let sb = Superblock::read(&sbb).unwrap();
+    let mut rb = [0u8; ModelRecord::SIZE as usize];
+    let mut out = Vec::new();
+    for m in 0..sb.model_count() {
+        let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
+        mem.read(at, &mut rb).unwrap();
+        let r = ModelRecord::read(&rb).unwrap();
+        out.extend((0..r.leaf_count()).map(|j| r.lt_entry_offset(j).unwrap()));
+    }
+    out
+}
+
 /// Locks every leaf-table entry of every model of the pool `mem` for
 /// `owner` (with `mem`'s own atomics); returns how many.
 pub fn plant_locks(
@@ -332,28 +351,16 @@ pub fn plant_locks(
     owner: rolex_core::entry::LockOwner,
 ) -> u64 {
     use rolex_core::entry::LtEntry;
-    use rolex_core::layout::{ModelRecord, Superblock};
     use rolex_dpu::PoolMemory;
-    let mut sbb = [0u8; Superblock::SIZE as usize];
-    mem.read(0, &mut sbb).unwrap();
-    let sb = Superblock::read(&sbb).unwrap();
-    let mut rb = [0u8; ModelRecord::SIZE as usize];
-    let mut n = 0;
-    for m in 0..sb.model_count() {
-        let at = mem.load(sb.directory_entry_offset(m).unwrap()).unwrap();
-        mem.read(at, &mut rb).unwrap();
-        let r = ModelRecord::read(&rb).unwrap();
-        for j in 0..r.leaf_count() {
-            let off = r.lt_entry_offset(j).unwrap();
-            let v = LtEntry::from_raw(mem.load(off).unwrap());
-            assert_eq!(
-                mem.cas(off, v.raw(), v.locked_by(owner).raw()).unwrap(),
-                v.raw()
-            );
-            n += 1;
-        }
+    let offsets = lt_entry_offsets(mem);
+    for &off in &offsets {
+        let v = LtEntry::from_raw(mem.load(off).unwrap());
+        assert_eq!(
+            mem.cas(off, v.raw(), v.locked_by(owner).raw()).unwrap(),
+            v.raw()
+        );
     }
-    n
+    offsets.len() as u64
 }
 
 /// What each thread of [`faulty_history`] counts: requests that failed,
