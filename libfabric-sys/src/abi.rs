@@ -880,7 +880,8 @@ pub struct fi_ops_rma {
     /// `fi_readv`.
     pub readv: Unused,
     /// `fi_readmsg`.
-    pub readmsg: Unused,
+    pub readmsg:
+        Option<unsafe extern "C" fn(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize>,
     /// `fi_write`.
     pub write: Option<
         unsafe extern "C" fn(

@@ -505,6 +505,16 @@ pub unsafe fn fi_writedata(
     }
 }
 
+/// `fi_readmsg`: `ep->rma->readmsg`.
+///
+/// # Safety
+/// As [`fi_send`] for every buffer `msg` names (written, not read); `msg`
+/// itself need only be valid during the call.
+pub unsafe fn fi_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe { via!((*ep).rma, readmsg(ep, msg, flags), NOSYS_SZ) }
+}
+
 /// `fi_writemsg`: `ep->rma->writemsg`.
 ///
 /// # Safety

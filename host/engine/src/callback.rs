@@ -105,7 +105,12 @@ const BACKSTOP: Duration = Duration::from_millis(10);
 pub(crate) trait FlagDriver: Send + Sync {
     /// Runs one round of the group's completion processing unless another
     /// thread is running one; never blocks.
-    fn drive(&self);
+    fn drive(&self) {
+        self.try_drive();
+    }
+    /// [`FlagDriver::drive`], saying whether the round ran (`false`:
+    /// another thread holds the group, or it is closed).
+    fn try_drive(&self) -> bool;
     /// How long a waiter polls before it parks.
     fn spin(&self) -> Duration;
     /// A waiter starts polling: the group's worker may stand aside.

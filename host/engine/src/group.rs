@@ -17,7 +17,11 @@
 //!   (parked, not woken by the NICs' wait objects);
 //! - a submitting thread, which posts a request whose notification is a
 //!   flag at once under the lock ([`DirectPost`]) when nothing waits in
-//!   the group's queue (so posting order is kept) and the NICs allow it.
+//!   the group's queue (so posting order is kept) and the NICs allow it;
+//! - a client channel's thread that read completions of the group's
+//!   operations while it waits for its own batch (module `batch`); while
+//!   channels post on the group's NICs the worker stands aside too, when
+//!   nothing needs it itself (`WorkerCell::channels_busy`).
 //!
 //! Invariants: every request's notification fires exactly once (on
 //! shutdown with [`TransferError::EngineShutDown`] for whatever had not
@@ -58,6 +62,11 @@ const ROUND_BYTES: u64 = 256 << 10;
 /// looks again. The last waiter to stop polling wakes it at once when
 /// something needs it (see `FlagDriver::leave` for `WorkerCell`).
 const ASIDE_BACKSTOP: Duration = Duration::from_micros(500);
+/// How recently a client channel must have posted on a NIC of the group
+/// for the worker to leave the NICs to the channels (`channels_busy`): a
+/// few of their round trips on a software fabric, so a thread between
+/// two operations still counts and one that went idle soon does not.
+const CHANNELS_BUSY: Duration = Duration::from_millis(1);
 
 /// A transfer in flight: pieces left, first error, value (atomics).
 struct Transfer {
@@ -565,12 +574,38 @@ pub(crate) fn arrive(imms: &Mutex<ImmWaits>, cbq: &CallbackQueue, aborts: bool, 
     }
 }
 
+impl WorkerCell {
+    /// Whether client channels keep the group's NICs polled (one posted
+    /// within [`CHANNELS_BUSY`]) and nothing needs the worker itself: no
+    /// transfer notified by a callback in flight (a flag's completion is
+    /// seen to by its waiter, or by a channel's thread that reads it, see
+    /// `domain::round_wanted_here`), no waiter asleep, nothing queued.
+    /// Then the worker stands aside, parked: blocked on the NICs' wait
+    /// objects it would wake for every packet of the channels' (a thread
+    /// hand-off and a lock taken against theirs each time). Whatever it
+    /// is needed for meanwhile wakes it (a submission, an arrival, a
+    /// completion of its own read outside a channel's wait), and it looks
+    /// again every [`ASIDE_BACKSTOP`].
+    fn channels_busy(&self) -> bool {
+        self.callbacks.load(SeqCst) == 0
+            && self.asleep.load(SeqCst) == 0
+            && self.group().queue.is_empty()
+            && self
+                .group()
+                .domains
+                .iter()
+                .any(|d| d.channels_busy(CHANNELS_BUSY))
+    }
+}
+
 impl FlagDriver for WorkerCell {
-    fn drive(&self) {
-        if let Some(mut s) = self.try_lock() {
-            if !s.closed {
+    fn try_drive(&self) -> bool {
+        match self.try_lock() {
+            Some(mut s) if !s.closed => {
                 self.round(&mut s);
+                true
             }
+            _ => false,
         }
     }
 
@@ -778,7 +813,7 @@ impl Worker {
                 nap = Duration::from_micros(1);
                 continue;
             }
-            if cell.spinners.load(SeqCst) > 0 {
+            if cell.spinners.load(SeqCst) > 0 || cell.channels_busy() {
                 // Waiters poll the group themselves: stand aside, parked
                 // rather than on the wait objects (which would wake this
                 // thread for every completion they handle).

@@ -216,6 +216,56 @@ pub enum Incoming {
 /// that immediate overflowed (the NIC counts it as an error).
 pub type ImmSink = Arc<dyn Fn(u32) -> bool + Send + Sync>;
 
+thread_local! {
+    /// Set while this thread waits on a client channel that runs its
+    /// group's round itself when a backend asks ([`round_wanted_here`]).
+    static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// A backend asked this (driving) thread for a round of its group.
+    static ROUND_WANTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called by a backend that read completions of another endpoint than the
+/// one polled (the group worker's, from a client channel's poll): whether
+/// the calling thread runs the group's round for them itself soon (a
+/// channel waiting in its group, see [`Driving`]), so the backend need not
+/// wake the worker — a thread hand-off and, on a busy-polling NIC, a
+/// second spinning thread per such completion.
+pub(crate) fn round_wanted_here() -> bool {
+    DRIVING.with(|d| {
+        if d.get() {
+            ROUND_WANTED.with(|w| w.set(true));
+        }
+        d.get()
+    })
+}
+
+/// While alive, this thread answers [`round_wanted_here`] with yes; it
+/// then owes its group a round, checked with [`Driving::take_wanted`].
+pub(crate) struct Driving(());
+
+impl Driving {
+    pub(crate) fn new() -> Driving {
+        DRIVING.with(|d| d.set(true));
+        Driving(())
+    }
+
+    /// Whether a backend asked for a round since the last call.
+    pub(crate) fn take_wanted(&self) -> bool {
+        ROUND_WANTED.with(|w| w.replace(false))
+    }
+}
+
+/// Clears a round asked of this thread (it just ran one).
+pub(crate) fn forget_wanted() {
+    ROUND_WANTED.with(|w| w.set(false));
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        DRIVING.with(|d| d.set(false));
+    }
+}
+
 /// The tail of a [`Domain::poll_incoming`] for a backend that queues what
 /// its progress delivers: moves everything queued into `out`; returns how
 /// many.
@@ -313,6 +363,15 @@ pub trait Domain: Send + Sync {
     fn may_block(&self) -> bool {
         true
     }
+    /// Whether a client channel posted on this NIC within the last
+    /// `within`: its thread reads the queue itself (and runs the group's
+    /// round for the worker's completions it meets, see
+    /// `round_wanted_here`), so the worker may stand aside instead of
+    /// waking on the NIC's wait object for every packet of the channel's.
+    /// The default (backends without a shared queue to compete for): no.
+    fn channels_busy(&self, _within: std::time::Duration) -> bool {
+        false
+    }
     /// Wakes a worker blocked on the wait object.
     fn signal(&self) {}
     /// How this NIC's 8-byte atomics relate to the host (reply byte order,
@@ -362,6 +421,11 @@ pub trait Endpoint: Send {
     /// completes on another thread (`None`: nobody). The default ignores
     /// it: the caller then wakes on its own timer only.
     fn set_sleeper(&mut self, _thread: Option<Thread>) {}
+    /// Marks this endpoint as a client channel's: its thread waits for its
+    /// own operations, so their traffic is no reason for the group's
+    /// worker to keep polling the NIC (libfabric's busy polling counts
+    /// from the last *other* activity). The default does nothing.
+    fn mark_channel(&mut self) {}
 }
 
 /// The backends, for dispatch.
@@ -467,6 +531,9 @@ impl Domain for AnyDomain {
     fn may_block(&self) -> bool {
         dispatch!(self, d => d.may_block())
     }
+    fn channels_busy(&self, within: std::time::Duration) -> bool {
+        dispatch!(self, d => d.channels_busy(within))
+    }
     fn signal(&self) {
         dispatch!(self, d => d.signal())
     }
@@ -510,6 +577,12 @@ impl Endpoint for AnyEndpoint {
             AnyEndpoint::Libfabric(e) => e.set_sleeper(thread),
             #[cfg(feature = "verbs")]
             AnyEndpoint::Verbs(e) => e.set_sleeper(thread),
+        }
+    }
+    fn mark_channel(&mut self) {
+        #[cfg(feature = "libfabric")]
+        if let AnyEndpoint::Libfabric(e) = self {
+            e.mark_channel();
         }
     }
     fn flush(&mut self, out: &mut Vec<Completion>) {

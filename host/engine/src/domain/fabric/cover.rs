@@ -297,6 +297,7 @@ mod tests {
             outstanding: AtomicU64::new(0),
             sleeper: Mutex::new(None),
             has_sleeper: AtomicBool::new(false),
+            channel: AtomicBool::new(false),
         })
     }
 

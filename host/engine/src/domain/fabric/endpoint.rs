@@ -9,7 +9,11 @@
 //! `cover`), so [`Endpoint::post`] builds every post of a call before it
 //! posts any; there, consecutive writes of different transfers from one
 //! region to the same peer and key are chained into one post as well
-//! (up to the provider's iov limit), the later ones riding on it. Invariant: every request handed to
+//! (up to the provider's iov limit), the later ones riding on it.
+//! Consecutive reads into one region from one peer and key are chained
+//! so on every provider whose `rma_iov_limit` allows it (`tcp`, `shm`;
+//! not EFA or verbs, whose limit is 1): one request and one response
+//! instead of one each per read. Invariant: every request handed to
 //! [`Endpoint::post`] produces exactly one completion in its sink —
 //! errors found before posting at once, the rest from the provider, a
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
@@ -77,6 +81,7 @@ impl FabricEndpoint {
                 outstanding: AtomicU64::new(0),
                 sleeper: Mutex::new(None),
                 has_sleeper: AtomicBool::new(false),
+                channel: AtomicBool::new(false),
             }),
             chain: Vec::new(),
             chain_ids: Vec::new(),
@@ -84,8 +89,9 @@ impl FabricEndpoint {
         }
     }
 
-    /// One post for a write and the pieces chained to it (see
-    /// [`Post::WriteChain`]): one pinned region, one remote range each.
+    /// One post for a write or a read and the pieces chained to it (see
+    /// [`Post::WriteChain`], [`Post::ReadChain`]): one pinned region, one
+    /// remote range each.
     fn build_chain(
         &self,
         live: &mut Live,
@@ -118,15 +124,20 @@ impl FabricEndpoint {
         }
         let desc = inner.local_desc(&local.region)?;
         ctx.pinned = Some(p);
-        let post = Post::WriteChain {
-            n: 1 + rest.len(),
-            desc,
-            to: Target {
-                fi_addr,
-                addr: 0,
-                key,
+        let to = Target {
+            fi_addr,
+            addr: 0,
+            key,
+        };
+        let n = 1 + rest.len();
+        let post = match first {
+            WorkOp::Read { .. } => Post::ReadChain { n, desc, from: to },
+            _ => Post::WriteChain {
+                n,
+                desc,
+                to,
+                deliver: inner.delivery_complete,
             },
-            deliver: inner.delivery_complete,
         };
         Ok((ctx, post))
     }
@@ -390,8 +401,8 @@ impl FabricEndpoint {
     }
 }
 
-/// A write that may be chained with others: its source, target and
-/// length (data, no immediate).
+/// A write (data, no immediate) or a read that may be chained with
+/// others of its kind: its local range's region, target and length.
 fn chainable(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64)> {
     match op {
         WorkOp::Write {
@@ -400,6 +411,7 @@ fn chainable(op: &WorkOp) -> Option<(&Local, &crate::domain::Remote, u64)> {
             len,
             imm: None,
         } if *len > 0 => Some((l, remote, *len)),
+        WorkOp::Read { local, remote, len } if *len > 0 => Some((local, remote, *len)),
         _ => None,
     }
 }
@@ -429,12 +441,15 @@ fn same_message(a: &WorkOp, b: &WorkOp) -> bool {
     }
 }
 
-/// Whether `b` can go in the same post as `a`: both chainable, from the
-/// same region, to the same peer and key.
+/// Whether `b` can go in the same post as `a`: both chainable and of one
+/// kind (reads or writes), with the same local region, peer and key.
 fn same_chain(a: &WorkOp, b: &WorkOp) -> bool {
     match (chainable(a), chainable(b)) {
         (Some((la, ra, _)), Some((lb, rb, _))) => {
-            Arc::ptr_eq(&la.region, &lb.region) && ra.peer == rb.peer && ra.rkey == rb.rkey
+            matches!(a, WorkOp::Read { .. }) == matches!(b, WorkOp::Read { .. })
+                && Arc::ptr_eq(&la.region, &lb.region)
+                && ra.peer == rb.peer
+                && ra.rkey == rb.rkey
         }
         _ => false,
     }
@@ -469,7 +484,13 @@ impl Endpoint for FabricEndpoint {
         };
         Counters::bump(&inner.counters.doorbells, 1);
         let now = Instant::now();
-        live.last_activity = now;
+        if self.sink.channel.load(Relaxed) {
+            inner
+                .channel_posted
+                .store(crate::timer::monotonic_ns(), Relaxed);
+        } else {
+            live.last_activity = now;
+        }
         let mut reqs = batch.drain(..).peekable();
         let mut chain = std::mem::take(&mut self.chain);
         let mut chain_ids = std::mem::take(&mut self.chain_ids);
@@ -536,15 +557,20 @@ impl Endpoint for FabricEndpoint {
             }
             // The pieces that follow this one from the same region to the
             // same peer and key go in the same post: of the same transfer,
-            // and where writes share acknowledgements (module `cover`) of
-            // later transfers too, which then complete with this post.
+            // and, for reads and where writes share acknowledgements
+            // (module `cover`), of later transfers too, which then complete
+            // with this post. (A read's completion means its bytes are
+            // here whatever it travelled with; a write's own completion
+            // says less than a delivery, so writes of other transfers ride
+            // only where the post's delivery covers them.)
             chain.clear();
             chain_ids.clear();
             chain_ids.push(wr_id);
             if chainable(&op).is_some() {
+                let read = matches!(op, WorkOp::Read { .. });
                 while chain.len() + 1 < inner.chain_limit {
                     let next = reqs.next_if(|n| {
-                        (n.wr_id == wr_id || inner.cover_writes) && same_chain(&op, &n.op)
+                        (n.wr_id == wr_id || read || inner.cover_writes) && same_chain(&op, &n.op)
                     });
                     match next {
                         Some(n) => {
@@ -607,8 +633,9 @@ impl Endpoint for FabricEndpoint {
                 }
             }
         }
+        let mut covered = Vec::new();
         if inner.cover_writes {
-            let mut covered = cover::plan(built.iter_mut().map(|b| (b.seq, &mut b.post)));
+            covered = cover::plan(built.iter_mut().map(|b| (b.seq, &mut b.post)));
             for &(seq, coverer) in &covered {
                 // `built` is in posting order, so by sequence number.
                 if let Ok(i) = built.binary_search_by_key(&seq, |b| b.seq) {
@@ -617,20 +644,20 @@ impl Endpoint for FabricEndpoint {
                     live.covers.hold(seq, coverer, &m.sink, m.wr_id, m.pieces);
                 }
             }
-            // Riders complete with whatever completes their post: its
-            // coverer, or the post itself.
             covered.sort_unstable();
-            for b in built.iter_mut().filter(|b| !b.riders.is_empty()) {
-                let by = match covered.binary_search_by_key(&b.seq, |c| c.0) {
-                    Ok(i) => covered[i].1,
-                    Err(_) => b.seq,
-                };
-                for (id, n) in b.riders.drain(..) {
-                    let seq = live.next_seq;
-                    live.next_seq += 1;
-                    live.covers.ride(seq, by, &self.sink, id, n);
-                    self.sink.outstanding.fetch_add(u64::from(n), SeqCst);
-                }
+        }
+        // Riders complete with whatever completes their post: its coverer,
+        // or the post itself (a chained read's always).
+        for b in built.iter_mut().filter(|b| !b.riders.is_empty()) {
+            let by = match covered.binary_search_by_key(&b.seq, |c| c.0) {
+                Ok(i) => covered[i].1,
+                Err(_) => b.seq,
+            };
+            for (id, n) in b.riders.drain(..) {
+                let seq = live.next_seq;
+                live.next_seq += 1;
+                live.covers.ride(seq, by, &self.sink, id, n);
+                self.sink.outstanding.fetch_add(u64::from(n), SeqCst);
             }
         }
         for Built {
@@ -749,6 +776,10 @@ impl Endpoint for FabricEndpoint {
                 Some(d) => Progress::WaitUntil(Instant::now() + d),
             }
         }
+    }
+
+    fn mark_channel(&mut self) {
+        self.sink.channel.store(true, Relaxed);
     }
 
     fn set_sleeper(&mut self, thread: Option<std::thread::Thread>) {

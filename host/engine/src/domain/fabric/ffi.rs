@@ -976,6 +976,14 @@ pub(crate) enum Post {
         to: Target,
         deliver: bool,
     },
+    /// Several reads into the pinned region (the context's `chain`:
+    /// `(offset, len, remote address)`, the first `n`) from as many remote
+    /// ranges of one peer and key, as one `fi_readmsg` with one local
+    /// buffer and one remote range per piece: one request and one
+    /// response on software providers (`tcp`: a read costs a message each
+    /// way, a few µs of the kernel's loopback path apiece here), one
+    /// completion for all of them.
+    ReadChain { n: usize, desc: usize, from: Target },
     /// `fi_read` into the pinned region at `offset`.
     Read {
         offset: u64,
@@ -1009,11 +1017,45 @@ impl Post {
             | Post::WriteChain { to, .. }
             | Post::Cas { to, .. }
             | Post::Faa { to, .. } => to.fi_addr,
-            Post::Read { from, .. } => from.fi_addr,
+            Post::Read { from, .. } | Post::ReadChain { from, .. } => from.fi_addr,
             Post::Send { fi_addr, .. } | Post::TSend { fi_addr, .. } => fi_addr,
             Post::Recv { .. } | Post::TRecv { .. } => sys::FI_ADDR_UNSPEC,
         }
     }
+}
+
+/// The local buffers and remote ranges of a chained post: the first `n`
+/// pieces of `ctx.chain` (at most [`MAX_CHAIN`]), each a range of the
+/// context's pinned region and a remote range under `key`. `None` when a
+/// piece lies outside the pinned region (or none is pinned).
+fn chain_iovs(
+    ctx: &OpCtx,
+    n: usize,
+    key: u64,
+) -> Option<(
+    [libc::iovec; MAX_CHAIN],
+    [sys::fi_rma_iov; MAX_CHAIN],
+    usize,
+)> {
+    let n = n.min(MAX_CHAIN);
+    let mut iov = [libc::iovec {
+        iov_base: ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_CHAIN];
+    let mut rma = [sys::fi_rma_iov::default(); MAX_CHAIN];
+    let pinned = ctx.pinned.as_ref()?;
+    for (i, &(offset, len, addr)) in ctx.chain[..n].iter().enumerate() {
+        iov[i] = libc::iovec {
+            iov_base: pinned.ptr(offset, len)? as *mut libc::c_void,
+            iov_len: len as usize,
+        };
+        rma[i] = sys::fi_rma_iov {
+            addr,
+            len: len as usize,
+            key,
+        };
+    }
+    Some((iov, rma, n))
 }
 
 impl Ep {
@@ -1119,27 +1161,10 @@ impl Ep {
                     to,
                     deliver,
                 } => {
-                    let n = n.min(MAX_CHAIN);
-                    let mut iov = [libc::iovec {
-                        iov_base: ptr::null_mut(),
-                        iov_len: 0,
-                    }; MAX_CHAIN];
-                    let mut rma = [sys::fi_rma_iov::default(); MAX_CHAIN];
+                    let Some((iov, rma, n)) = chain_iovs(ctx, n, to.key) else {
+                        return Err((Box::from_raw(raw), einval("fi_writemsg")));
+                    };
                     let mut descs = [desc as *mut libc::c_void; MAX_CHAIN];
-                    for (i, &(offset, len, addr)) in ctx.chain[..n].iter().enumerate() {
-                        let Some(a) = ctx.pinned.as_ref().and_then(|p| p.ptr(offset, len)) else {
-                            return Err((Box::from_raw(raw), einval("fi_writemsg")));
-                        };
-                        iov[i] = libc::iovec {
-                            iov_base: a as *mut libc::c_void,
-                            iov_len: len as usize,
-                        };
-                        rma[i] = sys::fi_rma_iov {
-                            addr,
-                            len: len as usize,
-                            key: to.key,
-                        };
-                    }
                     let mut flags = sys::FI_COMPLETION;
                     if deliver {
                         flags |= sys::FI_DELIVERY_COMPLETE;
@@ -1156,6 +1181,24 @@ impl Ep {
                         data: 0,
                     };
                     (sys::fi_writemsg(ep, &msg, flags), "fi_writemsg")
+                }
+                Post::ReadChain { n, desc, from } => {
+                    let Some((iov, rma, n)) = chain_iovs(ctx, n, from.key) else {
+                        return Err((Box::from_raw(raw), einval("fi_readmsg")));
+                    };
+                    let mut descs = [desc as *mut libc::c_void; MAX_CHAIN];
+                    // The message structs are read during the call only.
+                    let msg = sys::fi_msg_rma {
+                        msg_iov: iov.as_ptr(),
+                        desc: descs.as_mut_ptr(),
+                        iov_count: n,
+                        addr: from.fi_addr,
+                        rma_iov: rma.as_ptr(),
+                        rma_iov_count: n,
+                        context: c,
+                        data: 0,
+                    };
+                    (sys::fi_readmsg(ep, &msg, sys::FI_COMPLETION), "fi_readmsg")
                 }
                 Post::Read {
                     offset,

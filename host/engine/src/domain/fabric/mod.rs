@@ -465,6 +465,9 @@ pub(crate) struct Sink {
     sleeper: Mutex<Option<Thread>>,
     /// Whether `sleeper` is set (read without the lock on every finish).
     has_sleeper: AtomicBool,
+    /// A client channel's sink (`Endpoint::mark_channel`): its posts and
+    /// completions do not count as the NIC's activity for busy polling.
+    pub(super) channel: AtomicBool,
 }
 
 impl Sink {
@@ -540,6 +543,9 @@ struct Live {
     /// Posted receives, by context address.
     recvs: HashMap<usize, Leaked>,
     last_activity: Instant,
+    /// Completions of client channels' operations read by the current
+    /// `Inner::progress` (not activity, see [`Sink::channel`]).
+    channel_done: usize,
     /// Blocks on the queue's wait object and reads the queue; stopped
     /// before the queue closes.
     waiter: Option<Waiter>,
@@ -650,6 +656,9 @@ pub(crate) struct Inner {
     /// Set by every endpoint poll (which reads the queue), cleared by
     /// `poll_incoming`, which then need not read it again.
     endpoint_polled: AtomicBool,
+    /// When a client channel last posted here (`timer::monotonic_ns`; 0:
+    /// never), for `Domain::channels_busy`.
+    channel_posted: AtomicU64,
     alive: AtomicBool,
     next_key: AtomicU64,
     pub(crate) counters: Counters,
@@ -901,6 +910,7 @@ impl LibfabricDomain {
             retry_meta: HashMap::new(),
             recvs: HashMap::new(),
             last_activity: Instant::now(),
+            channel_done: 0,
             waiter: None,
             covers: cover::Covers::default(),
             acks_out: Vec::new(),
@@ -946,6 +956,7 @@ impl LibfabricDomain {
             wait_obj: OnceLock::new(),
             worker_waits: OnceLock::new(),
             endpoint_polled: AtomicBool::new(false),
+            channel_posted: AtomicU64::new(0),
             alive: AtomicBool::new(true),
             next_key,
             counters: Counters::default(),
@@ -1227,6 +1238,7 @@ impl Inner {
         // A failing read leaves the queue as it was; the next poll retries.
         let n = live.cq.read(&mut events, 256).unwrap_or_default();
         let mut foreign = 0;
+        live.channel_done = 0;
         for ev in events {
             if self.event(live, ev, own) {
                 foreign += 1;
@@ -1236,7 +1248,9 @@ impl Inner {
         self.paged_send_acks(live);
         handled += self.retry(live);
         self.expire(live);
-        if handled > 0 {
+        // Client channels' completions are not the NIC's activity: their
+        // threads wait for them; the worker has no reason to poll on.
+        if handled > live.channel_done {
             live.last_activity = Instant::now();
         }
         // Completions of another endpoint's operations (the worker's, read
@@ -1244,7 +1258,7 @@ impl Inner {
         // that no longer fires. Completions of the caller's own endpoint
         // wake nobody: a thread running the worker's round for it (a
         // waiter on a flag) handles them itself.
-        if foreign > 0 {
+        if foreign > 0 && !crate::domain::round_wanted_here() {
             if let Some(t) = self.waker.get() {
                 if t.id() != std::thread::current().id() {
                     t.unpark();
@@ -1343,6 +1357,9 @@ impl Inner {
                         }
                     };
                     let foreign = !own.is_some_and(|o| Arc::ptr_eq(o, &f.sink));
+                    if f.sink.channel.load(Relaxed) {
+                        live.channel_done += 1;
+                    }
                     live.covers.finish(seq, &f.sink, f.wr_id, f.pieces, result);
                     return foreign;
                 }
@@ -1770,6 +1787,12 @@ impl Domain for LibfabricDomain {
                 w.disarm();
             }
         }
+    }
+
+    fn channels_busy(&self, within: Duration) -> bool {
+        let last = self.inner.channel_posted.load(Relaxed);
+        let within = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
+        last != 0 && crate::timer::monotonic_ns().saturating_sub(last) < within
     }
 
     fn may_block(&self) -> bool {
