@@ -130,18 +130,41 @@ const POLLS_PER_YIELD: u32 = 4;
 /// [`Spinning::stop`] when the channel goes to sleep with operations in
 /// flight (the worker then takes the group back at once).
 /// After `stop(true)` it holds the sleeper's registration until dropped.
-struct Spinning(Option<Arc<dyn FlagDriver>>, Asleep);
+/// While registered, the thread also answers the backends' requests for a
+/// round of the group (`domain::round_wanted_here`): [`Spinning::serve`]
+/// runs it, and so do `stop` and the drop for one still owed, so none is
+/// lost on any way out of a wait.
+struct Spinning(Option<(Arc<dyn FlagDriver>, Driving)>, Asleep);
 
 impl Spinning {
     fn new(driver: Option<Arc<dyn FlagDriver>>) -> Self {
-        if let Some(d) = &driver {
+        let driving = driver.map(|d| {
             d.enter();
+            (d, Driving::new())
+        });
+        Spinning(driving, Asleep(None))
+    }
+
+    /// Runs the group's round on this thread if a backend asked for one,
+    /// or wakes the worker for it where another thread holds the group.
+    #[inline]
+    fn serve(&self) {
+        if let Some((d, driving)) = &self.0 {
+            if driving.take_wanted() {
+                if !d.try_drive() {
+                    d.wake_worker();
+                }
+                // The round read this thread's own completions too, each
+                // "another endpoint's" to it: nothing more is owed.
+                driving.take_wanted();
+            }
         }
-        Spinning(driver, Asleep(None))
     }
 
     fn stop(&mut self, waiting: bool) {
-        if let Some(d) = self.0.take() {
+        self.serve();
+        if let Some((d, driving)) = self.0.take() {
+            drop(driving);
             d.leave(waiting);
             if waiting {
                 self.1 = Asleep(Some(d));
@@ -429,15 +452,12 @@ impl Channel {
         // this thread's polls read go to the worker's queue: this thread
         // runs the group's round for them itself while it spins, instead
         // of waking the worker (module `domain`, `round_wanted_here`).
-        let mut driving = driver.as_ref().map(|_| Driving::new());
         let mut spinning = Spinning::new(driver);
         let mut sleeping = false;
         let mut polls = 0u32;
         let mut nap = Duration::from_micros(1);
         loop {
-            if driving.as_ref().is_some_and(Driving::take_wanted) {
-                self.drive_group(spinning.0.as_deref());
-            }
+            spinning.serve();
             if remaining == 0 {
                 if sleeping {
                     self.endpoint.set_sleeper(None);
@@ -487,9 +507,6 @@ impl Channel {
                         // callers wake on the growing nap).
                         if !sleeping {
                             sleeping = true;
-                            if driving.take().is_some_and(|d| d.take_wanted()) {
-                                self.drive_group(spinning.0.as_deref());
-                            }
                             spinning.stop(true);
                             self.endpoint.set_sleeper(Some(thread::current()));
                         } else {
@@ -502,19 +519,6 @@ impl Channel {
             progress = self.endpoint.poll(&mut self.comps);
             self.settle(results, &mut remaining);
         }
-    }
-
-    /// Runs the group's round on this thread (`driver`: the group's, while
-    /// this thread spins), or wakes the worker for it where that cannot be
-    /// done at once (another thread holds the group).
-    #[cold]
-    fn drive_group(&self, driver: Option<&dyn FlagDriver>) {
-        if !driver.is_some_and(|d| d.try_drive()) {
-            self.engine.groups[self.group].wake();
-        }
-        // The round read this thread's own completions too, each of them
-        // "another endpoint's" to it: nothing more is owed.
-        crate::domain::forget_wanted();
     }
 
     /// Moves the completions of the last poll into `results`, counting

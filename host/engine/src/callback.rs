@@ -111,6 +111,8 @@ pub(crate) trait FlagDriver: Send + Sync {
     /// [`FlagDriver::drive`], saying whether the round ran (`false`:
     /// another thread holds the group, or it is closed).
     fn try_drive(&self) -> bool;
+    /// Wakes the group's worker (for a round this thread could not run).
+    fn wake_worker(&self);
     /// How long a waiter polls before it parks.
     fn spin(&self) -> Duration;
     /// A waiter starts polling: the group's worker may stand aside.

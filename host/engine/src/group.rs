@@ -609,6 +609,10 @@ impl FlagDriver for WorkerCell {
         }
     }
 
+    fn wake_worker(&self) {
+        self.group().wake();
+    }
+
     fn spin(&self) -> Duration {
         self.spin
     }

@@ -255,11 +255,6 @@ impl Driving {
     }
 }
 
-/// Clears a round asked of this thread (it just ran one).
-pub(crate) fn forget_wanted() {
-    ROUND_WANTED.with(|w| w.set(false));
-}
-
 impl Drop for Driving {
     fn drop(&mut self) {
         DRIVING.with(|d| d.set(false));
