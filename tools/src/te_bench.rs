@@ -16,7 +16,10 @@
 //! phase: the resubmissions that follow completions read together go out
 //! in one post call (`--no-plug`: one each); `--channel` runs `read`,
 //! `write`, `cas` and `faa` as client doorbell batches of `--depth`
-//! operations instead.
+//! operations instead, in both phases: its latency is a whole batch's
+//! (on `tcp`, consecutive reads of a batch travel as one request and one
+//! response: `--channel --op read --depth 2` against `--depth 1` shows
+//! what a second read in a batch costs).
 //!
 //! On a libfabric fabric a plain TCP stream over 127.0.0.1 with writes of
 //! the same size (`std::net`, one sender and one receiver thread, like
@@ -149,7 +152,9 @@ pub struct TeBenchArgs {
     /// Operations each thread keeps in flight in the throughput phase.
     #[arg(long, default_value_t = 32)]
     depth: usize,
-    /// Run read/write/cas/faa as client-channel doorbell batches.
+    /// Run read/write/cas/faa as client-channel doorbell batches of
+    /// `--depth` operations, in the latency phase too (its samples are
+    /// then whole batches).
     #[arg(long)]
     channel: bool,
     /// Post every submission of the throughput phase on its own instead
@@ -760,7 +765,14 @@ fn throughput(
 }
 
 /// Latency phase of one thread: `n` operations one at a time.
-fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, BenchError> {
+/// With `channel`, each sample is one doorbell batch of `batch` operations.
+fn latency(
+    ctx: &Ctx,
+    t: usize,
+    n: u64,
+    channel: bool,
+    batch: usize,
+) -> Result<Vec<Duration>, BenchError> {
     let mut lat = Vec::with_capacity(n as usize);
     let f = CompletionFlag::new();
     let rf = CompletionFlag::new();
@@ -769,7 +781,7 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
     } else {
         None
     };
-    let op = [batch_op(ctx, t)];
+    let op = vec![batch_op(ctx, t); if channel { batch.max(1) } else { 1 }];
     let mut res = Vec::new();
     let imm = IMM + 1 + t as u32;
     for _ in 0..n {
@@ -778,7 +790,7 @@ fn latency(ctx: &Ctx, t: usize, n: u64, channel: bool) -> Result<Vec<Duration>, 
         let start = Instant::now();
         if let Some(ch) = &mut ch {
             ch.run(&op, &mut res)?;
-            if let Some(Err(e)) = res.first() {
+            if let Some(Err(e)) = res.iter().find(|r| r.is_err()) {
                 return Err(e.clone().into());
             }
         } else if let (Op::WriteImm, Some(b)) = (ctx.op, &ctx.b) {
@@ -972,7 +984,9 @@ fn measure(args: &TeBenchArgs, ctx: &Ctx) -> Result<Measured, BenchError> {
     let mut lats: Vec<Duration> = std::thread::scope(|s| -> Result<Vec<Duration>, BenchError> {
         let hs: Vec<_> = (0..args.threads)
             .map(|t| {
-                s.spawn(move || latency(ctx, t, lat_n, args.channel).map_err(|e| e.to_string()))
+                s.spawn(move || {
+                    latency(ctx, t, lat_n, args.channel, args.depth).map_err(|e| e.to_string())
+                })
             })
             .collect();
         let mut all = Vec::new();
@@ -1066,7 +1080,7 @@ pub fn run(args: TeBenchArgs) -> Result<(), BenchError> {
     // As `--sweep` does: the first operations to a peer set up its
     // connection, which is no operation's latency nor rate.
     if ctx.b.is_none() {
-        latency(&ctx, 0, WARM_UP, args.channel)?;
+        latency(&ctx, 0, WARM_UP, args.channel, args.depth)?;
     }
     let m = measure(&args, &ctx)?;
     if args.json {
@@ -1141,7 +1155,7 @@ fn sweep(args: &TeBenchArgs, ctx: &mut Ctx) -> Result<(), BenchError> {
     // A few operations first: the first ones to a peer set up its
     // connection, which would otherwise count against the smallest size.
     ctx.set_size(sweep_sizes().next().unwrap_or(64));
-    latency(ctx, 0, WARM_UP, args.channel)?;
+    latency(ctx, 0, WARM_UP, args.channel, args.depth)?;
     let mut points = Vec::new();
     for size in sweep_sizes() {
         ctx.set_size(size);

@@ -1,6 +1,7 @@
 //! `rolex te-bench` on the in-process loopback NIC: submitting threads in
 //! domain groups of their own (`--groups`, one per thread by default), and
-//! a group count out of range refused before anything runs.
+//! a group count out of range refused before anything runs; `--channel`
+//! latency samples as whole doorbell batches of `--depth` operations.
 
 use std::process::Command;
 
@@ -62,4 +63,36 @@ fn a_group_count_out_of_range_is_refused() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_channel_times_whole_batches_of_depth_operations() {
+    let out = Command::new(BIN)
+        .args([
+            "te-bench",
+            "--op",
+            "read",
+            "--size",
+            "64",
+            "--count",
+            "999",
+            "--depth",
+            "3",
+            "--channel",
+            "--json",
+        ])
+        .output()
+        .expect("run te-bench");
+    let v = json(&out);
+    assert_eq!(v["errors"], 0, "{v}");
+    // The throughput phase: 333 batches of 3 reads; every latency sample
+    // after it a batch of 3 reads too (one round trip each).
+    let rtts = v["rtts"].as_u64().unwrap();
+    let latency_batches = rtts - 333;
+    assert!(latency_batches > 0, "{v}");
+    assert_eq!(
+        v["bytes_read"].as_u64(),
+        Some(64 * (999 + 3 * latency_batches)),
+        "{v}"
+    );
 }
