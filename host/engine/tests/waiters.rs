@@ -11,30 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
 
 use common::*;
-use rolex_engine::domain::fabric::{probe, LibfabricConfig};
 use rolex_engine::*;
-
-/// The fabrics to run on: loopback, and tcp when libfabric serves it.
-fn fabrics() -> Vec<Fabric> {
-    let mut v = vec![Fabric::Loopback(LoopbackConfig::default())];
-    match probe("tcp", Some("127.0.0.1")) {
-        Ok(()) => v.push(Fabric::Libfabric(LibfabricConfig::new(
-            "tcp",
-            Some("127.0.0.1"),
-        ))),
-        Err(e) => eprintln!("libfabric tcp skipped: {e}"),
-    }
-    v
-}
-
-fn engine_on(fabric: &Fabric) -> TransferEngine {
-    TransferEngine::new(EngineConfig {
-        fabric: fabric.clone(),
-        pin_workers: false,
-        ..EngineConfig::default()
-    })
-    .expect("engine")
-}
 
 #[test]
 fn mixed_paths_apply_every_operation_once_and_notify_once() {

@@ -6,8 +6,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rolex_engine::domain::fabric::{probe, LibfabricConfig};
 use rolex_engine::{
-    Access, CompletionFlag, MrDesc, MrHandle, OnDone, OnValue, TransferEngine, TransferError,
+    Access, CompletionFlag, EngineConfig, Fabric, LoopbackConfig, MrDesc, MrHandle, OnDone,
+    OnValue, TransferEngine, TransferError,
 };
 
 /// Generous bound for anything that should finish "at once".
@@ -66,4 +68,27 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// The fabrics to run on: loopback, and tcp when libfabric serves it.
+pub fn fabrics() -> Vec<Fabric> {
+    let mut v = vec![Fabric::Loopback(LoopbackConfig::default())];
+    match probe("tcp", Some("127.0.0.1")) {
+        Ok(()) => v.push(Fabric::Libfabric(LibfabricConfig::new(
+            "tcp",
+            Some("127.0.0.1"),
+        ))),
+        Err(e) => eprintln!("libfabric tcp skipped: {e}"),
+    }
+    v
+}
+
+/// An engine on `fabric`, workers unpinned (tests share the machine).
+pub fn engine_on(fabric: &Fabric) -> TransferEngine {
+    TransferEngine::new(EngineConfig {
+        fabric: fabric.clone(),
+        pin_workers: false,
+        ..EngineConfig::default()
+    })
+    .expect("engine")
 }

@@ -13,7 +13,8 @@
 //! Consecutive reads into one region from one peer and key are chained
 //! so on every provider whose `rma_iov_limit` allows it (`tcp`, `shm`;
 //! not EFA or verbs, whose limit is 1): one request and one response
-//! instead of one each per read. Invariant: every request handed to
+//! instead of one each per read; the chain completes as one (an error
+//! the provider reports for it is every read's). Invariant: every request handed to
 //! [`Endpoint::post`] produces exactly one completion in its sink —
 //! errors found before posting at once, the rest from the provider, a
 //! timeout, [`Endpoint::flush`] or the NIC's shutdown.
