@@ -149,7 +149,8 @@ pub struct TeBenchArgs {
     /// endpoint lock. Default: one per thread (at most 16).
     #[arg(long)]
     groups: Option<usize>,
-    /// Operations each thread keeps in flight in the throughput phase.
+    /// Operations each thread keeps in flight in the throughput phase
+    /// (1 to 65536; with `--channel`, the operations of each batch).
     #[arg(long, default_value_t = 32)]
     depth: usize,
     /// Run read/write/cas/faa as client-channel doorbell batches of
@@ -251,6 +252,10 @@ const CLIENT_BUSY_POLL_US: u64 = 1_000;
 /// How often `--serve` reports the CPU it used, when it used any.
 const SERVE_REPORT: Duration = Duration::from_secs(5);
 const MAX_REGION: u64 = 4 << 30;
+/// Largest `--depth`: each operation in flight holds a flag (or, with
+/// `--channel`, a place in the batch); far beyond what any NIC keeps in
+/// flight per thread.
+const MAX_DEPTH: usize = 1 << 16;
 /// Operations a throughput thread completes between two progress updates.
 const PROGRESS_STEP: u64 = 1024;
 /// Most domain groups of a submitting engine (`--groups`).
@@ -370,6 +375,14 @@ fn validate(args: &TeBenchArgs) -> Result<(), BenchError> {
     }
     if args.threads == 0 || args.depth == 0 || args.pages == 0 {
         return Err("--threads, --depth and --pages must be at least 1".into());
+    }
+    if args.depth > MAX_DEPTH {
+        return Err(format!(
+            "--depth must be between 1 and {MAX_DEPTH} (a flag, or with --channel an \
+             operation of the batch, per operation in flight), not {}",
+            args.depth
+        )
+        .into());
     }
     if args.count == Some(0) {
         return Err("--count must be at least 1".into());

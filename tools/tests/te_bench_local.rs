@@ -96,3 +96,14 @@ fn a_channel_times_whole_batches_of_depth_operations() {
         "{v}"
     );
 }
+
+#[test]
+fn a_depth_out_of_range_is_refused_before_anything_runs() {
+    for bad in ["0", "65537", "100000000000"] {
+        let out = te_bench(&["--depth", bad, "--channel"]);
+        assert!(!out.status.success(), "--depth {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--depth"), "--depth {bad}: {err}");
+        assert!(!err.contains("panicked"), "--depth {bad}: {err}");
+    }
+}
