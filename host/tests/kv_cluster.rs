@@ -354,7 +354,11 @@ fn pipelined_calls_across_nodes(unordered: Option<u64>) {
     let (mns, c) = cluster_with(&pairs, 3, |_, node| {
         let engine = EngineConfig {
             fabric: Fabric::Loopback(LoopbackConfig {
-                unordered: unordered.map(|seed| Unordered { seed, window: 8 }),
+                unordered: unordered.map(|seed| Unordered {
+                    seed,
+                    window: 8,
+                    writes_in_order: false,
+                }),
                 ..LoopbackConfig::default()
             }),
             ..EngineConfig::default()
@@ -564,7 +568,11 @@ fn scans_read_together_across_a_failing_node_answer_right_or_name_it() {
                         engine: EngineConfig {
                             fabric: Fabric::Loopback(LoopbackConfig {
                                 faults,
-                                unordered: unordered.then_some(Unordered { seed, window: 8 }),
+                                unordered: unordered.then_some(Unordered {
+                                    seed,
+                                    window: 8,
+                                    writes_in_order: false,
+                                }),
                                 ..LoopbackConfig::default()
                             }),
                             ..EngineConfig::default()
@@ -686,7 +694,11 @@ fn a_node_that_fails_with_unlocks_posted_keeps_its_acknowledged_writes() {
             let cfg = KvClientConfig {
                 engine: EngineConfig {
                     fabric: Fabric::Loopback(LoopbackConfig {
-                        unordered: Some(Unordered { seed, window: 8 }),
+                        unordered: Some(Unordered {
+                            seed,
+                            window: 8,
+                            writes_in_order: false,
+                        }),
                         ..LoopbackConfig::default()
                     }),
                     ..EngineConfig::default()

@@ -74,7 +74,11 @@ fn locks_held(node: &MemoryNode) -> u64 {
 fn unordered(seed: u64, latency: Duration) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
-            unordered: Some(Unordered { seed, window: 8 }),
+            unordered: Some(Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             latency,
             ..LoopbackConfig::default()
         }),

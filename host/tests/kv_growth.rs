@@ -141,7 +141,11 @@ fn run(unordered: bool, seed: u64) {
     let mut engine = rolex_host::EngineConfig::default();
     if unordered {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed, window: 8 }),
+            unordered: Some(rolex_host::Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..rolex_host::LoopbackConfig::default()
         });
     }

@@ -23,7 +23,11 @@ fn engine(unordered: bool, faults: Option<Faults>, seed: u64) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
-            unordered: unordered.then_some(Unordered { seed, window: 8 }),
+            unordered: unordered.then_some(Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()

@@ -33,7 +33,11 @@ fn engine(unordered: Option<u64>, faults: Option<Faults>) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
-            unordered: unordered.map(|seed| Unordered { seed, window: 8 }),
+            unordered: unordered.map(|seed| Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()

@@ -30,7 +30,11 @@ fn engine(unordered: bool, latency_us: u64, faults: Option<Faults>, seed: u64) -
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
             latency: Duration::from_micros(latency_us),
-            unordered: unordered.then_some(Unordered { seed, window: 8 }),
+            unordered: unordered.then_some(Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()

@@ -72,7 +72,11 @@ fn engine(latency_us: u64, faults: Option<Faults>, seed: u64) -> EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
             latency: Duration::from_micros(latency_us),
-            unordered: Some(Unordered { seed, window: 8 }),
+            unordered: Some(Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()

@@ -121,7 +121,11 @@ fn every_leaf_write_is_copied_whole_first() {
         &node,
         LockOwner(34),
         LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed: 1, window: 8 }),
+            unordered: Some(rolex_host::Unordered {
+                seed: 1,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         },
     );

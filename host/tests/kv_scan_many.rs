@@ -258,7 +258,11 @@ fn scans_of_values_read_together_while_values_are_rewritten_return_written_value
     let unordered = |seed| KvClientConfig {
         engine: EngineConfig {
             fabric: Fabric::Loopback(LoopbackConfig {
-                unordered: Some(Unordered { seed, window: 8 }),
+                unordered: Some(Unordered {
+                    seed,
+                    window: 8,
+                    writes_in_order: false,
+                }),
                 ..LoopbackConfig::default()
             }),
             ..EngineConfig::default()
@@ -619,7 +623,11 @@ fn cluster_scans_of_values_while_values_are_rewritten_leave_no_hole() {
                         KvClientConfig {
                             engine: EngineConfig {
                                 fabric: Fabric::Loopback(LoopbackConfig {
-                                    unordered: unordered.then_some(Unordered { seed, window: 8 }),
+                                    unordered: unordered.then_some(Unordered {
+                                        seed,
+                                        window: 8,
+                                        writes_in_order: false,
+                                    }),
                                     ..LoopbackConfig::default()
                                 }),
                                 ..EngineConfig::default()

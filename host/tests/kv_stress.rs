@@ -34,6 +34,7 @@ fn stress(unordered: bool, ops: u64) {
             unordered: Some(rolex_host::Unordered {
                 seed: 5,
                 window: 16,
+                writes_in_order: false,
             }),
             ..rolex_host::LoopbackConfig::default()
         });

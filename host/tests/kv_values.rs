@@ -564,7 +564,11 @@ fn give_backs_and_takes_race(unordered: bool) {
     let mut engine = rolex_host::EngineConfig::default();
     if unordered {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed: 5, window: 8 }),
+            unordered: Some(rolex_host::Unordered {
+                seed: 5,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..rolex_host::LoopbackConfig::default()
         });
     }

@@ -378,6 +378,7 @@ pub fn fabrics() -> Vec<Candidate> {
             unordered: Some(Unordered {
                 seed: 7,
                 window: 32,
+                writes_in_order: false,
             }),
         })),
     ];

@@ -473,6 +473,7 @@ fn engine_config(args: &BenchArgs) -> Result<EngineConfig, BenchError> {
             unordered: args.unordered.then_some(Unordered {
                 seed: args.data.seed,
                 window: UNORDERED_WINDOW,
+                writes_in_order: false,
             }),
             ..LoopbackConfig::default()
         }),

@@ -777,7 +777,11 @@ fn bad_configs_are_refused() {
         Err(TransferError::Config(ConfigError::NoGroups))
     ));
     let bad = LoopbackConfig {
-        unordered: Some(Unordered { seed: 1, window: 0 }),
+        unordered: Some(Unordered {
+            seed: 1,
+            window: 0,
+            writes_in_order: false,
+        }),
         ..LoopbackConfig::default()
     };
     assert!(matches!(

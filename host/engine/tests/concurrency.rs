@@ -119,7 +119,11 @@ fn unordered_engine(seed: u64, nics: usize) -> TransferEngine {
     TransferEngine::new(EngineConfig {
         nics_per_group: nics,
         fabric: Fabric::Loopback(LoopbackConfig {
-            unordered: Some(Unordered { seed, window: 16 }),
+            unordered: Some(Unordered {
+                seed,
+                window: 16,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()

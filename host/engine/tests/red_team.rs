@@ -187,6 +187,7 @@ fn many_senders_while_expectations_are_cancelled_and_rearmed_count_exactly() {
                         unordered: Some(Unordered {
                             seed: 40 + i as u64,
                             window: 8,
+                            writes_in_order: false,
                         }),
                         latency: Duration::from_micros(50),
                         ..LoopbackConfig::default()
@@ -368,7 +369,11 @@ fn faulty_shuffled_senders_end_every_expectation_once_and_consistently() {
         const TRANSFERS: u32 = 48;
         for receiver_nics in [1, 2] {
             let lb = LoopbackConfig {
-                unordered: Some(Unordered { seed: 7, window: 8 }),
+                unordered: Some(Unordered {
+                    seed: 7,
+                    window: 8,
+                    writes_in_order: false,
+                }),
                 latency: Duration::from_micros(20),
                 faults: Some(Faults {
                     probability: 0.15,
@@ -954,6 +959,7 @@ fn single_writes_deliver_exactly_the_documented_arrivals() {
                         unordered: Some(Unordered {
                             seed: sn as u64,
                             window: 4,
+                            writes_in_order: false,
                         }),
                         latency: Duration::from_micros(30),
                         ..LoopbackConfig::default()
@@ -1028,6 +1034,7 @@ fn many_senders_share_a_few_receive_buffers_then_the_receiver_dies() {
                         unordered: Some(Unordered {
                             seed: i as u64,
                             window: 4,
+                            writes_in_order: false,
                         }),
                         ..wait_long
                     }
@@ -1485,7 +1492,11 @@ fn an_engine_talks_to_itself() {
         talks_to_itself(&loopback_engine(
             2,
             LoopbackConfig {
-                unordered: Some(Unordered { seed: 1, window: 4 }),
+                unordered: Some(Unordered {
+                    seed: 1,
+                    window: 4,
+                    writes_in_order: false,
+                }),
                 latency: Duration::from_micros(20),
                 ..LoopbackConfig::default()
             },

@@ -69,6 +69,30 @@ struct WaitingSend {
     fault: Option<Fault>,
 }
 
+/// Shuffles `chunk` (in posting order) as `shuffle` would, then puts its
+/// writes back in posting order among themselves, in the places the
+/// shuffle gave writes: reads and atomics still run in any order, around
+/// and between them (`Unordered::writes_in_order`).
+fn shuffle_but_writes(chunk: &mut Vec<Posted>, rng: &mut StdRng) {
+    let is_write = |p: &Posted| matches!(p.wr.op, WorkOp::Write { .. });
+    let mut order: Vec<usize> = (0..chunk.len()).collect();
+    order.shuffle(rng);
+    let mut writes: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(|&i| is_write(&chunk[i]))
+        .collect();
+    writes.sort_unstable();
+    let mut writes = writes.into_iter();
+    for at in order.iter_mut() {
+        if is_write(&chunk[*at]) {
+            *at = writes.next().unwrap_or(*at);
+        }
+    }
+    let mut taken: Vec<Option<Posted>> = chunk.drain(..).map(Some).collect();
+    chunk.extend(order.into_iter().filter_map(|i| taken[i].take()));
+}
+
 /// A queue pair on the loopback NIC (see the module docs).
 pub struct LoopbackEndpoint {
     nic: Arc<NicState>,
@@ -486,7 +510,11 @@ impl Endpoint for LoopbackEndpoint {
                 let take = due.len().min(window);
                 let mut chunk: Vec<Posted> = due.drain(..take).collect();
                 if let Some(rng) = &mut self.rng {
-                    chunk.shuffle(rng);
+                    if self.cfg.unordered.is_some_and(|u| u.writes_in_order) {
+                        shuffle_but_writes(&mut chunk, rng);
+                    } else {
+                        chunk.shuffle(rng);
+                    }
                 }
                 for posted in chunk {
                     self.run(posted, Some(now), &mut done);

@@ -43,6 +43,14 @@ pub struct Unordered {
     pub seed: u64,
     /// Operations shuffled together (at least 1).
     pub window: usize,
+    /// Writes keep their posting order among themselves (they land in
+    /// the order they were posted; reads and atomics are shuffled among
+    /// them and each other): the order `tcp;ofi_rxm` grants (within RMA
+    /// and within atomics, not across), where the engine reports
+    /// [`writes_ordered`](crate::TransferEngine::writes_ordered) but not
+    /// [`ordered`](crate::TransferEngine::ordered). `false`: EFA's SRD,
+    /// nothing in order.
+    pub writes_in_order: bool,
 }
 
 /// Injected per-operation faults: each operation a loopback endpoint posts
@@ -247,6 +255,10 @@ impl Domain for LoopbackDomain {
         self.cfg.unordered.is_none()
     }
 
+    fn writes_ordered(&self) -> bool {
+        self.cfg.unordered.map_or(true, |u| u.writes_in_order)
+    }
+
     fn counters(&self) -> CounterSnapshot {
         self.nic.counters.snapshot()
     }
@@ -447,7 +459,11 @@ mod tests {
     fn faulty_pair(faults: Faults, unordered: bool, len: u64, access: Access) -> Faulty {
         let cfg = LoopbackConfig {
             faults: Some(faults),
-            unordered: unordered.then_some(Unordered { seed: 3, window: 8 }),
+            unordered: unordered.then_some(Unordered {
+                seed: 3,
+                window: 8,
+                writes_in_order: false,
+            }),
             ..LoopbackConfig::default()
         };
         let a = open_host(&cfg, 1).unwrap().remove(0);
@@ -598,6 +614,81 @@ mod tests {
                 small.iter().all(Result::is_ok),
                 "8-byte writes are never torn"
             );
+            a.shutdown();
+            b.shutdown();
+        }
+    }
+
+    #[test]
+    fn writes_in_order_keep_their_order_while_reads_still_move() {
+        // Batch i of 8: four writes of 4i+1..=4i+4 to word i, each followed
+        // by a read of that word.
+        const BATCHES: usize = 200;
+        for writes_in_order in [true, false] {
+            let cfg = LoopbackConfig {
+                unordered: Some(Unordered {
+                    seed: 9,
+                    window: 8,
+                    writes_in_order,
+                }),
+                ..LoopbackConfig::default()
+            };
+            let a = open_host(&cfg, 1).unwrap().remove(0);
+            let b = open_host(&LoopbackConfig::default(), 1).unwrap().remove(0);
+            assert!(!a.ordered());
+            assert_eq!(a.writes_ordered(), writes_in_order);
+            let n = BATCHES as u64 * 4;
+            let (src, dst, seen) = (region(n * 8), region(BATCHES as u64 * 8), region(n * 8));
+            for v in 0..n {
+                src.enter().unwrap().write(v * 8, &(v + 1).to_le_bytes());
+            }
+            let remote = Remote {
+                peer: b.address(),
+                rkey: b.register(&dst).unwrap(),
+                addr: dst.addr(),
+            };
+            let at = |i: u64| Remote {
+                addr: remote.addr + i * 8,
+                ..remote
+            };
+            let local = |r: &Arc<Region>, offset: u64| Local {
+                region: r.clone(),
+                offset,
+            };
+            let mut ops = Vec::new();
+            for v in 0..n {
+                let word = v / 4;
+                ops.push(WorkOp::Write {
+                    local: Some(local(&src, v * 8)),
+                    remote: at(word),
+                    len: 8,
+                    imm: None,
+                });
+                ops.push(WorkOp::Read {
+                    local: local(&seen, v * 8),
+                    remote: at(word),
+                    len: 8,
+                });
+            }
+            assert!(run_all(&a, ops).iter().all(Result::is_ok));
+            let last_wins = (0..BATCHES as u64)
+                .filter(|&i| word(&dst, i * 8) == 4 * i + 4)
+                .count();
+            // A batch's last read, posted after all its writes, saw an
+            // earlier one's value.
+            let early_reads = (0..BATCHES as u64)
+                .filter(|&i| word(&seen, (4 * i + 3) * 8) != 4 * i + 4)
+                .count();
+            println!(
+                "writes in order {writes_in_order}: last write landed last in \
+                 {last_wins}/{BATCHES} batches, last read early in {early_reads}"
+            );
+            if writes_in_order {
+                assert_eq!(last_wins, BATCHES, "writes land in posting order");
+            } else {
+                assert!(last_wins < BATCHES, "writes are shuffled too");
+            }
+            assert!(early_reads > 0, "reads still run out of order");
             a.shutdown();
             b.shutdown();
         }
