@@ -25,13 +25,14 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 
+use common::Order;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Clock, History, Record, Recorder, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvError, KvSession};
 use rolex_host::memnode::MemoryNode;
-use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
+use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 /// Keys `0, 1000, …, 63000`; the even ones loaded. Enough keys that each
 /// has few writes of unknown outcome.
@@ -53,11 +54,11 @@ struct Found {
 }
 
 /// A compute node's engine on the loopback fabric, with `faults`.
-fn engine(faults: Option<Faults>, unordered: bool, seed: u64) -> EngineConfig {
+fn engine(faults: Option<Faults>, order: Order, seed: u64) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
-            unordered: unordered.then_some(Unordered { seed, window: 8 }),
+            unordered: order.loopback(seed),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()
@@ -132,7 +133,7 @@ fn round(s: &mut KvSession, rec: &mut Recorder, rng: &mut StdRng, t: usize, firs
 /// Runs the workers against a retraining memory node with faults at
 /// `probability`, then reads every key back without faults; returns the
 /// history and what was found.
-fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
+fn run(probability: f64, order: Order, seed: u64) -> (History, Found) {
     let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node(&pairs);
     let faults = Faults {
@@ -142,7 +143,7 @@ fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
         tear_kills: false,
     };
     let cfg = KvClientConfig {
-        engine: engine(Some(faults), unordered, seed),
+        engine: engine(Some(faults), order, seed),
         lock_owner: OWNER,
         ..KvClientConfig::default()
     };
@@ -216,7 +217,7 @@ fn run(probability: f64, unordered: bool, seed: u64) -> (History, Found) {
 fn read_back(node: &MemoryNode, clock: &Arc<Clock>) -> Vec<Record> {
     let client = KvClient::connect(
         KvClientConfig {
-            engine: engine(None, false, 0),
+            engine: engine(None, Order::Ordered, 0),
             ..KvClientConfig::default()
         },
         &node.pool(),
@@ -235,12 +236,12 @@ fn read_back(node: &MemoryNode, clock: &Arc<Clock>) -> Vec<Record> {
     rec.into_records()
 }
 
-fn check(probability: f64, unordered: bool) {
+fn check(probability: f64, order: Order) {
     for seed in 1..=3 {
-        let (history, found) = run(probability, unordered, seed);
+        let (history, found) = run(probability, order, seed);
         let checked = history.check();
         println!(
-            "injected: p = {probability} per posted operation, seed {seed}, unordered {unordered}, \
+            "injected: p = {probability} per posted operation, seed {seed}, {order:?}, \
              {} operations; found: {} failed, {} chain locks left held (released between rounds), \
              {} retrains, {}",
             found.ops,
@@ -248,7 +249,10 @@ fn check(probability: f64, unordered: bool) {
             found.leaked_locks,
             found.retrains,
             match &checked {
-                Ok(c) => format!("linearizable ({} single-key ops, {} scans)", c.single_ops, c.scans),
+                Ok(c) => format!(
+                    "linearizable ({} single-key ops, {} scans)",
+                    c.single_ops, c.scans
+                ),
                 Err(v) => format!("NOT linearizable: {v}"),
             }
         );
@@ -260,10 +264,15 @@ fn check(probability: f64, unordered: bool) {
 
 #[test]
 fn fault_injected_histories_are_linearizable_on_an_ordered_fabric() {
-    check(0.005, false);
+    check(0.005, Order::Ordered);
 }
 
 #[test]
 fn fault_injected_histories_are_linearizable_on_an_unordered_fabric() {
-    check(0.005, true);
+    check(0.005, Order::Unordered);
+}
+
+#[test]
+fn fault_injected_histories_are_linearizable_on_tcps_order() {
+    check(0.005, Order::WritesInOrder);
 }

@@ -8,12 +8,12 @@ mod common;
 use rand::Rng;
 use rolex_host::kv::{KvClient, KvClientConfig};
 
-fn run(unordered: bool, seed: u64) {
+fn run(order: common::Order, seed: u64) {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2 * 1000, i)).collect();
     let mut engine = rolex_host::EngineConfig::default();
-    if unordered {
+    if order != common::Order::Ordered {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed, window: 8 }),
+            unordered: order.loopback(seed),
             ..rolex_host::LoopbackConfig::default()
         });
     }
@@ -61,13 +61,20 @@ fn run(unordered: bool, seed: u64) {
 #[test]
 fn histories_are_linearizable_on_an_ordered_fabric() {
     for seed in 1..=3 {
-        run(false, seed);
+        run(common::Order::Ordered, seed);
     }
 }
 
 #[test]
 fn histories_are_linearizable_on_an_unordered_fabric() {
     for seed in 1..=3 {
-        run(true, seed);
+        run(common::Order::Unordered, seed);
+    }
+}
+
+#[test]
+fn histories_are_linearizable_on_tcps_order() {
+    for seed in 1..=3 {
+        run(common::Order::WritesInOrder, seed);
     }
 }

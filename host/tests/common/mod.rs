@@ -9,6 +9,29 @@ mod engine;
 #[allow(unused_imports)]
 pub use engine::*;
 
+/// The order a loopback NIC keeps: which fabric's it stands in for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Everything in posting order (RC).
+    Ordered,
+    /// Nothing in order (EFA's SRD).
+    Unordered,
+    /// Writes in order among themselves, reads and atomics not
+    /// (`tcp;ofi_rxm`).
+    WritesInOrder,
+}
+
+impl Order {
+    /// The loopback setting, its shuffle seeded with `seed`.
+    pub fn loopback(self, seed: u64) -> Option<rolex_host::Unordered> {
+        (self != Order::Ordered).then_some(rolex_host::Unordered {
+            seed,
+            window: 8,
+            writes_in_order: self == Order::WritesInOrder,
+        })
+    }
+}
+
 /// 1,000 keys (0, 10, 20, …) in half-full leaves, no retraining thread:
 /// keys 160 apart are in distinct leaves, and no write of a new key
 /// splits.
@@ -29,7 +52,11 @@ pub fn steady_client(
     let mut engine = rolex_host::EngineConfig::default();
     if let Some((seed, latency)) = unordered {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered { seed, window: 8 }),
+            unordered: Some(rolex_host::Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             latency,
             ..rolex_host::LoopbackConfig::default()
         });
@@ -635,7 +662,11 @@ pub fn loopback_client(
 ) -> rolex_host::kv::KvClient {
     let engine = rolex_host::EngineConfig {
         fabric: rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: unordered.map(|seed| rolex_host::Unordered { seed, window: 8 }),
+            unordered: unordered.map(|seed| rolex_host::Unordered {
+                seed,
+                window: 8,
+                writes_in_order: false,
+            }),
             latency,
             ..rolex_host::LoopbackConfig::default()
         }),

@@ -781,8 +781,12 @@ impl KvSession {
     }
 
     /// Writes `writes` and releases `w` (locked word → `to`): in one batch
-    /// on an ordered fabric; on an unordered one, the unlock is posted
-    /// after the writes completed and not awaited. If a write fails, it
+    /// on an ordered fabric (the unlocking `CAS` behind the writes); on an
+    /// unordered one that keeps writes in order, in one batch too when the
+    /// release leaves the word it found (the unlock a WRITE of that word
+    /// behind the writes: [`Self::unlocks_by_write`]); on any other
+    /// unordered fabric the unlock is posted after the writes completed
+    /// and not awaited. If a write fails, it
     /// may have landed in part (a link that broke in the middle of it), so
     /// the lock is kept until `writes` are written again whole, then
     /// released to `to` ([`Self::lost_release`]): at once if that works
@@ -797,11 +801,24 @@ impl KvSession {
         writes: &[(u64, &[u8])],
         to: u64,
     ) -> Result<(), KvError> {
-        let mut ops = match self.io.stage_writes(writes) {
+        let by_write = self.unlocks_by_write(w, to);
+        let word = to.to_le_bytes();
+        let with_word: Vec<(u64, &[u8])>;
+        let staged = if by_write {
+            with_word = writes
+                .iter()
+                .copied()
+                .chain([(w.lt_off, &word[..])])
+                .collect();
+            &with_word[..]
+        } else {
+            writes
+        };
+        let mut ops = match self.io.stage_writes(staged) {
             Ok(ops) => ops,
             Err(e) => return Err(self.unlock_after(w, e)),
         };
-        if !self.shared.ordered {
+        if !self.shared.ordered && !by_write {
             return match self.write(&ops, "writing a locked chain") {
                 Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
                 Written::Not(e) => Err(self.unlock_after(w, e)),
@@ -809,17 +826,25 @@ impl KvSession {
             };
         }
         let during = "writing and unlocking";
-        ops.push(Op::Cas {
-            remote: w.lt_off,
-            expected: w.locked,
-            new: to,
-        });
+        if !by_write {
+            ops.push(Op::Cas {
+                remote: w.lt_off,
+                expected: w.locked,
+                new: to,
+            });
+        }
         let (write_err, got) = match self.io.run_each(&self.shared.pool, &ops, during) {
             Ok(r) => {
-                let (cas, data) = r.split_last().unwrap_or((&Ok(0), &[]));
+                let (last, data) = r.split_last().unwrap_or((&Ok(0), &[]));
                 let write_err =
                     super::first_error(data).map(|error| KvError::Transfer { during, error });
-                (write_err, cas.clone())
+                // The word's WRITE completed: it left `to` over our locked
+                // word, as the `CAS` that found it would have.
+                let got = match last {
+                    Ok(_) if by_write => Ok(w.locked),
+                    other => other.clone(),
+                };
+                (write_err, got)
             }
             // Nothing posted, nothing written: release it unchanged.
             Err(e) => return Err(self.unlock_after(w, e)),
@@ -831,6 +856,34 @@ impl KvSession {
             (None, Err(e)) => Err(e.indeterminate()),
             (_, r) => r,
         }
+    }
+
+    /// Whether the release of `w` to `to` goes as a WRITE of `to` in the
+    /// batch of its leaf writes, on an unordered fabric that keeps one
+    /// peer's writes in posting order (`tcp;ofi_rxm` grants the order
+    /// within RMA and within atomics, not across them): the word then
+    /// lands after the leaves are placed, as a `CAS` behind them does on
+    /// an ordered fabric, and the write costs one round trip with its
+    /// release — no unlock posted after it (over `tcp` one message and
+    /// acknowledgement fewer, and no completion for the worker to see).
+    ///
+    /// Only for a release that leaves the word the lock found (`to` is
+    /// `w.unlocked`: every write but a split's): the locked word then
+    /// differs from it in the lock bit and the owner alone. Nobody else
+    /// changes a locked word (other writers' `CAS`es expect an unlocked
+    /// one and fail), so writing it instead of swapping it loses nothing;
+    /// and should the target place the word's bytes in more than one
+    /// piece (a stream transport places an RMA write's payload in order as
+    /// it arrives), no `CAS` can take the lock before the last byte — the
+    /// one holding the lock bit — is placed, and every byte placed after
+    /// that one is the same in both words. What it gives up: an unlocking
+    /// `CAS` would see if the word had changed (a lease the memory node
+    /// ended and released meanwhile); a WRITE overwrites it, as the leaf
+    /// writes before it would. A fenced holder's late WRITEs are refused
+    /// by the memory node's per-lease keys where it gives them
+    /// (`LeaseKeys`), the leaves' and the word's alike.
+    fn unlocks_by_write(&self, w: LockWord, to: u64) -> bool {
+        !self.shared.ordered && self.shared.writes_ordered && to == w.unlocked.raw()
     }
 
     /// Plans the release of a pipelined batch's locks together: one
