@@ -38,6 +38,10 @@ pub struct RecordSpace {
     ready_bytes: u64,
     waiting_bytes: u64,
     reused: u64,
+    /// [`Self::largest_eventually`]'s answer while nothing was allocated,
+    /// retired or given back since (the grace periods ending do not
+    /// change it).
+    eventually: Option<u64>,
 }
 
 impl RecordSpace {
@@ -54,6 +58,7 @@ impl RecordSpace {
             ready_bytes: 0,
             waiting_bytes: 0,
             reused: 0,
+            eventually: None,
         }
     }
 
@@ -82,6 +87,7 @@ impl RecordSpace {
     /// Gives back the record `[at, at + size)`, retired at `now`: reusable
     /// from `now + grace`.
     pub fn retire(&mut self, at: u64, size: u64, now: u64) {
+        self.eventually = None;
         self.waiting_bytes += size;
         self.waiting
             .push_back((at, size, now.saturating_add(self.grace_ns)));
@@ -132,15 +138,25 @@ impl RecordSpace {
     }
 
     /// The largest record that will fit once every retired record's grace
-    /// period has passed (nothing else changing).
-    pub fn largest_eventually(&self) -> u64 {
+    /// period has passed (nothing else changing). Worked out on a copy of
+    /// the space once, then kept until the space changes: the agent asks
+    /// on every refused retraining, of every model, which on a region full
+    /// of records in their grace period would copy and merge them all
+    /// each time.
+    pub fn largest_eventually(&mut self) -> u64 {
+        if let Some(n) = self.eventually {
+            return n;
+        }
         let mut all = self.clone();
-        all.largest(u64::MAX)
+        let n = all.largest(u64::MAX);
+        self.eventually = Some(n);
+        n
     }
 
     /// Room for a record of `size` bytes at `now`: the first reusable block
     /// that fits, else past the bump pointer; `None` if neither has room.
     pub fn alloc(&mut self, size: u64, now: u64) -> Option<u64> {
+        self.eventually = None;
         self.expire(now);
         let fit = self
             .ready
@@ -168,6 +184,7 @@ impl RecordSpace {
     /// Gives back `[at, at + size)` at once, never seen by a compute node
     /// (a record built and then abandoned before its switch).
     pub fn unused(&mut self, at: u64, size: u64) {
+        self.eventually = None;
         self.release(at, size);
     }
 }
@@ -194,6 +211,14 @@ mod tests {
         s.retire(1400, 100, 60);
         assert_eq!(s.largest(60), 500);
         assert_eq!(s.largest_eventually(), 600);
+        // Kept until the space changes; each change is seen.
+        assert_eq!(s.largest_eventually(), 600);
+        assert_eq!(s.alloc(500, 60), Some(1500));
+        assert_eq!(s.largest_eventually(), 100);
+        s.retire(1500, 500, 70);
+        assert_eq!(s.largest_eventually(), 600);
+        s.unused(b, 200);
+        assert_eq!(s.largest_eventually(), 880);
     }
 
     #[test]
