@@ -45,13 +45,24 @@ impl Drop for Guard {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a child to
+/// listen on. Taken below Linux's ephemeral range (32768 and up by
+/// default), where the kernel does not hand ports out on its own: a port
+/// the kernel picked (`bind` to port 0) and that was let go could be
+/// given to another test's outgoing connection — libfabric's `tcp`
+/// makes several per engine — before the child binds it ("Address
+/// already in use", seen in `bad_files`). Drawn at random per process,
+/// checked free by binding it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(20_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000 on 127.0.0.1")
 }
 
 /// Lines a child process printed, kept as they come.
