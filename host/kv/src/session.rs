@@ -53,7 +53,10 @@
 //! - ordered fabric: batch 1 = CAS + READ state + READ chain (the READs run
 //!   after the CAS); batch 2 = WRITE the leaves + CAS unlock (after the
 //!   data): **2 round trips**.
-//! - unordered fabric: CAS (1), READ chain (2), WRITE leaves (3), then the
+//! - unordered fabric: CAS (1), READ state + READ chain (2: the state is
+//!   read while the lock is held, and the READs chain into one request on
+//!   a provider that chains reads; a `CAS` that met another lock reads the
+//!   state alone), WRITE leaves (3), then the
 //!   unlock is posted once the data is written and not awaited: a later
 //!   read sees the write without it, and the session's next lock of the
 //!   same chain waits for it first (so no write of this session overtakes
@@ -1932,15 +1935,6 @@ impl KvSession {
             op: "write",
             attempts: self.shared.cfg.max_attempts,
         })
-    }
-
-    /// READs the leaves of `self.chain` in one round trip.
-    fn read_chain(&mut self) -> Result<LeafReads, KvError> {
-        let mut ops = Vec::new();
-        let batch = self.plan_reads(8, &mut ops)?;
-        self.io
-            .run(&self.shared.pool, &ops, "reading a locked chain")?;
-        Ok(batch)
     }
 
     /// Holding `lock` on chain `at` (its leaves in the read buffer as

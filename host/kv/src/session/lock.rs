@@ -229,21 +229,19 @@ impl KvSession {
         attempt: u64,
         block: &mut Option<Op>,
     ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
-        let ordered = self.shared.ordered;
         let mut ops = Vec::new();
         let Some(planned) = self.plan_lock(at, attempt, 0, &mut ops)? else {
             return Ok(None);
         };
-        let batch = if ordered {
-            match self.plan_reads(IDENTITY_LEN, &mut ops) {
-                Ok(batch) => batch,
-                Err(e) => {
-                    planned.not_posted();
-                    return Err(e);
-                }
+        if !self.shared.ordered {
+            return self.lock_chain_unordered(at, attempt, block, planned, ops);
+        }
+        let batch = match self.plan_reads(IDENTITY_LEN, &mut ops) {
+            Ok(batch) => batch,
+            Err(e) => {
+                planned.not_posted();
+                return Err(e);
             }
-        } else {
-            Vec::new()
         };
         let value_write = block.is_some().then_some(ops.len());
         ops.extend(block.iter().copied());
@@ -263,12 +261,102 @@ impl KvSession {
         let Some(lock) = self.lock_taken(at, planned, attempt, reply)? else {
             return Ok(None);
         };
-        if ordered {
-            return Ok(Some((lock, batch)));
-        }
-        match self.read_chain() {
-            Ok(batch) => Ok(Some((lock, batch))),
-            Err(e) => Err(lock.abort(self, e)),
+        Ok(Some((lock, batch)))
+    }
+
+    /// [`Self::lock_chain`] on an unordered fabric, where a READ in the
+    /// `CAS`'s batch may run before it: the `CAS` goes alone (with the
+    /// value block's WRITE), and once it took the lock the record's READ
+    /// (`ops[1]`, as [`Self::plan_lock`] pushed it) and the chain's READs
+    /// go together — consecutive READs of the pool, which a provider that
+    /// chains reads sends as one request (`tcp`: one message each way
+    /// fewer per write than the record's READ beside the `CAS`), the
+    /// record then checked while the lock is held. A `CAS` that met
+    /// another lock reads the record alone (a retired record's entries
+    /// stay locked: the view is then refreshed, not waited on); one that
+    /// failed otherwise needs no record. Same round trips as before for a
+    /// lock taken: the `CAS`, the reads, then the write.
+    fn lock_chain_unordered(
+        &mut self,
+        at: &ChainAt,
+        attempt: u64,
+        block: &mut Option<Op>,
+        planned: PlannedLock,
+        mut ops: Vec<Op>,
+    ) -> Result<Option<(ChainLock, LeafReads)>, KvError> {
+        let Some(record_op) = ops.pop().filter(|_| ops.len() == 1) else {
+            let model = planned.word.model;
+            planned.not_posted();
+            return Err(KvError::Inconsistent {
+                what: "a lock was planned without its record's READ",
+                model,
+            });
+        };
+        let value_write = block.is_some().then_some(ops.len());
+        ops.extend(block.iter().copied());
+        let cas = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
+            Ok(r) => {
+                if value_write.is_some_and(|i| r[i].is_ok()) {
+                    *block = None;
+                }
+                r[0].clone()
+            }
+            Err(e) => {
+                planned.not_posted();
+                return Err(e);
+            }
+        };
+        let unlocked = planned.word.unlocked.raw();
+        let first = LockReply {
+            cas: cas.clone(),
+            record: Err(KvError::Inconsistent {
+                what: "a lock's record was not read",
+                model: planned.word.model,
+            }),
+        };
+        let mut batch = Vec::new();
+        let mut chain_err = None;
+        let reply = match cas {
+            Ok(old) if old == unlocked => {
+                let mut reads = vec![record_op];
+                let landed = match self.plan_reads(IDENTITY_LEN, &mut reads) {
+                    Ok(b) => {
+                        batch = b;
+                        self.io
+                            .run_each(&self.shared.pool, &reads, "reading a locked chain")
+                            .map(<[_]>::to_vec)
+                    }
+                    Err(e) => Err(e),
+                };
+                match landed {
+                    Ok(r) => {
+                        chain_err = super::first_error(&r[1..]).map(|error| KvError::Transfer {
+                            during: "reading a locked chain",
+                            error,
+                        });
+                        self.lock_reply_after(&planned, first, Ok(&r[..1]))
+                    }
+                    Err(e) => self.lock_reply_after(&planned, first, Err(e)),
+                }
+            }
+            Ok(old) if LtEntry::from_raw(old).is_locked() => {
+                let landed = self
+                    .io
+                    .run_each(&self.shared.pool, &[record_op], "locking a chain")
+                    .map(<[_]>::to_vec);
+                match landed {
+                    Ok(r) => self.lock_reply_after(&planned, first, Ok(&r)),
+                    Err(e) => self.lock_reply_after(&planned, first, Err(e)),
+                }
+            }
+            _ => first,
+        };
+        let Some(lock) = self.lock_taken(at, planned, attempt, reply)? else {
+            return Ok(None);
+        };
+        match chain_err {
+            None => Ok(Some((lock, batch))),
+            Some(e) => Err(lock.abort(self, e)),
         }
     }
 
