@@ -294,12 +294,16 @@ impl KvSession {
         };
         let value_write = block.is_some().then_some(ops.len());
         ops.extend(block.iter().copied());
-        let cas = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
+        // The value block's WRITE counts as one of the lock's READs did
+        // beside the `CAS`: a failed one fails the lock (released), so no
+        // leaf is written naming a block that may not have landed.
+        let (cas, block_err) = match self.io.run_each(&self.shared.pool, &ops, "locking a chain") {
             Ok(r) => {
-                if value_write.is_some_and(|i| r[i].is_ok()) {
+                let block_err = value_write.and_then(|i| r[i].clone().err());
+                if value_write.is_some() && block_err.is_none() {
                     *block = None;
                 }
-                r[0].clone()
+                (r[0].clone(), block_err)
             }
             Err(e) => {
                 planned.not_posted();
@@ -316,8 +320,17 @@ impl KvSession {
         };
         let mut batch = Vec::new();
         let mut chain_err = None;
-        let reply = match cas {
-            Ok(old) if old == unlocked => {
+        let locked = |old: u64| old == unlocked || LtEntry::from_raw(old).is_locked();
+        let reply = match (cas, block_err) {
+            (Ok(old), Some(error)) if locked(old) => self.lock_reply_after(
+                &planned,
+                first,
+                Err(KvError::Transfer {
+                    during: "locking a chain",
+                    error,
+                }),
+            ),
+            (Ok(old), None) if old == unlocked => {
                 let mut reads = vec![record_op];
                 let landed = match self.plan_reads(IDENTITY_LEN, &mut reads) {
                     Ok(b) => {
@@ -339,7 +352,7 @@ impl KvSession {
                     Err(e) => self.lock_reply_after(&planned, first, Err(e)),
                 }
             }
-            Ok(old) if LtEntry::from_raw(old).is_locked() => {
+            (Ok(old), None) if LtEntry::from_raw(old).is_locked() => {
                 let landed = self
                     .io
                     .run_each(&self.shared.pool, &[record_op], "locking a chain")
