@@ -71,14 +71,16 @@ impl LockWord {
 /// A chain this session holds locked. It is released exactly once,
 /// through this guard:
 /// - a write that changed its leaves: [`ChainLock::release`] with the
-///   writes (one batch with the unlocking `CAS` on an ordered fabric; on an
-///   unordered one the `CAS` is posted once the writes completed);
+///   writes (one batch with the unlocking `CAS` on an ordered fabric, or
+///   with a WRITE of the word on an unordered one that keeps writes in
+///   order, `tcp`; on another unordered one, EFA, the `CAS` is posted once
+///   the writes completed);
 /// - a split whose leaves are written: [`ChainLock::post_release`];
 /// - the locks of a pipelined batch (module `pipeline`):
 ///   [`KvSession::plan_release_many`] then [`KvSession::released_many`],
 ///   each with its leaf write or unchanged, all in one batch (on an
-///   unordered fabric the leaf writes in one batch, each unlock posted
-///   once its write completed);
+///   unordered fabric that does not keep writes in order the leaf writes
+///   in one batch, each unlock posted once its write completed);
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -984,7 +986,14 @@ impl KvSession {
     /// by the memory node's per-lease keys where it gives them
     /// (`LeaseKeys`), the leaves' and the word's alike.
     fn unlocks_by_write(&self, w: LockWord, to: u64) -> bool {
-        !self.shared.ordered && self.shared.writes_ordered && to == w.unlocked.raw()
+        self.releases_by_write() && to == w.unlocked.raw()
+    }
+
+    /// Whether this client's releases that leave the word their lock
+    /// found go as WRITEs ([`Self::unlocks_by_write`]): on an unordered
+    /// fabric that keeps writes in order.
+    fn releases_by_write(&self) -> bool {
+        !self.shared.ordered && self.shared.writes_ordered
     }
 
     /// Plans the release of a pipelined batch's locks together: one
@@ -992,7 +1001,9 @@ impl KvSession {
     /// has one (pool offset, bytes, staged in the write buffer here), then
     /// — on an ordered fabric — its unlocking `CAS` back to the word it
     /// held before the lock (the fabric applies them in posting order, so
-    /// each unlock lands after its own data). On an unordered fabric the
+    /// each unlock lands after its own data); on an unordered fabric that
+    /// keeps writes in order, a WRITE of that word instead
+    /// ([`Self::unlocks_by_write`]). On any other unordered fabric the
     /// batch is the leaf WRITEs alone: each unlock is posted by
     /// [`Self::released_many`] once its WRITE completed. The guards are
     /// spent: from here on [`Self::released_many`] settles every lock,
@@ -1003,10 +1014,23 @@ impl KvSession {
         locks: Vec<(ChainLock, Option<LeafWrite>)>,
     ) -> Releases {
         let ordered = self.shared.ordered;
-        let writes: Vec<(u64, &[u8])> = locks
+        // Each release leaves the word its lock found: on an unordered
+        // fabric that keeps writes in order, a WRITE of it behind the
+        // lock's leaf (`unlocks_by_write`).
+        let by_write = self.releases_by_write();
+        let unlocked: Vec<[u8; 8]> = locks
             .iter()
-            .filter_map(|(_, w)| w.as_ref().map(|(off, b)| (*off, b.as_slice())))
+            .map(|(lock, _)| lock.word.unlocked.raw().to_le_bytes())
             .collect();
+        let mut writes: Vec<(u64, &[u8])> = Vec::with_capacity(locks.len() * 2);
+        for ((lock, write), word) in locks.iter().zip(&unlocked) {
+            if let Some((off, b)) = write {
+                writes.push((*off, b.as_slice()));
+            }
+            if by_write {
+                writes.push((lock.word.lt_off, &word[..]));
+            }
+        }
         let staged = self.io.stage_writes(&writes);
         drop(writes);
         let words: Vec<(LockWord, Option<LeafWrite>)> = locks
@@ -1014,6 +1038,10 @@ impl KvSession {
             .map(|(lock, write)| (lock.spend(), write))
             .collect();
         let ops = staged.map(|data| {
+            if by_write {
+                // In order already: each leaf's WRITE, then its word's.
+                return data;
+            }
             let mut ops = Vec::with_capacity(data.len() + words.len());
             let mut data = data.into_iter();
             for (w, write) in &words {
@@ -1041,7 +1069,9 @@ impl KvSession {
     /// error of a lock whose write was posted is indeterminate; a batch
     /// that could not be staged or posted releases each lock unchanged
     /// ([`Self::unlock_after`]: nothing was written). On an unordered
-    /// fabric each unlock is posted here and not awaited, as
+    /// fabric that does not keep writes in order (where the batch had no
+    /// unlocks: [`Self::releases_by_write`]) each unlock is posted here
+    /// and not awaited, as
     /// [`ChainLock::release`] and [`ChainLock::release_unchanged`] post
     /// theirs: after its leaf write completed, or unchanged (a lock
     /// without a write, or whose write failed: then the error is
@@ -1052,6 +1082,7 @@ impl KvSession {
         posted: Result<&[Result<u64, TransferError>], KvError>,
     ) -> Vec<Result<(), KvError>> {
         let during = "writing and unlocking";
+        let by_write = self.releases_by_write();
         let Releases { words, ops } = releases;
         let results = match ops.and(posted) {
             Ok(r) => r,
@@ -1076,7 +1107,7 @@ impl KvSession {
                 None
             };
             let to = w.unlocked.raw();
-            if !self.shared.ordered {
+            if !self.shared.ordered && !by_write {
                 out.push(match (write_err, write) {
                     (Some(e), Some(write)) => {
                         self.release_after_failed_writes(w, to, e, vec![write])
@@ -1086,7 +1117,11 @@ impl KvSession {
                 });
                 continue;
             }
-            let got = results.next().unwrap_or(Ok(w.locked));
+            let got = match results.next().unwrap_or(Ok(w.locked)) {
+                // The word's WRITE completed: as a `CAS` that found it.
+                Ok(_) if by_write => Ok(w.locked),
+                got => got,
+            };
             let rewrite = write.as_ref().map(|(off, b)| (*off, b.as_slice()));
             let r = self.unlocked(w, to, got, write_err.clone(), rewrite.as_slice());
             out.push(match (wrote, write_err, r) {
