@@ -12,22 +12,28 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::Order;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
 use rolex_host::kv::{KvClient, KvClientConfig, KvOp, KvSession, Request};
-use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig, Unordered};
+use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 fn engine(unordered: bool, faults: Option<Faults>, seed: u64) -> EngineConfig {
+    let order = if unordered {
+        Order::Unordered
+    } else {
+        Order::Ordered
+    };
+    engine_in(order, faults, seed)
+}
+
+fn engine_in(order: Order, faults: Option<Faults>, seed: u64) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
-            unordered: unordered.then_some(Unordered {
-                seed,
-                window: 8,
-                writes_in_order: false,
-            }),
+            unordered: order.loopback(seed),
             ..LoopbackConfig::default()
         }),
         ..EngineConfig::default()
@@ -316,12 +322,12 @@ fn answers_follow_request_order_within_a_call_on_an_unordered_fabric() {
 /// to 8 mixed requests over 24 keys (chains collide), while a retrainer
 /// retrains every model again and again: the history (each request of a
 /// call invoked at its start and returned at its end) is linearizable.
-fn concurrent_batches(unordered: bool, seed: u64) {
+fn concurrent_batches(order: Order, seed: u64) {
     let keys = 24u64;
     let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
     let cfg = KvClientConfig {
-        engine: engine(unordered, None, seed),
+        engine: engine_in(order, None, seed),
         model_max_age: std::time::Duration::from_millis(5),
         ..KvClientConfig::default()
     };
@@ -353,7 +359,7 @@ fn concurrent_batches(unordered: bool, seed: u64) {
     );
     let st: Vec<_> = clients.iter().map(|c| c.stats().total()).collect();
     eprintln!(
-        "unordered {unordered} seed {seed}: {} ops checked, {retrains} retrains, round trips per request {:.2}, retries {}",
+        "{order:?} seed {seed}: {} ops checked, {retrains} retrains, round trips per request {:.2}, retries {}",
         checked.single_ops,
         st.iter().map(|s| s.rtts).sum::<u64>() as f64 / st.iter().map(|s| s.ops).sum::<u64>() as f64,
         st.iter().map(|s| s.retries).sum::<u64>()
@@ -369,14 +375,21 @@ fn concurrent_batches(unordered: bool, seed: u64) {
 #[test]
 fn concurrent_batches_are_linearizable_on_an_ordered_fabric() {
     for seed in 1..=3 {
-        concurrent_batches(false, seed);
+        concurrent_batches(Order::Ordered, seed);
     }
 }
 
 #[test]
 fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
     for seed in 1..=3 {
-        concurrent_batches(true, seed);
+        concurrent_batches(Order::Unordered, seed);
+    }
+}
+
+#[test]
+fn concurrent_batches_are_linearizable_on_tcps_order() {
+    for seed in 1..=3 {
+        concurrent_batches(Order::WritesInOrder, seed);
     }
 }
 
@@ -387,7 +400,7 @@ fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
 /// once the threads flushed, no lock is maybe held and no LT word is
 /// locked. Faults at `probability`, and leaf writes torn at `torn` (a
 /// prefix lands, the rest of the batch fails: `Faults::torn`).
-fn batches_under_injected_faults(unordered: bool, (probability, torn): (f64, f64)) {
+fn batches_under_injected_faults(order: Order, (probability, torn): (f64, f64)) {
     const OWNER: LockOwner = LockOwner(9);
     let keys = 48u64;
     let all: Vec<u64> = (0..keys).map(|k| k * 1000).collect();
@@ -396,7 +409,7 @@ fn batches_under_injected_faults(unordered: bool, (probability, torn): (f64, f64
         let node = common::churning_node(&pairs);
         let clients = [0, 1].map(|client| {
             common::faulty_client(&node, (seed, client, probability), OWNER, |faults| {
-                engine(unordered, Some(Faults { torn, ..faults }), seed)
+                engine_in(order, Some(Faults { torn, ..faults }), seed)
             })
         });
         let (checked, f) = common::faulty_history(
@@ -436,7 +449,7 @@ fn batches_under_injected_faults(unordered: bool, (probability, torn): (f64, f64
         let rtts: u64 = clients.iter().map(|c| c.stats().total().rtts).sum();
         let ops: u64 = clients.iter().map(|c| c.stats().total().ops).sum();
         println!(
-            "unordered {unordered} seed {seed}: {} requests failed ({} may have \
+            "{order:?} seed {seed}: {} requests failed ({} may have \
              applied) of {} checked; round trips per request {:.2}",
             f.failed,
             f.unknown,
@@ -448,24 +461,34 @@ fn batches_under_injected_faults(unordered: bool, (probability, torn): (f64, f64
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
-    batches_under_injected_faults(false, (0.01, 0.0));
+    batches_under_injected_faults(Order::Ordered, (0.01, 0.0));
 }
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_unordered() {
-    batches_under_injected_faults(true, (0.01, 0.0));
+    batches_under_injected_faults(Order::Unordered, (0.01, 0.0));
+}
+
+#[test]
+fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_on_tcps_order() {
+    batches_under_injected_faults(Order::WritesInOrder, (0.01, 0.0));
 }
 
 /// Leaf writes torn by a broken link are written again whole before
 /// their locks are released: every key reads back.
 #[test]
 fn batches_with_torn_leaf_writes_lose_no_write() {
-    batches_under_injected_faults(false, (0.0, 0.05));
+    batches_under_injected_faults(Order::Ordered, (0.0, 0.05));
 }
 
 #[test]
 fn batches_with_torn_leaf_writes_lose_no_write_unordered() {
-    batches_under_injected_faults(true, (0.0, 0.05));
+    batches_under_injected_faults(Order::Unordered, (0.0, 0.05));
+}
+
+#[test]
+fn batches_with_torn_leaf_writes_lose_no_write_on_tcps_order() {
+    batches_under_injected_faults(Order::WritesInOrder, (0.0, 0.05));
 }
 
 /// Sessions dropped right after a call of writes on an unordered fabric,
