@@ -25,7 +25,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 
-use common::Order;
+use common::Delivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Clock, History, Record, Recorder, Ret};
@@ -54,7 +54,7 @@ struct Found {
 }
 
 /// A compute node's engine on the loopback fabric, with `faults`.
-fn engine(faults: Option<Faults>, order: Order, seed: u64) -> EngineConfig {
+fn engine(faults: Option<Faults>, order: Delivery, seed: u64) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
@@ -133,7 +133,7 @@ fn round(s: &mut KvSession, rec: &mut Recorder, rng: &mut StdRng, t: usize, firs
 /// Runs the workers against a retraining memory node with faults at
 /// `probability`, then reads every key back without faults; returns the
 /// history and what was found.
-fn run(probability: f64, order: Order, seed: u64) -> (History, Found) {
+fn run(probability: f64, order: Delivery, seed: u64) -> (History, Found) {
     let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node(&pairs);
     let faults = Faults {
@@ -217,7 +217,7 @@ fn run(probability: f64, order: Order, seed: u64) -> (History, Found) {
 fn read_back(node: &MemoryNode, clock: &Arc<Clock>) -> Vec<Record> {
     let client = KvClient::connect(
         KvClientConfig {
-            engine: engine(None, Order::Ordered, 0),
+            engine: engine(None, Delivery::Ordered, 0),
             ..KvClientConfig::default()
         },
         &node.pool(),
@@ -236,7 +236,7 @@ fn read_back(node: &MemoryNode, clock: &Arc<Clock>) -> Vec<Record> {
     rec.into_records()
 }
 
-fn check(probability: f64, order: Order) {
+fn check(probability: f64, order: Delivery) {
     for seed in 1..=3 {
         let (history, found) = run(probability, order, seed);
         let checked = history.check();
@@ -264,15 +264,15 @@ fn check(probability: f64, order: Order) {
 
 #[test]
 fn fault_injected_histories_are_linearizable_on_an_ordered_fabric() {
-    check(0.005, Order::Ordered);
+    check(0.005, Delivery::Ordered);
 }
 
 #[test]
 fn fault_injected_histories_are_linearizable_on_an_unordered_fabric() {
-    check(0.005, Order::Unordered);
+    check(0.005, Delivery::Unordered);
 }
 
 #[test]
 fn fault_injected_histories_are_linearizable_on_tcps_order() {
-    check(0.005, Order::WritesInOrder);
+    check(0.005, Delivery::WritesInOrder);
 }

@@ -8,10 +8,10 @@ mod common;
 use rand::Rng;
 use rolex_host::kv::{KvClient, KvClientConfig};
 
-fn run(order: common::Order, seed: u64) {
+fn run(order: common::Delivery, seed: u64) {
     let pairs: Vec<(u64, u64)> = (0..12u64).map(|i| (i * 2 * 1000, i)).collect();
     let mut engine = rolex_host::EngineConfig::default();
-    if order != common::Order::Ordered {
+    if order != common::Delivery::Ordered {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
             unordered: order.loopback(seed),
             ..rolex_host::LoopbackConfig::default()
@@ -61,20 +61,20 @@ fn run(order: common::Order, seed: u64) {
 #[test]
 fn histories_are_linearizable_on_an_ordered_fabric() {
     for seed in 1..=3 {
-        run(common::Order::Ordered, seed);
+        run(common::Delivery::Ordered, seed);
     }
 }
 
 #[test]
 fn histories_are_linearizable_on_an_unordered_fabric() {
     for seed in 1..=3 {
-        run(common::Order::Unordered, seed);
+        run(common::Delivery::Unordered, seed);
     }
 }
 
 #[test]
 fn histories_are_linearizable_on_tcps_order() {
     for seed in 1..=3 {
-        run(common::Order::WritesInOrder, seed);
+        run(common::Delivery::WritesInOrder, seed);
     }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::Order;
+use common::Delivery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolex_checker::{Call, Ret};
@@ -22,14 +22,14 @@ use rolex_host::{EngineConfig, Fabric, Faults, LoopbackConfig};
 
 fn engine(unordered: bool, faults: Option<Faults>, seed: u64) -> EngineConfig {
     let order = if unordered {
-        Order::Unordered
+        Delivery::Unordered
     } else {
-        Order::Ordered
+        Delivery::Ordered
     };
     engine_in(order, faults, seed)
 }
 
-fn engine_in(order: Order, faults: Option<Faults>, seed: u64) -> EngineConfig {
+fn engine_in(order: Delivery, faults: Option<Faults>, seed: u64) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults,
@@ -322,7 +322,7 @@ fn answers_follow_request_order_within_a_call_on_an_unordered_fabric() {
 /// to 8 mixed requests over 24 keys (chains collide), while a retrainer
 /// retrains every model again and again: the history (each request of a
 /// call invoked at its start and returned at its end) is linearizable.
-fn concurrent_batches(order: Order, seed: u64) {
+fn concurrent_batches(order: Delivery, seed: u64) {
     let keys = 24u64;
     let pairs: Vec<(u64, u64)> = (0..keys / 2).map(|i| (i * 2 * 1000, i)).collect();
     let node = common::churning_node_with_grace(&pairs, std::time::Duration::from_millis(20));
@@ -375,21 +375,21 @@ fn concurrent_batches(order: Order, seed: u64) {
 #[test]
 fn concurrent_batches_are_linearizable_on_an_ordered_fabric() {
     for seed in 1..=3 {
-        concurrent_batches(Order::Ordered, seed);
+        concurrent_batches(Delivery::Ordered, seed);
     }
 }
 
 #[test]
 fn concurrent_batches_are_linearizable_on_an_unordered_fabric() {
     for seed in 1..=3 {
-        concurrent_batches(Order::Unordered, seed);
+        concurrent_batches(Delivery::Unordered, seed);
     }
 }
 
 #[test]
 fn concurrent_batches_are_linearizable_on_tcps_order() {
     for seed in 1..=3 {
-        concurrent_batches(Order::WritesInOrder, seed);
+        concurrent_batches(Delivery::WritesInOrder, seed);
     }
 }
 
@@ -400,7 +400,7 @@ fn concurrent_batches_are_linearizable_on_tcps_order() {
 /// once the threads flushed, no lock is maybe held and no LT word is
 /// locked. Faults at `probability`, and leaf writes torn at `torn` (a
 /// prefix lands, the rest of the batch fails: `Faults::torn`).
-fn batches_under_injected_faults(order: Order, (probability, torn): (f64, f64)) {
+fn batches_under_injected_faults(order: Delivery, (probability, torn): (f64, f64)) {
     const OWNER: LockOwner = LockOwner(9);
     let keys = 48u64;
     let all: Vec<u64> = (0..keys).map(|k| k * 1000).collect();
@@ -461,34 +461,34 @@ fn batches_under_injected_faults(order: Order, (probability, torn): (f64, f64)) 
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write() {
-    batches_under_injected_faults(Order::Ordered, (0.01, 0.0));
+    batches_under_injected_faults(Delivery::Ordered, (0.01, 0.0));
 }
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_unordered() {
-    batches_under_injected_faults(Order::Unordered, (0.01, 0.0));
+    batches_under_injected_faults(Delivery::Unordered, (0.01, 0.0));
 }
 
 #[test]
 fn batches_under_injected_faults_leave_no_lock_and_lose_no_write_on_tcps_order() {
-    batches_under_injected_faults(Order::WritesInOrder, (0.01, 0.0));
+    batches_under_injected_faults(Delivery::WritesInOrder, (0.01, 0.0));
 }
 
 /// Leaf writes torn by a broken link are written again whole before
 /// their locks are released: every key reads back.
 #[test]
 fn batches_with_torn_leaf_writes_lose_no_write() {
-    batches_under_injected_faults(Order::Ordered, (0.0, 0.05));
+    batches_under_injected_faults(Delivery::Ordered, (0.0, 0.05));
 }
 
 #[test]
 fn batches_with_torn_leaf_writes_lose_no_write_unordered() {
-    batches_under_injected_faults(Order::Unordered, (0.0, 0.05));
+    batches_under_injected_faults(Delivery::Unordered, (0.0, 0.05));
 }
 
 #[test]
 fn batches_with_torn_leaf_writes_lose_no_write_on_tcps_order() {
-    batches_under_injected_faults(Order::WritesInOrder, (0.0, 0.05));
+    batches_under_injected_faults(Delivery::WritesInOrder, (0.0, 0.05));
 }
 
 /// Sessions dropped right after a call of writes on an unordered fabric,

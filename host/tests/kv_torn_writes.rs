@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::Order;
+use common::Delivery;
 use rand::Rng;
 use rolex_checker::{Call, Ret};
 use rolex_core::entry::LockOwner;
@@ -31,7 +31,7 @@ const OWNER: LockOwner = LockOwner(11);
 
 /// A compute node's engine whose NIC tears leaf writes with probability
 /// `torn` (no other fault).
-fn engine(order: Order, torn: f64, faults: Faults) -> EngineConfig {
+fn engine(order: Delivery, torn: f64, faults: Faults) -> EngineConfig {
     EngineConfig {
         fabric: Fabric::Loopback(LoopbackConfig {
             faults: Some(Faults {
@@ -48,7 +48,7 @@ fn engine(order: Order, torn: f64, faults: Faults) -> EngineConfig {
 
 /// Random single operations (get, insert, update, delete, scan) on small
 /// leaves that split and merge, with leaf writes torn at `torn`.
-fn single_writes_torn(order: Order, torn: f64) {
+fn single_writes_torn(order: Delivery, torn: f64) {
     let all: Vec<u64> = (0..KEYS).map(|k| k * 1000).collect();
     for seed in 1..=3 {
         let pairs: Vec<(u64, u64)> = (0..KEYS / 2).map(|i| (i * 2 * 1000, i)).collect();
@@ -114,19 +114,19 @@ fn single_writes_torn(order: Order, torn: f64) {
 
 #[test]
 fn torn_leaf_writes_are_repaired_before_the_lock_is_released() {
-    single_writes_torn(Order::Ordered, 0.05);
+    single_writes_torn(Delivery::Ordered, 0.05);
 }
 
 #[test]
 fn torn_leaf_writes_are_repaired_before_the_lock_is_released_unordered() {
-    single_writes_torn(Order::Unordered, 0.05);
+    single_writes_torn(Delivery::Unordered, 0.05);
 }
 
 /// Over `tcp`'s order an unlock goes as a WRITE behind its leaf: a torn
 /// leaf fails it too, and the lock is kept for repair.
 #[test]
 fn torn_leaf_writes_are_repaired_before_the_lock_is_released_writes_in_order() {
-    single_writes_torn(Order::WritesInOrder, 0.05);
+    single_writes_torn(Delivery::WritesInOrder, 0.05);
 }
 
 /// A writer that dies with a leaf torn under its lock (every leaf write of
@@ -155,7 +155,7 @@ fn the_reaper_names_a_leaf_its_dead_holder_left_torn() {
         )
         .unwrap();
         let writer = common::faulty_client(&node, (seed, 0, 0.0), DEAD, |faults| {
-            engine(Order::Ordered, 1.0, faults)
+            engine(Delivery::Ordered, 1.0, faults)
         });
         let mut s = writer.session().unwrap();
         // An update: its leaf is rewritten in place (a split's new leaf,

@@ -11,7 +11,7 @@ pub use engine::*;
 
 /// The order a loopback NIC keeps: which fabric's it stands in for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
+pub enum Delivery {
     /// Everything in posting order (RC).
     Ordered,
     /// Nothing in order (EFA's SRD).
@@ -21,13 +21,13 @@ pub enum Order {
     WritesInOrder,
 }
 
-impl Order {
+impl Delivery {
     /// The loopback setting, its shuffle seeded with `seed`.
     pub fn loopback(self, seed: u64) -> Option<rolex_host::Unordered> {
-        (self != Order::Ordered).then_some(rolex_host::Unordered {
+        (self != Delivery::Ordered).then_some(rolex_host::Unordered {
             seed,
             window: 8,
-            writes_in_order: self == Order::WritesInOrder,
+            writes_in_order: self == Delivery::WritesInOrder,
         })
     }
 }
