@@ -1897,15 +1897,25 @@ impl<M: PoolMemory> Agent<M> {
                 error,
             };
             let leaf = Leaf::from_bytes_mut(&mut self.buf).map_err(bad)?;
-            let mut all: Vec<Slot> = leaf.validate().map_err(bad)?.entries().to_vec();
-            let top = all.last().map(|s| s.key());
-            all.extend(taken.iter().filter(|s| top.map_or(true, |t| s.key() > t)));
             let invalid = |e: EditError| match e {
                 EditError::Invalid(error) => bad(error),
                 _ => bad(LeafError::BadLength { len: 0 }),
             };
+            // `read_leaf` validated it; its entries change only with keys
+            // taken in (a leaf that only leaves its chain keeps them: no
+            // copy, under the freeze, for each such leaf).
+            let all = if taken.is_empty() {
+                None
+            } else {
+                let mut all: Vec<Slot> = leaf.validate().map_err(bad)?.entries().to_vec();
+                let top = all.last().map(|s| s.key());
+                all.extend(taken.iter().filter(|s| top.map_or(true, |t| s.key() > t)));
+                Some(all)
+            };
             leaf.extend_fence_hi(l.fence_hi).map_err(invalid)?;
-            leaf.set_entries(&all).map_err(invalid)?;
+            if let Some(all) = all {
+                leaf.set_entries(&all).map_err(invalid)?;
+            }
             leaf.clear_next();
             leaf.seal();
             self.mem.write(off, &self.buf)?;
@@ -2150,12 +2160,16 @@ mod tests {
                 x ^= x << 17;
                 x % m
             };
-            let named: Vec<(LeafAddr, bool)> =
-                (0..next(7)).map(|_| (addr(next(12)), next(2) == 0)).collect();
+            let named: Vec<(LeafAddr, bool)> = (0..next(7))
+                .map(|_| (addr(next(12)), next(2) == 0))
+                .collect();
             let walked: Vec<LeafInfo> = (0..next(11)).map(|_| info(next(12))).collect();
             let set: BTreeSet<LeafAddr> = walked.iter().map(|l| l.addr).collect();
-            let want: Vec<(LeafAddr, bool)> =
-                named.iter().copied().filter(|(a, _)| !set.contains(a)).collect();
+            let want: Vec<(LeafAddr, bool)> = named
+                .iter()
+                .copied()
+                .filter(|(a, _)| !set.contains(a))
+                .collect();
             assert_eq!(unlinked(named, &walked), want, "seed {seed}");
         }
     }
