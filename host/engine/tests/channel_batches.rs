@@ -206,3 +206,83 @@ fn group_operations_read_by_a_channels_thread_complete_once() {
         });
     }
 }
+
+/// Where an engine reports [`TransferEngine::writes_ordered`], a word
+/// written behind data in one batch is never seen before the data: what
+/// the key-value store's unlock WRITE behind its leaf relies on over
+/// `tcp` (whose atomics are not ordered with its writes). Each round
+/// writes 1 KiB to a slot of its own, then the round's number to a word,
+/// as one doorbell batch; a thread of the target's process watches the
+/// word and checks, for every number it sees, that its round's slot is
+/// whole. Loopback with only writes in order (`Unordered::writes_in_order`)
+/// as well.
+#[test]
+fn a_word_written_behind_data_never_lands_before_it() {
+    const ROUNDS: u64 = 300;
+    const SLOT: u64 = 1024;
+    const WORD: u64 = ROUNDS * SLOT;
+    let mut on = fabrics();
+    on.push(Fabric::Loopback(LoopbackConfig {
+        unordered: Some(Unordered {
+            seed: 3,
+            window: 8,
+            writes_in_order: true,
+        }),
+        ..LoopbackConfig::default()
+    }));
+    for fabric in on {
+        let name = fabric.name();
+        bounded(move || {
+            let target = engine_on(&fabric);
+            let client = engine_on(&fabric);
+            assert!(client.writes_ordered(), "{name}: writes in order");
+            let (slots, sd) = region(&target, WORD + 8);
+            let (src, _) = region(&client, SLOT + 8);
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let watcher = {
+                let (slots, done) = (slots.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let (mut seen, mut checked) = (0u64, 0u64);
+                    let mut buf = vec![0u8; SLOT as usize];
+                    while !done.load(SeqCst) {
+                        let w = slots.load_u64(WORD).unwrap();
+                        if w == seen {
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        seen = w;
+                        let round = w - 1;
+                        slots.read(round * SLOT, &mut buf).unwrap();
+                        assert_eq!(
+                            buf,
+                            pattern(SLOT as usize, round as u8),
+                            "round {round}'s word landed before its data"
+                        );
+                        checked += 1;
+                    }
+                    checked
+                })
+            };
+            let mut ch = client.channel().unwrap();
+            let mut results = Vec::new();
+            for round in 0..ROUNDS {
+                src.write(0, &pattern(SLOT as usize, round as u8)).unwrap();
+                src.store_u64(SLOT, round + 1).unwrap();
+                let write = |src_offset, dst_offset, len| BatchOp::Write {
+                    src: &src,
+                    src_offset,
+                    dst: &sd,
+                    dst_offset,
+                    len,
+                    imm: None,
+                };
+                let ops = [write(0, round * SLOT, SLOT), write(SLOT, WORD, 8)];
+                ch.run(&ops, &mut results).unwrap();
+                assert!(results.iter().all(Result::is_ok), "{name}: {results:?}");
+            }
+            done.store(true, SeqCst);
+            let checked = watcher.join().expect("no round's word before its data");
+            println!("{name}: {ROUNDS} rounds, {checked} words seen and their data whole");
+        });
+    }
+}
