@@ -1018,16 +1018,21 @@ impl KvSession {
         // fabric that keeps writes in order, a WRITE of it behind the
         // lock's leaf (`unlocks_by_write`).
         let by_write = self.releases_by_write();
-        let unlocked: Vec<[u8; 8]> = locks
-            .iter()
-            .map(|(lock, _)| lock.word.unlocked.raw().to_le_bytes())
-            .collect();
+        // (Nothing to allocate where the unlocks are `CAS`es.)
+        let unlocked: Vec<[u8; 8]> = if by_write {
+            locks
+                .iter()
+                .map(|(lock, _)| lock.word.unlocked.raw().to_le_bytes())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut writes: Vec<(u64, &[u8])> = Vec::with_capacity(locks.len() * 2);
-        for ((lock, write), word) in locks.iter().zip(&unlocked) {
+        for (i, (lock, write)) in locks.iter().enumerate() {
             if let Some((off, b)) = write {
                 writes.push((*off, b.as_slice()));
             }
-            if by_write {
+            if let Some(word) = unlocked.get(i) {
                 writes.push((lock.word.lt_off, &word[..]));
             }
         }

@@ -77,13 +77,8 @@ fn shuffle_but_writes(chunk: &mut Vec<Posted>, rng: &mut StdRng) {
     let is_write = |p: &Posted| matches!(p.wr.op, WorkOp::Write { .. });
     let mut order: Vec<usize> = (0..chunk.len()).collect();
     order.shuffle(rng);
-    let mut writes: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(|&i| is_write(&chunk[i]))
-        .collect();
-    writes.sort_unstable();
-    let mut writes = writes.into_iter();
+    // The writes' own indices, in posting order, into the places of writes.
+    let mut writes = (0..chunk.len()).filter(|&i| is_write(&chunk[i]));
     for at in order.iter_mut() {
         if is_write(&chunk[*at]) {
             *at = writes.next().unwrap_or(*at);
