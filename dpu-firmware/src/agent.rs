@@ -2141,38 +2141,33 @@ mod tests {
     use core::sync::atomic::Ordering::SeqCst;
     use rolex_core::layout::Slot;
 
-    #[test]
-    fn unlinked_keeps_the_named_leaves_no_walk_reaches_in_slot_order() {
-        let addr = |n: u64| LeafAddr::new(0, n).unwrap();
-        let info = |n: u64| LeafInfo {
-            addr: addr(n),
-            fence_lo: 0,
-            fence_hi: 0,
-            count: 0,
-            next: LtEntry::from_raw(0),
-            version: 0,
-        };
-        // Against the formulation with a set of every walked leaf, on
-        // every mix of 6 named slots (repeats included) and 10 walked.
-        for seed in 0..500u64 {
-            let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = |m: u64| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x % m
-            };
-            let named: Vec<(LeafAddr, bool)> = (0..next(7))
-                .map(|_| (addr(next(12)), next(2) == 0))
+    proptest::proptest! {
+        /// Against the formulation with a set of every walked leaf, on
+        /// small address spaces (repeats in both lists, leaves named and
+        /// walked or not).
+        #[test]
+        fn unlinked_keeps_the_named_leaves_no_walk_reaches_in_slot_order(
+            named in proptest::collection::vec((0u64..12, proptest::bool::ANY), 0..8),
+            walked in proptest::collection::vec(0u64..12, 0..12),
+        ) {
+            let addr = |n: u64| LeafAddr::new(0, n).unwrap();
+            let named: Vec<(LeafAddr, bool)> =
+                named.into_iter().map(|(n, h)| (addr(n), h)).collect();
+            let walked: Vec<LeafInfo> = walked
+                .into_iter()
+                .map(|n| LeafInfo {
+                    addr: addr(n),
+                    fence_lo: 0,
+                    fence_hi: 0,
+                    count: 0,
+                    next: LtEntry::from_raw(0),
+                    version: 0,
+                })
                 .collect();
-            let walked: Vec<LeafInfo> = (0..next(11)).map(|_| info(next(12))).collect();
             let set: BTreeSet<LeafAddr> = walked.iter().map(|l| l.addr).collect();
-            let want: Vec<(LeafAddr, bool)> = named
-                .iter()
-                .copied()
-                .filter(|(a, _)| !set.contains(a))
-                .collect();
-            assert_eq!(unlinked(named, &walked), want, "seed {seed}");
+            let want: Vec<(LeafAddr, bool)> =
+                named.iter().copied().filter(|(a, _)| !set.contains(a)).collect();
+            proptest::prop_assert_eq!(unlinked(named, &walked), want);
         }
     }
 
