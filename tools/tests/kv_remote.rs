@@ -268,12 +268,16 @@ fn two_compute_processes_share_a_memory_node_and_match_loopback_figures() {
         for key in ["leaves_per_get", "keys"] {
             assert_eq!(far[key], near[key], "{workload} {key}: {far} vs {near}");
         }
-        // Gets cost exactly what they cost on loopback. A writer re-reads a
-        // model record it has not seen live for `model_max_age` (500 ms)
-        // before locking through it (records are reused after a grace
-        // period), and the remote run lasts seconds where the loopback one
-        // lasts milliseconds: writes may pay that re-read now and then —
-        // at most once per model and 500 ms, never less than on loopback.
+        // Gets take exactly the round trips they take on loopback. A
+        // session re-reads the state words of a model record it has not
+        // seen live for `model_max_age` (500 ms) — a writer before locking
+        // through it (records are reused after a grace period), a get in
+        // its one batch (16 bytes more, no round trip more) — and the
+        // remote run lasts seconds where the loopback one lasts
+        // milliseconds: operations may pay that re-read now and then — at
+        // most once per model and 500 ms, never less than on loopback (a
+        // get of ycsb-a once read 440.04 bytes against 440 in a run of
+        // `./tools/test` that took 0.8 s for its 800 operations).
         // On a loaded machine the time from fetching the models to the
         // first write can pass 500 ms, and then every model's first write
         // pays it once: the bound allows, beyond 5%, one re-read of every
@@ -290,8 +294,13 @@ fn two_compute_processes_share_a_memory_node_and_match_loopback_figures() {
         for key in ["rtt_per_op", "bytes_per_op"] {
             for (kind, near_v) in near[key].as_object().expect("per-kind figures") {
                 let (f, n) = (far[key][kind].as_f64().unwrap(), near_v.as_f64().unwrap());
-                if kind == "get" {
+                if kind == "get" && key == "rtt_per_op" {
                     assert_eq!(f, n, "{workload} {key}.{kind}: {far} vs {near}");
+                } else if kind == "get" {
+                    assert!(
+                        f >= n && f <= n + slack(key),
+                        "{workload} {key}.{kind}: {far} vs {near}"
+                    );
                 } else {
                     assert!(
                         f >= n && f <= n * 1.05 + slack(key),
@@ -424,22 +433,32 @@ fn values_of_many_sizes_against_a_memory_node_in_another_process() {
 fn pipelined_writes_and_scans_of_values_over_tcp_verify() {
     // Operations in flight together (`--depth 8`: `run_many_values`,
     // `scan_many_values`) against a memory node in another process: every
-    // answer and the final state verified, fewer than one round trip per
-    // operation. A fresh node each: a run checks values against its own
-    // plan.
+    // answer and the final state verified, and at most half the round
+    // trips per operation that the same run takes one operation at a time
+    // (`--depth 1`: an update of a long value over `tcp` takes 3.2, a
+    // scan 2). Not a fixed bound: a write whose value's size class has no
+    // block ready, or whose model view was not seen live within 500 ms,
+    // goes through the single path, so the figure moves with the run's
+    // timing (updates 0.58-1.15 round trips at depth 8 in runs of this
+    // test on a loaded 2-core machine, where a bound of 1 failed 2 runs in
+    // 6). A fresh node per run: a run checks values against its own plan.
     for (workload, kind) in [("ycsb-a", "update"), ("ycsb-e", "scan")] {
-        let node = Node::start_with(
-            &[],
-            &format!("127.0.0.1:{}", free_port()),
-            &["--value-size", "8..200"],
-        );
-        let mut a = bench_args(workload, "1200", &["--depth", "8"]);
-        a.extend(remote(&node.addr, "s3cret"));
-        let v = json(&spawn(&a).finish(), &format!("{workload} --depth 8"));
-        let rtt = v["rtt_per_op"][kind].as_f64().unwrap();
+        let rtt = |depth: &str| {
+            let node = Node::start_with(
+                &[],
+                &format!("127.0.0.1:{}", free_port()),
+                &["--value-size", "8..200"],
+            );
+            let mut a = bench_args(workload, "1200", &["--depth", depth]);
+            a.extend(remote(&node.addr, "s3cret"));
+            let v = json(&spawn(&a).finish(), &format!("{workload} --depth {depth}"));
+            (v["rtt_per_op"][kind].as_f64().unwrap(), v)
+        };
+        let (one, _) = rtt("1");
+        let (eight, v) = rtt("8");
         assert!(
-            rtt > 0.0 && rtt < 1.0,
-            "{workload}: {kind} {rtt} round trips: {v}"
+            eight > 0.0 && eight <= one / 2.0,
+            "{workload}: {kind} {eight} round trips at depth 8, {one} at depth 1: {v}"
         );
     }
 }
