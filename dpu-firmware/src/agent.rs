@@ -2157,7 +2157,8 @@ mod tests {
                     proptest::collection::vec((0u64..12, proptest::bool::ANY), 0..8),
                     proptest::collection::vec(0u64..12, 0..12),
                 ),
-                // A full SLT's worth, many probes colliding.
+                // Up to a full SLT's worth, the walk reaching part of it
+                // and leaves on both sides of its range.
                 (
                     proptest::collection::vec((0u64..600, proptest::bool::ANY), 0..256),
                     proptest::collection::vec(0u64..600, 0..400),
