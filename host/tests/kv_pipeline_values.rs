@@ -11,8 +11,9 @@
 //! seeds). Histories of concurrent calls of value requests and of scans
 //! read together (chains colliding, models retraining) against the
 //! checker, also under injected faults on an unordered fabric. Calls
-//! from fresh clients (chunk claims: writes redone on the single path)
-//! mixed with requests of the same keys answer in request order.
+//! from fresh clients (chunk claims while a batch is planned: 2 round
+//! trips more for a call of one class) mixed with requests of the same
+//! keys answer in request order.
 
 mod common;
 
@@ -237,6 +238,27 @@ fn long_value_round_trips(unordered: Option<u64>) {
     let rounds = || c.stats().engine.rtts - c.stats().total().posted;
     let mut s = c.session().unwrap();
     let spread: Vec<u64> = pairs.iter().step_by(16).map(|p| p.0).collect();
+    // A fresh client holds no block: the call gets space for the class
+    // when it plans its batch — the pool's free stack read (empty), then
+    // a chunk of 16 blocks claimed (one FAA) — and its puts stay in the
+    // batch: 2 round trips more, not each put alone.
+    let vals: Vec<Vec<u8>> = spread[16..24]
+        .iter()
+        .map(|&k| common::id_value(k, 1, 40))
+        .collect();
+    let reqs: Vec<ValueRequest<'_>> = spread[16..24]
+        .iter()
+        .zip(&vals)
+        .map(|(&k, v)| ValueRequest::Put(k, v))
+        .collect();
+    let e0 = rounds();
+    let got = s.run_many_values(&reqs).unwrap();
+    assert!(got.into_iter().all(|a| a.unwrap() == Reply::Present(true)));
+    assert_eq!(
+        rounds() - e0,
+        writes + 2,
+        "8 long-value puts of a class this client has no block of"
+    );
     // A first long value claims a chunk of 16 blocks of its class (one
     // FAA): the call's blocks are taken from it without a round trip.
     assert!(s
@@ -672,8 +694,8 @@ fn concurrent_value_calls_with_torn_writes_are_linearizable_unordered() {
 }
 
 /// Calls from fresh clients (an empty value space: the first write of
-/// each size class needs a chunk claim, so it goes through the single
-/// path, redone after its batch) mixing those writes with others on the
+/// each size class claims a chunk while its batch is planned) mixing
+/// those writes with others on the
 /// same keys and chains (requests of one key several times per call),
 /// on both fabrics: each answer is the reference map's in request order,
 /// and the store ends holding the map.

@@ -1800,41 +1800,15 @@ impl KvSession {
         r
     }
 
-    /// Takes a block for `key`'s `value` (claiming a chunk of the value
-    /// region first if this client has none of its class) and stages it in
+    /// Takes a block for `key`'s `value` ([`Self::take_block`]: getting
+    /// space first if this client has none of its class) and stages it in
     /// the write buffer; returns it and its WRITE.
     fn stage_block(&mut self, key: u64, value: &[u8]) -> Result<(Block, Op), KvError> {
         let too_long = KvError::ValueTooLong {
             len: value.len(),
             max: MAX_VALUE_LEN,
         };
-        let mut pops = 0;
-        let block = loop {
-            match self.shared.values.take(value.len()) {
-                None => return Err(too_long),
-                Some(Ok(b)) => break b,
-                // A large block held free (what a resume gives back),
-                // carved; then space other clients gave back; once a
-                // bundle was popped without a block of the class (or
-                // none is left), any larger block held is carved; then a
-                // new chunk.
-                Some(Err(_)) if self.shared.values.split(value.len(), true) => {}
-                Some(Err(_)) if pops > 0 && self.shared.values.split(value.len(), false) => {}
-                Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
-                Some(Err(_)) if self.shared.values.split(value.len(), false) => {}
-                Some(Err(need)) => {
-                    pops = ValueSpace::POPS;
-                    match self.claim_values(need.len, value.len()) {
-                        // The region is full: what others gave back is
-                        // all there is; take it, bundle after bundle,
-                        // until a block of the class shows up or the
-                        // stack is empty.
-                        Err(KvError::ValueSpaceFull { .. }) if self.pop_values()? => {}
-                        r => r?,
-                    }
-                }
-            }
-        };
+        let block = self.take_block(value.len())?;
         let n = rolex_core::layout::ValueBlockHeader::SIZE + value.len() as u64;
         // Built where the WRITE takes it from: the value is copied once.
         let value_local = self.value_local;
@@ -1859,6 +1833,45 @@ impl KvSession {
                 len: n,
             },
         ))
+    }
+
+    /// Takes a block for a value of `len` bytes from this client's value
+    /// space, getting space first if it has none of the value's class: a
+    /// large block held free (what a resume gives back) carved; then
+    /// space other clients gave back (the pool's free stack, three round
+    /// trips a bundle); once a bundle was popped without a block of the
+    /// class (or none is left), any larger block held carved; then a new
+    /// chunk (one `FAA`). What it gets beyond the block stays ready in the
+    /// client's space. On `Err` nothing is taken (what was got stays
+    /// there too).
+    pub(crate) fn take_block(&mut self, len: usize) -> Result<Block, KvError> {
+        let mut pops = 0;
+        loop {
+            match self.shared.values.take(len) {
+                None => {
+                    return Err(KvError::ValueTooLong {
+                        len,
+                        max: MAX_VALUE_LEN,
+                    })
+                }
+                Some(Ok(b)) => return Ok(b),
+                Some(Err(_)) if self.shared.values.split(len, true) => {}
+                Some(Err(_)) if pops > 0 && self.shared.values.split(len, false) => {}
+                Some(Err(_)) if pops < ValueSpace::POPS && self.pop_values()? => pops += 1,
+                Some(Err(_)) if self.shared.values.split(len, false) => {}
+                Some(Err(need)) => {
+                    pops = ValueSpace::POPS;
+                    match self.claim_values(need.len, len) {
+                        // The region is full: what others gave back is
+                        // all there is; take it, bundle after bundle,
+                        // until a block of the class shows up or the
+                        // stack is empty.
+                        Err(KvError::ValueSpaceFull { .. }) if self.pop_values()? => {}
+                        r => r?,
+                    }
+                }
+            }
+        }
     }
 
     /// Claims `len` bytes of the value region (one `FAA`) for blocks of
