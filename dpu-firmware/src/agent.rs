@@ -62,11 +62,14 @@
 //!
 //! Priority: [`Agent::poll`] drains the CirQ into a local pending set, adds
 //! every model whose SLT count reached the trigger (it watches the SLT
-//! headers itself, so a lost enqueue or a lower trigger still works), and
-//! retrains the one whose SLT is fullest first — models near a full SLT
-//! first. With none due, it walks one model per poll in turn and retrains
-//! it if a quarter of its leaves would merge away (`Agent::sweep`): space
-//! that deletes emptied comes back even where nothing splits.
+//! headers itself, so a lost enqueue or a lower trigger still works: all
+//! of them every [`AgentConfig::slt_scan_every`], and in between those it
+//! found due), and retrains the one whose SLT is fullest first — models
+//! near a full SLT first. With none due, it walks one model in turn and
+//! retrains it if a quarter of its leaves would merge away
+//! (`Agent::sweep`): space that deletes emptied comes back even where
+//! nothing splits. A walk that finds nothing to do waits
+//! [`AgentConfig::sweep_every`] for the next; one that retrains does not.
 //!
 //! Space: a retraining drops the leaves deletes emptied and merges thin
 //! neighbours (keys moved into the leaf before, only after the switch;
@@ -185,6 +188,21 @@ pub struct AgentConfig {
     /// which all go to the last model, make new models). 256 by default
     /// (as bulk loading).
     pub max_model_leaves: u64,
+    /// Least time between two looks at every model's SLT header (what
+    /// finds models due without a CirQ ticket: a lost enqueue, or a
+    /// trigger below [`SltHeader::RETRAIN_SLOT`]); in between,
+    /// [`Agent::poll`] looks only at the models queued and those the last
+    /// look found due. One look costs a load per model, a cache miss each
+    /// (871 models: a tenth of a busy agent's CPU when every poll looked);
+    /// a model is found due at most this late. 1 ms by default; zero looks
+    /// at every poll.
+    pub slt_scan_every: Duration,
+    /// Least time between two idle sweep walks that retrained nothing
+    /// (module docs: a walk reads a whole model; one per poll was a
+    /// quarter of a busy agent's CPU). A walk that retrains its model is
+    /// followed by the next at once. 10 ms by default (the memory node's
+    /// idle park); zero walks at every idle poll.
+    pub sweep_every: Duration,
 }
 
 impl Default for AgentConfig {
@@ -198,6 +216,8 @@ impl Default for AgentConfig {
             record_grace: Duration::from_secs(2),
             leaf_stash: SltHeader::RETRAIN_SLOT as u64,
             max_model_leaves: 256,
+            slt_scan_every: Duration::from_millis(1),
+            sweep_every: Duration::from_millis(10),
         }
     }
 }
@@ -511,6 +531,13 @@ pub struct Agent<M: PoolMemory> {
     epoch: u64,
     /// The model the next idle [`Self::sweep`] looks at.
     sweep_next: u64,
+    /// When the next idle sweep walk may start (agent clock).
+    sweep_at: u64,
+    /// When every model's SLT header was last looked at (`None`: never),
+    /// and the models that look found due and that were not retrained
+    /// since (see [`AgentConfig::slt_scan_every`]).
+    scanned_at: Option<u64>,
+    watch: BTreeSet<u64>,
 }
 
 impl<M: PoolMemory> Agent<M> {
@@ -551,6 +578,9 @@ impl<M: PoolMemory> Agent<M> {
             topology_at: (sb.upper_offset(), 0),
             epoch: 0,
             sweep_next: 0,
+            sweep_at: 0,
+            scanned_at: None,
+            watch: BTreeSet::new(),
         };
         let (at, len, t) = read_topology(&agent.mem, &sb)?;
         agent.topology_at = (at, len);
@@ -785,14 +815,35 @@ impl<M: PoolMemory> Agent<M> {
         }
         self.drain_cirq()?;
         let queued_min = self.cfg.retrain_trigger.min(SltHeader::RETRAIN_SLOT as u64);
+        // Every model's SLT header now and then; in between, the models
+        // queued and those the last look found due (they stay due until
+        // retrained: an SLT only fills).
+        let scan = self.scanned_at.map_or(true, |at| {
+            now.saturating_sub(at) >= ns(self.cfg.slt_scan_every)
+        });
+        let candidates: Vec<u64> = if scan {
+            self.watch.clear();
+            self.scanned_at = Some(now);
+            (0..self.records.len() as u64).collect()
+        } else {
+            self.watch.union(&self.pending).copied().collect()
+        };
         let mut best: Option<(u64, u64)> = None;
-        for m in 0..self.records.len() as u64 {
-            if !self.ready(m, now) || self.is_unfinished(m) {
+        for m in candidates {
+            if m >= self.records.len() as u64 {
                 continue;
             }
             let used = self.slt_used(m)?;
             let due = used >= self.cfg.retrain_trigger.max(1)
                 || (self.pending.contains(&m) && used >= queued_min.max(1));
+            // Watched even while backed off or rolling forward: due once
+            // that is over, whenever the next look at every model comes.
+            if due && scan {
+                self.watch.insert(m);
+            }
+            if !self.ready(m, now) || self.is_unfinished(m) {
+                continue;
+            }
             if due && best.map_or(true, |(_, u)| used > u) {
                 best = Some((m, used));
             }
@@ -812,6 +863,7 @@ impl<M: PoolMemory> Agent<M> {
         let r = self.retrain(m);
         if r.is_ok() {
             self.pending.remove(&m);
+            self.watch.remove(&m);
         }
         self.account(m, r).map(Some)
     }
@@ -820,10 +872,11 @@ impl<M: PoolMemory> Agent<M> {
     /// chains, nothing locked) and retrains it if at least a quarter of
     /// its leaves would merge away ([`keep_nonempty`]): deletes empty and
     /// thin leaves without filling any SLT, and this gives their space
-    /// back all the same. `Ok(None)`: the model needs nothing.
+    /// back all the same. `Ok(None)`: the model needs nothing, or the last
+    /// walk retrained nothing less than [`AgentConfig::sweep_every`] ago.
     fn sweep(&mut self, now: u64) -> Result<Option<RetrainReport>, AgentError> {
         let n = self.records.len() as u64;
-        if n == 0 {
+        if n == 0 || now < self.sweep_at {
             return Ok(None);
         }
         let m = self.sweep_next % n;
@@ -835,6 +888,7 @@ impl<M: PoolMemory> Agent<M> {
         let leaves = walk_model(&self.mem, &self.region, &r, &mut self.buf)?;
         let kept = keep_nonempty(&leaves, self.merge_limit()).len();
         if leaves.len() < 2 || (leaves.len() - kept) * 4 < leaves.len() {
+            self.sweep_at = now.saturating_add(ns(self.cfg.sweep_every));
             return Ok(None);
         }
         self.stats.sweep_retrains += 1;
@@ -2842,5 +2896,94 @@ mod tests {
         assert_eq!(r.model_id, 0);
         assert_eq!(agent.backoff[0].failures, 0);
         eprintln!("found: after the lock was released, model 0 retrained");
+    }
+
+    #[test]
+    fn every_slt_is_looked_at_once_per_interval_and_queued_or_watched_models_at_once() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig {
+            // No idle walk in the way.
+            sweep_every: Duration::from_secs(3600),
+            ..AgentConfig::default()
+        };
+        let every = ns(cfg.slt_scan_every);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        let sb = *agent.superblock();
+        assert!(agent.records().len() >= 4, "{}", agent.records().len());
+        // The first poll looks at every model: none due.
+        assert_eq!(agent.poll().unwrap(), None);
+        // Model 1 reaches the trigger and its enqueue is lost: found at
+        // the next look at every model, not before.
+        fill_slt(&mem, &agent, 1);
+        assert_eq!(agent.poll().unwrap(), None, "looked at every SLT too soon");
+        mem.advance(every - 1);
+        assert_eq!(agent.poll().unwrap(), None, "looked at every SLT too soon");
+        mem.advance(1);
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(1));
+        // A queued model is retrained at once, between looks.
+        fill_slt(&mem, &agent, 2);
+        let q = Cirq::of(&mem, &sb);
+        let t = q.take();
+        q.write(t, 2);
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(2));
+        // Two found due by one look: the second is retrained at the next
+        // poll, watched without another look.
+        fill_slt(&mem, &agent, 0);
+        fill_slt(&mem, &agent, 3);
+        mem.advance(every);
+        let first = agent.poll().unwrap().map(|r| r.model_id);
+        let second = agent.poll().unwrap().map(|r| r.model_id);
+        let mut both = [first, second];
+        both.sort();
+        assert_eq!(both, [Some(0), Some(3)]);
+        assert_eq!(agent.poll().unwrap(), None);
+    }
+
+    /// Empties every training leaf of model `m` (as deletes of all its
+    /// keys would).
+    fn empty_model(mem: &VecPool, agent: &Agent<&VecPool>, m: u64) {
+        let region = agent.superblock().leaf_region().unwrap();
+        let (_, words) = lt_words(mem, agent.records()[m as usize]);
+        let mut buf = leaf_buffer(&region);
+        for e in words {
+            let x = read_leaf(mem, &region, e.addr(), &mut buf).unwrap();
+            let leaf = Leaf::from_bytes_mut(&mut buf).unwrap();
+            leaf.init(x.fence_lo, x.fence_hi).unwrap();
+            leaf.set_next(x.next).unwrap();
+            leaf.seal();
+            mem.write(region.leaf_offset(e.addr()).unwrap(), &buf)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn an_idle_walk_that_finds_nothing_waits_and_one_that_retrains_does_not() {
+        let (mem, next_free) = load(40);
+        let cfg = AgentConfig {
+            // Only the idle walk retrains.
+            retrain_trigger: u64::MAX,
+            ..AgentConfig::default()
+        };
+        let every = ns(cfg.sweep_every);
+        let mut agent = Agent::attach(&mem, cfg, next_free).unwrap();
+        assert!(agent.records().len() >= 4, "{}", agent.records().len());
+        // Model 0 walked: nothing to merge.
+        assert_eq!(agent.poll().unwrap(), None);
+        // Models 1 and 2 emptied: walked only once the wait is over, then
+        // one after the other.
+        empty_model(&mem, &agent, 1);
+        empty_model(&mem, &agent, 2);
+        assert_eq!(agent.poll().unwrap(), None, "walked too soon");
+        mem.advance(every - 1);
+        assert_eq!(agent.poll().unwrap(), None, "walked too soon");
+        mem.advance(1);
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(1));
+        assert_eq!(agent.poll().unwrap().map(|r| r.model_id), Some(2));
+        assert_eq!(agent.stats().sweep_retrains, 2);
+        // Model 3 walked: nothing; then the wait again.
+        assert_eq!(agent.poll().unwrap(), None);
+        empty_model(&mem, &agent, 4 % agent.records().len() as u64);
+        assert_eq!(agent.poll().unwrap(), None, "walked too soon");
+        assert_eq!(agent.stats().sweep_retrains, 2);
     }
 }
