@@ -193,7 +193,8 @@ pub struct AgentConfig {
     /// trigger below [`SltHeader::RETRAIN_SLOT`]); in between,
     /// [`Agent::poll`] looks only at the models queued and those the last
     /// look found due. One look costs a load per model, a cache miss each
-    /// (871 models: a tenth of a busy agent's CPU when every poll looked);
+    /// (871 models: about 6% of a busy agent's CPU when every poll looked,
+    /// the saving left once the idle walk was paced — README);
     /// a model is found due at most this late. 1 ms by default; zero looks
     /// at every poll.
     pub slt_scan_every: Duration,
