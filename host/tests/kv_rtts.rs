@@ -1,13 +1,14 @@
 //! Round trips per operation, as counted by the sessions and cross-checked
 //! with the engine: get = 1 with a fresh cache; update and insert (no
 //! split) = 2 on an ordered fabric, 3 dependent (+ 1 posted unlock) on an
-//! unordered one; an insert that splits = 3 + 1 posted unlock on an
-//! ordered fabric, 5 + 1 on an unordered one (the new leaf is written and
-//! confirmed before the shrunk leaf that links to it).
+//! unordered one — tcp's order (writes in order, atomics not) included;
+//! an insert that splits = 3 + 1 posted unlock on an ordered fabric, 5 +
+//! 1 on an unordered one (the new leaf is written and confirmed before
+//! the shrunk leaf that links to it).
 
 mod common;
 
-use common::half_full_node;
+use common::{half_full_node, Delivery};
 use rolex_host::kv::{KvClient, KvOp};
 use rolex_host::memnode::MemoryNode;
 
@@ -18,8 +19,13 @@ fn client(node: &MemoryNode, unordered: bool) -> KvClient {
 #[test]
 fn round_trips_per_operation() {
     let (node, pairs) = half_full_node();
-    for unordered in [false, true] {
-        let c = client(&node, unordered);
+    for order in [
+        Delivery::Ordered,
+        Delivery::Unordered,
+        Delivery::WritesInOrder,
+    ] {
+        let unordered = order != Delivery::Ordered;
+        let c = common::steady_client_in(&node, order, 3, std::time::Duration::ZERO);
         assert_eq!(c.ordered(), !unordered);
         let mut s = c.session().unwrap();
         let e0 = c.stats().engine.rtts;
@@ -44,6 +50,20 @@ fn round_trips_per_operation() {
         assert_eq!(upd.rtt_per_op(), writes);
         assert_eq!(ins.rtt_per_op(), writes);
         assert_eq!(upd.posted, if unordered { upd.ops } else { 0 });
+        // Every lock word is changed by atomics only, released by a `CAS`
+        // even where writes keep their order (tcp): a WRITE of the word
+        // may be stored twice by the target, undoing a lock taken between
+        // (`KvSession::write_and_unlock`).
+        assert_eq!(
+            upd.atomics,
+            2 * upd.ops,
+            "{order:?}: a lock and an unlock CAS per update"
+        );
+        assert_eq!(
+            ins.atomics,
+            2 * ins.ops,
+            "{order:?}: a lock and an unlock CAS per insert"
+        );
         // The engine counted the same batches (plus the posted unlocks).
         let posted = upd.posted + ins.posted;
         assert_eq!(st.engine.rtts - e0, get.rtts + upd.rtts + ins.rtts + posted);

@@ -111,11 +111,6 @@ pub(crate) struct ClientShared {
     pub(crate) sb: Superblock,
     pub(crate) region: LeafRegion,
     pub(crate) ordered: bool,
-    /// The fabric applies this client's writes to a peer in posting order
-    /// (`TransferEngine::writes_ordered`), atomics perhaps not with them:
-    /// on an unordered fabric a write's unlock then goes as a WRITE
-    /// behind its leaf (module `session::lock`).
-    pub(crate) writes_ordered: bool,
     pub(crate) cfg: KvClientConfig,
     /// The models' key ranges as last read.
     pub(crate) topology: RwLock<Arc<Topology>>,
@@ -458,8 +453,7 @@ impl KvClient {
         let held = Arc::new(HeldLocks::default());
         // The last READ or CAS of the connect: nothing after it fails, so
         // a block claimed is a block this client will free.
-        let writes_ordered = engine.writes_ordered();
-        let redo = if writes_ordered {
+        let redo = if engine.writes_ordered() {
             RedoLog::claim(&mut io, desc, &sb, cfg.lock_owner, held.clone())?.map(Arc::new)
         } else {
             None
@@ -469,7 +463,6 @@ impl KvClient {
             sb,
             region,
             ordered,
-            writes_ordered,
             cfg,
             topology: RwLock::new(Arc::new(topology)),
             topology_version: AtomicU64::new(0),

@@ -46,11 +46,10 @@
 //!   take it for its own, and write its old leaf image over that
 //!   session's acknowledged writes. A record turns unsure when a retry
 //!   wrote its repair whole and its release `CAS` then failed; and it is
-//!   unsure from the start when a leaf write and its unlock, in one batch
-//!   (an ordered fabric's `CAS`, or the WRITE of the word where only
-//!   writes keep their order: module `session::lock`), both failed (a
-//!   torn write lets nothing after it land, but a failed write does not
-//!   say it was torn). An unsure
+//!   unsure from the start when a leaf write and its unlock `CAS`, in one
+//!   batch on an ordered fabric, both failed (a torn write lets nothing
+//!   after it land, but a failed write does not say it was torn). An
+//!   unsure
 //!   record's retry, once it found its locked word, reads what its repair
 //!   writes: if nothing is torn (a leaf carries a checksum of every other
 //!   byte) it writes nothing and releases the word — harmless whoever

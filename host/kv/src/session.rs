@@ -56,12 +56,11 @@
 //! - unordered fabric: CAS (1), READ state + READ chain (2: the state is
 //!   read while the lock is held, and the READs chain into one request on
 //!   a provider that chains reads; a `CAS` that met another lock reads the
-//!   state alone), WRITE leaves (3): **3 dependent round trips**. Where
-//!   the fabric keeps one peer's writes in order (`tcp;ofi_rxm`:
-//!   `TransferEngine::writes_ordered`) the unlock is a WRITE of the word
-//!   the lock found, behind the leaves in batch 3 (module `session::lock`,
-//!   `unlocks_by_write`: why that is safe). Elsewhere (EFA) the unlock is
-//!   posted once the data is written and not awaited: a later read sees
+//!   state alone), WRITE leaves (3): **3 dependent round trips**. The
+//!   unlock `CAS` is posted once the data is written and not awaited
+//!   (even where the fabric keeps writes in order, as `tcp` does: a lock
+//!   word is only ever changed by atomics, see
+//!   `KvSession::write_and_unlock`): a later read sees
 //!   the write without it, and the session's next lock of the same chain
 //!   waits for it first (so no write of this session overtakes its own
 //!   unlock); other operations settle it only once it completed
@@ -92,10 +91,9 @@
 //! as one doorbell batch, then every write's leaf write and unlock as a
 //! second — 2 round trips for requests on distinct chains. On an
 //! unordered fabric the locks (and the gets' reads) go first, then the
-//! locked chains' reads, then the leaf writes, each with its unlock WRITE
-//! behind it where the fabric keeps writes in order, else each unlock
-//! posted once its write completed — 3 round trips for the call, not 3
-//! per write. What
+//! locked chains' reads, then the leaf writes, each unlock posted once
+//! its write completed — 3 round trips for the call, not 3 per write.
+//! What
 //! cannot go that way (a busy or stale lock, a split) is released
 //! unchanged and redone through the single path above; module `pipeline`
 //! says how requests are ordered and who releases what.

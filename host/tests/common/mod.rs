@@ -49,14 +49,24 @@ pub fn steady_client(
     node: &rolex_host::memnode::MemoryNode,
     unordered: Option<(u64, std::time::Duration)>,
 ) -> rolex_host::kv::KvClient {
+    match unordered {
+        Some((seed, latency)) => steady_client_in(node, Delivery::Unordered, seed, latency),
+        None => steady_client_in(node, Delivery::Ordered, 0, std::time::Duration::ZERO),
+    }
+}
+
+/// [`steady_client`] on a loopback NIC keeping `order` (its shuffle
+/// seeded with `seed`; `latency` modelled when not ordered).
+pub fn steady_client_in(
+    node: &rolex_host::memnode::MemoryNode,
+    order: Delivery,
+    seed: u64,
+    latency: std::time::Duration,
+) -> rolex_host::kv::KvClient {
     let mut engine = rolex_host::EngineConfig::default();
-    if let Some((seed, latency)) = unordered {
+    if let Some(unordered) = order.loopback(seed) {
         engine.fabric = rolex_host::Fabric::Loopback(rolex_host::LoopbackConfig {
-            unordered: Some(rolex_host::Unordered {
-                seed,
-                window: 8,
-                writes_in_order: false,
-            }),
+            unordered: Some(unordered),
             latency,
             ..rolex_host::LoopbackConfig::default()
         });

@@ -71,16 +71,15 @@ impl LockWord {
 /// A chain this session holds locked. It is released exactly once,
 /// through this guard:
 /// - a write that changed its leaves: [`ChainLock::release`] with the
-///   writes (one batch with the unlocking `CAS` on an ordered fabric, or
-///   with a WRITE of the word on an unordered one that keeps writes in
-///   order, `tcp`; on another unordered one, EFA, the `CAS` is posted once
-///   the writes completed);
+///   writes (one batch with the unlocking `CAS` on an ordered fabric; on
+///   an unordered one the `CAS` is posted once the writes completed —
+///   never a WRITE of the word, see [`KvSession::write_and_unlock`]);
 /// - a split whose leaves are written: [`ChainLock::post_release`];
 /// - the locks of a pipelined batch (module `pipeline`):
 ///   [`KvSession::plan_release_many`] then [`KvSession::released_many`],
 ///   each with its leaf write or unchanged, all in one batch (on an
-///   unordered fabric that does not keep writes in order the leaf writes
-///   in one batch, each unlock posted once its write completed);
+///   unordered fabric the leaf writes in one batch, each unlock posted
+///   once its write completed);
 /// - a write that changed nothing, a split that found the SLT full:
 ///   [`ChainLock::release_unchanged`];
 /// - every error after the lock — the unordered read of the chain, a chase
@@ -885,11 +884,8 @@ impl KvSession {
 
     /// Writes `writes` and releases `w` (locked word → `to`): in one batch
     /// on an ordered fabric (the unlocking `CAS` behind the writes); on an
-    /// unordered one that keeps writes in order, in one batch too when the
-    /// release leaves the word it found (the unlock a WRITE of that word
-    /// behind the writes: [`Self::unlocks_by_write`]); on any other
-    /// unordered fabric the unlock is posted after the writes completed
-    /// and not awaited. If a write fails, it
+    /// unordered one the unlock is posted after the writes completed and
+    /// not awaited. If a write fails, it
     /// may have landed in part (a link that broke in the middle of it), so
     /// the lock is kept until `writes` are written again whole, then
     /// released to `to` ([`Self::lost_release`]): at once if that works
@@ -898,30 +894,34 @@ impl KvSession {
     /// writes land; [`KvError::LockMaybeHeld`] if the lock is still held).
     /// Nothing posted (staging failed, the lease lapsed): the word is
     /// released unchanged.
+    ///
+    /// A release is always a `CAS`, never a WRITE of the word it leaves,
+    /// even where the fabric keeps one peer's writes in order (`tcp`) and
+    /// a WRITE behind the leaf would land after it for one message less:
+    /// a target may place an 8-byte WRITE's payload by storing the word
+    /// twice. glibc's `memmove` of 8 to 16 bytes stores the first and the
+    /// last 8 bytes, the same word when there are 8 (of 245,489 locks
+    /// taken by `CAS` on a word an 8-byte `memmove` released again and
+    /// again, 2 were undone, on the 2-core VM this was found on); the
+    /// loopback NIC copies so, as a software provider that copies a
+    /// payload it received with `memcpy` would. A `CAS` that takes the
+    /// lock between the two stores — another writer's, or the agent's
+    /// freeze — is undone by the second, and its holder writes a chain
+    /// nobody holds for it: the lost writes of `kv_pipeline`'s histories
+    /// on tcp's order (about 1 run in 1,000 with a short freeze
+    /// deadline). An atomic is one operation at the target, whatever the
+    /// provider: a lock word is only ever changed by atomics.
     fn write_and_unlock(
         &mut self,
         w: LockWord,
         writes: &[(u64, &[u8])],
         to: u64,
     ) -> Result<(), KvError> {
-        let by_write = self.unlocks_by_write(w, to);
-        let word = to.to_le_bytes();
-        let with_word: Vec<(u64, &[u8])>;
-        let staged = if by_write {
-            with_word = writes
-                .iter()
-                .copied()
-                .chain([(w.lt_off, &word[..])])
-                .collect();
-            &with_word[..]
-        } else {
-            writes
-        };
-        let mut ops = match self.io.stage_writes(staged) {
+        let mut ops = match self.io.stage_writes(writes) {
             Ok(ops) => ops,
             Err(e) => return Err(self.unlock_after(w, e)),
         };
-        if !self.shared.ordered && !by_write {
+        if !self.shared.ordered {
             return match self.write(&ops, "writing a locked chain") {
                 Written::All => self.post_unlock(w, to).map_err(KvError::indeterminate),
                 Written::Not(e) => Err(self.unlock_after(w, e)),
@@ -929,25 +929,17 @@ impl KvSession {
             };
         }
         let during = "writing and unlocking";
-        if !by_write {
-            ops.push(Op::Cas {
-                remote: w.lt_off,
-                expected: w.locked,
-                new: to,
-            });
-        }
+        ops.push(Op::Cas {
+            remote: w.lt_off,
+            expected: w.locked,
+            new: to,
+        });
         let (write_err, got) = match self.io.run_each(&self.shared.pool, &ops, during) {
             Ok(r) => {
                 let (last, data) = r.split_last().unwrap_or((&Ok(0), &[]));
                 let write_err =
                     super::first_error(data).map(|error| KvError::Transfer { during, error });
-                // The word's WRITE completed: it left `to` over our locked
-                // word, as the `CAS` that found it would have.
-                let got = match last {
-                    Ok(_) if by_write => Ok(w.locked),
-                    other => other.clone(),
-                };
-                (write_err, got)
+                (write_err, last.clone())
             }
             // Nothing posted, nothing written: release it unchanged.
             Err(e) => return Err(self.unlock_after(w, e)),
@@ -961,52 +953,16 @@ impl KvSession {
         }
     }
 
-    /// Whether the release of `w` to `to` goes as a WRITE of `to` in the
-    /// batch of its leaf writes, on an unordered fabric that keeps one
-    /// peer's writes in posting order (`tcp;ofi_rxm` grants the order
-    /// within RMA and within atomics, not across them): the word then
-    /// lands after the leaves are placed, as a `CAS` behind them does on
-    /// an ordered fabric, and the write costs one round trip with its
-    /// release — no unlock posted after it (over `tcp` one message and
-    /// acknowledgement fewer, and no completion for the worker to see).
-    ///
-    /// Only for a release that leaves the word the lock found (`to` is
-    /// `w.unlocked`: every write but a split's): the locked word then
-    /// differs from it in the lock bit and the owner alone. Nobody else
-    /// changes a locked word (other writers' `CAS`es expect an unlocked
-    /// one and fail), so writing it instead of swapping it loses nothing;
-    /// and should the target place the word's bytes in more than one
-    /// piece (a stream transport places an RMA write's payload in order as
-    /// it arrives), no `CAS` can take the lock before the last byte — the
-    /// one holding the lock bit — is placed, and every byte placed after
-    /// that one is the same in both words. What it gives up: an unlocking
-    /// `CAS` would see if the word had changed (a lease the memory node
-    /// ended and released meanwhile); a WRITE overwrites it, as the leaf
-    /// writes before it would. A fenced holder's late WRITEs are refused
-    /// by the memory node's per-lease keys where it gives them
-    /// (`LeaseKeys`), the leaves' and the word's alike.
-    fn unlocks_by_write(&self, w: LockWord, to: u64) -> bool {
-        self.releases_by_write() && to == w.unlocked.raw()
-    }
-
-    /// Whether this client's releases that leave the word their lock
-    /// found go as WRITEs ([`Self::unlocks_by_write`]): on an unordered
-    /// fabric that keeps writes in order.
-    fn releases_by_write(&self) -> bool {
-        !self.shared.ordered && self.shared.writes_ordered
-    }
-
     /// Plans the release of a pipelined batch's locks together: one
     /// doorbell batch with, for each lock in order, its leaf WRITE if it
     /// has one (pool offset, bytes, staged in the write buffer here), then
     /// — on an ordered fabric — its unlocking `CAS` back to the word it
     /// held before the lock (the fabric applies them in posting order, so
-    /// each unlock lands after its own data); on an unordered fabric that
-    /// keeps writes in order, a WRITE of that word instead
-    /// ([`Self::unlocks_by_write`]). On any other unordered fabric the
+    /// each unlock lands after its own data). On an unordered fabric the
     /// batch is the leaf WRITEs alone: each unlock is posted by
-    /// [`Self::released_many`] once its WRITE completed. The guards are
-    /// spent: from here on [`Self::released_many`] settles every lock,
+    /// [`Self::released_many`] once its WRITE completed (a `CAS`, never a
+    /// WRITE of the word: [`Self::write_and_unlock`] says why). The guards
+    /// are spent: from here on [`Self::released_many`] settles every lock,
     /// whether the batch was posted or not (the caller posts
     /// [`Releases::ops`], then hands it the outcome).
     pub(super) fn plan_release_many(
@@ -1014,28 +970,10 @@ impl KvSession {
         locks: Vec<(ChainLock, Option<LeafWrite>)>,
     ) -> Releases {
         let ordered = self.shared.ordered;
-        // Each release leaves the word its lock found: on an unordered
-        // fabric that keeps writes in order, a WRITE of it behind the
-        // lock's leaf (`unlocks_by_write`).
-        let by_write = self.releases_by_write();
-        // (Nothing to allocate where the unlocks are `CAS`es.)
-        let unlocked: Vec<[u8; 8]> = if by_write {
-            locks
-                .iter()
-                .map(|(lock, _)| lock.word.unlocked.raw().to_le_bytes())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut writes: Vec<(u64, &[u8])> = Vec::with_capacity(locks.len() * 2);
-        for (i, (lock, write)) in locks.iter().enumerate() {
-            if let Some((off, b)) = write {
-                writes.push((*off, b.as_slice()));
-            }
-            if let Some(word) = unlocked.get(i) {
-                writes.push((lock.word.lt_off, &word[..]));
-            }
-        }
+        let writes: Vec<(u64, &[u8])> = locks
+            .iter()
+            .filter_map(|(_, write)| write.as_ref().map(|(off, b)| (*off, b.as_slice())))
+            .collect();
         let staged = self.io.stage_writes(&writes);
         drop(writes);
         let words: Vec<(LockWord, Option<LeafWrite>)> = locks
@@ -1043,8 +981,7 @@ impl KvSession {
             .map(|(lock, write)| (lock.spend(), write))
             .collect();
         let ops = staged.map(|data| {
-            if by_write {
-                // In order already: each leaf's WRITE, then its word's.
+            if !ordered {
                 return data;
             }
             let mut ops = Vec::with_capacity(data.len() + words.len());
@@ -1052,9 +989,6 @@ impl KvSession {
             for (w, write) in &words {
                 if write.is_some() {
                     ops.extend(data.next());
-                }
-                if !ordered {
-                    continue;
                 }
                 ops.push(Op::Cas {
                     remote: w.lt_off,
@@ -1074,8 +1008,7 @@ impl KvSession {
     /// error of a lock whose write was posted is indeterminate; a batch
     /// that could not be staged or posted releases each lock unchanged
     /// ([`Self::unlock_after`]: nothing was written). On an unordered
-    /// fabric that does not keep writes in order (where the batch had no
-    /// unlocks: [`Self::releases_by_write`]) each unlock is posted here
+    /// fabric (where the batch had no unlocks) each unlock is posted here
     /// and not awaited, as
     /// [`ChainLock::release`] and [`ChainLock::release_unchanged`] post
     /// theirs: after its leaf write completed, or unchanged (a lock
@@ -1087,7 +1020,6 @@ impl KvSession {
         posted: Result<&[Result<u64, TransferError>], KvError>,
     ) -> Vec<Result<(), KvError>> {
         let during = "writing and unlocking";
-        let by_write = self.releases_by_write();
         let Releases { words, ops } = releases;
         let results = match ops.and(posted) {
             Ok(r) => r,
@@ -1112,7 +1044,7 @@ impl KvSession {
                 None
             };
             let to = w.unlocked.raw();
-            if !self.shared.ordered && !by_write {
+            if !self.shared.ordered {
                 out.push(match (write_err, write) {
                     (Some(e), Some(write)) => {
                         self.release_after_failed_writes(w, to, e, vec![write])
@@ -1122,11 +1054,7 @@ impl KvSession {
                 });
                 continue;
             }
-            let got = match results.next().unwrap_or(Ok(w.locked)) {
-                // The word's WRITE completed: as a `CAS` that found it.
-                Ok(_) if by_write => Ok(w.locked),
-                got => got,
-            };
+            let got = results.next().unwrap_or(Ok(w.locked));
             let rewrite = write.as_ref().map(|(off, b)| (*off, b.as_slice()));
             let r = self.unlocked(w, to, got, write_err.clone(), rewrite.as_slice());
             out.push(match (wrote, write_err, r) {

@@ -52,10 +52,7 @@
 //!   completed, so they see the locked chain and a record retired after
 //!   round A's READ;
 //! - C: for each write that took its lock, its leaf's WRITE (if it
-//!   changed it); the value blocks its gets found (as round 2). Where the
-//!   fabric keeps writes in order (`tcp`), each lock's unlock is a WRITE
-//!   of its word behind its leaf in this batch
-//!   ([`KvSession::plan_release_many`]). Elsewhere each
+//!   changed it); the value blocks its gets found (as round 2). Each
 //!   unlock `CAS` is posted once its write completed, and not waited for
 //!   (as the single path posts its own): the next batch, the batch's
 //!   redone requests and the next call settle those that completed

@@ -15,6 +15,15 @@
 //! tell which. A send with no posted receive waits up to
 //! [`LoopbackConfig::recv_wait`], then fails with
 //! [`TransferError::NoReceiveBuffer`].
+//!
+//! A WRITE's payload is copied into the target region as a software
+//! provider places a received payload (`memmove`): not atomically with
+//! the target's atomics, and an 8-byte one may even be stored twice
+//! (glibc stores the first and the last 8 bytes of an 8 to 16 byte copy),
+//! so a `CAS` that lands between the two stores is undone. Only CAS and
+//! FAA are atomic with each other, as the verbs and libfabric atomics are
+//! guaranteed to be; a word that others change by atomics must only be
+//! changed by atomics.
 
 mod endpoint;
 mod fabric;
