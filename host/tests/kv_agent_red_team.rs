@@ -189,15 +189,6 @@ fn retrainer(node: &MemoryNode, stop: &AtomicBool, passes: &AtomicU64, gap: Dura
     done
 }
 
-/// Sets its flag when dropped.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, SeqCst);
-    }
-}
-
 /// Waits (a hang guard, not a timing bound) for a retraining pass that
 /// started after this call.
 fn wait_for_pass(passes: &AtomicU64) {
@@ -229,7 +220,7 @@ fn byte_history(
     let done = std::thread::scope(|scope| {
         let r = scope.spawn(|| retrainer(node, &stop, &passes, gap));
         // Stops the retrainer also when a worker's panic unwinds the scope.
-        let _stop = StopOnDrop(&stop);
+        let _stop = common::StopOnDrop(&stop);
         let workers: Vec<_> = (0..4usize)
             .map(|t| {
                 let client = clients[t % clients.len()].clone();
@@ -609,7 +600,7 @@ fn a_model_retrained_faster_than_a_fetch_still_gets_fetched() {
                 std::thread::sleep(Duration::from_micros(100));
             }
         });
-        let _stop = StopOnDrop(&stop);
+        let _stop = common::StopOnDrop(&stop);
         // The retrainer is running before the client connects (a hang
         // guard, not a timing bound).
         for _ in 0..10_000 {
@@ -723,7 +714,7 @@ fn windows_of_a_failed_memory_node_under_cuts_and_merges() {
             }
             n
         });
-        let _stop = StopOnDrop(&stop);
+        let _stop = common::StopOnDrop(&stop);
         let workers: Vec<_> = (0..4usize)
             .map(|t| {
                 let client = clients[t % 2].clone();

@@ -373,6 +373,8 @@ fn flaky_history(unordered_fabric: bool, seed: u64) {
     let (failed_windows, errors, maybe) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let mut history = History::new(pairs.iter().copied());
     std::thread::scope(|scope| {
+        // Stops the retrainer also when a worker's panic unwinds the scope.
+        let _stop = common::StopOnDrop(&stop);
         // A bounded number of retrainings: the test is about faults, not
         // about how long the model region lasts (see kv_records).
         let retrainer = scope.spawn(|| {

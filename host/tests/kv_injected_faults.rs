@@ -162,6 +162,8 @@ fn run(probability: f64, order: Delivery, seed: u64) -> (History, Found) {
     let mut found = Found::default();
     let retrains_before = node.stats().agent.retrains;
     std::thread::scope(|scope| {
+        // Stops the retrainer also when a worker's panic unwinds the scope.
+        let _stop = common::StopOnDrop(&stop);
         let retrainer = scope.spawn(|| {
             while !stop.load(SeqCst) {
                 for m in 0..node.model_count() {

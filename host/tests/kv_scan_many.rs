@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{churning_node, cluster_with, eight_slot_node, loaded};
+use common::{churning_node, cluster_with, eight_slot_node, loaded, StopOnDrop};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -498,15 +498,6 @@ fn a_pair_removed_before_its_value_is_read_leaves_no_hole_in_a_scan() {
             }
         }
     });
-}
-
-/// Sets its flag when dropped.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 /// A call of more scans than one round's MiB of leaves holds (hundreds

@@ -220,6 +220,18 @@ pub fn churning_config() -> rolex_host::memnode::MemoryNodeConfig {
     }
 }
 
+/// Sets its flag when dropped: held in a thread scope whose threads run
+/// until the flag is set (a retrainer), so that a panic of the scope's
+/// own code — a worker's, passed on by its `join().unwrap()` — stops
+/// them and fails the test instead of leaving the scope waiting for ever.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A concurrent run for the linearizability checker: `threads` threads,
 /// dealt over `clients` round-robin, each run `ops` operations of
 /// `one_op` (given its session, recorder, random source, thread and
@@ -249,6 +261,7 @@ pub fn run_history(
     let passes = AtomicU64::new(0);
     let mut history = rolex_checker::History::new(initial.iter().copied());
     let retrains = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let retrainer = scope.spawn(|| {
             let mut n = 0u64;
             while !stop.load(SeqCst) {
@@ -480,6 +493,7 @@ pub fn faulty_history(
     let mut history = rolex_checker::History::new(initial.iter().copied());
     let mut total = Failures::default();
     std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let retrainer = scope.spawn(|| {
             while !stop.load(SeqCst) {
                 for m in 0..node.model_count() {
