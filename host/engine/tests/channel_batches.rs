@@ -209,8 +209,9 @@ fn group_operations_read_by_a_channels_thread_complete_once() {
 
 /// Where an engine reports [`TransferEngine::writes_ordered`], a word
 /// written behind data in one batch is never seen before the data: what
-/// the key-value store's unlock WRITE behind its leaf relies on over
-/// `tcp` (whose atomics are not ordered with its writes). Each round
+/// the key-value store's redo log relies on over `tcp` (a leaf's whole
+/// copy is placed before the leaf write behind it begins, so a death
+/// tears at most one of them). Each round
 /// writes 1 KiB to a slot of its own, then the round's number to a word,
 /// as one doorbell batch; a thread of the target's process watches the
 /// word and checks, for every number it sees, that its round's slot is
