@@ -209,6 +209,12 @@ pub struct KvStats {
     pub model_misses: u64,
     /// Inserts that waited for a full SLT to be retrained.
     pub slt_full_waits: u64,
+    /// Lock attempts that backed off before their `CAS` because a retried
+    /// release of this process held the chain's stripe (module `held`;
+    /// counted in [`OpStats::retries`] too). The stripe table is
+    /// process-wide: a release retried on another memory node's chain
+    /// that falls in the same stripe (1 in 4,096) counts here.
+    pub stripe_waits: u64,
     /// Bytes of the value region this client claimed for out-of-line
     /// values, and of those the bytes in blocks it freed and holds for
     /// reuse (or has not handed out yet), when the stats were taken.
@@ -257,6 +263,7 @@ impl KvStats {
         self.retrain_requests += other.retrain_requests;
         self.model_misses += other.model_misses;
         self.slt_full_waits += other.slt_full_waits;
+        self.stripe_waits += other.stripe_waits;
         self.locks_maybe_held += other.locks_maybe_held;
         self.locks_released_late += other.locks_released_late;
         self.redo_logged += other.redo_logged;
@@ -315,6 +322,7 @@ pub(crate) struct SessionCounters {
     pub(crate) retrain_requests: AtomicU64,
     pub(crate) model_misses: AtomicU64,
     pub(crate) slt_full_waits: AtomicU64,
+    pub(crate) stripe_waits: AtomicU64,
 }
 
 impl SessionCounters {
@@ -327,6 +335,7 @@ impl SessionCounters {
         s.retrain_requests += self.retrain_requests.load(Relaxed);
         s.model_misses += self.model_misses.load(Relaxed);
         s.slt_full_waits += self.slt_full_waits.load(Relaxed);
+        s.stripe_waits += self.stripe_waits.load(Relaxed);
     }
 }
 

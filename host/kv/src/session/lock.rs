@@ -419,6 +419,7 @@ impl KvSession {
         if !word.stripe.enter() {
             // A retried release of this process holds the stripe.
             self.io.cur.retries += 1;
+            self.counters.stripe_waits.fetch_add(1, Relaxed);
             self.backoff(attempt);
             return Ok(None);
         }
