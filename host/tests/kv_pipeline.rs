@@ -660,13 +660,7 @@ fn a_write_of_a_chain_whose_unlock_is_posted_waits_for_it_not_at_the_lock() {
         let mut s = c.session().unwrap();
         let (k, v0) = pairs[pairs.len() / 2];
         let (k2, _) = pairs[pairs.len() / 4];
-        // A lock that found its stripe held by a retried release of
-        // another test of this process (the stripe table is process-wide)
-        // backs off too: not a write meeting its own lock.
-        let retries = |c: &KvClient| {
-            let st = c.stats();
-            st.total().retries - st.stripe_waits
-        };
+        let retries = |c: &KvClient| c.stats().total().retries;
         let before = retries(&c);
         let mut last = v0;
         for i in 1..=40u64 {

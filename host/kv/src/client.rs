@@ -32,7 +32,7 @@ use zerocopy::FromBytes;
 
 use crate::cache::{clock_ns, ModelView};
 use crate::error::{transfer, KvError};
-use crate::held::HeldLocks;
+use crate::held::{HeldLocks, StripeUse};
 use crate::io::Io;
 use crate::lease::{LeaseClient, LeaseFence};
 use crate::pool_info::PoolInfo;
@@ -143,6 +143,9 @@ pub(crate) struct ClientShared {
     pub(crate) handles: AtomicUsize,
     /// Where this client's out-of-line values go.
     pub(crate) values: ValueSpace,
+    /// The stripes of this pool's locks in this process (module `held`);
+    /// last, so released after everything that may count in them.
+    pub(crate) stripes: StripeUse,
 }
 
 /// Which model serves which key range, as a client caches it: the
@@ -478,6 +481,7 @@ impl KvClient {
             posted: Arc::default(),
             handles: AtomicUsize::new(1),
             values,
+            stripes: StripeUse::of(desc),
         };
         drop(io);
         Ok(Self {

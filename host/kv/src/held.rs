@@ -15,8 +15,9 @@
 //! other lock of this process is being taken, held or released on that
 //! chain:
 //!
-//! - a process-wide table of [`Stripe`]s (a hash of the pool and the LT
-//!   entry) counts the locks of this process that are being taken, are
+//! - a table of [`Stripe`]s per pool ([`StripeTable`], shared by every
+//!   client of this process on that pool; the LT entry's hash picks the
+//!   stripe) counts the locks of this process that are being taken, are
 //!   held, or whose release is not yet confirmed: [`Stripe::enter`] before
 //!   the lock `CAS`, [`Stripe::leave`] once that `CAS` failed, its outcome
 //!   went into a [`MaybeHeld`], or the release was confirmed;
@@ -75,7 +76,7 @@ use std::sync::{Arc, Mutex};
 use rolex_core::wire::MrDesc;
 use rolex_engine::callback::CompletionFlag;
 
-/// Stripes of the process-wide table.
+/// Stripes of one pool's table.
 const STRIPES: usize = 4096;
 /// The stripe word's bit for "a retry holds it"; bits 32 to 62 count
 /// pinned records ([`PIN`] each), bits 0 to 31 the locks.
@@ -85,27 +86,126 @@ const PIN: u64 = 1 << 32;
 /// The lock count's bits of a stripe word.
 const LOCKS: u64 = PIN - 1;
 
-static TABLE: [AtomicU64; STRIPES] = [const { AtomicU64::new(0) }; STRIPES];
+/// The stripes of one pool (module docs). One table per pool, not one
+/// for the process: a lock word can only be confused with another of the
+/// same word, so pools never need to wait for each other, and a record
+/// kept for repair on one memory node (perhaps dead) does not hold back
+/// retries on another's chains that hash to its stripe.
+///
+/// Tables live as long as the process (a [`Stripe`] is a plain
+/// reference), and are reused: one no client uses any more keeps its pool
+/// (a client reconnecting to it gets it back, with whatever it still
+/// counts), and goes to another pool only once every stripe of it is
+/// idle. So the process holds at most one table (32 KiB) per pool it is
+/// connected to at once, plus tables left counting by a client that went
+/// away with an operation of its own still in flight.
+pub(crate) struct StripeTable([AtomicU64; STRIPES]);
 
-/// The stripe of the process-wide table that one LT entry of one pool
-/// falls in (see the module docs).
+/// A pool as the stripe tables tell pools apart: its first NIC's address
+/// and its address range at the memory node (not its keys, which a lease
+/// of its own changes: two clients of one pool share a table whatever
+/// their keys).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PoolKey {
+    nic: Option<rolex_core::wire::NetAddr>,
+    ptr: u64,
+    len: u64,
+}
+
+impl PoolKey {
+    fn of(pool: &MrDesc) -> Self {
+        Self {
+            nic: pool.nics.first().map(|&(a, _)| a),
+            ptr: pool.ptr,
+            len: pool.len,
+        }
+    }
+}
+
+/// Every stripe table of the process: its pool, the clients using it, the
+/// table.
+static TABLES: Mutex<Vec<(PoolKey, usize, &'static StripeTable)>> = Mutex::new(Vec::new());
+
+impl StripeTable {
+    /// The table of `pool`, counted as used by one more client until
+    /// [`StripeTable::release`]: the one every other client of this
+    /// process on `pool` uses, else an idle one of a pool no client uses,
+    /// else a new one.
+    pub(crate) fn acquire(pool: &MrDesc) -> &'static StripeTable {
+        let key = PoolKey::of(pool);
+        let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = tables.iter_mut().find(|t| t.0 == key) {
+            t.1 += 1;
+            return t.2;
+        }
+        if let Some(t) = tables.iter_mut().find(|t| t.1 == 0 && t.2.idle()) {
+            *t = (key, 1, t.2);
+            return t.2;
+        }
+        let table: &'static StripeTable = Box::leak(Box::new(StripeTable(
+            [const { AtomicU64::new(0) }; STRIPES],
+        )));
+        tables.push((key, 1, table));
+        table
+    }
+
+    /// Counts one client fewer on this table ([`StripeTable::acquire`]).
+    pub(crate) fn release(&'static self) {
+        let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = tables.iter_mut().find(|t| std::ptr::eq(t.2, self)) {
+            t.1 = t.1.saturating_sub(1);
+        }
+    }
+
+    /// Whether no stripe counts anything.
+    fn idle(&self) -> bool {
+        self.0.iter().all(|w| w.load(Acquire) == 0)
+    }
+
+    /// The stripe of the LT entry at `lt_off` in this table's pool.
+    pub(crate) fn stripe(&'static self, lt_off: u64) -> Stripe {
+        // Fibonacci hashing of the word index (LT entries are 8-byte
+        // words): neighbouring entries land far apart.
+        let h = (lt_off >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Stripe(&self.0[(h >> 52) as usize % STRIPES])
+    }
+}
+
+/// A client's use of its pool's [`StripeTable`], ended when dropped.
+pub(crate) struct StripeUse(&'static StripeTable);
+
+impl StripeUse {
+    /// Uses `pool`'s table ([`StripeTable::acquire`]).
+    pub(crate) fn of(pool: &MrDesc) -> Self {
+        Self(StripeTable::acquire(pool))
+    }
+
+    /// The stripe of the LT entry at `lt_off`.
+    pub(crate) fn stripe(&self, lt_off: u64) -> Stripe {
+        self.0.stripe(lt_off)
+    }
+}
+
+impl Drop for StripeUse {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl std::fmt::Debug for StripeUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StripeUse")
+            .field(&(self.0 as *const StripeTable))
+            .finish()
+    }
+}
+
+/// The stripe of its pool's table that one LT entry falls in (see the
+/// module docs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Stripe(&'static AtomicU64);
 
 impl Stripe {
-    /// The stripe of the LT entry at `lt_off` in `pool`.
-    pub(crate) fn of(pool: &MrDesc, lt_off: u64) -> Self {
-        Self::at(pool.ptr.wrapping_add(lt_off))
-    }
-
-    /// The stripe of the word at `addr` in the memory node.
-    fn at(addr: u64) -> Self {
-        // Fibonacci hashing of the word index (LT entries are 8-byte
-        // words): neighbouring entries land far apart.
-        let h = (addr >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        Self(&TABLE[(h >> 52) as usize % STRIPES])
-    }
-
     /// Counts a lock of this process about to be taken in this stripe;
     /// `false` (nothing counted) while a retry holds it exclusively.
     pub(crate) fn enter(self) -> bool {
@@ -472,10 +572,58 @@ mod tests {
 
     #[test]
     fn stripes_spread_entries() {
+        let table: &'static StripeTable = Box::leak(Box::new(StripeTable(
+            [const { AtomicU64::new(0) }; STRIPES],
+        )));
         let mut seen = std::collections::HashSet::new();
         for j in 0..1024u64 {
-            seen.insert(Stripe::at((1 << 20) + 8 * j).0 as *const AtomicU64);
+            seen.insert(table.stripe((1 << 20) + 8 * j).0 as *const AtomicU64);
         }
         assert!(seen.len() > 1000, "{} stripes for 1024 entries", seen.len());
+    }
+
+    fn pool(nic: u8, key: u64) -> MrDesc {
+        let addr = rolex_core::wire::NetAddr::new(&[nic; 8]).unwrap();
+        MrDesc::new(
+            1 << 40,
+            1 << 20,
+            rolex_core::wire::Access::REMOTE_ATOMIC,
+            &[(addr, key)],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn each_pool_has_a_table_of_its_own_shared_by_its_clients() {
+        // Pools of their own: no other test of this process uses them.
+        let (a, b) = (pool(0xa1, 7), pool(0xb2, 7));
+        let ta = StripeTable::acquire(&a);
+        // Another key to the same pool (a lease's own).
+        let ta2 = StripeTable::acquire(&pool(0xa1, 99));
+        assert!(
+            std::ptr::eq(ta, ta2),
+            "one table per pool, whatever the key"
+        );
+        let tb = StripeTable::acquire(&b);
+        assert!(!std::ptr::eq(ta, tb), "another pool, another table");
+        // A pool's retry never waits for another pool's locks.
+        let s = ta.stripe(4096);
+        assert!(s.enter());
+        assert_eq!(tb.stripe(4096).exclusively(|| 1), Some(1));
+        assert_eq!(ta.stripe(4096).exclusively(|| 1), None);
+        // A table still counting is not handed to another pool.
+        ta.release();
+        ta2.release();
+        let c = StripeTable::acquire(&pool(0xc3, 7));
+        assert!(
+            !std::ptr::eq(ta, c),
+            "a table still counting stays its pool's"
+        );
+        let a_back = StripeTable::acquire(&a);
+        assert!(std::ptr::eq(ta, a_back), "its pool gets it back");
+        s.leave();
+        for t in [a_back, tb, c] {
+            t.release();
+        }
     }
 }

@@ -211,9 +211,8 @@ pub struct KvStats {
     pub slt_full_waits: u64,
     /// Lock attempts that backed off before their `CAS` because a retried
     /// release of this process held the chain's stripe (module `held`;
-    /// counted in [`OpStats::retries`] too). The stripe table is
-    /// process-wide: a release retried on another memory node's chain
-    /// that falls in the same stripe (1 in 4,096) counts here.
+    /// counted in [`OpStats::retries`] too): one of the pool's chains that
+    /// falls in the same stripe (1 in 4,096) had a lock maybe held.
     pub stripe_waits: u64,
     /// Bytes of the value region this client claimed for out-of-line
     /// values, and of those the bytes in blocks it freed and holds for

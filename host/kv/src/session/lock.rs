@@ -6,9 +6,10 @@
 //! confirmed, or handed to the client's record of locks it may still hold
 //! (module `held`), which a later operation releases. A lock's word always
 //! carries the client's configured owner. Every lock counts in its stripe
-//! of the process-wide table from before its `CAS` until its release is
-//! confirmed or recorded, so a retried release never frees a lock another
-//! session of this process took with the same word.
+//! of its pool's table (one per pool in the process) from before its
+//! `CAS` until its release is confirmed or recorded, so a retried release
+//! never frees a lock another session of this process took with the same
+//! word.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -411,7 +412,7 @@ impl KvSession {
         let word = LockWord {
             model: at.m as u64,
             lt_off,
-            stripe: Stripe::of(&self.shared.pool, lt_off),
+            stripe: self.shared.stripes.stripe(lt_off),
             unlocked: exp,
             locked,
             seq: 0,
