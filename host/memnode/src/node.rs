@@ -101,6 +101,14 @@ pub struct MemoryNodeConfig {
     /// as abandoned (its producer died or stalled between its `FAA` and its
     /// WRITE); see `rolex_dpu::AgentConfig::cirq_abandon_after`.
     pub cirq_abandon_after: Duration,
+    /// How often the agent looks at every model's SLT header (between
+    /// those looks, only the models queued or found due); see
+    /// `rolex_dpu::AgentConfig::slt_scan_every`. 1 ms by default.
+    pub slt_scan_every: Duration,
+    /// Least time between two idle sweep walks (merging emptied leaves
+    /// away) that retrained nothing; see
+    /// `rolex_dpu::AgentConfig::sweep_every`. 10 ms by default.
+    pub sweep_every: Duration,
     /// Run the retraining thread (`false`: retrain only through
     /// [`MemoryNode::poll_once`] / [`MemoryNode::retrain_now`], for tests
     /// that interleave retraining deliberately).
@@ -157,6 +165,8 @@ impl Default for MemoryNodeConfig {
             retrain_trigger: 32,
             freeze_deadline: AgentConfig::default().freeze_deadline,
             cirq_abandon_after: AgentConfig::default().cirq_abandon_after,
+            slt_scan_every: AgentConfig::default().slt_scan_every,
+            sweep_every: AgentConfig::default().sweep_every,
             record_grace: AgentConfig::default().record_grace,
             retraining_thread: true,
             idle_park: Duration::from_millis(10),
@@ -539,6 +549,8 @@ fn agent_config(cfg: &MemoryNodeConfig) -> AgentConfig {
         freeze_deadline: cfg.freeze_deadline,
         record_grace: cfg.record_grace,
         max_model_leaves: cfg.max_model_leaves,
+        slt_scan_every: cfg.slt_scan_every,
+        sweep_every: cfg.sweep_every,
         ..AgentConfig::default()
     }
 }
@@ -1512,6 +1524,32 @@ impl Drop for MemoryNode {
 #[cfg(all(test, feature = "libfabric"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_gets_every_knob_of_the_nodes_config() {
+        let cfg = MemoryNodeConfig {
+            retrain_trigger: 7,
+            cirq_abandon_after: Duration::from_millis(3),
+            freeze_deadline: Duration::from_micros(250),
+            record_grace: Duration::from_millis(40),
+            max_model_leaves: 9,
+            slt_scan_every: Duration::ZERO,
+            sweep_every: Duration::from_millis(55),
+            ..MemoryNodeConfig::default()
+        };
+        let a = agent_config(&cfg);
+        assert_eq!(a.retrain_trigger, 7);
+        assert_eq!(a.cirq_abandon_after, cfg.cirq_abandon_after);
+        assert_eq!(a.freeze_deadline, cfg.freeze_deadline);
+        assert_eq!(a.record_grace, cfg.record_grace);
+        assert_eq!(a.max_model_leaves, 9);
+        assert_eq!(a.slt_scan_every, Duration::ZERO);
+        assert_eq!(a.sweep_every, cfg.sweep_every);
+        // The node's defaults are the agent's.
+        let d = agent_config(&MemoryNodeConfig::default());
+        assert_eq!(d.slt_scan_every, AgentConfig::default().slt_scan_every);
+        assert_eq!(d.sweep_every, AgentConfig::default().sweep_every);
+    }
 
     #[test]
     fn the_offer_carries_the_pool_back() {
