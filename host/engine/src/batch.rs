@@ -429,8 +429,18 @@ impl Channel {
         // One poll before any waiting machinery: a backend that ran the
         // batch as it was posted (loopback without modelled latency) has
         // every completion ready, and the group's driver, the clock and the
-        // spinning guard would only cost shared-cache-line traffic.
-        let mut progress = self.endpoint.poll(&mut self.comps);
+        // spinning guard would only cost shared-cache-line traffic. Only
+        // the thread-local `Driving` mark: a completion of the group's
+        // own (a posted unlock, often read by exactly this poll) is then
+        // handled here, not by waking the worker.
+        let mut progress = {
+            let driving = Driving::new();
+            let progress = self.endpoint.poll(&mut self.comps);
+            if driving.take_wanted() {
+                self.serve_group();
+            }
+            progress
+        };
         self.settle(results, &mut remaining);
         if remaining == 0 {
             return;
@@ -518,6 +528,21 @@ impl Channel {
             }
             progress = self.endpoint.poll(&mut self.comps);
             self.settle(results, &mut remaining);
+        }
+    }
+
+    /// Runs the group's round on this thread for the group's completions
+    /// a poll read (module `domain`, `round_wanted_here`), or wakes the
+    /// worker for it where another thread holds the group.
+    fn serve_group(&self) {
+        let group = &self.engine.groups[self.group];
+        match group.flag_driver.get().and_then(Weak::upgrade) {
+            Some(d) => {
+                if !d.try_drive() {
+                    d.wake_worker();
+                }
+            }
+            None => group.wake(),
         }
     }
 
