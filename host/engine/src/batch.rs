@@ -438,6 +438,9 @@ impl Channel {
             let progress = self.endpoint.poll(&mut self.comps);
             if driving.take_wanted() {
                 self.serve_group();
+                // The round read this thread's own completions too, each
+                // "another endpoint's" to it: nothing more is owed.
+                driving.take_wanted();
             }
             progress
         };
