@@ -1048,6 +1048,7 @@ fn json_line(args: &TeBenchArgs, ctx: &Ctx, m: &Measured) -> serde_json::Value {
         "fabric": args.fabric.name(), "doorbells": c.doorbells, "rtts": c.rtts,
         "direct_posts": c.direct_posts, "handoffs": c.handoffs,
         "delivery_acks": c.delivery_acks, "paged_by_message": c.paged_by_message,
+        "worker_wakes": c.worker_wakes,
         "bytes_written": c.bytes_written, "bytes_read": c.bytes_read,
         "atomics": c.atomics, "errors": c.errors,
         "cpu_us_per_op": m.cpu_us_per_op, "cpus": m.cpus,

@@ -103,6 +103,13 @@ counters! {
     /// peer moved as one message that the target's domain places
     /// (libfabric domain, `paged`; `tcp` by default).
     paged_by_message,
+    /// Times a thread read completions of its group worker's operations
+    /// (a flag-notified operation the group posted, such as the key-value
+    /// store's posted unlock) outside a round it runs for the group, and
+    /// woke the worker for them: a thread hand-off each (libfabric domain,
+    /// whose endpoints share one completion queue; 0 elsewhere). A
+    /// channel waiting in its group serves such completions itself.
+    worker_wakes,
 }
 
 /// Shards of a [`Counters`]: threads beyond this many share them.

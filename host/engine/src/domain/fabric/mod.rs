@@ -1261,6 +1261,7 @@ impl Inner {
         if foreign > 0 && !crate::domain::round_wanted_here() {
             if let Some(t) = self.waker.get() {
                 if t.id() != std::thread::current().id() {
+                    Counters::bump(&self.counters.worker_wakes, 1);
                     t.unpark();
                     self.wake_sleeping_worker();
                 }
