@@ -98,6 +98,22 @@ pub struct MemnodeArgs {
     /// retraining also merges emptied and underfull leaves away).
     #[arg(long, default_value_t = 32)]
     trigger: u64,
+    /// µs between two looks of the retraining agent at every model's SLT
+    /// header (what finds a model due whose CirQ ticket was lost, or whose
+    /// trigger is below the compute nodes' own); in between it looks only
+    /// at the models queued and those found due. A model is found due at
+    /// most this late; each look costs a cache miss per model (0: look at
+    /// every poll).
+    #[arg(long, value_name = "US", default_value_t = duration_us(MemoryNodeConfig::default().slt_scan_every),
+          value_parser = clap::value_parser!(u64).range(0..=60_000_000), allow_negative_numbers = true)]
+    slt_scan_every_us: u64,
+    /// ms between two of the agent's idle sweep walks (which merge emptied
+    /// and underfull leaves away) that retrained nothing; a walk that
+    /// retrained its model is followed by the next at once (0: walk at
+    /// every idle poll, a whole model read each).
+    #[arg(long, value_name = "MS", default_value_t = duration_ms(MemoryNodeConfig::default().sweep_every),
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_negative_numbers = true)]
+    sweep_every_ms: u64,
     /// Synonym-leaf room, as a multiple of the loaded leaves.
     #[arg(long, default_value_t = 2.0)]
     spare_leaves: f64,
@@ -194,6 +210,16 @@ pub struct MemnodeArgs {
     /// --memnode A,B,…` names them in shard order.
     #[arg(long, value_name = "I/N", requires = "fabric")]
     shard: Option<Shard>,
+}
+
+/// A default duration as whole µs, for a flag's default value.
+fn duration_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A default duration as whole ms, for a flag's default value.
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `--atomics`.
@@ -304,6 +330,8 @@ pub fn run(args: MemnodeArgs) -> Result<(), Box<dyn std::error::Error>> {
         spare_leaf_factor: args.spare_leaves,
         fill: args.fill.unwrap_or(MemoryNodeConfig::default().fill),
         epsilon: args.epsilon.unwrap_or(MemoryNodeConfig::default().epsilon),
+        slt_scan_every: Duration::from_micros(args.slt_scan_every_us),
+        sweep_every: Duration::from_millis(args.sweep_every_ms),
         ..MemoryNodeConfig::default()
     };
     let t = Instant::now();
@@ -624,6 +652,8 @@ fn serve(
         pool_file: args.pool_file.clone(),
         value_spare: args.value_spare.map(|m| m.saturating_mul(1 << 20)),
         atomics: args.atomics.into(),
+        slt_scan_every: Duration::from_micros(args.slt_scan_every_us),
+        sweep_every: Duration::from_millis(args.sweep_every_ms),
         ..defaults
     };
     let (node_, desc, held) = match pool {
