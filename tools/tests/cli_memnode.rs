@@ -1,7 +1,8 @@
 //! `rolex memnode`'s measuring run as a user starts it: the agent's pacing
-//! flags are accepted at both ends of their ranges (0: look and walk at
-//! every poll; 1 s and 60 s) and the run still checks every inserted key;
-//! bad values are refused naming the flag, never with a panic. That the
+//! flags are accepted at 0 (look and walk at every poll) and at long
+//! periods (1 s, 60 s: longer than the run), and the run still checks
+//! every inserted key; values outside their ranges or not numbers are
+//! refused naming the flag, never with a panic. That the
 //! agent then paces itself by them is not observable from here: the flags
 //! go into `MemoryNodeConfig` field for field, and `rolex-memnode`'s unit
 //! test `the_agent_gets_every_knob_of_the_nodes_config` checks that the
