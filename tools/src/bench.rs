@@ -1051,7 +1051,7 @@ impl Failed {
             message: format!("{call}: {error}"),
             write,
             node: node_named(&error),
-            lease_lost: lease_expired(&error),
+            lease_lost: error.lease_expired(),
         }
     }
 }
@@ -1064,16 +1064,10 @@ fn node_named(e: &KvError) -> Option<usize> {
     }
 }
 
-/// Whether `e` is a memory node's lease having expired (this process can
-/// post nothing more there: its lease server was unreachable).
-fn lease_expired(e: &KvError) -> bool {
-    matches!(e.on_node(), KvError::LeaseExpired { .. })
-}
-
 /// The memory node `client` lost, if `e` says it lost one: a node it
 /// found down, or one whose lease expired.
 fn node_lost(e: &KvError, client: &ClusterClient) -> Option<usize> {
-    node_named(e).filter(|&n| lease_expired(e) || client.is_down(n))
+    node_named(e).filter(|&n| e.lease_expired() || client.is_down(n))
 }
 
 /// One thread running its stream: its session, and what it saw.

@@ -317,6 +317,25 @@ impl KvError {
         }
     }
 
+    /// Whether this error is, or comes from, the lapse of this client's
+    /// lease on the memory node ([`KvError::LeaseExpired`]), wherever it
+    /// was met: as the error itself, under the cluster's naming of the
+    /// node, or as the failed release of a [`KvError::LockMaybeHeld`] (the
+    /// lock's release is refused once the lease has lapsed). Every later
+    /// write of this client on that node fails the same way.
+    pub fn lease_expired(&self) -> bool {
+        match self {
+            Self::LeaseExpired { .. } => true,
+            Self::Indeterminate(e)
+            | Self::MemoryNode { error: e, .. }
+            | Self::MemoryNodeDown { cause: e, .. } => e.lease_expired(),
+            Self::LockMaybeHeld { release, after, .. } => {
+                release.lease_expired() || after.as_deref().is_some_and(Self::lease_expired)
+            }
+            _ => false,
+        }
+    }
+
     /// The error met on the memory node, without the cluster's wrapping
     /// ([`KvError::MemoryNode`]); any other error as it is.
     pub fn on_node(&self) -> &KvError {
@@ -507,6 +526,32 @@ mod tests {
             needed: 8
         }
         .may_have_applied());
+    }
+
+    /// A lapsed lease is found wherever it was met: as the error, named by
+    /// the cluster, or as a chain lock's refused release (the shape a
+    /// compute node met when a memory node of three was killed mid-run:
+    /// its lease lapsed before any post failed).
+    #[test]
+    fn a_lapsed_lease_is_found_under_any_wrapping() {
+        let lapsed = KvError::LeaseExpired { owner: 1 };
+        let other = KvError::SltFull { model: 1 };
+        let named = |error: KvError| KvError::MemoryNode {
+            node: 1,
+            name: "127.0.0.1:1".into(),
+            error: Box::new(error),
+        };
+        let held = |release: KvError, after: Option<KvError>| KvError::LockMaybeHeld {
+            model: 1,
+            release: Box::new(release),
+            after: after.map(Box::new),
+        };
+        assert!(lapsed.lease_expired());
+        assert!(named(lapsed.clone()).lease_expired());
+        assert!(named(held(lapsed.clone(), None)).lease_expired());
+        assert!(held(other.clone(), Some(lapsed.clone().indeterminate())).lease_expired());
+        assert!(!named(held(other.clone(), Some(other.clone()))).lease_expired());
+        assert!(!other.lease_expired());
     }
 
     #[test]
