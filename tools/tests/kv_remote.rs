@@ -776,10 +776,11 @@ fn a_memory_node_of_three_killed_mid_run_is_named_in_the_error() {
 fn with_keep_going_a_run_outlives_a_memory_node_of_three() {
     let mut nodes = cluster_nodes(&[], "127.0.0.1", None, [&[], &[], &[]]);
     let list = addrs(&nodes);
-    // 30,000 operations: about 1.6 s on an idle machine (so the kill lands
-    // mid-run), far longer under load (a run beside two CPU hogs took
-    // 177 s at 60,000, node killed or not: parked threads wait for the
-    // hogs' time slices).
+    // 30,000 operations: 2.3-15.5 s in three runs by hand on an idle
+    // machine (the longer ones had an op wait out the 10 s op timeout), so
+    // the kill lands mid-run; far longer under load (a run beside two CPU
+    // hogs took 177 s at 60,000, node killed or not: parked threads wait
+    // for the hogs' time slices).
     let mut a = bench_args("ycsb-a", "30000", &["--keep-going"]);
     a.extend(remote(&list, "s3cret"));
     let mut run = spawn(&a);
